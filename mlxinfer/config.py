@@ -1,0 +1,142 @@
+"""The model's shape, read from config.json (or GGUF metadata).
+
+No mlx import here: `count` reads configs without loading a framework.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import MlxinferError
+
+# model_type -> what the architecture adds to the plain Llama block
+ARCHITECTURES = {
+    "llama": {"attention_bias": False, "qk_norm": False, "max_position_embeddings": 2048},
+    "qwen2": {"attention_bias": True, "qk_norm": False, "max_position_embeddings": 32768},
+    "qwen3": {"attention_bias": False, "qk_norm": True, "max_position_embeddings": 32768},
+}
+SUPPORTED = tuple(ARCHITECTURES)
+
+REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
+KNOWN_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    rope_scaling: dict | None = None
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = False
+    tie_word_embeddings_given: bool = True  # False: config.json was silent, the weights decide
+    attention_bias: bool = False  # Qwen2: q/k/v projections carry biases
+    qk_norm: bool = False  # Qwen3: RMSNorm on each query/key head before RoPE
+    dtype: str = "float32"  # the checkpoint's stored float type
+    quantization: dict | None = None  # MLX affine block: bits, group_size, per-module overrides
+    raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def n_rep(self) -> int:
+        """Query heads per key/value head (grouped-query attention)."""
+        return self.num_attention_heads // self.num_key_value_heads
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.pop("raw")
+        d.pop("tie_word_embeddings_given")
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any], where: str = "config.json") -> "ModelConfig":
+        if not isinstance(d, dict):
+            raise MlxinferError(f"{where} is not a JSON object; point at a model's config.json")
+        model_type = d.get("model_type")
+        if model_type is None:
+            raise MlxinferError(f"{where} has no 'model_type'; add one of: {', '.join(SUPPORTED)}")
+        if model_type not in ARCHITECTURES:
+            raise MlxinferError(
+                f"unknown architecture '{model_type}' in {where}; supported: {', '.join(SUPPORTED)}"
+            )
+        arch = ARCHITECTURES[model_type]
+        for name in REQUIRED:
+            if name not in d:
+                raise MlxinferError(f"{where} is missing the field '{name}' that {model_type} needs; add it")
+        ints = {name: _positive_int(d, name, where) for name in REQUIRED}
+        heads = ints["num_attention_heads"]
+        kv_heads = _positive_int(d, "num_key_value_heads", where) if d.get("num_key_value_heads") else heads
+        if heads % kv_heads:
+            raise MlxinferError(
+                f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )
+        if d.get("head_dim"):
+            head_dim = _positive_int(d, "head_dim", where)
+        else:
+            if ints["hidden_size"] % heads:
+                raise MlxinferError(
+                    f"{where}: hidden_size {ints['hidden_size']} is not divisible by num_attention_heads {heads};"
+                    " add an explicit head_dim"
+                )
+            head_dim = ints["hidden_size"] // heads
+        dtype = d.get("torch_dtype") or d.get("dtype") or "float32"
+        if dtype not in KNOWN_DTYPES:
+            raise MlxinferError(f"{where}: unsupported dtype '{dtype}'; use one of {', '.join(KNOWN_DTYPES)}")
+        quant = d.get("quantization")
+        if quant is None and "bits" in (d.get("quantization_config") or {}):
+            quant = d["quantization_config"]  # the copy mlx-lm writes for transformers
+        if quant is not None and not (isinstance(quant, dict) and "bits" in quant and "group_size" in quant):
+            raise MlxinferError(f"{where}: 'quantization' needs 'bits' and 'group_size'")
+        rope_scaling = d.get("rope_scaling")
+        if rope_scaling is not None:
+            kind = rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
+            if kind not in ("default", "linear", "llama3"):
+                raise MlxinferError(
+                    f"{where}: rope_scaling type '{kind}' is not supported; supported: default, linear, llama3"
+                )
+        return cls(
+            model_type=model_type,
+            num_key_value_heads=kv_heads,
+            head_dim=head_dim,
+            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
+            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rope_scaling=rope_scaling,
+            max_position_embeddings=int(d.get("max_position_embeddings") or arch["max_position_embeddings"]),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings_given="tie_word_embeddings" in d,
+            attention_bias=bool(d.get("attention_bias", arch["attention_bias"])),
+            qk_norm=arch["qk_norm"],
+            dtype=dtype,
+            quantization=quant,
+            raw=dict(d),
+            **ints,
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> "ModelConfig":
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.exists():
+            raise MlxinferError(f"no config.json at {path.parent}; point at a model directory that has one")
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise MlxinferError(f"{path} is not valid JSON ({e.__class__.__name__}: {e}); re-download it") from None
+        return cls.from_dict(data, where=str(path))
+
+
+def _positive_int(d: dict, name: str, where: str) -> int:
+    value = d[name]
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise MlxinferError(f"{where}: '{name}' must be a positive integer, got {value!r}")
+    return value
