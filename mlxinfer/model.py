@@ -1,0 +1,149 @@
+"""The forward pass: token ids -> embedding lookup -> run_layers -> logits_from_hidden.
+
+One definition serves Llama (Llama 3.x, SmolLM2), Qwen2 (q/k/v biases) and Qwen3
+(per-head q/k RMSNorm before RoPE). Shapes: B batch, L positions, D hidden size,
+H query heads, K key/value heads, E head size, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import KVCache
+from .config import ModelConfig
+
+
+class RoPE(nn.Module):
+    """Rotary position embedding, non-interleaved (Hugging Face layout), with llama3 scaling."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.dims = cfg.head_dim
+        self.base, self.scale, self._freqs = cfg.rope_theta, 1.0, None
+        scaling = cfg.rope_scaling or {}
+        kind = scaling.get("rope_type") or scaling.get("type") or "default"
+        if kind == "linear":
+            self.scale = 1.0 / scaling["factor"]
+        elif kind == "llama3":
+            self._freqs = llama3_frequencies(cfg.head_dim, cfg.rope_theta, scaling)
+            self.base = None
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        return mx.fast.rope(
+            x, self.dims, traditional=False, base=self.base, scale=self.scale, offset=offset, freqs=self._freqs
+        )
+
+
+def llama3_frequencies(dims: int, base: float, scaling: dict) -> mx.array:
+    """Llama 3.1's rope scaling: long wavelengths slowed by `factor`, a smooth ramp in between."""
+    factor = scaling["factor"]
+    low, high = scaling.get("low_freq_factor", 1.0), scaling.get("high_freq_factor", 4.0)
+    old_context = scaling.get("original_max_position_embeddings", 8192)
+    low_wavelen, high_wavelen = old_context / low, old_context / high
+    freqs = base ** (mx.arange(0, dims, 2) / dims)  # these are wavelengths / 2pi, as mx.fast.rope wants
+    wavelens = 2 * mx.pi * freqs
+    freqs = mx.where(wavelens > low_wavelen, freqs * factor, freqs)
+    is_medium = (wavelens > high_wavelen) & (wavelens < low_wavelen)
+    smooth = (old_context / wavelens - low) / (high - low)
+    return mx.where(is_medium, freqs / ((1 - smooth) / factor + smooth), freqs)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        D, H, K, E = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+        self.n_heads, self.n_kv_heads, self.scale = H, K, 1.0 / math.sqrt(E)
+        bias = cfg.attention_bias
+        self.q_proj = nn.Linear(D, H * E, bias=bias)
+        self.k_proj = nn.Linear(D, K * E, bias=bias)
+        self.v_proj = nn.Linear(D, K * E, bias=bias)
+        # Llama's attention_bias covers the output projection too; Qwen2's q/k/v biases do not.
+        self.o_proj = nn.Linear(H * E, D, bias=bias and cfg.model_type == "llama")
+        if cfg.qk_norm:
+            self.q_norm = nn.RMSNorm(E, eps=cfg.rms_norm_eps)
+            self.k_norm = nn.RMSNorm(E, eps=cfg.rms_norm_eps)
+        self.qk_norm = cfg.qk_norm
+        self.rope = RoPE(cfg)
+
+    def __call__(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
+        B, L, _ = x.shape
+        q = self.q_proj(x).reshape(B, L, self.n_heads, -1)  # (B, L, H, E)
+        k = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)  # (B, L, K, E)
+        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1)
+        if self.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = (t.transpose(0, 2, 1, 3) for t in (q, k, v))  # (B, heads, L, E)
+        offset = cache.offset if cache is not None else 0
+        q, k = self.rope(q, offset=offset), self.rope(k, offset=offset)
+        if cache is not None:
+            k, v = cache.update_and_fetch(k, v)  # (B, K, offset + L, E)
+        # each query compares with every earlier key; the mask hides later ones
+        out = mx.fast.scaled_dot_product_attention(q, k, v, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+@partial(mx.compile, shapeless=True)
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    return nn.silu(gate) * up
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        D, F = cfg.hidden_size, cfg.intermediate_size
+        self.gate_proj = nn.Linear(D, F, bias=False)
+        self.up_proj = nn.Linear(D, F, bias=False)
+        self.down_proj = nn.Linear(F, D, bias=False)
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))  # (B, L, F) -> (B, L, D)
+
+
+class Block(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.mlp = MLP(cfg)
+
+    def __call__(self, h: mx.array, mask, cache: KVCache | None) -> mx.array:
+        h = h + self.attn(self.attn_norm(h), mask, cache)
+        h = h + self.mlp(self.mlp_norm(h))
+        return h
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        self.layers = [Block(cfg) for _ in range(cfg.num_hidden_layers)]
+        self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        if not cfg.tie_word_embeddings:
+            self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+
+    def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        h = self.embed_tokens(ids)  # (B, L) -> (B, L, D): a row lookup, no arithmetic
+        h = self.run_layers(h, cache)
+        return self.logits_from_hidden(h)  # (B, L, V)
+
+    def run_layers(self, h: mx.array, cache: list[KVCache] | None = None) -> mx.array:
+        # L == 1 attends to everything cached; otherwise "causal" lines queries up with the last L keys
+        mask = "causal" if h.shape[1] > 1 else None
+        for i, layer in enumerate(self.layers):
+            h = layer(h, mask, cache[i] if cache is not None else None)
+        return h
+
+    def logits_from_hidden(self, h: mx.array) -> mx.array:
+        h = self.norm(h)
+        if self.config.tie_word_embeddings:
+            return self.embed_tokens.as_linear(h)  # the embedding table, used again as the output table
+        return self.lm_head(h)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]

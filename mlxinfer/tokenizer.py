@@ -1,0 +1,116 @@
+"""Tokenizers and chat templates.
+
+A model directory's tokenizer loads through mlx-lm's tokenizer utilities
+(transformers underneath, never with remote code). A GGUF file carries its
+vocabulary, merges, special tokens and chat template in metadata; we rebuild a
+Hugging Face `tokenizers` BPE from them. Chat templates render in transformers'
+sandboxed Jinja environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import MlxinferError
+from .gguf import GGUFHeader
+
+# llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
+_GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_QWEN2_WORDS = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_LLAMA3_WORDS = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_PRE = {
+    "gpt2": (False, _GPT2_WORDS),
+    "default": (False, _GPT2_WORDS),
+    "smollm": (True, _GPT2_WORDS),  # single digits first, then GPT-2 words
+    "starcoder": (True, _GPT2_WORDS),
+    "qwen2": (False, _QWEN2_WORDS),
+    "llama-bpe": (False, _LLAMA3_WORDS),
+}
+CONTROL, USER_DEFINED = 3, 4
+
+
+def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
+    """A model directory's tokenizer, wrapped by mlx-lm (streaming detokenizer, EOS set)."""
+    from mlx_lm.tokenizer_utils import load as mlx_lm_load_tokenizer
+
+    if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+        raise MlxinferError(f"no tokenizer files in {directory}; add tokenizer.json (and tokenizer_config.json)")
+    try:
+        return mlx_lm_load_tokenizer(directory, {"trust_remote_code": False}, eos_token_ids=eos_token_ids)
+    except (OSError, ValueError) as e:
+        raise MlxinferError(f"the tokenizer in {directory} could not be loaded ({str(e).splitlines()[0]})") from None
+
+
+def tokenizer_from_gguf(header: GGUFHeader):
+    """Rebuild the tokenizer stored in a GGUF file's metadata (BPE vocabularies of the gpt2 kind)."""
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    m = header.metadata
+    kind, pre = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.pre", "default")
+    if kind != "gpt2":
+        raise MlxinferError(f"{header.path}: GGUF tokenizer model '{kind}' is not supported (only BPE 'gpt2')")
+    if pre not in _PRE:
+        raise MlxinferError(
+            f"{header.path}: GGUF pre-tokenizer '{pre}' is not supported; supported: {', '.join(sorted(_PRE))}"
+        )
+    tokens = m["tokenizer.ggml.tokens"]
+    types = m.get("tokenizer.ggml.token_type", [1] * len(tokens))
+    merges = [tuple(line.split(" ", 1)) for line in m.get("tokenizer.ggml.merges", [])]
+    bpe = models.BPE(
+        vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe")
+    )
+    tok = Tokenizer(bpe)
+    split_digits, words = _PRE[pre]
+    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
+    steps += [
+        pre_tokenizers.Split(Regex(words), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ]
+    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED])
+    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL])
+
+    def special(key):
+        i = m.get(f"tokenizer.ggml.{key}_token_id")
+        return tokens[i] if i is not None and i < len(tokens) else None
+
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=special("bos"),
+        eos_token=special("eos"),
+        unk_token=special("unknown"),
+        pad_token=special("padding"),
+        chat_template=m.get("tokenizer.chat_template"),
+        add_bos_token=bool(m.get("tokenizer.ggml.add_bos_token", False)),
+    )
+    eos = [m[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in m]
+    return TokenizerWrapper(hf, BPEStreamingDetokenizer, eos_token_ids=eos)
+
+
+def encode_prompt(
+    tokenizer, prompt: str, *, chat: bool = True, system: str | None = None, thinking: bool = False
+) -> list[int]:
+    """The token ids the model reads: the prompt wrapped in the chat template, or plain text."""
+    if not chat:
+        return tokenizer.encode(prompt)
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise MlxinferError("this model has no chat template; pass --no-chat to feed the prompt as plain text")
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    try:
+        text = tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+        )
+    except Exception as e:  # a template error is the checkpoint's problem, not a bug here
+        raise MlxinferError(f"the model's chat template failed to render ({e}); try --no-chat") from None
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def token_text(tokenizer, token_id: int) -> str:
+    return tokenizer.decode([token_id])
