@@ -26,9 +26,9 @@ _IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs)$")
 # Hugging Face module names -> ours (the forward pass reads like the lesson)
 _HF_RENAMES = [
     (re.compile(r"^model\."), ""),
-    (re.compile(r"\.self_attn\."), ".attn."),
-    (re.compile(r"\.input_layernorm\."), ".attn_norm."),
-    (re.compile(r"\.post_attention_layernorm\."), ".mlp_norm."),
+    (re.compile(r"\.self_attn(?=\.|$)"), ".attn"),
+    (re.compile(r"\.input_layernorm(?=\.|$)"), ".attn_norm"),
+    (re.compile(r"\.post_attention_layernorm(?=\.|$)"), ".mlp_norm"),
 ]
 _GGUF_RENAMES = {
     "token_embd": "embed_tokens",
@@ -127,7 +127,7 @@ def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, c
     packed, scales = weights[f"{path}.weight"], weights[f"{path}.scales"]
     inferred = (in_features // scales.shape[-1], packed.shape[-1] * 32 // in_features)
     block = cfg.quantization or {}
-    override = block.get(_hf_module_name(path), block.get(path))
+    override = block.get(ours_to_hf(path), block.get(path))
     if isinstance(override, dict):
         declared = (override["group_size"], override["bits"])
     elif "bits" in block:
@@ -142,12 +142,14 @@ def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, c
     return declared
 
 
-def _hf_module_name(path: str) -> str:
-    if path == "lm_head":
-        return path
-    path = path.replace(".attn.", ".self_attn.")
-    path = path.replace(".attn_norm", ".input_layernorm").replace(".mlp_norm", ".post_attention_layernorm")
-    return f"model.{path}"
+def ours_to_hf(name: str) -> str:
+    """Our module or tensor name -> the Hugging Face one (mlx-lm and config.json overrides use these)."""
+    if name.startswith("lm_head"):
+        return name
+    for pattern, repl in ((r"\.attn(?=\.|$)", ".self_attn"), (r"\.attn_norm(?=\.|$)", ".input_layernorm"),
+                          (r"\.mlp_norm(?=\.|$)", ".post_attention_layernorm")):
+        name = re.sub(pattern, repl, name)
+    return f"model.{name}"
 
 
 def build_model(cfg: ModelConfig, weights: dict[str, mx.array], where: str) -> Model:

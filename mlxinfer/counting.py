@@ -1,0 +1,475 @@
+"""`count`: parameters, bytes and operations per token, worked out from config.json alone,
+then checked against what the checkpoint actually stores (safetensors or GGUF headers).
+
+Pure Python on purpose: no mlx, mlx-lm, transformers or numpy, so it starts fast and
+never loads (or downloads) a weight. huggingface_hub is imported only for a hub repo id.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+import struct
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from . import gguf, sources
+from .config import KNOWN_DTYPES, ModelConfig
+from .errors import MlxinferError
+
+# safetensors dtype -> bytes per value
+ST_DTYPES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2, "U16": 2,
+             "I8": 1, "U8": 1, "BOOL": 1, "F8_E4M3": 1, "F8_E5M2": 1}
+MAX_HEADER = 100_000_000  # safetensors caps its JSON header at 100 MB
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One tensor the config implies, named as in the checkpoint (HF and mlx-lm agree)."""
+
+    name: str  # e.g. "model.layers.0.mlp.up_proj.weight"
+    shape: tuple[int, ...]  # (out, in) for a matrix, (n,) for a norm or a bias
+    part: str  # embedding | attention | mlp | norms | final_norm | output
+    label: str  # the row of the lesson's table it belongs to
+    formula: str
+
+    @property
+    def params(self) -> int:
+        return math.prod(self.shape)
+
+
+def layer_weights(cfg: ModelConfig, i: int) -> list[Weight]:
+    """Every tensor of layer i. D hidden, H query heads, K key/value heads, hd head dim, F MLP width."""
+    D, H, K, hd, F = (cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads,
+                      cfg.head_dim, cfg.intermediate_size)
+    a, m, p = f"model.layers.{i}.self_attn.", f"model.layers.{i}.mlp.", f"model.layers.{i}."
+    w = [Weight(a + "q_proj.weight", (H * hd, D), "attention", "query", f"{D:,} x ({H} x {hd})"),
+         Weight(a + "k_proj.weight", (K * hd, D), "attention", "key", f"{D:,} x ({K} x {hd})"),
+         Weight(a + "v_proj.weight", (K * hd, D), "attention", "value", f"{D:,} x ({K} x {hd})"),
+         Weight(a + "o_proj.weight", (D, H * hd), "attention", "output", f"({H} x {hd}) x {D:,}")]
+    if cfg.attention_bias:  # Qwen2: q, k, v only; Llama with attention_bias: o as well
+        o_bias = cfg.model_type != "qwen2"
+        f = f"({H} + {K} + {K}) x {hd}" + (f" + {D:,}" if o_bias else "")
+        w += [Weight(a + f"{n}_proj.bias", (s,), "attention", "biases", f)
+              for n, s in (("q", H * hd), ("k", K * hd), ("v", K * hd), ("o", D)) if n != "o" or o_bias]
+    if cfg.qk_norm:  # Qwen3: an RMSNorm over each query and key head
+        w += [Weight(a + f"{n}_norm.weight", (hd,), "attention", "query and key norms", f"2 x {hd}")
+              for n in ("q", "k")]
+    w += [Weight(m + "gate_proj.weight", (F, D), "mlp", "gate", f"{D:,} x {F:,}"),
+          Weight(m + "up_proj.weight", (F, D), "mlp", "up", f"{D:,} x {F:,}"),
+          Weight(m + "down_proj.weight", (D, F), "mlp", "down", f"{F:,} x {D:,}")]
+    if cfg.model_type == "llama" and cfg.raw.get("mlp_bias"):
+        w += [Weight(m + f"{n}_proj.bias", (s,), "mlp", "biases", f"2 x {F:,} + {D:,}")
+              for n, s in (("gate", F), ("up", F), ("down", D))]
+    return w + [Weight(p + n, (D,), "norms", "two norms", f"2 x {D:,}")
+                for n in ("input_layernorm.weight", "post_attention_layernorm.weight")]
+
+
+def model_weights(cfg: ModelConfig) -> list[Weight]:
+    V, D = cfg.vocab_size, cfg.hidden_size
+    w = [Weight("model.embed_tokens.weight", (V, D), "embedding", "embedding table", f"{V:,} x {D:,}")]
+    for i in range(cfg.num_hidden_layers):
+        w += layer_weights(cfg, i)
+    w.append(Weight("model.norm.weight", (D,), "final_norm", "final norm", ""))
+    if not cfg.tie_word_embeddings:
+        w.append(Weight("lm_head.weight", (V, D), "output", "output table", f"{D:,} x {V:,}"))
+    return w
+
+
+@dataclass
+class CountReport:
+    model: str
+    source: str  # config | gguf | hub
+    config: dict
+    rows: list[dict]  # the lesson's table: label, formula, params (None for a heading), indent
+    embedding: int
+    attention: int  # per layer
+    mlp: int  # per layer
+    layer_norms: int  # per layer
+    layer: int
+    num_layers: int
+    layers: int
+    final_norm: int
+    output_table: int  # 0 when tied
+    total: int  # unique parameters
+    dtype: str
+    bytes_per_parameter: int
+    bytes: int  # total x bytes_per_parameter
+    shares: dict
+    operations: dict
+    context: dict | None = None
+    answer: dict | None = None
+    hardware: dict | None = None
+    quantization: dict | None = None
+    stored: dict | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def count(source: str | Path | None = None, context: int | None = None, answer_tokens: int | None = None,
+          flops: float | str | None = None, bandwidth: float | str | None = None) -> CountReport:
+    """Count a model from its config (local dir, config .json, .gguf, hub repo id, or None: the embedded GGUF)."""
+    for name, v in (("context", context), ("answer tokens", answer_tokens)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise MlxinferError(f"{name} must be a whole number of tokens, 1 or more; got {v!r}")
+    if answer_tokens is not None and context is None:
+        raise MlxinferError("--answer-tokens needs --context: the prompt's length in tokens")
+    flops = None if flops is None else parse_rate(flops, "flops")
+    bandwidth = None if bandwidth is None else parse_rate(bandwidth, "bandwidth")
+
+    name, kind, cfg, files, header, notes = _open(source)
+    names = {t["name"] for f in files or [] for t in f["tensors"]}
+    if files and not cfg.tie_word_embeddings_given:
+        cfg = replace(cfg, tie_word_embeddings="lm_head.weight" not in names)
+        notes.append("config.json does not say whether the tables are tied; the stored tensors decide: "
+                     + ("tied" if cfg.tie_word_embeddings else "not tied"))
+    weights = model_weights(cfg)
+    r = _table(name, kind, cfg, weights, notes)
+    r.quantization = _gguf_quant(header) if header else _mlx_quant(cfg, weights)
+    if header:
+        r.stored = _gguf_stored(header, r.total)
+    elif files:
+        r.stored = _stored(files, cfg, weights, r.total)
+    _work(r, cfg, context, answer_tokens, flops, bandwidth)
+    return r
+
+
+def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes: list[str]) -> CountReport:
+    by_part: dict[str, int] = {}
+    for w in weights:
+        by_part[w.part] = by_part.get(w.part, 0) + w.params
+    L, D, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    layer0 = layer_weights(cfg, 0)
+    att, mlp, norms = (sum(w.params for w in layer0 if w.part == p) for p in ("attention", "mlp", "norms"))
+    layer, total = att + mlp + norms, sum(w.params for w in weights)
+    emb, out = by_part["embedding"], by_part.get("output", 0)
+    rows = [_row("embedding table", f"{V:,} x {D:,}", emb), _row("per layer:"), _row("attention", indent=1)]
+    rows += _grouped([w for w in layer0 if w.part == "attention"], 2)
+    rows += [_row("attention subtotal", "", att, 2), _row("MLP", indent=1)]
+    rows += _grouped([w for w in layer0 if w.part == "mlp"], 2)
+    rows += [_row("MLP subtotal", "", mlp, 2), _row("two norms", f"2 x {D:,}", norms, 1),
+             _row("layer total", "", layer, 1), _row(f"{L} layers", f"{L} x {layer:,}", L * layer),
+             _row("final norm", "", by_part["final_norm"]),
+             _row("output table", "the embedding table, used again" if cfg.tie_word_embeddings
+                  else f"{D:,} x {V:,}", out),
+             _row("TOTAL", "", total)]
+    nbytes = KNOWN_DTYPES[cfg.dtype]
+    shares = {"mlp_of_layer": mlp / layer, "attention_of_layer": att / layer,
+              "layers_of_model": L * layer / total, "vocab_tables_of_model": (emb + out) / total}
+    return CountReport(name, kind, cfg.to_dict(), rows, emb, att, mlp, norms, layer, L, L * layer,
+                       by_part["final_norm"], out, total, cfg.dtype, nbytes, total * nbytes, shares, {},
+                       notes=notes)
+
+
+def _row(label: str, formula: str = "", params: int | None = None, indent: int = 0) -> dict:
+    return {"label": label, "formula": formula, "params": params, "indent": indent}
+
+
+def _grouped(weights: list[Weight], indent: int) -> list[dict]:
+    """One row per label, in order: the two Qwen3 head norms or the three biases share a row."""
+    rows: dict[str, dict] = {}
+    for w in weights:
+        row = rows.setdefault(w.label, _row(w.label, w.formula, 0, indent))
+        row["params"] += w.params
+    return list(rows.values())
+
+
+def _work(r: CountReport, cfg: ModelConfig, context, answer_tokens, flops, bandwidth) -> None:
+    """Operations per token (2 per parameter used in arithmetic), attention, and time on a machine."""
+    V, D, L = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
+    # the lookup is free; the scores always cost a V x D matmul, on the shared table when tied
+    used = r.total - r.embedding + (V * D if cfg.tie_word_embeddings else 0)
+    weights_ops = 2 * used
+    per_token = L * 2 * 2 * cfg.num_attention_heads * cfg.head_dim  # q.k and the value mix, per layer
+    r.operations = {
+        "parameters_in_arithmetic": used, "weights_per_token": weights_ops,
+        "attention_per_earlier_token": per_token, "crossover_context": weights_ops / per_token,
+        "rule": "2 operations (a multiply and an add) per parameter used in arithmetic: every parameter except "
+                "the embedding lookup, plus the output table's matmul (vocab x hidden), which a tied model "
+                "runs on the shared table; attention adds layers x 2 x 2 x (heads x head_dim) per earlier token",
+    }
+    if context is not None:
+        att = per_token * context
+        r.context = {"tokens": context, "attention_ops": att, "share_of_weights": att / weights_ops,
+                     "total_ops": weights_ops + att, "beyond_max_context": context > cfg.max_position_embeddings}
+    if answer_tokens is not None:  # pass k (k = 0 .. M-1) attends to context + k tokens
+        M, N = answer_tokens, context
+        positions = M * N + M * (M - 1) // 2
+        r.answer = {"prompt_tokens": N, "answer_tokens": M, "passes": M, "layer_runs": M * L,
+                    "weights_ops": M * weights_ops, "attended_tokens": positions,
+                    "average_attended": positions / M, "attention_ops": per_token * positions,
+                    "total_ops": M * weights_ops + per_token * positions}
+    q = r.quantization
+    model_bytes = q["bytes"] if q else r.bytes
+    emb_bytes = q["embedding_bytes"] if q else r.embedding * r.bytes_per_parameter
+    read = model_bytes if cfg.tie_word_embeddings else model_bytes - emb_bytes + emb_bytes // V  # one row
+    kv = 2 * L * cfg.num_key_value_heads * cfg.head_dim * r.bytes_per_parameter  # per token of context
+    r.operations.update(weight_bytes_read_per_token=read, kv_cache_bytes_per_context_token=kv)
+    if flops is None and bandwidth is None:
+        return
+    ops, nbytes = weights_ops + per_token * (context or 0), read + kv * (context or 0)
+    hw = {"flops": flops, "bandwidth": bandwidth, "context": context or 0, "ops": ops, "bytes_read": nbytes,
+          "ops_per_byte": ops / nbytes, "compute_s": flops and ops / flops,
+          "memory_s": bandwidth and nbytes / bandwidth, "binds": None}
+    if flops and bandwidth:
+        hw["machine_ops_per_byte"] = flops / bandwidth
+        hw["binds"] = "memory" if hw["memory_s"] >= hw["compute_s"] else "compute"
+    if r.answer:
+        a = r.answer
+        hw["answer_compute_s"] = flops and a["total_ops"] / flops
+        hw["answer_memory_s"] = bandwidth and (a["passes"] * read + kv * a["attended_tokens"]) / bandwidth
+    r.hardware = hw
+
+
+def _quant_setting(q: dict, module: str, in_dim: int) -> tuple[int, int, str] | None:
+    """(bits, group_size, mode) for one Linear/Embedding, or None: mlx-lm leaves it in float."""
+    over = q.get(module, True)
+    if over is False:
+        return None
+    s = over if isinstance(over, dict) else q
+    bits, group = int(s.get("bits", q["bits"])), int(s.get("group_size", q["group_size"]))
+    return None if in_dim % group else (bits, group, s.get("mode", q.get("mode", "affine")))
+
+
+def _mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
+    """MLX quantization: packed bits plus, per group, a scale and a bias (affine, 16-bit each) or one
+    8-bit scale (mxfp4/mxfp8/nvfp4). Linear and Embedding weights only; norms and biases stay float."""
+    q = cfg.quantization
+    if not q:
+        return None
+    fb = KNOWN_DTYPES[cfg.dtype]
+    total_bytes = emb_bytes = qparams = qbits = 0
+    settings: dict[str, int] = {}
+    for w in weights:
+        s = _quant_setting(q, w.name.removesuffix(".weight"), w.shape[-1]) if len(w.shape) == 2 else None
+        if s is None:
+            nbytes = w.params * fb
+        else:
+            bits, group, mode = s
+            per_group = 2 * fb if mode == "affine" else 1  # scale + bias, or one 8-bit scale
+            nbytes = w.params * bits // 8 + w.params // group * per_group
+            qparams += w.params
+            qbits += 8 * nbytes
+            key = f"{bits}-bit, group {group}" + ("" if mode == "affine" else f", {mode}")
+            settings[key] = settings.get(key, 0) + w.params
+        total_bytes += nbytes
+        emb_bytes += nbytes if w.part == "embedding" else 0
+    total = sum(w.params for w in weights)
+    return {"kind": "mlx", "bits": q["bits"], "group_size": q["group_size"], "mode": q.get("mode", "affine"),
+            "overrides": sum(1 for v in q.values() if isinstance(v, (dict, bool))), "settings": settings,
+            "quantized_parameters": qparams, "float_parameters": total - qparams,
+            "bits_per_quantized_weight": qbits / qparams if qparams else None,
+            "bits_per_parameter": 8 * total_bytes / total, "bytes": total_bytes, "embedding_bytes": emb_bytes}
+
+
+def _gguf_quant(h: gguf.GGUFHeader) -> dict:
+    types: dict[str, dict] = {}
+    for t in h.tensors:
+        d = types.setdefault(t.type_name, {"tensors": 0, "parameters": 0, "bytes": 0})
+        d["tensors"] += 1
+        d["parameters"] += t.n_elements
+        d["bytes"] += t.nbytes
+    for d in types.values():
+        d["bits_per_weight"] = 8 * d["bytes"] / d["parameters"]
+    nbytes, params = sum(t.nbytes for t in h.tensors), sum(t.n_elements for t in h.tensors)
+    emb = next((t.nbytes for t in h.tensors if t.name == "token_embd.weight"), 0)
+    return {"kind": "gguf", "types": types, "bytes": nbytes, "embedding_bytes": emb,
+            "bits_per_parameter": 8 * nbytes / params if params else None}
+
+
+# ---- sources ---------------------------------------------------------------------------------------------
+
+
+def _open(source):
+    """-> (name, kind, config, safetensors files or None, GGUF header or None, notes)."""
+    if source is None or str(source) == "":
+        h = gguf.read_header(sources.embedded_model_path())
+        return sources.EMBEDDED_NAME, "gguf", gguf.config_from_header(h), None, h, []
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix == ".json":  # any config file; its folder's weights only for config.json
+        files = _local_files(path.parent) if path.name == "config.json" else None
+        return text, "config", ModelConfig.from_file(path), files, None, []
+    if path.exists():
+        src = sources.resolve(path)
+        if src.kind == "gguf":
+            h = gguf.read_header(src.path)
+            return text, "gguf", gguf.config_from_header(h), None, h, []
+        return text, "config", ModelConfig.from_file(src.path), _local_files(src.path), None, []
+    if text.endswith((".gguf", ".json")) or text.startswith((".", "/", "~")) or not sources._REPO_ID.match(text):
+        raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'")
+    cfg, files, notes = _hub(text)
+    return text, "hub", cfg, files, None, notes
+
+
+def _local_files(folder: Path) -> list[dict] | None:
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            raise MlxinferError(f"{index} is not a valid index (no 'weight_map'); re-download it") from None
+        missing = [n for n in names if not (folder / n).is_file()]
+        if missing:
+            raise MlxinferError(f"{index} lists {missing[0]}, which is not in {folder}; download every shard")
+        paths = [folder / n for n in names]
+    else:
+        paths = sorted(folder.glob("*.safetensors"))
+    return [read_safetensors_header(p) for p in paths] or None
+
+
+def read_safetensors_header(path: Path) -> dict:
+    """A safetensors file: 8-byte little-endian header length, a JSON header, then the tensor bytes."""
+    size = path.stat().st_size
+    bad = f"{path} has a corrupt safetensors header"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise MlxinferError(f"{bad} (file of {size} bytes); re-download it")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(MAX_HEADER, size - 8):
+            raise MlxinferError(f"{bad} (header length {n:,} in a {size:,}-byte file); re-download it")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise MlxinferError(f"{bad} (not JSON); re-download it") from None
+    if not isinstance(header, dict):
+        raise MlxinferError(f"{bad} (not a JSON object); re-download it")
+    return _file_entry(path.name, header, size, 8 + n, str(path))
+
+
+def _file_entry(name: str, header: dict, file_bytes: int | None, head: int | None, where: str) -> dict:
+    tensors = []
+    for tname, t in header.items():
+        if tname == "__metadata__":
+            continue
+        try:
+            shape, dtype = [int(d) for d in t["shape"]], t["dtype"]
+            start, end = (int(x) for x in t["data_offsets"])
+            n = math.prod(shape)
+        except (KeyError, TypeError, ValueError):
+            raise MlxinferError(f"{where} has a corrupt safetensors header (entry {tname!r})") from None
+        if not 0 <= start <= end or (dtype in ST_DTYPES and end - start != n * ST_DTYPES[dtype]) or (
+                file_bytes is not None and head + end > file_bytes):
+            raise MlxinferError(f"{where} has a corrupt safetensors header ({tname} does not fit its bytes)")
+        tensors.append({"name": tname, "dtype": dtype, "shape": shape, "params": n, "bytes": end - start})
+    return {"name": name, "file_bytes": file_bytes, "header_bytes": head, "tensors": tensors}
+
+
+def _hub(repo_id: str) -> tuple[ModelConfig, list[dict] | None, list[str]]:
+    """config.json and the safetensors headers only: never a weight."""
+    import huggingface_hub as hub
+    from huggingface_hub import errors
+
+    try:
+        cfg = ModelConfig.from_file(hub.hf_hub_download(repo_id, "config.json"))
+    except errors.LocalEntryNotFoundError:
+        off = " (HF_HUB_OFFLINE is set)" if sources._offline() else ""
+        raise MlxinferError(f"{repo_id}: config.json is not in the local Hugging Face cache and the hub "
+                            f"cannot be reached{off}; try again online or pass a local path") from None
+    except (errors.RepositoryNotFoundError, errors.GatedRepoError):
+        raise MlxinferError(f"no accessible repository {repo_id} on the Hugging Face hub; check the id") from None
+    except errors.EntryNotFoundError:
+        raise MlxinferError(f"{repo_id} has no config.json; it is not a model repository") from None
+    except (errors.HfHubHTTPError, OSError) as e:
+        raise MlxinferError(f"could not read {repo_id} from the hub: {str(e).splitlines()[0]}") from None
+    try:
+        meta = hub.get_safetensors_metadata(repo_id)
+    except errors.NotASafetensorsRepoError:
+        return cfg, None, [f"{repo_id} has no safetensors files; counted from config.json alone"]
+    except (errors.HfHubHTTPError, errors.SafetensorsParsingError, OSError) as e:
+        return cfg, None, [f"safetensors headers not read ({str(e).splitlines()[0]}); counted from config.json"]
+    try:
+        sizes = {p.path: p.size for p in hub.get_paths_info(repo_id, list(meta.files_metadata))}
+    except (errors.HfHubHTTPError, OSError):
+        sizes = {}
+    files = []
+    for fname, fm in sorted(meta.files_metadata.items()):
+        header = {k: {"dtype": t.dtype, "shape": t.shape, "data_offsets": t.data_offsets}
+                  for k, t in fm.tensors.items()}
+        end = max((t.data_offsets[1] for t in fm.tensors.values()), default=0)
+        size = sizes.get(fname)
+        files.append(_file_entry(fname, header, size, None if size is None else size - end, repo_id))
+    return cfg, files, []
+
+
+# ---- what is stored --------------------------------------------------------------------------------------
+
+
+def _stored(files: list[dict], cfg: ModelConfig, weights: list[Weight], total: int) -> dict:
+    expected = {w.name: w for w in weights}
+    stored = {t["name"]: t for f in files for t in f["tensors"]}
+    quant = {n for n in stored if n.endswith((".scales", ".biases")) and n.rsplit(".", 1)[0] + ".weight" in expected}
+    extra = {n: stored[n]["params"] for n in stored if n not in expected and n not in quant}
+    missing = [n for n in expected if n not in stored]
+    s = _sums(files, "safetensors")
+    s.update(unique_parameters=total, extra=extra, missing=missing,
+             quantization_bytes=sum(stored[n]["bytes"] for n in quant))
+    notes = s["notes"]
+    for n, p in extra.items():
+        why = "the tied vocabulary table stored a second time" if (
+            n == "lm_head.weight" and cfg.tie_word_embeddings) else "a tensor the config does not describe"
+        notes.append(f"{n}: {why} (+{p:,} parameters, +{stored[n]['bytes']:,} bytes)")
+    if missing:
+        notes.append(f"{len(missing)} tensors the config implies are not stored, e.g. {missing[0]}")
+    if quant:
+        notes.append(f"quantized: packed weights plus {len(quant):,} scales/biases tensors "
+                     f"({s['quantization_bytes']:,} bytes); stored values are packed, not parameters")
+    elif not extra and not missing and s["parameters"] == total:
+        notes.append("every parameter is stored exactly once")
+    return s
+
+
+def _gguf_stored(h: gguf.GGUFHeader, total: int) -> dict:
+    t = [{"name": x.name, "params": x.n_elements, "bytes": x.nbytes} for x in h.tensors]
+    s = _sums([{"name": h.path.name, "file_bytes": h.file_size, "header_bytes": h.file_size - sum(
+        x.nbytes for x in h.tensors), "tensors": t}], "gguf")
+    s["unique_parameters"] = total
+    diff = s["parameters"] - total
+    s["notes"].append("every parameter is stored exactly once (a tied table is stored once, as token_embd)"
+                      if diff == 0 else f"{diff:+,} parameters stored beyond the count")
+    return s
+
+
+def _sums(files: list[dict], fmt: str) -> dict:
+    tensor_bytes = sum(t["bytes"] for f in files for t in f["tensors"])
+    sizes = [f["file_bytes"] for f in files]
+    file_bytes = None if None in sizes else sum(sizes)
+    header = None if file_bytes is None else file_bytes - tensor_bytes
+    notes = [] if header is None else [
+        f"header: {header:,} bytes over {len(files)} file(s): the file size minus the tensors' bytes"
+        + (" (8-byte length + JSON table of names, dtypes, shapes, offsets)" if fmt == "safetensors" else
+           " (metadata, tensor table, alignment padding)")]
+    return {"format": fmt, "files": [{k: f[k] for k in ("name", "file_bytes", "header_bytes")} |
+                                     {"tensors": len(f["tensors"])} for f in files],
+            "tensors": sum(len(f["tensors"]) for f in files),
+            "parameters": sum(t["params"] for f in files for t in f["tensors"]),
+            "tensor_bytes": tensor_bytes, "file_bytes": file_bytes, "header_bytes": header, "notes": notes}
+
+
+# ---- rates -----------------------------------------------------------------------------------------------
+
+_PREFIX = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
+           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40}
+_UNITS = {"flops": ("", "flop/s", "flops", "op/s", "ops", "flop"), "bandwidth": ("", "b/s", "bps", "b")}
+_RATE = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(Ki|Mi|Gi|Ti|[kKMGTP])?\s*([A-Za-z/]*)\s*")
+
+
+def parse_rate(value: float | int | str, kind: str) -> float:
+    """'989T', '989 TFLOP/s', '3.35TB/s', '400GB/s', '1.2e12' or a plain number -> per second.
+    Prefixes are decimal (T = 10^12), Ki/Mi/Gi/Ti binary; bandwidth is in bytes per second."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        x = float(value)
+    else:
+        m = _RATE.fullmatch(str(value))
+        if not m or m.group(3).lower() not in _UNITS[kind]:
+            example = "989T or 989TFLOP/s" if kind == "flops" else "3.35TB/s or 400GB/s"
+            raise MlxinferError(f"cannot read {kind} {value!r}; write a number with an optional prefix, "
+                                f"like {example}")
+        x = float(m.group(1)) * _PREFIX[m.group(2) or ""]
+    if not (x > 0 and math.isfinite(x)):
+        raise MlxinferError(f"{kind} must be a positive number per second; got {value!r}")
+    return x

@@ -1,0 +1,138 @@
+"""Tiny random checkpoints in the Hugging Face layout, written by the tests themselves.
+
+Each has config.json, model.safetensors (random bf16 weights), a byte-level BPE
+tokenizer trained on a few sentences, a chat template and generation_config.json.
+Quantized variants come from mlx-lm's own `convert`, as mlx-community makes them.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+CORPUS = [
+    "Name one herb to add to tomato soup. Answer with one word.",
+    "Name one fruit. Answer with one word.",
+    "The cat sat on the mat. Thyme, basil, dill, oregano, rosemary.",
+    "Apple, mango, banana, cherry, grape 0123456789 {}[]\":,",
+] * 4
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n"
+    "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}{% endif %}"
+)
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
+
+BASE = {
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "vocab_size": 384,
+    "rms_norm_eps": 1e-5,
+    "rope_theta": 10000.0,
+    "max_position_embeddings": 512,
+    "torch_dtype": "bfloat16",
+}
+ARCHS = {
+    "llama": {
+        "model_type": "llama",
+        "tie_word_embeddings": False,
+        "rope_scaling": {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    },
+    "qwen3": {"model_type": "qwen3", "head_dim": 48, "tie_word_embeddings": True, "rope_theta": 1000000.0},
+    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": True},
+}
+
+
+def write_tokenizer(out: Path, vocab_size: int = 300) -> None:
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIALS, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(CORPUS, trainer)
+    tok.save(str(out / "tokenizer.json"))
+    (out / "tokenizer_config.json").write_text(
+        json.dumps(
+            {
+                "tokenizer_class": "PreTrainedTokenizerFast",
+                "eos_token": "<|im_end|>",
+                "pad_token": "<|endoftext|>",
+                "chat_template": CHAT_TEMPLATE,
+                "model_max_length": 512,
+            }
+        )
+    )
+
+
+def hf_weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    H, K = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    E = cfg.get("head_dim") or D // H
+    shapes = {"model.embed_tokens.weight": (V, D), "model.norm.weight": (D,)}
+    if not cfg["tie_word_embeddings"]:
+        shapes["lm_head.weight"] = (V, D)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}"
+        shapes |= {
+            f"{p}.input_layernorm.weight": (D,),
+            f"{p}.post_attention_layernorm.weight": (D,),
+            f"{p}.self_attn.q_proj.weight": (H * E, D),
+            f"{p}.self_attn.k_proj.weight": (K * E, D),
+            f"{p}.self_attn.v_proj.weight": (K * E, D),
+            f"{p}.self_attn.o_proj.weight": (D, H * E),
+            f"{p}.mlp.gate_proj.weight": (F, D),
+            f"{p}.mlp.up_proj.weight": (F, D),
+            f"{p}.mlp.down_proj.weight": (D, F),
+        }
+        if cfg["model_type"] == "qwen3":
+            shapes |= {f"{p}.self_attn.q_norm.weight": (E,), f"{p}.self_attn.k_norm.weight": (E,)}
+        if cfg["model_type"] == "qwen2":
+            shapes |= {f"{p}.self_attn.{x}_proj.bias": (n * E,) for x, n in (("q", H), ("k", K), ("v", K))}
+    return shapes
+
+
+def random_weights(cfg: dict, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for name, shape in hf_weight_shapes(cfg).items():
+        if name.endswith("norm.weight"):
+            out[name] = (1.0 + 0.1 * rng.standard_normal(shape)).astype(np.float32)
+        else:
+            out[name] = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
+    return out
+
+
+def write_checkpoint(out: Path, arch: str, seed: int = 0, dtype=mx.bfloat16, **overrides) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {**BASE, **ARCHS[arch], **overrides}
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(
+        json.dumps({"do_sample": True, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "eos_token_id": 2})
+    )
+    weights = {k: mx.array(v).astype(dtype) for k, v in random_weights(cfg, seed).items()}
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_tokenizer(out)
+    return out
+
+
+def quantized_copy(src: Path, out: Path, bits: int, group_size: int) -> Path:
+    """mlx-lm's own conversion, exactly what mlx-community publishes."""
+    from mlx_lm.convert import convert
+
+    convert(str(src), str(out), quantize=True, q_bits=bits, q_group_size=group_size)
+    return out

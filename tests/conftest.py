@@ -1,0 +1,77 @@
+"""Shared fixtures: tiny checkpoints written once per session, the embedded model loaded once."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import checkpoints  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# (arch, bits, group size); bits None is the bf16 checkpoint
+VARIANTS = [
+    ("llama", None, None),
+    ("llama", 4, 64),
+    ("llama", 8, 32),
+    ("qwen3", None, None),
+    ("qwen3", 4, 128),
+    ("qwen3", 8, 64),
+    ("qwen2", None, None),
+]
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir(tmp_path_factory):
+    """checkpoint_dir(arch, bits=None, group_size=None) -> Path, written on first use."""
+    root = tmp_path_factory.mktemp("checkpoints")
+    made: dict[tuple, Path] = {}
+
+    def get(arch: str, bits: int | None = None, group_size: int | None = None) -> Path:
+        key = (arch, bits, group_size)
+        if key not in made:
+            if bits is None:
+                made[key] = checkpoints.write_checkpoint(root / arch, arch)
+            else:
+                made[key] = checkpoints.quantized_copy(get(arch), root / f"{arch}-{bits}bit-g{group_size}", bits, group_size)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
+def embedded():
+    """The embedded SmolLM2-135M-Instruct, loaded once: (model, tokenizer)."""
+    import mlxinfer
+
+    return mlxinfer.load(None)
+
+
+def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run `python -m mlxinfer ARGS` as a user would, from the repository root."""
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run(
+        [sys.executable, "-m", "mlxinfer", *args],
+        cwd=ROOT,
+        env=full_env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    """Bad input: exit 2, one line on stderr that names the problem, no traceback, nothing on stdout."""
+    assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("error: "), lines[0]
+    assert "Traceback" not in result.stderr
+    for fragment in fragments:
+        assert fragment.lower() in lines[0].lower(), (fragment, lines[0])

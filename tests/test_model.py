@@ -1,0 +1,143 @@
+"""The forward pass against mlx-lm's own model classes, and the KV cache against a full pass."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from conftest import VARIANTS
+
+import mlxinfer
+from mlxinfer.weights import hf_to_ours, ours_to_hf
+
+IDS = mx.array([[1, 17, 42, 99, 250, 3, 7, 120, 64, 2, 33, 180, 5, 9, 11, 300]])
+
+
+def max_abs_diff(a: mx.array, b: mx.array) -> float:
+    return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
+
+
+@pytest.mark.parametrize("arch,bits,group_size", VARIANTS)
+def test_logits_equal_mlx_lm_exactly(checkpoint_dir, arch, bits, group_size):
+    import mlx_lm
+
+    path = checkpoint_dir(arch, bits, group_size)
+    ours, _ = mlxinfer.load(path)
+    peer, _ = mlx_lm.load(str(path))
+    scores = ours(IDS)
+    assert scores.shape == (1, IDS.shape[1], ours.config.vocab_size)
+    assert max_abs_diff(scores, peer(IDS)) == 0.0
+
+
+@pytest.mark.parametrize("arch,bits,group_size", [("llama", None, None), ("llama", 4, 64), ("qwen3", None, None), ("qwen3", 8, 64)])
+def test_kv_cache_matches_full_pass(checkpoint_dir, arch, bits, group_size):
+    model, _ = mlxinfer.load(checkpoint_dir(arch, bits, group_size))
+    full = model(IDS)[0]
+    cache = model.make_cache()
+    model(IDS[:, :9], cache)  # prefill of many positions
+    for n in range(9, IDS.shape[1]):  # then one position at a time
+        step = model(IDS[:, n : n + 1], cache)[0, -1]
+        assert max_abs_diff(step, full[n]) < 1e-2, n  # bf16 activations
+    assert cache[0].offset == IDS.shape[1]
+
+
+@pytest.mark.parametrize("bits,group_size", [(4, 64), (8, 32)])
+def test_quantized_weights_dequantize_to_their_source(checkpoint_dir, bits, group_size):
+    """A quantized checkpoint holds its bf16 source within the affine bound.
+
+    MLX's affine grid puts the group's larger-magnitude extreme exactly on the bias, so the
+    worst error is one step (the far extreme can be clipped), half a step inside the grid;
+    bf16 storage of scale and bias adds relative rounding of 2**-8 on each.
+    """
+    source = mx.load(str(checkpoint_dir("llama") / "model.safetensors"))
+    model, _ = mlxinfer.load(checkpoint_dir("llama", bits, group_size))
+    checked = 0
+    for name, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            assert (module.bits, module.group_size) == (bits, group_size)
+            w = mx.dequantize(module.weight, module.scales, module.biases, group_size, bits).astype(mx.float32)
+            hf_name = next(k for k in source if hf_to_ours(k) == f"{name}.weight")
+            ref = source[hf_name].astype(mx.float32)
+            groups = ref.reshape(ref.shape[0], -1, group_size)
+            step = (groups.max(-1) - groups.min(-1)) / (2**bits - 1)  # (rows, groups)
+            scale = mx.abs(module.scales.astype(mx.float32))
+            rounding = (mx.abs(module.biases.astype(mx.float32)) + (2**bits - 1) * scale) * 2.0**-8
+            err = mx.abs(w - ref).reshape(groups.shape).max(-1)
+            assert mx.all(err <= step + rounding).item(), name
+            if bits == 4:  # at 8 bits the step is as fine as bf16 itself
+                assert mx.mean(err / step).item() < 0.75, name  # typical groups stay well inside
+            checked += 1
+    assert checked == 2 * 7 + 2  # seven linears per layer, embedding and output table
+
+
+def test_embedded_model_shape(embedded):
+    model, tokenizer = embedded
+    cfg = model.config
+    assert (cfg.model_type, cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size) == ("llama", 30, 576, 49152)
+    assert cfg.tie_word_embeddings
+    assert len(tokenizer) == 49152
+
+
+def test_embedded_gguf_equals_mlx_lm_fed_the_same_weights(embedded):
+    """Our GGUF path against mlx-lm's llama class given the same (un-permuted) tensors."""
+    from mlx.utils import tree_flatten
+    from mlx_lm.models import llama
+
+    model, tokenizer = embedded
+    cfg = model.config
+    peer = llama.Model(
+        llama.ModelArgs(
+            model_type="llama",
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_hidden_layers,
+            intermediate_size=cfg.intermediate_size,
+            num_attention_heads=cfg.num_attention_heads,
+            num_key_value_heads=cfg.num_key_value_heads,
+            rms_norm_eps=cfg.rms_norm_eps,
+            vocab_size=cfg.vocab_size,
+            rope_theta=cfg.rope_theta,
+            tie_word_embeddings=True,
+        )
+    )
+    ours = dict(tree_flatten(model.parameters()))
+    modules = dict(model.named_modules())
+
+    def same_quantization(path, module):
+        m = modules[hf_to_ours(path)]
+        return {"group_size": m.group_size, "bits": m.bits} if hasattr(m, "bits") else False
+
+    nn.quantize(peer, class_predicate=same_quantization)
+    peer.load_weights([(ours_to_hf(k), v) for k, v in ours.items()], strict=True)
+    ids = mx.array([tokenizer.encode("The cat sat on the mat because it was warm and")])
+    a, b = model(ids), peer(ids)
+    assert max_abs_diff(a, b) <= 1e-3
+    assert mx.array_equal(mx.argmax(a, -1), mx.argmax(b, -1)).item()
+
+
+def test_embedded_greedy_matches_llama_cpp(embedded):
+    """llama.cpp, greedy, same GGUF, same chat-templated prompt, gives exactly this answer."""
+    from mlxinfer.tokenizer import encode_prompt
+
+    model, tokenizer = embedded
+    ids = encode_prompt(tokenizer, "Name one fruit. Answer with one word.")
+    cache = model.make_cache()
+    scores = model(mx.array([ids]), cache)
+    out = []
+    for _ in range(32):
+        token = mx.argmax(scores[0, -1]).item()
+        if token in tokenizer.eos_token_ids:
+            break
+        out.append(token)
+        scores = model(mx.array([[token]]), cache)
+    assert tokenizer.decode(out) == (
+        "The fruit I'm referring to is the fruit of the blackcurrant, which is a type of citrus fruit."
+    )
+
+
+def test_forward_is_deterministic(embedded):
+    """The lesson: one prompt, one machine, the pass gives the same numbers every time."""
+    model, tokenizer = embedded
+    ids = mx.array([tokenizer.encode("Name one herb to add to tomato soup.")])
+    a, b = np.array(model(ids)), np.array(model(ids))
+    assert np.abs(a - b).max() == 0.0
