@@ -40,5 +40,15 @@ def console():
     return Console()
 
 
-def optional_model(model: Optional[str]) -> Optional[str]:
-    return model or None
+def parse_floats(values: list[str], option: str) -> tuple[float, ...]:
+    """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5)."""
+    from mlxinfer.errors import MlxinferError
+
+    out = []
+    for value in values:
+        for part in value.replace(",", " ").split():
+            try:
+                out.append(float(part))
+            except ValueError:
+                raise MlxinferError(f"{option} takes numbers like 0.5,1.0,1.5; got '{part}'") from None
+    return tuple(out)

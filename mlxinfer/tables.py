@@ -1,0 +1,124 @@
+"""One forward pass, read as the lesson reads it: the next-token table.
+
+`next_token_table` runs the (templated) prompt through the model once, takes the
+scores at the last position, and lists the top-k tokens by score with their
+probability at each temperature (softmax over the whole vocabulary).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+import mlx.core as mx
+
+from .errors import MlxinferError
+from .tokenizer import encode_prompt
+
+
+@dataclass
+class TokenRow:
+    rank: int
+    id: int
+    text: str
+    score: float
+    probs: list[float]  # one per temperature
+    logprob: float  # at temperature 1.0
+
+
+@dataclass
+class NextTokenTable:
+    model: str
+    prompt: str
+    prompt_ids: list[int]
+    n_scores: int  # one score per vocabulary entry
+    temperatures: list[float]
+    rows: list[TokenRow]
+    mass: list[float]  # probability the k rows hold, per temperature
+    extra: dict = field(default_factory=dict)  # e.g. the sampler's explanation
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def last_scores(model, ids: list[int]) -> mx.array:
+    """The scores at the last position, float32, shape (V,)."""
+    check_context(model, len(ids))
+    return model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+
+
+def check_context(model, n_tokens: int, extra: int = 0) -> None:
+    limit = model.config.max_position_embeddings
+    if n_tokens == 0:
+        raise MlxinferError("the prompt is empty; give some text with --prompt")
+    if n_tokens + extra > limit:
+        raise MlxinferError(
+            f"the prompt is {n_tokens:,} tokens{f' plus {extra:,} to generate' if extra else ''} but the model's "
+            f"context is {limit:,}; shorten the prompt"
+        )
+
+
+def probabilities(scores: mx.array, temperature: float) -> mx.array:
+    """softmax(scores / T) over the whole vocabulary; T = 0 puts all mass on the top score."""
+    if temperature == 0:
+        return (mx.arange(scores.shape[-1]) == mx.argmax(scores)).astype(mx.float32)
+    return mx.softmax(scores / temperature, axis=-1)
+
+
+def validate_table_args(temperatures: list[float], k: int, vocab: int) -> None:
+    if not temperatures:
+        raise MlxinferError("give at least one temperature with --temps")
+    bad = [t for t in temperatures if t < 0]
+    if bad:
+        raise MlxinferError(f"temperature must be >= 0, got {bad[0]}; use 0 for greedy or a positive value")
+    if not 1 <= k <= vocab:
+        raise MlxinferError(f"-k must be between 1 and the vocabulary size {vocab:,}, got {k}")
+
+
+def next_token_table(
+    model,
+    tokenizer,
+    prompt: str,
+    temperatures: tuple[float, ...] = (0.5, 1.0, 1.5),
+    k: int = 6,
+    *,
+    chat: bool = True,
+    thinking: bool = False,
+    system: str | None = None,
+) -> NextTokenTable:
+    temperatures = list(temperatures)
+    validate_table_args(temperatures, k, model.config.vocab_size)
+    ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
+    scores = last_scores(model, ids)
+    return table_from_scores(scores, tokenizer, temperatures, k, model_name=_name(model), prompt=prompt, ids=ids)
+
+
+def table_from_scores(scores, tokenizer, temperatures, k, *, model_name="", prompt="", ids=()) -> NextTokenTable:
+    top = mx.argsort(-scores)[:k]  # (k,) by score, highest first
+    probs = mx.stack([probabilities(scores, t)[top] for t in temperatures])  # (T, k)
+    logprobs = (scores - mx.logsumexp(scores))[top]
+    top_ids, probs_list, score_list, lp = top.tolist(), probs.tolist(), scores[top].tolist(), logprobs.tolist()
+    rows = [
+        TokenRow(
+            rank=i + 1,
+            id=tid,
+            text=tokenizer.decode([tid]),
+            score=score_list[i],
+            probs=[probs_list[j][i] for j in range(len(temperatures))],
+            logprob=lp[i],
+        )
+        for i, tid in enumerate(top_ids)
+    ]
+    return NextTokenTable(
+        model=model_name,
+        prompt=prompt,
+        prompt_ids=list(ids),
+        n_scores=scores.shape[-1],
+        temperatures=temperatures,
+        rows=rows,
+        mass=probs.sum(axis=1).tolist(),
+    )
+
+
+def _name(model) -> str:
+    src = getattr(model, "source", None)
+    return src.name if src is not None else ""

@@ -1,0 +1,208 @@
+"""Loaders: GGUF tensors and headers against gguf-py, a tiny GGUF model against its HF twin,
+hub repo ids through an offline cache, and one-line errors for broken inputs."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import assert_one_line_error, run_cli
+
+import mlxinfer
+from mlxinfer.gguf import read_header
+from mlxinfer.sources import embedded_model_path
+
+gguf = pytest.importorskip("gguf")
+Q = gguf.GGMLQuantizationType
+
+
+def _bits(packed: mx.array, n_cols: int) -> int:
+    return packed.shape[-1] * 32 // n_cols
+
+
+@pytest.mark.parametrize(
+    "qtype,tolerance",
+    [(Q.F32, 0.0), (Q.F16, 1e-3), (Q.Q8_0, 1 / 127 / 2), (Q.Q4_1, 1 / 15 * 2 / 2), (Q.Q4_0, 1 / 8)],
+)
+def test_gguf_tensor_round_trip(tmp_path, qtype, tolerance):
+    """Source values come back within each type's step; quantized ones equal gguf-py's own dequantize."""
+    rng = np.random.default_rng(1)
+    src = rng.uniform(-1, 1, size=(8, 64)).astype(np.float32)
+    path = tmp_path / "t.gguf"
+    writer = gguf.GGUFWriter(str(path), "llama")
+    if qtype in (Q.F32, Q.F16):
+        writer.add_tensor("t", src.astype(np.float16 if qtype == Q.F16 else np.float32))
+    else:
+        writer.add_tensor("t", gguf.quants.quantize(src, qtype), raw_dtype=qtype)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+
+    loaded = mx.load(str(path))
+    if "t.scales" in loaded:
+        w, s, b = loaded["t"], loaded["t.scales"], loaded["t.biases"]
+        values = np.array(mx.dequantize(w, s, b, group_size=32, bits=_bits(w, 64)).astype(mx.float32))
+        reference = gguf.quants.dequantize(gguf.quants.quantize(src, qtype), qtype)
+        np.testing.assert_allclose(values, reference, atol=2e-3, rtol=2e-3)  # f16 scale/bias arithmetic
+    else:
+        values = np.array(loaded["t"].astype(mx.float32))
+    # the step of each type, relative to a block's range of [-1, 1]
+    assert np.abs(values - src).max() <= tolerance + 2e-3
+
+
+def test_gguf_header_matches_gguf_py():
+    path = embedded_model_path()
+    ours = read_header(path)
+    peer = gguf.GGUFReader(str(path))
+    assert len(ours.tensors) == len(peer.tensors)
+    for a, b in zip(ours.tensors, peer.tensors):
+        assert a.name == b.name
+        assert a.shape == tuple(int(d) for d in reversed(b.shape.tolist()))
+        assert a.type_name == b.tensor_type.name
+        assert ours.data_offset + a.offset == int(b.data_offset)
+    assert ours.metadata["llama.block_count"] == 30
+    assert ours.metadata["tokenizer.ggml.tokens"][2] == "<|im_end|>"
+
+
+def _write_gguf_twin(hf_dir, out):
+    """The tiny llama written as llama.cpp's converter would: F32, q/k rows permuted, tokenizer in metadata."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
+    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(hf_dir / "model.safetensors")).items()}
+
+    def permute(w, heads):  # convert_hf_to_gguf.py's LlamaModel.permute
+        return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
+             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
+             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    w = gguf.GGUFWriter(str(out), "llama")
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in specials else 1 for t in tokens])
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
+    for name, value in weights.items():
+        if name in names:
+            w.add_tensor(names[name], value)
+            continue
+        _, _, layer, rest = name.split(".", 3)
+        module = rest.rsplit(".", 1)[0]
+        if module == "self_attn.q_proj":
+            value = permute(value, cfg["num_attention_heads"])
+        elif module == "self_attn.k_proj":
+            value = permute(value, cfg["num_key_value_heads"])
+        w.add_tensor(f"blk.{layer}.{parts[module]}.weight", value)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_tiny_gguf_equals_its_hf_twin(tmp_path):
+    """Un-permuting llama.cpp's q/k rows and rebuilding the tokenizer give back the HF model exactly."""
+    import checkpoints
+
+    hf_dir = checkpoints.write_checkpoint(tmp_path / "hf", "llama", dtype=mx.float32, rope_scaling=None)
+    _write_gguf_twin(hf_dir, tmp_path / "twin.gguf")
+    hf_model, hf_tok = mlxinfer.load(hf_dir)
+    gg_model, gg_tok = mlxinfer.load(tmp_path / "twin.gguf")
+    for text in checkpoints.CORPUS[:4] + ["  spaces\tand\nnewlines 12345 ünïcödé"]:
+        assert gg_tok.encode(text) == hf_tok.encode(text), text
+    messages = [{"role": "user", "content": "Name one fruit."}]
+    assert gg_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
+        hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = mx.array([hf_tok.encode(checkpoints.CORPUS[0])])
+    assert mx.abs(gg_model(ids) - hf_model(ids)).max().item() < 1e-4
+
+
+def _hub_cache(tmp_path, repo_id, model_dir):
+    """A Hugging Face hub cache holding one snapshot of `model_dir`, as huggingface_hub lays it out."""
+    home = tmp_path / "hf"
+    repo = home / "hub" / f"models--{repo_id.replace('/', '--')}"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(model_dir, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    return home
+
+
+def test_repo_id_loads_from_offline_hub_cache(tmp_path, checkpoint_dir):
+    local = checkpoint_dir("qwen3")
+    home = _hub_cache(tmp_path, "tiny-org/tiny-qwen3", local)
+    env = {"HF_HOME": str(home), "HF_HUB_OFFLINE": "1"}
+    by_repo = run_cli("topk", "--model", "tiny-org/tiny-qwen3", "--prompt", "Name one fruit.", "--json", env=env)
+    by_path = run_cli("topk", "--model", str(local), "--prompt", "Name one fruit.", "--json")
+    assert by_repo.returncode == 0, by_repo.stderr
+    a, b = json.loads(by_repo.stdout), json.loads(by_path.stdout)
+    assert a["rows"] == b["rows"] and a["prompt_ids"] == b["prompt_ids"]
+    assert a["model"] == "tiny-org/tiny-qwen3"
+
+
+def test_repo_id_not_cached_while_offline(tmp_path):
+    env = {"HF_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"}
+    result = run_cli("topk", "--model", "nobody/missing-model", "--prompt", "hi", env=env)
+    assert_one_line_error(result, "nobody/missing-model", "offline")
+
+
+def _broken(tmp_path, checkpoint_dir, change):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    change(bad)
+    return bad
+
+
+def _edit_config(**fields):
+    def change(d):
+        cfg = json.loads((d / "config.json").read_text())
+        cfg.update(fields)
+        (d / "config.json").write_text(json.dumps(cfg))
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,fragments",
+    [
+        (lambda d: (d / "config.json").unlink(), ["config.json"]),
+        (_edit_config(model_type="mamba"), ["unknown architecture", "mamba", "llama"]),
+        (_edit_config(intermediate_size=320), ["shape", "mlp"]),
+        (_edit_config(vocab_size=200), ["shape", "embed_tokens"]),
+        (lambda d: (d / "config.json").write_text("{not json"), ["not valid JSON"]),
+        (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00\x00"), ["safetensors"]),
+        (_edit_config(hidden_size=None), ["hidden_size"]),
+    ],
+    ids=["no-config", "unknown-arch", "shape-mismatch", "vocab-shape", "config-not-json", "corrupt-weights", "null-field"],
+)
+def test_broken_checkpoints_give_one_line_errors(tmp_path, checkpoint_dir, change, fragments):
+    bad = _broken(tmp_path, checkpoint_dir, change)
+    assert_one_line_error(run_cli("topk", "--model", str(bad), "--prompt", "hi"), *fragments)
+
+
+def test_truncated_gguf(tmp_path):
+    cut = tmp_path / "cut.gguf"
+    with open(embedded_model_path(), "rb") as f:
+        cut.write_bytes(f.read(5_000_000))
+    assert_one_line_error(run_cli("topk", "--model", str(cut), "--prompt", "hi"), "truncated")
+
+
+def test_missing_path():
+    assert_one_line_error(run_cli("topk", "--model", "./no/such/dir", "--prompt", "hi"), "no model at")
