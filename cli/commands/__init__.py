@@ -1,3 +1,7 @@
-"""One module per command; importing this package registers them all on `cli.app.app`."""
+"""One module per command; importing this package imports each, and each adds itself to `cli.app.app`."""
 
-from cli.commands import count, topk  # noqa: F401
+import importlib
+import pkgutil
+
+for _module in sorted(m.name for m in pkgutil.iter_modules(__path__)):
+    importlib.import_module(f"{__name__}.{_module}")
