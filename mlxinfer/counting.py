@@ -59,9 +59,6 @@ def layer_weights(cfg: ModelConfig, i: int) -> list[Weight]:
     w += [Weight(m + "gate_proj.weight", (F, D), "mlp", "gate", f"{D:,} x {F:,}"),
           Weight(m + "up_proj.weight", (F, D), "mlp", "up", f"{D:,} x {F:,}"),
           Weight(m + "down_proj.weight", (D, F), "mlp", "down", f"{F:,} x {D:,}")]
-    if cfg.model_type == "llama" and cfg.raw.get("mlp_bias"):
-        w += [Weight(m + f"{n}_proj.bias", (s,), "mlp", "biases", f"2 x {F:,} + {D:,}")
-              for n, s in (("gate", F), ("up", F), ("down", D))]
     return w + [Weight(p + n, (D,), "norms", "two norms", f"2 x {D:,}")
                 for n in ("input_layernorm.weight", "post_attention_layernorm.weight")]
 
@@ -79,30 +76,32 @@ def model_weights(cfg: ModelConfig) -> list[Weight]:
 
 @dataclass
 class CountReport:
+    """Every figure `count` shows; the CLI only renders it. Parameters unless named otherwise."""
+
     model: str
     source: str  # config | gguf | hub
     config: dict
     rows: list[dict]  # the lesson's table: label, formula, params (None for a heading), indent
     embedding: int
-    attention: int  # per layer
-    mlp: int  # per layer
-    layer_norms: int  # per layer
+    attention: int  # this and the next three: per layer
+    mlp: int
+    layer_norms: int
     layer: int
     num_layers: int
-    layers: int
+    layers: int  # num_layers x layer
     final_norm: int
     output_table: int  # 0 when tied
     total: int  # unique parameters
     dtype: str
     bytes_per_parameter: int
     bytes: int  # total x bytes_per_parameter
-    shares: dict
-    operations: dict
-    context: dict | None = None
-    answer: dict | None = None
-    hardware: dict | None = None
-    quantization: dict | None = None
-    stored: dict | None = None
+    shares: dict  # mlp_of_layer, attention_of_layer, layers_of_model, vocab_tables_of_model
+    operations: dict  # per token
+    context: dict | None = None  # --context
+    answer: dict | None = None  # --answer-tokens
+    hardware: dict | None = None  # --flops / --bandwidth
+    quantization: dict | None = None  # MLX config block or GGUF tensor types
+    stored: dict | None = None  # what the safetensors / GGUF headers say
     notes: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict:
@@ -121,18 +120,21 @@ def count(source: str | Path | None = None, context: int | None = None, answer_t
     bandwidth = None if bandwidth is None else parse_rate(bandwidth, "bandwidth")
 
     name, kind, cfg, files, header, notes = _open(source)
-    names = {t["name"] for f in files or [] for t in f["tensors"]}
     if files and not cfg.tie_word_embeddings_given:
-        cfg = replace(cfg, tie_word_embeddings="lm_head.weight" not in names)
+        cfg = replace(cfg, tie_word_embeddings=not any(t["name"] == "lm_head.weight" for f in files
+                                                       for t in f["tensors"]))
         notes.append("config.json does not say whether the tables are tied; the stored tensors decide: "
                      + ("tied" if cfg.tie_word_embeddings else "not tied"))
     weights = model_weights(cfg)
     r = _table(name, kind, cfg, weights, notes)
-    r.quantization = _gguf_quant(header) if header else _mlx_quant(cfg, weights)
     if header:
-        r.stored = _gguf_stored(header, r.total)
-    elif files:
-        r.stored = _stored(files, cfg, weights, r.total, (r.quantization or {}).get("bytes", r.bytes))
+        r.quantization, r.stored = _gguf_quant(header), _gguf_stored(header, r.total)
+        notes.append(f"GGUF: the bytes in {cfg.dtype} are what the model would take unquantized; "
+                     "the tensor table gives the bytes actually stored")
+    else:
+        r.quantization = _mlx_quant(cfg, weights)
+        if files:
+            r.stored = _stored(files, cfg, weights, r.total, (r.quantization or {}).get("bytes", r.bytes))
     _work(r, cfg, context, answer_tokens, flops, bandwidth)
     return r
 
@@ -147,9 +149,9 @@ def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes:
     layer, total = att + mlp + norms, sum(w.params for w in weights)
     emb, out = by_part["embedding"], by_part.get("output", 0)
     rows = [_row("embedding table", f"{V:,} x {D:,}", emb), _row("per layer:"), _row("attention", indent=1)]
-    rows += _grouped([w for w in layer0 if w.part == "attention"], 2)
+    rows += _grouped([w for w in layer0 if w.part == "attention"])
     rows += [_row("attention subtotal", "", att, 2), _row("MLP", indent=1)]
-    rows += _grouped([w for w in layer0 if w.part == "mlp"], 2)
+    rows += _grouped([w for w in layer0 if w.part == "mlp"])
     rows += [_row("MLP subtotal", "", mlp, 2), _row("two norms", f"2 x {D:,}", norms, 1),
              _row("layer total", "", layer, 1), _row(f"{L} layers", f"{L} x {layer:,}", L * layer),
              _row("final norm", "", by_part["final_norm"]),
@@ -168,12 +170,11 @@ def _row(label: str, formula: str = "", params: int | None = None, indent: int =
     return {"label": label, "formula": formula, "params": params, "indent": indent}
 
 
-def _grouped(weights: list[Weight], indent: int) -> list[dict]:
+def _grouped(weights: list[Weight]) -> list[dict]:
     """One row per label, in order: the two Qwen3 head norms or the three biases share a row."""
     rows: dict[str, dict] = {}
     for w in weights:
-        row = rows.setdefault(w.label, _row(w.label, w.formula, 0, indent))
-        row["params"] += w.params
+        rows.setdefault(w.label, _row(w.label, w.formula, 0, 2))["params"] += w.params
     return list(rows.values())
 
 
@@ -266,13 +267,11 @@ def _mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
 
 
 def _gguf_quant(h: gguf.GGUFHeader) -> dict:
+    """GGUF: the tensor table gives each tensor's ggml type and stored bytes."""
     types: dict[str, dict] = {}
     for t in h.tensors:
         d = types.setdefault(t.type_name, {"tensors": 0, "parameters": 0, "bytes": 0})
-        d["tensors"] += 1
-        d["parameters"] += t.n_elements
-        d["bytes"] += t.nbytes
-    for d in types.values():
+        d.update(tensors=d["tensors"] + 1, parameters=d["parameters"] + t.n_elements, bytes=d["bytes"] + t.nbytes)
         d["bits_per_weight"] = 8 * d["bytes"] / d["parameters"]
     nbytes, params = sum(t.nbytes for t in h.tensors), sum(t.n_elements for t in h.tensors)
     emb = next((t.nbytes for t in h.tensors if t.name == "token_embd.weight"), 0)
@@ -285,21 +284,21 @@ def _gguf_quant(h: gguf.GGUFHeader) -> dict:
 
 def _open(source):
     """-> (name, kind, config, safetensors files or None, GGUF header or None, notes)."""
-    if source is None or str(source) == "":
-        h = gguf.read_header(sources.embedded_model_path())
-        return sources.EMBEDDED_NAME, "gguf", gguf.config_from_header(h), None, h, []
-    text = str(source)
+    text = "" if source is None else str(source)
     path = Path(text).expanduser()
-    if path.is_file() and path.suffix == ".json":  # any config file; its folder's weights only for config.json
+    if path.suffix == ".safetensors" and path.is_file():  # a weights file: count its folder
+        path = path.parent
+    if text and path.is_file() and path.suffix == ".json":  # any config file; the folder's weights for config.json
         files = _local_files(path.parent) if path.name == "config.json" else None
         return text, "config", ModelConfig.from_file(path), files, None, []
-    if path.exists():
-        src = sources.resolve(path)
+    if not text or path.exists():  # nothing: the embedded GGUF
+        src = sources.resolve(path if text else None)
         if src.kind == "gguf":
             h = gguf.read_header(src.path)
-            return text, "gguf", gguf.config_from_header(h), None, h, []
+            return src.name, "gguf", gguf.config_from_header(h), None, h, []
         return text, "config", ModelConfig.from_file(src.path), _local_files(src.path), None, []
-    if text.endswith((".gguf", ".json")) or text.startswith((".", "/", "~")) or not sources._REPO_ID.match(text):
+    local = text.endswith((".gguf", ".json", ".safetensors")) or text.startswith((".", "/", "~"))
+    if local or not sources._REPO_ID.match(text):
         raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'")
     cfg, files, notes = _hub(text)
     return text, "hub", cfg, files, None, notes
@@ -312,13 +311,12 @@ def _local_files(folder: Path) -> list[dict] | None:
             names = sorted(set(json.loads(index.read_text())["weight_map"].values()))
         except (ValueError, KeyError, TypeError, AttributeError):
             raise MlxinferError(f"{index} is not a valid index (no 'weight_map'); re-download it") from None
-        missing = [n for n in names if not (folder / n).is_file()]
-        if missing:
-            raise MlxinferError(f"{index} lists {missing[0]}, which is not in {folder}; download every shard")
-        paths = [folder / n for n in names]
+        for n in names:
+            if not (folder / n).is_file():
+                raise MlxinferError(f"{index} lists {n}, which is not in {folder}; download every shard")
     else:
-        paths = sorted(folder.glob("*.safetensors"))
-    return [read_safetensors_header(p) for p in paths] or None
+        names = sorted(p.name for p in folder.glob("*.safetensors"))
+    return [read_safetensors_header(folder / n) for n in names] or None
 
 
 def read_safetensors_header(path: Path) -> dict:
@@ -372,16 +370,14 @@ def _hub(repo_id: str) -> tuple[ModelConfig, list[dict] | None, list[str]]:
                             f"cannot be reached{off}; try again online or pass a local path") from None
     except (errors.RepositoryNotFoundError, errors.GatedRepoError):
         raise MlxinferError(f"no accessible repository {repo_id} on the Hugging Face hub; check the id") from None
-    except errors.EntryNotFoundError:
-        raise MlxinferError(f"{repo_id} has no config.json; it is not a model repository") from None
-    except (errors.HfHubHTTPError, OSError) as e:
-        raise MlxinferError(f"could not read {repo_id} from the hub: {str(e).splitlines()[0]}") from None
+    except (errors.HfHubHTTPError, OSError) as e:  # EntryNotFoundError too: no config.json
+        raise MlxinferError(f"could not read {repo_id}/config.json from the hub: {_first(e)}") from None
     try:
         meta = hub.get_safetensors_metadata(repo_id)
     except errors.NotASafetensorsRepoError:
         return cfg, None, [f"{repo_id} has no safetensors files; counted from config.json alone"]
     except (errors.HfHubHTTPError, errors.SafetensorsParsingError, OSError) as e:
-        return cfg, None, [f"safetensors headers not read ({str(e).splitlines()[0]}); counted from config.json"]
+        return cfg, None, [f"safetensors headers not read ({_first(e)}); counted from config.json alone"]
     try:
         sizes = {p.path: p.size for p in hub.get_paths_info(repo_id, list(meta.files_metadata))}
     except (errors.HfHubHTTPError, OSError):
@@ -394,6 +390,10 @@ def _hub(repo_id: str) -> tuple[ModelConfig, list[dict] | None, list[str]]:
         size = sizes.get(fname)
         files.append(_file_entry(fname, header, size, None if size is None else size - end, repo_id))
     return cfg, files, []
+
+
+def _first(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]
 
 
 # ---- what is stored --------------------------------------------------------------------------------------
@@ -428,8 +428,8 @@ def _stored(files: list[dict], cfg: ModelConfig, weights: list[Weight], total: i
 
 def _gguf_stored(h: gguf.GGUFHeader, total: int) -> dict:
     t = [{"name": x.name, "params": x.n_elements, "bytes": x.nbytes} for x in h.tensors]
-    s = _sums([{"name": h.path.name, "file_bytes": h.file_size, "header_bytes": h.file_size - sum(
-        x.nbytes for x in h.tensors), "tensors": t}], "gguf")
+    head = h.file_size - sum(x.nbytes for x in h.tensors)  # metadata, tensor table, alignment padding
+    s = _sums([{"name": h.path.name, "file_bytes": h.file_size, "header_bytes": head, "tensors": t}], "gguf")
     s["unique_parameters"] = total
     diff = s["parameters"] - total
     s["notes"].append("every parameter is stored exactly once (a tied table is stored once, as token_embd)"
