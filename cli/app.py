@@ -2,14 +2,26 @@
 
 from __future__ import annotations
 
-import sys
-
 import typer
+from typer.core import TyperGroup
 
 from mlxinfer.errors import MlxinferError
 
+
+class _Commands(TyperGroup):
+    """Turns a user-facing MlxinferError into one line on stderr and exit code 2."""
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except MlxinferError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+
 app = typer.Typer(
     name="mlxinfer",
+    cls=_Commands,
     help="Open a language model and see what it computes: count, topk, sample, generate.",
     no_args_is_help=True,
     add_completion=False,
@@ -21,13 +33,11 @@ def _register() -> None:
     from cli import commands  # noqa: F401  (each module adds its command to `app`)
 
 
+_register()
+
+
 def main() -> None:
-    _register()
-    try:
-        app()
-    except MlxinferError as e:
-        typer.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    app()
 
 
 if __name__ == "__main__":

@@ -34,12 +34,6 @@ def fail(message: str) -> "typer.Exit":
     return typer.Exit(2)
 
 
-def console():
-    from rich.console import Console
-
-    return Console()
-
-
 def parse_floats(values: list[str], option: str) -> tuple[float, ...]:
     """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5)."""
     from mlxinfer.errors import MlxinferError
@@ -52,3 +46,48 @@ def parse_floats(values: list[str], option: str) -> tuple[float, ...]:
             except ValueError:
                 raise MlxinferError(f"{option} takes numbers like 0.5,1.0,1.5; got '{part}'") from None
     return tuple(out)
+
+
+# Sampling options: None means "not set", so the model's generation_config.json can fill it.
+TempOption = typer.Option(None, "--temp", "--temperature", help="Divide scores by T before softmax; 0 = greedy.")
+TopPOption = typer.Option(None, "--top-p", help="Keep the smallest set of top tokens holding at least p (1 = off).")
+TopKOption = typer.Option(None, "--top-k", help="Keep the k most likely tokens (0 = off).")
+MinPOption = typer.Option(None, "--min-p", help="Keep tokens with at least this fraction of the top probability.")
+RepetitionOption = typer.Option(None, "--repetition-penalty", help="Divide seen tokens' positive scores by this (1 = off).")
+PresenceOption = typer.Option(None, "--presence-penalty", help="Subtract this from every seen token's score.")
+FrequencyOption = typer.Option(None, "--frequency-penalty", help="Subtract this times a token's count so far.")
+OrderOption = typer.Option(None, "--order", help="'lesson' (temperature, then cut) or 'mlx-lm' (cut, then temperature).")
+
+
+def user_sampling(temp, top_p, top_k, min_p, repetition=None, presence=None, frequency=None, order=None) -> dict:
+    """The sampling options the user set, checked before any model loads."""
+    from dataclasses import replace
+
+    from mlxinfer.sampler import SamplerSettings
+
+    user = {
+        "temperature": temp,
+        "top_p": top_p,
+        "top_k": top_k,
+        "min_p": min_p,
+        "repetition_penalty": repetition,
+        "presence_penalty": presence,
+        "frequency_penalty": frequency,
+        "order": order,
+    }
+    replace(SamplerSettings(), **{k: v for k, v in user.items() if v is not None}).validate()
+    return user
+
+
+def progress_bar(total: int, description: str, enabled: bool = True):
+    """A rich progress bar on stderr, as a (done, total) callback and a context manager."""
+    from rich.console import Console
+    from rich.progress import Progress
+
+    progress = Progress(console=Console(stderr=True), transient=True, disable=not enabled)
+    task = progress.add_task(description, total=total)
+
+    def update(done: int, _total: int) -> None:
+        progress.update(task, completed=done)
+
+    return progress, update

@@ -52,5 +52,10 @@ class KVCache:
         return other
 
     @property
+    def state(self) -> list[mx.array]:
+        """The arrays to evaluate (mlx-lm's loops call `mx.eval(c.state)` too)."""
+        return [] if self.keys is None else [self.keys, self.values]
+
+    @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes

@@ -36,7 +36,7 @@ def prefill(model, ids: list[int], cache: list[KVCache], step_size: int = 2048,
     while done < total:
         chunk = ids[done : done + step_size]
         model(mx.array(chunk)[None], cache)
-        mx.eval([(c.keys, c.values) for c in cache])
+        mx.eval([c.state for c in cache])
         done += len(chunk)
         if progress:
             progress(done, total)
@@ -134,26 +134,32 @@ def generate_steps(
     stop_ids: Optional[set[int]] = None,
     cache: Optional[list[KVCache]] = None,
 ) -> Iterator[Step]:
-    """Stream Steps; fill `stats` as it goes (finish reason, speeds, peak memory)."""
+    """Stream Steps; fill `stats` as it goes (finish reason, speeds, peak memory).
+
+    Bad input is reported here, before the first step is asked for.
+    """
     if max_tokens < 1:
         raise MlxinferError(f"--max-tokens must be at least 1, got {max_tokens}")
     check_context(model, len(prompt_ids), extra=max_tokens)
     stats = stats if stats is not None else Stats()
     stats.prompt_tokens = len(prompt_ids)
     stop_ids = set(tokenizer.eos_token_ids) if stop_ids is None else stop_ids
+    stream = token_stream(model, prompt_ids, sample, max_tokens=max_tokens, processors=processors, cache=cache)
+    return _steps(stream, tokenizer, len(prompt_ids), logprobs, stats, stop_ids)
+
+
+def _steps(stream, tokenizer, n_prompt: int, logprobs: int, stats: Stats, stop_ids: set[int]) -> Iterator[Step]:
     detok = tokenizer.detokenizer
     detok.reset()
     mx.reset_peak_memory()
     start = time.perf_counter()
     first_token_at = None
     stats.finish_reason = "length"
-    for n, (token, lp) in enumerate(
-        token_stream(model, prompt_ids, sample, max_tokens=max_tokens, processors=processors, cache=cache)
-    ):
+    for n, (token, lp) in enumerate(stream):
         if first_token_at is None:
             first_token_at = time.perf_counter()
             stats.prefill_seconds = first_token_at - start
-            stats.prefill_tokens_per_s = len(prompt_ids) / max(stats.prefill_seconds, 1e-9)
+            stats.prefill_tokens_per_s = n_prompt / max(stats.prefill_seconds, 1e-9)
         if token in stop_ids:
             stats.finish_reason = "stop"
             break

@@ -33,9 +33,18 @@ _PRE = {
 CONTROL, USER_DEFINED = 3, 4
 
 
+def _quiet_transformers() -> None:
+    """transformers warns about lengths we check ourselves (against the model's context)."""
+    from transformers.utils import logging
+
+    logging.set_verbosity_error()
+
+
 def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
     """A model directory's tokenizer, wrapped by mlx-lm (streaming detokenizer, EOS set)."""
     from mlx_lm.tokenizer_utils import load as mlx_lm_load_tokenizer
+
+    _quiet_transformers()
 
     if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise MlxinferError(f"no tokenizer files in {directory}; add tokenizer.json (and tokenizer_config.json)")
@@ -50,6 +59,8 @@ def tokenizer_from_gguf(header: GGUFHeader):
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
+
+    _quiet_transformers()
 
     m = header.metadata
     kind, pre = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.pre", "default")

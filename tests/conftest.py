@@ -66,6 +66,18 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subproce
     )
 
 
+def invoke_cli(*args: str) -> subprocess.CompletedProcess:
+    """Run the CLI in this process (no start-up cost); same exit code and streams as `run_cli`."""
+    from typer.testing import CliRunner
+
+    from cli.app import app
+
+    result = CliRunner().invoke(app, list(args))
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:
     """Bad input: exit 2, one line on stderr that names the problem, no traceback, nothing on stdout."""
     assert result.returncode == 2, (result.returncode, result.stdout, result.stderr)

@@ -9,7 +9,7 @@ import shutil
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, invoke_cli, run_cli
 
 import mlxinfer
 from mlxinfer.gguf import read_header
@@ -194,7 +194,7 @@ def _edit_config(**fields):
 )
 def test_broken_checkpoints_give_one_line_errors(tmp_path, checkpoint_dir, change, fragments):
     bad = _broken(tmp_path, checkpoint_dir, change)
-    assert_one_line_error(run_cli("topk", "--model", str(bad), "--prompt", "hi"), *fragments)
+    assert_one_line_error(invoke_cli("topk", "--model", str(bad), "--prompt", "hi"), *fragments)
 
 
 def test_truncated_gguf(tmp_path):
@@ -205,4 +205,4 @@ def test_truncated_gguf(tmp_path):
 
 
 def test_missing_path():
-    assert_one_line_error(run_cli("topk", "--model", "./no/such/dir", "--prompt", "hi"), "no model at")
+    assert_one_line_error(invoke_cli("topk", "--model", "./no/such/dir", "--prompt", "hi"), "no model at")
