@@ -294,11 +294,11 @@ def _open(source):
     if not text or path.exists():  # nothing: the embedded GGUF
         src = sources.resolve(path if text else None)
         if src.kind == "gguf":
-            h = gguf.read_header(src.path)
+            h = gguf.read_header(src.path, tokenizer=False)
             return src.name, "gguf", gguf.config_from_header(h), None, h, []
         return text, "config", ModelConfig.from_file(src.path), _local_files(src.path), None, []
     local = text.endswith((".gguf", ".json", ".safetensors")) or text.startswith((".", "/", "~"))
-    if local or not sources._REPO_ID.match(text):
+    if local or not sources.REPO_ID.match(text):
         raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'")
     cfg, files, notes = _hub(text)
     return text, "hub", cfg, files, None, notes
@@ -365,7 +365,7 @@ def _hub(repo_id: str) -> tuple[ModelConfig, list[dict] | None, list[str]]:
     try:
         cfg = ModelConfig.from_file(hub.hf_hub_download(repo_id, "config.json"))
     except errors.LocalEntryNotFoundError:
-        off = " (HF_HUB_OFFLINE is set)" if sources._offline() else ""
+        off = " (HF_HUB_OFFLINE is set)" if sources.offline() else ""
         raise MlxinferError(f"{repo_id}: config.json is not in the local Hugging Face cache and the hub "
                             f"cannot be reached{off}; try again online or pass a local path") from None
     except (errors.RepositoryNotFoundError, errors.GatedRepoError):

@@ -92,6 +92,23 @@ class _Reader:
             raise MlxinferError(f"{self.path} has a corrupt header (a string longer than the file)")
         return self.read(n).decode("utf-8", errors="replace")
 
+    def skip(self, t: int) -> int:
+        """Step over a value without decoding it; returns how many items it held."""
+        if t == _STRING:
+            n = self.scalar(10)
+            self.f.seek(n, 1)
+            return 1
+        if t == _ARRAY:
+            item_type, count = self.scalar(4), self.scalar(10)
+            if item_type in _SCALARS:
+                self.f.seek(struct.calcsize(_SCALARS[item_type]) * count, 1)
+            else:
+                for _ in range(count):
+                    self.skip(item_type)
+            return count
+        self.scalar(t)
+        return 1
+
     def value(self, t: int):
         if t in _SCALARS:
             return self.scalar(t)
@@ -109,8 +126,12 @@ class _Reader:
         raise MlxinferError(f"{self.path} has a corrupt header (unknown value type {t})")
 
 
-def read_header(path: str | Path) -> GGUFHeader:
-    """Parse a GGUF file's metadata and tensor table without reading tensor data."""
+def read_header(path: str | Path, tokenizer: bool = True) -> GGUFHeader:
+    """Parse a GGUF file's metadata and tensor table without reading tensor data.
+
+    tokenizer=False steps over the vocabulary and merges (tens of thousands of strings)
+    and records only their length under the same keys, for readers such as `count`.
+    """
     path = Path(path)
     if not path.is_file():
         raise MlxinferError(f"no GGUF file at {path}; check the path")
@@ -126,7 +147,11 @@ def read_header(path: str | Path) -> GGUFHeader:
         metadata = {}
         for _ in range(n_kv):
             key = r.string()
-            metadata[key] = r.value(r.scalar(4))
+            kind = r.scalar(4)
+            if not tokenizer and key.startswith("tokenizer.ggml.") and kind == _ARRAY:
+                metadata[key] = r.skip(kind)
+            else:
+                metadata[key] = r.value(kind)
         tensors = []
         for _ in range(n_tensors):
             name = r.string()
@@ -168,7 +193,9 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
 
     names = {t.name for t in header.tensors}
     embed = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
-    vocab = get("vocab_size") or len(m.get("tokenizer.ggml.tokens", [])) or (embed.shape[0] if embed else None)
+    tokens = m.get("tokenizer.ggml.tokens", [])  # a count when read with tokenizer=False
+    n_tokens = tokens if isinstance(tokens, int) else len(tokens)
+    vocab = get("vocab_size") or n_tokens or (embed.shape[0] if embed else None)
     heads = get("attention.head_count")
     d = {
         "model_type": _ARCH[arch],

@@ -36,7 +36,7 @@ HUB_PATTERNS = [
     "*.safetensors",
     "model.safetensors.index.json",
 ]
-_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,7 @@ def resolve(source: str | os.PathLike | None) -> ModelSource:
                 return ModelSource("gguf", ggufs[0], text)
             raise MlxinferError(f"no config.json in {path}; point at a model directory that has one")
         return ModelSource("dir", path, text)
-    if text.endswith(".gguf") or text.startswith((".", "/", "~")) or not _REPO_ID.match(text):
+    if text.endswith(".gguf") or text.startswith((".", "/", "~")) or not REPO_ID.match(text):
         raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'")
     return ModelSource("dir", download(text), text)
 
@@ -96,7 +96,7 @@ def download(repo_id: str, patterns: list[str] | None = None) -> Path:
     except LocalEntryNotFoundError:
         raise MlxinferError(
             f"{repo_id} is not in the local Hugging Face cache and the hub cannot be reached"
-            f"{' (HF_HUB_OFFLINE is set)' if _offline() else ''}; download it once online or pass a local path"
+            f"{' (HF_HUB_OFFLINE is set)' if offline() else ''}; download it once online or pass a local path"
         ) from None
     except RepositoryNotFoundError:
         raise MlxinferError(f"no repository {repo_id} on the Hugging Face hub; check the repo id") from None
@@ -107,5 +107,5 @@ def download(repo_id: str, patterns: list[str] | None = None) -> Path:
     return Path(path)
 
 
-def _offline() -> bool:
+def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
