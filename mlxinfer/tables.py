@@ -57,13 +57,6 @@ def check_context(model, n_tokens: int, extra: int = 0) -> None:
         )
 
 
-def probabilities(scores: mx.array, temperature: float) -> mx.array:
-    """softmax(scores / T) over the whole vocabulary; T = 0 puts all mass on the top score."""
-    if temperature == 0:
-        return (mx.arange(scores.shape[-1]) == mx.argmax(scores)).astype(mx.float32)
-    return mx.softmax(scores / temperature, axis=-1)
-
-
 def validate_table_args(temperatures: list[float], k: int, vocab: int) -> None:
     if not temperatures:
         raise MlxinferError("give at least one temperature with --temps")
@@ -84,38 +77,39 @@ def next_token_table(
     chat: bool = True,
     thinking: bool = False,
     system: str | None = None,
+    settings=None,
 ) -> NextTokenTable:
+    """The lesson's table for one prompt; with sampler `settings`, also which tokens survive the cut."""
     temperatures = list(temperatures)
     validate_table_args(temperatures, k, model.config.vocab_size)
     ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
     scores = last_scores(model, ids)
-    return table_from_scores(scores, tokenizer, temperatures, k, model_name=_name(model), prompt=prompt, ids=ids)
+    table = table_from_scores(scores, tokenizer, temperatures, k, model_name=_name(model), prompt=prompt, ids=ids)
+    if settings is not None:
+        from .sampler import explain
+
+        table.extra["explain"] = explain(scores, settings, k, decode=lambda i: tokenizer.decode([i])).to_dict()
+    return table
 
 
 def table_from_scores(scores, tokenizer, temperatures, k, *, model_name="", prompt="", ids=()) -> NextTokenTable:
-    top = mx.argsort(-scores)[:k]  # (k,) by score, highest first
-    probs = mx.stack([probabilities(scores, t)[top] for t in temperatures])  # (T, k)
-    logprobs = (scores - mx.logsumexp(scores))[top]
-    top_ids, probs_list, score_list, lp = top.tolist(), probs.tolist(), scores[top].tolist(), logprobs.tolist()
+    from .sampler import probability_table
+
+    pt = probability_table(scores, temperatures, k, decode=lambda i: tokenizer.decode([i]))
+    logprobs = (scores - mx.logsumexp(scores))[mx.array(pt.tokens)].tolist()
     rows = [
-        TokenRow(
-            rank=i + 1,
-            id=tid,
-            text=tokenizer.decode([tid]),
-            score=score_list[i],
-            probs=[probs_list[j][i] for j in range(len(temperatures))],
-            logprob=lp[i],
-        )
-        for i, tid in enumerate(top_ids)
+        TokenRow(rank=i + 1, id=tid, text=pt.texts[i], score=pt.scores[i],
+                 probs=[pt.probs[t][i] for t in temperatures], logprob=logprobs[i])
+        for i, tid in enumerate(pt.tokens)
     ]
     return NextTokenTable(
         model=model_name,
         prompt=prompt,
         prompt_ids=list(ids),
-        n_scores=scores.shape[-1],
+        n_scores=pt.vocab_size,
         temperatures=temperatures,
         rows=rows,
-        mass=probs.sum(axis=1).tolist(),
+        mass=[pt.mass[t] for t in temperatures],
     )
 
 

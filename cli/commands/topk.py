@@ -7,7 +7,10 @@ from typing import List, Optional
 import typer
 
 from cli.app import app
-from cli.common import JsonOption, ModelOption, parse_floats, print_json
+from cli.common import (
+    JsonOption, MinPOption, ModelOption, OrderOption, TempOption, TopKOption, TopPOption,
+    parse_floats, print_json, user_sampling,
+)
 
 
 @app.command("topk")
@@ -19,14 +22,29 @@ def topk(
     chat: bool = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template."),
     thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="Qwen3's thinking switch (the lessons use it off)."),
     system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
+    temp: Optional[float] = TempOption,
+    top_p: Optional[float] = TopPOption,
+    top_k: Optional[int] = TopKOption,
+    min_p: Optional[float] = MinPOption,
+    order: Optional[str] = OrderOption,
+    explain: bool = typer.Option(False, "--explain", help="Show which tokens the sampler's cut keeps and their rescaled probabilities."),
     json_out: bool = JsonOption,
 ):
     """Score every vocabulary token for the next position; show the top k with probabilities."""
     from mlxinfer.loading import load
+    from mlxinfer.sampler import resolve_settings
     from mlxinfer.tables import next_token_table
 
+    temperatures = parse_floats(temps, "--temps")
+    user = user_sampling(temp, top_p, top_k, min_p, order=order)
+    wants_sampler = explain or any(v is not None for v in user.values())
     m, tok = load(model)
-    table = next_token_table(m, tok, prompt, parse_floats(temps, "--temps"), k, chat=chat, thinking=thinking, system=system)
+    settings, note = resolve_settings(user, m.generation_config) if wants_sampler else (None, "")
+    table = next_token_table(
+        m, tok, prompt, temperatures, k, chat=chat, thinking=thinking, system=system, settings=settings
+    )
+    if settings is not None:
+        table.extra["settings_note"] = note
     if json_out:
         print_json(table.to_dict())
         return
@@ -50,3 +68,20 @@ def render(table) -> None:
     for row in table.rows:
         t.add_row(str(row.rank), repr(row.text), str(row.id), f"{row.score:.2f}", *(f"{p:.3f}" for p in row.probs))
     console.print(t)
+    if "explain" in table.extra:
+        render_explain(console, table.extra["explain"], table.extra.get("settings_note", ""))
+
+
+def render_explain(console, ex: dict, note: str) -> None:
+    from rich.table import Table
+
+    s = ex["settings"]
+    console.print(f"[dim]{note}[/dim]")
+    t = Table(title=f"the sampler at T={s['temperature']:g}: keeps {ex['n_kept']:,} of {ex['vocab_size']:,} tokens")
+    for name in ("#", "token", "p at T", "kept", "rescaled p"):
+        t.add_column(name, justify="left" if name == "token" else "right")
+    for r in ex["rows"]:
+        t.add_row(str(r["rank"]), repr(r["text"]), f"{r['prob']:.3f}", "yes" if r["kept"] else "cut",
+                  f"{r['final_prob']:.3f}" if r["kept"] else "")
+    console.print(t)
+    console.print(f"mass kept {ex['mass_kept']:.3f}, cut off {ex['mass_cut']:.3f}, then rescaled to 1")

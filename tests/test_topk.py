@@ -1,0 +1,68 @@
+"""topk: the lesson's next-token table, checked against mlx-lm's forward pass and softmax identities."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import mlx.core as mx
+import pytest
+from conftest import invoke_cli
+
+from mlxinfer.tokenizer import encode_prompt
+
+HERB = "Name one herb to add to tomato soup. Answer with one word."
+
+
+@pytest.fixture(scope="module")
+def herb_table():
+    out = invoke_cli("topk", "-p", HERB, "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_embedded_herb_table(herb_table, embedded):
+    _, tokenizer = embedded
+    t = herb_table
+    assert t["n_scores"] == 49152  # one score per vocabulary entry
+    assert t["prompt_ids"] == encode_prompt(tokenizer, HERB)
+    assert t["temperatures"] == [0.5, 1.0, 1.5] and len(t["rows"]) == 6
+    scores = [r["score"] for r in t["rows"]]
+    assert scores == sorted(scores, reverse=True)
+    for j, temp in enumerate(t["temperatures"]):
+        assert t["mass"][j] == pytest.approx(sum(r["probs"][j] for r in t["rows"]), abs=1e-6)
+        # the lesson's gap rule: the ratio of two probabilities is exp(gap / T)
+        a, b = t["rows"][0], t["rows"][1]
+        assert a["probs"][j] / b["probs"][j] == pytest.approx(math.exp((a["score"] - b["score"]) / temp), rel=1e-4)
+    # lower temperature concentrates mass on the top token; higher spreads it
+    top = [p for p in t["rows"][0]["probs"]]
+    assert top[0] > top[1] > top[2]
+    assert t["rows"][0]["logprob"] == pytest.approx(math.log(t["rows"][0]["probs"][1]), abs=1e-5)
+
+
+def test_topk_scores_equal_mlx_lm_forward(checkpoint_dir):
+    import mlx_lm
+
+    path = checkpoint_dir("qwen3", 4, 128)
+    out = json.loads(invoke_cli("topk", "-m", str(path), "-p", "Name one fruit.", "-k", "8", "--json").stdout)
+    peer, tok = mlx_lm.load(str(path))
+    scores = peer(mx.array([out["prompt_ids"]]))[0, -1].astype(mx.float32)
+    top = mx.argsort(-scores)[:8].tolist()
+    assert [r["id"] for r in out["rows"]] == top
+    probs = mx.softmax(scores / 1.5).tolist()
+    for r in out["rows"]:
+        assert r["score"] == scores[r["id"]].item()
+        assert r["probs"][2] == pytest.approx(probs[r["id"]], rel=1e-5)
+
+
+def test_explain_top_p_keeps_the_smallest_set(checkpoint_dir):
+    path = str(checkpoint_dir("llama"))
+    out = json.loads(invoke_cli("topk", "-m", path, "-p", "hi", "--temp", "1.0", "--top-p", "0.3", "--explain", "-k", "384", "--json").stdout)
+    ex = out["extra"]["explain"]
+    kept = [r for r in ex["rows"] if r["kept"]]
+    assert ex["n_kept"] == len(kept) >= 1
+    mass = sum(r["prob"] for r in kept)
+    assert mass == pytest.approx(ex["mass_kept"], abs=1e-6) and mass >= 0.3
+    assert mass - kept[-1]["prob"] < 0.3  # smallest such set: without its last token it falls short
+    assert sum(r["final_prob"] for r in kept) == pytest.approx(1.0, abs=1e-5)
+    assert "set by you" in out["extra"]["settings_note"]
