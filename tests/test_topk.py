@@ -56,8 +56,9 @@ def test_topk_scores_equal_mlx_lm_forward(checkpoint_dir):
 
 
 def test_explain_top_p_keeps_the_smallest_set(checkpoint_dir):
+    # --top-k 0 switches off the top-k 20 that the checkpoint's generation_config.json sets
     path = str(checkpoint_dir("llama"))
-    out = json.loads(invoke_cli("topk", "-m", path, "-p", "hi", "--temp", "1.0", "--top-p", "0.3", "--explain", "-k", "384", "--json").stdout)
+    out = json.loads(invoke_cli("topk", "-m", path, "-p", "hi", "--temp", "1.0", "--top-p", "0.3", "--top-k", "0", "--explain", "-k", "384", "--json").stdout)
     ex = out["extra"]["explain"]
     kept = [r for r in ex["rows"] if r["kept"]]
     assert ex["n_kept"] == len(kept) >= 1
