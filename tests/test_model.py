@@ -9,7 +9,7 @@ import pytest
 from conftest import VARIANTS
 
 import mlxinfer
-from mlxinfer.weights import hf_to_ours, ours_to_hf
+from mlxinfer.weights import hf_to_ours
 
 IDS = mx.array([[1, 17, 42, 99, 250, 3, 7, 120, 64, 2, 33, 180, 5, 9, 11, 300]])
 
@@ -81,38 +81,27 @@ def test_embedded_model_shape(embedded):
 
 def test_embedded_gguf_equals_mlx_lm_fed_the_same_weights(embedded):
     """Our GGUF path against mlx-lm's llama class given the same (un-permuted) tensors."""
-    from mlx.utils import tree_flatten
-    from mlx_lm.models import llama
+    from mlxinfer.peers import mlx_lm_twin
 
     model, tokenizer = embedded
-    cfg = model.config
-    peer = llama.Model(
-        llama.ModelArgs(
-            model_type="llama",
-            hidden_size=cfg.hidden_size,
-            num_hidden_layers=cfg.num_hidden_layers,
-            intermediate_size=cfg.intermediate_size,
-            num_attention_heads=cfg.num_attention_heads,
-            num_key_value_heads=cfg.num_key_value_heads,
-            rms_norm_eps=cfg.rms_norm_eps,
-            vocab_size=cfg.vocab_size,
-            rope_theta=cfg.rope_theta,
-            tie_word_embeddings=True,
-        )
-    )
-    ours = dict(tree_flatten(model.parameters()))
-    modules = dict(model.named_modules())
-
-    def same_quantization(path, module):
-        m = modules[hf_to_ours(path)]
-        return {"group_size": m.group_size, "bits": m.bits} if hasattr(m, "bits") else False
-
-    nn.quantize(peer, class_predicate=same_quantization)
-    peer.load_weights([(ours_to_hf(k), v) for k, v in ours.items()], strict=True)
+    peer = mlx_lm_twin(model)
     ids = mx.array([tokenizer.encode("The cat sat on the mat because it was warm and")])
     a, b = model(ids), peer(ids)
     assert max_abs_diff(a, b) <= 1e-3
     assert mx.array_equal(mx.argmax(a, -1), mx.argmax(b, -1)).item()
+
+
+@pytest.mark.parametrize("arch,bits,group_size", [("llama", None, None), ("qwen3", 4, 128), ("qwen2", None, None)])
+def test_twin_equals_mlx_lm_load(checkpoint_dir, arch, bits, group_size):
+    """The peer built from our model is mlx-lm's own model: same logits as mlx_lm.load."""
+    import mlx_lm
+
+    from mlxinfer.peers import mlx_lm_twin
+
+    path = checkpoint_dir(arch, bits, group_size)
+    ours, _ = mlxinfer.load(path)
+    loaded, _ = mlx_lm.load(str(path))
+    assert max_abs_diff(mlx_lm_twin(ours)(IDS), loaded(IDS)) == 0.0
 
 
 def test_embedded_greedy_matches_llama_cpp(embedded):

@@ -1,0 +1,48 @@
+"""mlx-lm's own model class, built from one of our loaded models: the peer we measure against.
+
+For a GGUF file (which mlx-lm does not load) this is the only way to run mlx-lm's
+forward pass on the same weights; for directories it equals `mlx_lm.load`.
+"""
+
+from __future__ import annotations
+
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from .weights import hf_to_ours, ours_to_hf
+
+
+def mlx_lm_twin(model) -> nn.Module:
+    """mlx-lm's Llama/Qwen2/Qwen3 model holding exactly our tensors (quantized modules alike)."""
+    import importlib
+
+    cfg = model.config
+    arch = importlib.import_module(f"mlx_lm.models.{cfg.model_type}")
+    args = arch.ModelArgs.from_dict(
+        {
+            **cfg.raw,
+            "model_type": cfg.model_type,
+            "hidden_size": cfg.hidden_size,
+            "num_hidden_layers": cfg.num_hidden_layers,
+            "intermediate_size": cfg.intermediate_size,
+            "num_attention_heads": cfg.num_attention_heads,
+            "num_key_value_heads": cfg.num_key_value_heads,
+            "head_dim": cfg.head_dim,
+            "rms_norm_eps": cfg.rms_norm_eps,
+            "vocab_size": cfg.vocab_size,
+            "rope_theta": cfg.rope_theta,
+            "rope_scaling": cfg.rope_scaling,
+            "max_position_embeddings": cfg.max_position_embeddings,
+            "tie_word_embeddings": cfg.tie_word_embeddings,
+        }
+    )
+    twin = arch.Model(args)
+    modules = dict(model.named_modules())
+
+    def same_quantization(path: str, _module) -> dict | bool:
+        ours = modules.get(hf_to_ours(path))
+        return {"group_size": ours.group_size, "bits": ours.bits} if hasattr(ours, "bits") else False
+
+    nn.quantize(twin, class_predicate=same_quantization)
+    twin.load_weights([(ours_to_hf(k), v) for k, v in tree_flatten(model.parameters())], strict=True)
+    return twin
