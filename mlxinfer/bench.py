@@ -1,0 +1,234 @@
+"""A side-by-side benchmark: our model and loop against mlx-lm's, on the same weights, in one run.
+
+Each engine runs greedy prefill + decode at several prompt lengths; repeats are
+interleaved (the engine order rotates) so that machine noise hits all engines
+alike, and each figure is the median over repeats. Ratios are ours / mlx-lm's.
+Tokens must match mlx-lm's, or the row says they differ.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Callable, Iterator, Optional
+
+import mlx.core as mx
+
+from .errors import MlxinferError
+
+TEXT = (
+    "Priya owns the cooking assistant in Cookvale, a recipe app. She downloads an open model and asks "
+    "the same question twice: name one herb to add to tomato soup. The first time it answers thyme, the "
+    "second time dill. Same file, same prompt, same laptop. The forward pass turns token ids into one "
+    "score for every vocabulary entry; the sampler, not the model, makes the final choice. "
+)
+
+
+@dataclass
+class Run:
+    engine: str
+    prompt_tokens: int
+    ttft_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    peak_memory_bytes: int
+    tokens: list[int]
+
+
+@dataclass
+class Row:
+    engine: str
+    path: str  # how the engine's weights are stored (the BLAS is the report's)
+    prompt_tokens: int
+    load_s: float
+    ttft_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    peak_memory_bytes: int
+    same_tokens: bool  # greedy tokens equal mlx-lm's
+    prefill_ratio: float = 1.0  # ours / mlx-lm's, same prompt length
+    decode_ratio: float = 1.0
+    roofline_fraction: float = 0.0  # decode tokens/s over the memory-bound limit
+
+
+@dataclass
+class BenchReport:
+    model: str
+    machine: str
+    blas: str
+    bandwidth_gb_s: float
+    bandwidth_source: str
+    gen_tokens: int
+    repeats: int
+    rows: list[Row] = field(default_factory=list)
+    roofline: dict = field(default_factory=dict)  # engine -> {bytes_per_token, max_tokens_per_s}
+    help_seconds: float = 0.0  # `mlxinfer --help` wall time over `python -c pass`
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def prompt_ids(tokenizer, n: int) -> list[int]:
+    ids: list[int] = []
+    while len(ids) < n:
+        ids += tokenizer.encode(TEXT)
+    return ids[:n]
+
+
+def timed(stream: Iterator[int], n_prompt: int) -> tuple[float, float, float, list[int]]:
+    """(ttft, prefill tok/s, decode tok/s, tokens) for a stream of greedy tokens."""
+    start = time.perf_counter()
+    tokens, first = [], None
+    for token in stream:
+        tokens.append(token)
+        if first is None:
+            first = time.perf_counter()
+    end = time.perf_counter()
+    ttft = first - start
+    return ttft, n_prompt / ttft, (len(tokens) - 1) / max(end - first, 1e-9), tokens
+
+
+def ours(model) -> Callable[[list[int], int], Iterator[int]]:
+    from .generate import token_stream
+
+    return lambda ids, n: (t for t, _ in token_stream(model, ids, max_tokens=n))
+
+
+def mlx_lm_loop(twin) -> Callable[[list[int], int], Iterator[int]]:
+    from mlx_lm.generate import generate_step
+
+    return lambda ids, n: (t for t, _ in generate_step(mx.array(ids), twin, max_tokens=n))
+
+
+def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
+    """GB/s of a plain copy (read + write), the roofline's memory speed when none is given."""
+    a = mx.ones((megabytes * 2**20 // 4,), mx.float32)
+    mx.eval(a, a + 1)  # warm-up: the first pass also allocates
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        mx.eval(a + 1)
+        times.append(time.perf_counter() - start)
+    return 2 * a.nbytes / statistics.median(times) / 1e9
+
+
+def bytes_per_token(model, tied: bool) -> int:
+    """Weight bytes one decode step reads: everything but the embedding rows it does not look up."""
+    from mlx.utils import tree_flatten
+
+    params = dict(tree_flatten(model.parameters()))
+    total = sum(p.nbytes for p in params.values())
+    if not tied:  # the lookup reads one row; the output table is lm_head
+        total -= sum(p.nbytes for k, p in params.items() if "embed_tokens." in k)
+    return total
+
+
+def help_overhead() -> float:
+    def wall(args):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, *args], capture_output=True, check=False)
+        return time.perf_counter() - start
+
+    runs = [(wall(["-m", "mlxinfer", "--help"]), wall(["-c", "pass"])) for _ in range(3)]
+    return statistics.median(a - b for a, b in runs)
+
+
+def run_bench(
+    source: Optional[str] = None,
+    prompt_tokens: tuple[int, ...] = (32, 128, 512),
+    gen_tokens: int = 64,
+    repeats: int = 3,
+    bandwidth_gb_s: Optional[float] = None,
+    fast_path: bool = True,
+    progress: Optional[Callable[[int, int], None]] = None,
+) -> BenchReport:
+    from . import compute
+    from .loading import load
+    from .peers import mlx_lm_twin
+
+    if gen_tokens < 2 or repeats < 1 or not prompt_tokens or min(prompt_tokens) < 2:
+        raise MlxinferError("bench needs --gen-tokens >= 2, --repeats >= 1 and prompt lengths >= 2")
+    engines, load_s, paths = {}, {}, {}
+    start = time.perf_counter()
+    model, tokenizer = load(source)
+    load_s["mlxinfer"] = time.perf_counter() - start
+    start = time.perf_counter()
+    twin = mlx_lm_twin(model)
+    load_s["mlx-lm"] = load_s["mlxinfer"] + time.perf_counter() - start  # mlx-lm cannot read GGUF itself
+    engines["mlx-lm"], engines["mlxinfer"] = mlx_lm_loop(twin), ours(model)
+    paths["mlx-lm"] = paths["mlxinfer"] = compute.weights_kind(model)
+    models = {"mlx-lm": twin, "mlxinfer": model}
+    if fast_path:
+        start = time.perf_counter()
+        fast, _ = load(source)
+        compute.to_float32(fast)
+        load_s["mlxinfer float32"] = time.perf_counter() - start
+        engines["mlxinfer float32"], paths["mlxinfer float32"] = ours(fast), compute.weights_kind(fast)
+        models["mlxinfer float32"] = fast
+    if max(prompt_tokens) + gen_tokens > model.config.max_position_embeddings:
+        raise MlxinferError(f"prompt + generated tokens exceed the model's context {model.config.max_position_embeddings:,}")
+
+    names = list(engines)
+    for name in names:  # warm-up: first calls allocate and build kernels
+        list(engines[name](prompt_ids(tokenizer, 8), 2))
+    results: dict[tuple[str, int], list[Run]] = {}
+    total, done = repeats * len(prompt_tokens) * len(names), 0
+    for r in range(repeats):
+        order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
+        for n in prompt_tokens:
+            ids = prompt_ids(tokenizer, n)
+            for name in order:
+                mx.reset_peak_memory()
+                ttft, pre, dec, toks = timed(engines[name](ids, gen_tokens), n)
+                results.setdefault((name, n), []).append(Run(name, n, ttft, pre, dec, mx.get_peak_memory(), toks))
+                done += 1
+                if progress:
+                    progress(done, total)
+
+    bandwidth_source = "given" if bandwidth_gb_s else "measured (copy benchmark)"
+    bandwidth = bandwidth_gb_s or measure_bandwidth()
+    report = BenchReport(
+        model=model.source.name, machine=machine(), blas=compute.describe(), bandwidth_gb_s=bandwidth,
+        bandwidth_source=bandwidth_source, gen_tokens=gen_tokens, repeats=repeats,
+    )
+    for name, m in models.items():
+        b = bytes_per_token(m, model.config.tie_word_embeddings)
+        report.roofline[name] = {"bytes_per_token": b, "max_tokens_per_s": bandwidth * 1e9 / b}
+    for n in prompt_tokens:
+        base = _median_row("mlx-lm", n, results, load_s, paths, results[("mlx-lm", n)][0].tokens)
+        for name in names:
+            row = base if name == "mlx-lm" else _median_row(name, n, results, load_s, paths, results[("mlx-lm", n)][0].tokens)
+            row.prefill_ratio = row.prefill_tokens_per_s / base.prefill_tokens_per_s
+            row.decode_ratio = row.decode_tokens_per_s / base.decode_tokens_per_s
+            row.roofline_fraction = row.decode_tokens_per_s / report.roofline[name]["max_tokens_per_s"]
+            report.rows.append(row)
+    report.help_seconds = help_overhead()
+    return report
+
+
+def _median_row(name, n, results, load_s, paths, reference) -> Row:
+    runs = results[(name, n)]
+    med = lambda attr: statistics.median(getattr(x, attr) for x in runs)  # noqa: E731
+    return Row(
+        engine=name, path=paths[name], prompt_tokens=n, load_s=load_s[name], ttft_s=med("ttft_s"),
+        prefill_tokens_per_s=med("prefill_tokens_per_s"), decode_tokens_per_s=med("decode_tokens_per_s"),
+        peak_memory_bytes=int(med("peak_memory_bytes")), same_tokens=all(x.tokens == reference for x in runs),
+    )
+
+
+def machine() -> str:
+    import os
+    import platform
+
+    import mlx.core as mx
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, mlx {mx.__version__} ({mx.default_device()})"
