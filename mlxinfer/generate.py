@@ -133,9 +133,13 @@ def generate_steps(
     stats: Optional[Stats] = None,
     stop_ids: Optional[set[int]] = None,
     cache: Optional[list[KVCache]] = None,
+    should_stop: Optional[Callable[[int], bool]] = None,
 ) -> Iterator[Step]:
     """Stream Steps; fill `stats` as it goes (finish reason, speeds, peak memory).
 
+    `should_stop(token)` is asked after each token is yielded, in order; True ends the run
+    with finish reason "stop" (a grammar mask's `should_stop`: the JSON is complete, so no
+    pass is spent on drawing the end-of-turn token).
     Bad input is reported here, before the first step is asked for.
     """
     if max_tokens < 1:
@@ -145,10 +149,11 @@ def generate_steps(
     stats.prompt_tokens = len(prompt_ids)
     stop_ids = set(tokenizer.eos_token_ids) if stop_ids is None else stop_ids
     stream = token_stream(model, prompt_ids, sample, max_tokens=max_tokens, processors=processors, cache=cache)
-    return _steps(stream, tokenizer, len(prompt_ids), logprobs, stats, stop_ids)
+    return _steps(stream, tokenizer, len(prompt_ids), logprobs, stats, stop_ids, should_stop)
 
 
-def _steps(stream, tokenizer, n_prompt: int, logprobs: int, stats: Stats, stop_ids: set[int]) -> Iterator[Step]:
+def _steps(stream, tokenizer, n_prompt: int, logprobs: int, stats: Stats, stop_ids: set[int],
+           should_stop: Optional[Callable[[int], bool]] = None) -> Iterator[Step]:
     detok = tokenizer.detokenizer
     detok.reset()
     mx.reset_peak_memory()
@@ -166,6 +171,9 @@ def _steps(stream, tokenizer, n_prompt: int, logprobs: int, stats: Stats, stop_i
         detok.add_token(token)
         stats.generated_tokens = n + 1
         yield Step(token, detok.last_segment, lp[token].item(), _alternatives(tokenizer, lp, logprobs))
+        if should_stop is not None and should_stop(token):
+            stats.finish_reason = "stop"
+            break
     detok.finalize()
     tail = detok.last_segment
     if tail:

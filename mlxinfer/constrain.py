@@ -1,0 +1,421 @@
+"""Constrained decoding: a JSON Schema becomes a grammar mask in the sampler chain.
+
+Before each draw, every token that would break the schema gets a score of -inf, so the
+output always has the schema's shape; the values stay the model's choice. The grammar
+engine is llguidance (Rust, with Python bindings): it builds a token table from the
+Hugging Face tokenizer once, compiles the schema into a grammar, and for each step
+computes a bitmask with one bit per vocabulary token. We unpack that bitmask with numpy
+and apply it with a plain ``mx.where`` (llguidance's own MLX helper is a Metal kernel).
+
+    compiled = compile_schema(tokenizer, schema)       # cached per (tokenizer, schema)
+    mask = compiled.mask(model.config.vocab_size)       # one per generation
+    generate_steps(..., processors=[mask], stop_ids=mask.stop_ids)
+
+Rules the mask keeps:
+* end-of-turn tokens are allowed only where the grammar accepts; once the grammar says
+  nothing but the end can follow, the mask allows only them, so the next token stops the loop;
+* control tokens never appear inside the JSON (llguidance never matches special tokens);
+* rows of the model's output table beyond the tokenizer's vocabulary are always masked.
+
+What overlaps with what (MLX evaluates lazily): the processor is called while
+``token_stream`` builds the next step's graph. It reads the token just drawn (already
+evaluated), hands "consume that token, compute the next bitmask" to a worker thread, and
+starts the forward pass with ``mx.async_eval(logits)``; only then does it wait for the
+mask and add the ``mx.where`` to the graph. llguidance and MLX's eval both release the
+GIL, so the mask is computed while the pass runs: on Metal async_eval returns at once and
+the main thread waits for the mask; on the CPU back end async_eval runs the pass in the
+calling thread and the mask is ready when it returns. What does not overlap: the
+``mx.where`` itself, and the sampler's draw, which need both the scores and the mask.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import weakref
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import mlx.core as mx
+import numpy as np
+
+from .errors import MlxinferError
+
+NEG_INF = -float("inf")
+# The output's whitespace is fixed: compact JSON, {"a":1,"b":[2,3]}. Free whitespace would
+# let a model (and any random-weight model) pad with newlines and spaces forever.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+# ----------------------------------------------------------------------------- reading schemas
+def _read_json(value: str, option: str) -> Any:
+    """FILE or inline JSON text -> the parsed value, or a one-line error."""
+    text, where = value, option
+    stripped = value.lstrip()
+    if not stripped.startswith(("{", "[")):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise MlxinferError(f"{option}: '{value}' is neither a file nor inline JSON; pass a .json file or {{...}}")
+        text, where = path.read_text(), f"{option} {path}"
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MlxinferError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
+
+
+def check_object_schema(schema: Any, where: str = "schema") -> dict:
+    """The schema must be a JSON object whose top level is {"type": "object", ...}."""
+    if not isinstance(schema, dict):
+        raise MlxinferError(f"{where} must be a JSON object (a JSON Schema), got a JSON {_kind(schema)}")
+    if "input_schema" in schema and "type" not in schema:
+        raise MlxinferError(f"{where} looks like a tool definition (it has input_schema); pass it with --tool")
+    if schema.get("type") != "object":
+        got = f"type {json.dumps(schema['type'])}" if "type" in schema else "no type"
+        raise MlxinferError(f'{where} must describe an object: its top level needs "type": "object" ({got})')
+    return schema
+
+
+def schema_from_tool(tool: Any, where: str = "tool") -> dict:
+    """A tool definition in Anthropic's format (name, description, strict, input_schema) -> input_schema."""
+    if not isinstance(tool, dict):
+        raise MlxinferError(f"{where} must be a JSON object with name and input_schema, got a JSON {_kind(tool)}")
+    missing = [k for k in ("name", "input_schema") if k not in tool]
+    if missing:
+        raise MlxinferError(f"{where} lacks {' and '.join(missing)}; a tool needs name, description and input_schema")
+    if not isinstance(tool["name"], str) or not tool["name"]:
+        raise MlxinferError(f"{where}: name must be a non-empty string")
+    return check_object_schema(tool["input_schema"], f"{where}: input_schema")
+
+
+def validate_schema(schema: dict, where: str = "schema") -> str:
+    """Compile `schema` to llguidance's grammar text without a tokenizer (so before any model
+    loads): a feature the engine cannot express is a one-line MlxinferError here."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+    except ValueError as e:
+        raise MlxinferError(f"{where} cannot be compiled: {_one_line(e)}") from None
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        raise MlxinferError(f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}")
+    return grammar
+
+
+def load_schema(value: str, option: str = "--json-schema") -> dict:
+    """--json-schema FILE|JSON -> an object schema the engine can express."""
+    schema = check_object_schema(_read_json(value, option), option)
+    validate_schema(schema, option)
+    return schema
+
+
+def load_tool(value: str, option: str = "--tool") -> tuple[dict, dict]:
+    """--tool FILE|JSON -> (the tool definition, its input_schema), checked like load_schema."""
+    tool = _read_json(value, option)
+    schema = schema_from_tool(tool, option)
+    validate_schema(schema, f"{option} input_schema")
+    return tool, schema
+
+
+def tool_system(tool: dict) -> str:
+    """The system message `generate --tool` uses when none is given: the tool's name and description."""
+    return f"You call the tool {tool['name']}: {tool.get('description', '')} Answer with the tool's input as JSON."
+
+
+def _kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
+
+
+# ----------------------------------------------------------------------------- the token table
+@dataclass
+class TokenTable:
+    """llguidance's view of a tokenizer: every token's bytes, the EOS ids; built once per tokenizer."""
+    ll: Any  # llguidance.LLTokenizer
+    n_vocab: int
+    eos_ids: list[int]
+    build_seconds: float
+
+    def decode(self, ids: list[int]) -> str:
+        return self.ll.decode_str(list(ids))
+
+
+_TABLES: "weakref.WeakKeyDictionary[Any, TokenTable]" = weakref.WeakKeyDictionary()
+
+
+def token_table(tokenizer) -> TokenTable:
+    """The llguidance token table of `tokenizer` (an mlx-lm TokenizerWrapper or a HF fast tokenizer)."""
+    try:
+        return _TABLES[tokenizer]
+    except KeyError:
+        pass
+    import llguidance.hf
+
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    eos = sorted(getattr(tokenizer, "eos_token_ids", None) or [hf.eos_token_id])
+    start = time.perf_counter()
+    try:
+        ll = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf), eos_token=eos)
+    except ValueError as e:
+        raise MlxinferError(f"constrained decoding needs a fast (Rust) Hugging Face tokenizer ({e})") from None
+    table = TokenTable(ll, ll.vocab_size, list(ll.eos_tokens), time.perf_counter() - start)
+    _TABLES[tokenizer] = table
+    return table
+
+
+# ----------------------------------------------------------------------------- compiling
+def _one_line(message: str, limit: int = 300) -> str:
+    line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+@dataclass
+class CompiledSchema:
+    schema: dict
+    grammar: str  # llguidance's grammar text
+    table: TokenTable
+    compile_seconds: float
+    _pristine: Any = field(repr=False, default=None)  # an LLMatcher that has consumed nothing
+
+    def matcher(self):
+        """A fresh matcher at the start of the grammar (a copy: no recompilation)."""
+        return self._pristine.deep_copy()
+
+    def mask(self, vocab_size: Optional[int] = None, explain: bool = False) -> "GrammarMask":
+        """A new logits processor for one generation; vocab_size = the model's output rows."""
+        return GrammarMask(self, vocab_size or self.table.n_vocab, explain=explain)
+
+
+_GRAMMARS: dict[tuple[int, str], CompiledSchema] = {}
+
+
+def compile_schema(tokenizer, schema: dict, where: str = "schema") -> CompiledSchema:
+    """Compile an object schema for this tokenizer; cached for the life of the process.
+
+    A feature the engine cannot express is a one-line MlxinferError here, before any
+    forward pass.
+    """
+    from llguidance import LLMatcher
+
+    check_object_schema(schema, where)
+    table = token_table(tokenizer)
+    key = (id(table), json.dumps(schema, sort_keys=True))
+    if key in _GRAMMARS:
+        return _GRAMMARS[key]
+    start = time.perf_counter()
+    grammar = validate_schema(schema, where)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, table.ll)
+    if is_error:
+        raise MlxinferError(f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}")
+    matcher = LLMatcher(table.ll, grammar, log_level=0)
+    if matcher.is_error():
+        raise MlxinferError(f"{where} cannot be compiled: {_one_line(matcher.get_error())}")
+    compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher)
+    _GRAMMARS[key] = compiled
+    return compiled
+
+
+# ----------------------------------------------------------------------------- the mask
+_WORKER: Optional[ThreadPoolExecutor] = None
+
+
+def _worker() -> ThreadPoolExecutor:
+    """One thread for the masks: llguidance and MLX's eval both release the GIL, so the mask
+    is computed while the forward pass runs on either back end."""
+    global _WORKER
+    if _WORKER is None:
+        _WORKER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="mlxinfer-mask")
+    return _WORKER
+
+
+def allowed_from_bitmask(bitmask: np.ndarray, n_table: int, vocab_size: int) -> np.ndarray:
+    """llguidance's int32 bitmask (bit t of word t // 32 = token t) -> bool (vocab_size,).
+
+    Token ids from n_table up (rows of the output table the tokenizer never produces) are False.
+    """
+    bits = np.unpackbits(np.ascontiguousarray(bitmask).reshape(-1).view(np.uint8), bitorder="little")
+    allowed = np.zeros(vocab_size, dtype=bool)
+    n = min(n_table, vocab_size)
+    allowed[:n] = bits[:n]
+    return allowed
+
+
+@dataclass
+class MaskStep:
+    """One row of --explain-mask: what the grammar allowed before this step's draw."""
+    step: int
+    text: str  # written so far
+    n_allowed: int
+    chosen_id: int = -1  # the token drawn (-1: the end of the turn)
+    chosen_text: str = ""
+    allowed_id: int = -1  # the best token the grammar allows, and its score
+    allowed_text: str = ""
+    allowed_score: float = NEG_INF
+    refused_id: int = -1  # the best token the grammar refused, and its score
+    refused_text: str = ""
+    refused_score: float = NEG_INF
+    _lazy: Any = field(default=None, repr=False)
+
+    def resolve(self, table: TokenTable) -> "MaskStep":
+        if self._lazy is not None:
+            a, av, r, rv = (x.item() for x in self._lazy)
+            self._lazy = None
+            self.allowed_id, self.allowed_score = int(a), float(av)
+            self.allowed_text = table.decode([self.allowed_id])
+            if rv > NEG_INF:
+                self.refused_id, self.refused_score = int(r), float(rv)
+                self.refused_text = table.decode([self.refused_id])
+        return self
+
+    def to_dict(self) -> dict:
+        return {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+
+
+class GrammarMask:
+    """A logits processor ``(tokens_so_far (N,), logits (1, V)) -> logits`` for one generation.
+
+    The first call sees the prompt and remembers its length; each later call first feeds
+    the tokens drawn since into the matcher, then masks. Not reusable across generations:
+    ask ``CompiledSchema.mask()`` for a new one.
+    """
+
+    def __init__(self, compiled: CompiledSchema, vocab_size: int, explain: bool = False):
+        from llguidance.numpy import allocate_token_bitmask
+
+        if vocab_size < compiled.table.n_vocab:
+            raise MlxinferError(f"the model scores {vocab_size} tokens but the tokenizer has {compiled.table.n_vocab}")
+        self.compiled, self.table, self.vocab_size = compiled, compiled.table, vocab_size
+        self.matcher = compiled.matcher()
+        self.tokens: list[int] = []  # generated tokens the matcher has consumed
+        self._prompt_len: Optional[int] = None
+        self._checked = 0  # tokens seen by should_stop
+        self._bitmask = allocate_token_bitmask(1, self.table.n_vocab)
+        self.explain = explain
+        self.steps: list[MaskStep] = []
+        self.mask_seconds: list[float] = []  # per step: consume the last token, bitmask, unpack
+        self.wait_seconds: list[float] = []  # per step: how long the loop waited for the mask
+
+    @property
+    def stop_ids(self) -> set[int]:
+        """The end-of-turn ids the grammar allows where it accepts: pass as generate_steps' stop_ids."""
+        return set(self.table.eos_ids)
+
+    # -- feeding the matcher
+    def _consume(self, token: int) -> None:
+        if not self.matcher.consume_token(int(token)):
+            raise RuntimeError(f"the grammar refused token {token} that the mask allowed: {self.matcher.get_error()}")
+        self.tokens.append(int(token))
+
+    def advance(self, generated: list[int]) -> None:
+        """Feed the tokens of `generated` (all tokens drawn so far) that the matcher has not seen."""
+        if generated[: len(self.tokens)] != self.tokens:
+            raise RuntimeError("a GrammarMask serves one generation; make a new one with CompiledSchema.mask()")
+        for token in generated[len(self.tokens):]:
+            if token in self.stop_ids and self.matcher.is_accepting():
+                break
+            self._consume(token)
+
+    def allowed(self) -> np.ndarray:
+        """The bool (vocab_size,) mask for the next token in the current state."""
+        from llguidance.numpy import fill_next_token_bitmask
+
+        fill_next_token_bitmask(self.matcher, self._bitmask)  # drops the GIL
+        if self.matcher.is_error():
+            raise RuntimeError(f"grammar error: {self.matcher.get_error()}")
+        return allowed_from_bitmask(self._bitmask, self.table.n_vocab, self.vocab_size)
+
+    # -- the processor
+    def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
+        n = tokens.shape[0]
+        new: list[int] = []
+        if self._prompt_len is None:
+            self._prompt_len = n
+        elif n > self._prompt_len + len(self.tokens):
+            # the ids drawn since the last call; evaluating them touches only the token history
+            new = tokens[self._prompt_len + len(self.tokens):].tolist()
+        job = _worker().submit(self._next_mask, new)  # the CPU work: consume, bitmask, unpack
+        mx.async_eval(logits)  # start the forward pass (on Metal this returns at once; on the
+        wait = time.perf_counter()  # CPU back end it runs here, with the GIL released)
+        allowed = job.result()
+        self.wait_seconds.append(time.perf_counter() - wait)
+        keep = mx.array(allowed).reshape(1, -1) if logits.ndim == 2 else mx.array(allowed)
+        if self.explain:
+            self._record(logits, keep, int(allowed.sum()))
+        return mx.where(keep, logits, mx.array(NEG_INF, logits.dtype))
+
+    def _next_mask(self, new: list[int]) -> np.ndarray:
+        start = time.perf_counter()
+        if new:
+            self.advance(self.tokens + new)
+        allowed = self.allowed()
+        self.mask_seconds.append(time.perf_counter() - start)
+        return allowed
+
+    def _record(self, logits: mx.array, keep: mx.array, n_allowed: int) -> None:
+        row = logits.reshape(-1).astype(mx.float32)
+        on, off = mx.where(keep.reshape(-1), row, NEG_INF), mx.where(keep.reshape(-1), NEG_INF, row)
+        a, r = mx.argmax(on), mx.argmax(off)
+        lazy = (a, on[a], r, off[r])  # evaluated with the step, read when the table is shown
+        self.steps.append(MaskStep(len(self.steps), self.table.decode(self.tokens), n_allowed, _lazy=lazy))
+
+    # -- where the grammar stands
+    def should_stop(self, token: int) -> bool:
+        """Called once per drawn token, in order: True when the grammar is finished after it,
+        i.e. nothing but the end of the turn can follow (a hook for the generation loop)."""
+        self._checked += 1
+        if len(self.tokens) < self._checked:
+            self.advance(self.tokens + [token])
+        return self.is_finished()
+
+    def is_finished(self) -> bool:
+        """Nothing but the end can follow: the JSON is complete."""
+        return self.matcher.is_stopped() and not self.matcher.is_error()
+
+    def is_accepting(self) -> bool:
+        return self.matcher.is_accepting()
+
+    def explained(self) -> list[MaskStep]:
+        """The --explain-mask rows, with the token each step drew (call after the run).
+
+        The loop queues one step ahead, so a step may have been prepared after the end of
+        the turn was drawn; it is dropped here.
+        """
+        del self.steps[len(self.tokens) + 1:]
+        for i, s in enumerate(self.steps):
+            s.resolve(self.table)
+            if i < len(self.tokens):
+                s.chosen_id, s.chosen_text = self.tokens[i], self.table.decode([self.tokens[i]])
+        return self.steps
+
+
+# ----------------------------------------------------------------------------- the result
+@dataclass
+class JsonResult:
+    text: str
+    parsed: Any
+    valid: bool
+    finish_reason: str  # "stop" (the JSON closed) or "length" (cut: not valid)
+    warning: str = ""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def finish(mask: GrammarMask, text: str, tokens: list[int], finish_reason: str) -> JsonResult:
+    """Check the generated text against the grammar: complete, or cut by the token budget.
+
+    A run whose last allowed token closed the JSON exactly at the budget is complete:
+    its finish reason becomes "stop" (the grammar allowed nothing but the end).
+    """
+    mask.advance([t for t in tokens if t >= 0])
+    complete = mask.is_finished() or (finish_reason == "stop" and mask.is_accepting())
+    if complete:
+        try:
+            return JsonResult(text, json.loads(text), True, "stop")
+        except json.JSONDecodeError as e:  # the grammar guarantees JSON; this is a bug
+            raise RuntimeError(f"the grammar accepted text that is not JSON ({e}): {text!r}") from None
+    warning = (f"the output was cut at the token limit after {len(tokens)} tokens: it is NOT valid JSON "
+               "and does not match the schema; raise --max-tokens")
+    return JsonResult(text, None, False, "length", warning)

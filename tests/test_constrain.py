@@ -1,0 +1,272 @@
+"""Constrained decoding: a JSON Schema (or a strict tool) becomes a grammar mask before the draw.
+
+Real-model runs are on the embedded SmolLM2-135M (one shared prefill for the greedy run and
+ten seeds); the other shapes run on tiny random checkpoints, where the mask alone has to
+produce valid JSON; the CLI cases use tiny checkpoints so that only the mask is on trial.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import ROOT, assert_one_line_error, invoke_cli
+
+from mlxinfer.constrain import (
+    allowed_from_bitmask, compile_schema, finish, load_schema, load_tool, token_table, tool_system,
+)
+from mlxinfer.errors import MlxinferError
+from mlxinfer.generate import Stats, collect, generate_steps, prefill
+from mlxinfer.sampler import SamplerSettings, make_sampler
+from mlxinfer.tokenizer import encode_prompt
+
+EXAMPLES = ROOT / "examples"
+TOOL_FILE = EXAMPLES / "add_to_shopping_list.json"
+RECIPE = EXAMPLES / "recipe_card.json"  # nested object, pattern, boolean, enum, bounded integer
+OVEN = EXAMPLES / "oven_readings.json"  # array of numbers, enum, array of short strings
+BASIL = "Put basil on my shopping list."
+UNITS = ["g", "kg", "ml", "l", "tsp", "tbsp", "piece", "bunch"]
+
+
+def run(model, tok, ids, compiled, temperature=0.0, max_tokens=64, cache=None, explain=False):
+    mask = compiled.mask(model.config.vocab_size, explain=explain)
+    stats = Stats()
+    steps = generate_steps(model, tok, ids, make_sampler(SamplerSettings(temperature=temperature)),
+                           max_tokens=max_tokens, processors=[mask], stats=stats, stop_ids=mask.stop_ids, cache=cache)
+    gen = collect(steps, stats)
+    return finish(mask, gen.text, gen.tokens, stats.finish_reason), mask
+
+
+def test_example_tool_is_the_lessons():
+    tool, schema = load_tool(str(TOOL_FILE))
+    assert tool["name"] == "add_to_shopping_list" and tool["strict"] is True
+    item = schema["properties"]["items"]["items"]
+    assert item["properties"]["unit"]["enum"] == UNITS
+    assert item["properties"]["quantity"] == {"type": "number"}
+    assert item["required"] == ["name", "quantity", "unit"] and item["additionalProperties"] is False
+    assert schema["required"] == ["items"] and schema["additionalProperties"] is False
+
+
+# ----------------------------------------------------------------------------- the embedded model
+def test_shopping_list_greedy_and_ten_seeds(embedded):
+    """Put basil on the list: schema-valid JSON greedily and at temperature 1.0 for seeds 0..9."""
+    model, tok = embedded
+    tool, schema = load_tool(str(TOOL_FILE))
+    compiled = compile_schema(tok, schema)
+    ids = encode_prompt(tok, BASIL, system=tool_system(tool))
+    shared = model.make_cache()
+    prefill(model, ids[:-1], shared)  # once for every run
+
+    result, mask = run(model, tok, ids, compiled, 0.0, cache=[c.copy() for c in shared], explain=True)
+    assert result.finish_reason == "stop" and result.valid, result
+    jsonschema.validate(result.parsed, schema)
+    assert result.text == json.dumps(result.parsed, separators=(",", ":"), ensure_ascii=False)  # compact
+
+    # the lesson's table: after "quantity": only the start of a number is allowed
+    rows = mask.explained()
+    at = next(r for r in rows if r.text.endswith('"quantity":'))
+    assert re.fullmatch(r"-|\d", at.allowed_text) and re.fullmatch(r"-|\d", at.chosen_text)
+    assert at.n_allowed == 11  # '-' and the ten digits: SmolLM2 writes numbers one digit at a time
+    assert at.refused_id >= 0 and not re.match(r"[-\d]", at.refused_text) and at.refused_score > -1e30
+    assert rows[-1].chosen_id == -1 and rows[-1].n_allowed == 1  # then only the end of the turn
+    assert rows[0].n_allowed <= 2  # '{' or '{"'
+
+    texts = []
+    for seed in range(10):
+        mx.random.seed(seed)
+        result, _ = run(model, tok, ids, compiled, 1.0, max_tokens=96, cache=[c.copy() for c in shared])
+        assert result.finish_reason == "stop" and result.valid, (seed, result)
+        jsonschema.validate(result.parsed, schema)
+        texts.append(result.text)
+    assert len(set(texts)) > 1  # the values are the model's choice: seeds differ
+
+
+def test_array_of_numbers_on_the_embedded_model(embedded):
+    model, tok = embedded
+    schema = load_schema(str(OVEN))
+    ids = encode_prompt(tok, "Oven readings 180, 185 and 190 C as JSON:", chat=False)
+    result, _ = run(model, tok, ids, compile_schema(tok, schema), 0.0, max_tokens=48)
+    assert result.finish_reason == "stop" and result.valid, result
+    jsonschema.validate(result.parsed, schema)
+
+
+# ----------------------------------------------------------------------------- random weights
+@pytest.mark.parametrize("variant", [("llama", None, None), ("qwen3", 4, 128)])
+@pytest.mark.parametrize("schema_file", [RECIPE, OVEN])
+def test_random_weights_still_write_valid_json(checkpoint_dir, variant, schema_file):
+    """A tiny random model has no idea what JSON is: the mask alone gives the shape."""
+    from mlxinfer.loading import load
+
+    model, tok = load(checkpoint_dir(*variant))
+    assert model.config.vocab_size > len(tok)  # padded rows that must never be drawn
+    schema = load_schema(str(schema_file))
+    compiled = compile_schema(tok, schema)
+    ids = encode_prompt(tok, "Name one herb.")
+    for seed in [None, 0, 1, 2, 3, 4]:
+        if seed is not None:
+            mx.random.seed(seed)
+        result, mask = run(model, tok, ids, compiled, 0.0 if seed is None else 1.0, max_tokens=256)
+        assert result.finish_reason == "stop" and result.valid, (seed, result)
+        jsonschema.validate(result.parsed, schema)
+        assert all(t < len(tok) for t in mask.tokens)
+
+
+# ----------------------------------------------------------------------------- the mask, token by token
+def _state(tok, compiled, prefix: str):
+    matcher = compiled.matcher()
+    assert matcher.consume_tokens(tok.encode(prefix, add_special_tokens=False)), matcher.get_error()
+    mask = compiled.mask()
+    mask.matcher = matcher
+    return mask
+
+
+def _ids(allowed: np.ndarray) -> list[int]:
+    return np.nonzero(allowed)[0].tolist()
+
+
+def test_every_allowed_token_keeps_a_valid_prefix(embedded):
+    """Checked without the grammar engine: each allowed token can still be completed to a
+    document the schema accepts; known illegal tokens are refused."""
+    _, tok = embedded
+    _, schema = load_tool(str(TOOL_FILE))
+    compiled = compile_schema(tok, schema)
+    table = token_table(tok)
+
+    prefix = '{"items":[{"name":"basil","quantity":'
+    allowed = _state(tok, compiled, prefix).allowed()
+    assert 0 < allowed.sum() < 50
+    for t in _ids(allowed):
+        text = table.decode([t])
+        number = text + ("" if text[-1:].isdigit() else "1")
+        doc = json.loads(prefix + number + ',"unit":"g"}]}')
+        jsonschema.validate(doc, schema)
+    quote, a = tok.encode('"a', add_special_tokens=False)
+    assert not allowed[quote] and not allowed[a]  # the lesson's "a loses: both are illegal here
+    assert not allowed[tok.encode(" a", add_special_tokens=False)[0]]
+    assert not allowed[sorted(tok.eos_token_ids)[0]]  # the end of the turn is not allowed mid-JSON
+
+    prefix = '{"items":[{"name":"basil","quantity":1,"unit":"'
+    allowed = _state(tok, compiled, prefix).allowed()
+    endings = [u + '"' + tail for u in UNITS for tail in ("}]}", '},{"name":"')]
+    for t in _ids(allowed):
+        text = table.decode([t])
+        assert any(e.startswith(text) for e in endings), text
+    assert allowed[tok.encode("bunch", add_special_tokens=False)[0]]
+    assert not allowed[tok.encode("cup", add_special_tokens=False)[0]]
+
+    # inside a free string almost anything goes, but never a control token
+    allowed = _state(tok, compiled, '{"items":[{"name":"').allowed()
+    assert allowed.sum() > 40000
+    specials = [i for i in range(len(tok)) if table.ll.is_special_token(i)]
+    assert set(tok.eos_token_ids) <= set(specials) and len(specials) >= 3
+    assert not allowed[specials].any()
+
+    # closed: only the end of the turn can follow, and the mask says so
+    done = _state(tok, compiled, '{"items":[{"name":"basil","quantity":1,"unit":"bunch"}]}')
+    assert done.is_finished()
+    assert _ids(done.allowed()) == sorted(tok.eos_token_ids)
+
+
+def test_padded_rows_are_always_masked(checkpoint_dir):
+    from mlxinfer.loading import load
+
+    model, tok = load(checkpoint_dir("llama"))
+    compiled = compile_schema(tok, load_schema(str(RECIPE)))
+    mask = compiled.mask(model.config.vocab_size)
+    logits = mx.zeros((1, model.config.vocab_size))
+    out = mask(mx.array(encode_prompt(tok, "Name one herb.")), logits)
+    kept = np.array(out[0] > -float("inf"))
+    assert not kept[len(tok):].any() and kept.any()
+    bits = np.full((1, 2), -1, dtype=np.int32)  # every bit set: still nothing past the table
+    assert allowed_from_bitmask(bits, 40, 64).tolist() == [True] * 40 + [False] * 24
+
+
+def test_compiled_grammars_and_token_tables_are_cached(embedded):
+    _, tok = embedded
+    _, schema = load_tool(str(TOOL_FILE))
+    assert token_table(tok) is token_table(tok)
+    assert compile_schema(tok, schema) is compile_schema(tok, json.loads(json.dumps(schema)))
+    a, b = compile_schema(tok, schema).mask(), compile_schema(tok, schema).mask()
+    assert a.matcher is not b.matcher  # each generation gets its own matcher
+
+
+# ----------------------------------------------------------------------------- the token budget
+def test_cut_json_is_flagged_never_silent(embedded):
+    model, tok = embedded
+    tool, schema = load_tool(str(TOOL_FILE))
+    ids = encode_prompt(tok, "basil", chat=False)
+    result, _ = run(model, tok, ids, compile_schema(tok, schema), 0.0, max_tokens=4)
+    assert result.finish_reason == "length" and not result.valid and result.parsed is None
+    assert "NOT valid JSON" in result.warning
+
+
+def test_cli_tool_json_output(checkpoint_dir):
+    ckpt = str(checkpoint_dir("qwen3", 4, 128))
+    r = invoke_cli("generate", "-m", ckpt, "-p", BASIL, "--tool", str(TOOL_FILE), "--temp", "0",
+                   "--max-tokens", "200", "--json", "--explain-mask")
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout)
+    assert out["valid"] is True and out["finish_reason"] == "stop" and out["tool"] == "add_to_shopping_list"
+    jsonschema.validate(out["parsed"], load_tool(str(TOOL_FILE))[1])
+    assert json.loads(out["text"]) == out["parsed"]
+    assert len(out["mask_steps"]) == len(out["tokens"]) + 1
+    assert {"text", "n_allowed", "allowed_text", "allowed_score", "refused_text", "refused_score"} <= set(
+        out["mask_steps"][0])
+
+
+@pytest.mark.parametrize("json_out", [False, True])
+def test_cli_cut_gives_length_and_a_warning(checkpoint_dir, json_out):
+    ckpt = str(checkpoint_dir("qwen3", 4, 128))
+    args = ["generate", "-m", ckpt, "-p", BASIL, "--json-schema", str(RECIPE), "--temp", "0", "--max-tokens", "5"]
+    r = invoke_cli(*args, *(["--json"] if json_out else ["--explain-mask"]))
+    assert r.returncode == 1
+    assert "warning:" in r.stderr and "NOT valid JSON" in r.stderr and "--max-tokens" in r.stderr
+    if json_out:
+        out = json.loads(r.stdout)
+        assert out["valid"] is False and out["parsed"] is None and out["finish_reason"] == "length"
+        assert out["stats"]["finish_reason"] == "length"
+    else:
+        assert "finish: length" in r.stderr and "best refused" in r.stdout
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("option,value,fragment", [
+    ("--json-schema", '{"type": object}', "not valid JSON"),
+    ("--json-schema", "no-such-file.json", "neither a file nor inline JSON"),
+    ("--json-schema", "[1, 2]", "must be a JSON object"),
+    ("--json-schema", '{"type": "string"}', '"type": "object"'),
+    ("--json-schema", json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}),
+     "cannot express"),
+    ("--json-schema", json.dumps({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}),
+     "uniqueItems"),
+    ("--json-schema", json.dumps({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}),
+     "look-around"),
+    ("--json-schema", str(TOOL_FILE), "--tool"),
+    ("--tool", json.dumps({"name": "x", "description": "no schema"}), "input_schema"),
+    ("--tool", json.dumps({"name": "x", "input_schema": {"type": "array"}}), '"type": "object"'),
+])
+def test_bad_schemas_are_one_line_errors(checkpoint_dir, option, value, fragment):
+    r = invoke_cli("generate", "-m", str(checkpoint_dir("llama")), "-p", "hi", option, value)
+    assert_one_line_error(r, fragment)
+
+
+def test_unsupported_feature_fails_at_compile_time(embedded, tmp_path):
+    _, tok = embedded
+    schema = {"type": "object", "properties": {"a": {"if": {"type": "string"}, "then": {"minLength": 2}}}}
+    with pytest.raises(MlxinferError) as e:
+        compile_schema(tok, schema)  # no model involved: before any forward pass
+    assert "\n" not in str(e.value)
+    bad = tmp_path / "bad.json"
+    bad.write_text("{not json")
+    r = invoke_cli("generate", "-p", "hi", "--json-schema", str(bad))
+    assert_one_line_error(r, "not valid JSON")
+
+
+def test_both_constraints_or_a_lonely_explain_are_errors():
+    assert_one_line_error(invoke_cli("generate", "-p", "hi", "--json-schema", str(RECIPE), "--tool", str(TOOL_FILE)),
+                          "not both")
+    assert_one_line_error(invoke_cli("generate", "-p", "hi", "--explain-mask"), "--explain-mask")
