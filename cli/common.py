@@ -14,6 +14,11 @@ MODEL_HELP = (
 )
 ModelOption = typer.Option(None, "--model", "-m", help=MODEL_HELP)
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
+ComputeOption = typer.Option(
+    "auto", "--compute-dtype",
+    help="float32 (dequantize once; every matmul through BLAS), bfloat16 (weights as stored), "
+    "or auto (float32 on a CPU with a fast BLAS when it fits in a third of RAM).",
+)
 
 
 def print_json(data: Any) -> None:

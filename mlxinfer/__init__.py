@@ -4,7 +4,11 @@ The public API. Attributes load lazily so that `import mlxinfer` (and `count`)
 stays free of mlx until a command needs it.
 """
 
-from .errors import MlxinferError
+from . import blas as _blas
+
+_blas.preload()  # a fast BLAS (MKL) must be loaded before anything imports mlx; see blas.py
+
+from .errors import MlxinferError  # noqa: E402
 
 __all__ = ["MlxinferError", "load", "count", "next_token_table", "ModelConfig"]
 

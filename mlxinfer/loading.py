@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from . import gguf, sources
+from .compute import apply_compute_dtype, choose_compute_dtype, float32_nbytes
 from .config import ModelConfig
 from .errors import MlxinferError
 from .model import Model
@@ -13,12 +14,16 @@ from .tokenizer import load_tokenizer, tokenizer_from_gguf
 from .weights import build_model, read_gguf, read_safetensors
 
 
-def load(source: str | Path | None = None):
+def load(source: str | Path | None = None, compute_dtype: str = "bfloat16"):
     """Load a model and its tokenizer: local dir, .gguf, hub repo id, or None for the embedded model.
 
-    The model carries `.config`, `.source` (a ModelSource) and `.generation_config`
-    (the checkpoint's sampling defaults, or None).
+    compute_dtype: "bfloat16" keeps the weights as stored (quantized stays quantized, like
+    mlx_lm.load); "float32" dequantizes/upcasts them once so every matmul goes through BLAS;
+    "auto" picks float32 on a CPU with a fast BLAS when it fits in memory (see compute.py).
+    The model carries `.config`, `.source` (a ModelSource), `.generation_config` (the
+    checkpoint's sampling defaults, or None) and `.compute_dtype`.
     """
+    choose_compute_dtype(compute_dtype, 0)  # an unknown choice fails before any file is read
     src = sources.resolve(source)
     if src.kind == "gguf":
         header = gguf.read_header(src.path)
@@ -34,6 +39,8 @@ def load(source: str | Path | None = None):
         tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
     model = build_model(cfg, weights, where=str(src.path))
     check_vocabulary(model, tokenizer, src.name)
+    model.compute_dtype = choose_compute_dtype(compute_dtype, float32_nbytes(model))
+    apply_compute_dtype(model, model.compute_dtype)
     model.source = src
     model.generation_config = generation_config
     return model, tokenizer

@@ -11,6 +11,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+import mlxinfer  # noqa: E402,F401  (first: it loads a fast BLAS before anything imports mlx)
 import checkpoints  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,10 +48,14 @@ def checkpoint_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def embedded():
-    """The embedded SmolLM2-135M-Instruct, loaded once: (model, tokenizer)."""
-    import mlxinfer
-
+    """The embedded SmolLM2-135M-Instruct as stored (4-bit GGUF), loaded once: (model, tokenizer)."""
     return mlxinfer.load(None)
+
+
+@pytest.fixture(scope="session")
+def embedded_fast():
+    """The embedded model with float32 weights (the BLAS path): for tests where any one model will do."""
+    return mlxinfer.load(None, compute_dtype="float32")
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

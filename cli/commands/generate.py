@@ -9,7 +9,7 @@ import typer
 
 from cli.app import app
 from cli.common import (
-    FrequencyOption, JsonOption, MinPOption, ModelOption, OrderOption, PresenceOption, RepetitionOption,
+    ComputeOption, FrequencyOption, JsonOption, MinPOption, ModelOption, OrderOption, PresenceOption, RepetitionOption,
     TempOption, TopKOption, TopPOption, print_json, user_sampling,
 )
 
@@ -18,6 +18,7 @@ from cli.common import (
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The text the model reads."),
     model: Optional[str] = ModelOption,
+    compute_dtype: str = ComputeOption,
     system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many new tokens."),
     temp: Optional[float] = TempOption,
@@ -67,7 +68,7 @@ def generate(
         from mlxinfer.constrain import tool_system
 
         system = tool_system(tool_def)
-    m, tok = load(model)
+    m, tok = load(model, compute_dtype)
     settings, note = resolve_settings(user, m.generation_config)
     ids = encode_prompt(tok, prompt, chat=chat, system=system, thinking=thinking)
     if schema is not None:

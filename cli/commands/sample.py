@@ -10,7 +10,7 @@ import typer
 
 from cli.app import app
 from cli.common import (
-    JsonOption, MinPOption, ModelOption, OrderOption, TempOption, TopKOption, TopPOption,
+    ComputeOption, JsonOption, MinPOption, ModelOption, OrderOption, TempOption, TopKOption, TopPOption,
     print_json, progress_bar, user_sampling,
 )
 
@@ -19,6 +19,7 @@ from cli.common import (
 def sample(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The text the model reads."),
     model: Optional[str] = ModelOption,
+    compute_dtype: str = ComputeOption,
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Run seeds 0..N-1."),
     seed_range: Optional[str] = typer.Option(None, "--seed-range", help="Run seeds A..B-1, written A:B."),
     temp: Optional[float] = TempOption,
@@ -39,7 +40,7 @@ def sample(
 
     seed_list = parse_seeds(seeds, seed_range)
     user = user_sampling(temp, top_p, top_k, min_p, order=order)
-    m, tok = load(model)
+    m, tok = load(model, compute_dtype)
     settings, note = resolve_settings(user, m.generation_config)
     bar, update = progress_bar(len(seed_list), "sampling", enabled=len(seed_list) > 1 and not (json_out or csv_out))
     with bar:

@@ -8,7 +8,7 @@ import typer
 
 from cli.app import app
 from cli.common import (
-    JsonOption, MinPOption, ModelOption, OrderOption, TempOption, TopKOption, TopPOption,
+    ComputeOption, JsonOption, MinPOption, ModelOption, OrderOption, TempOption, TopKOption, TopPOption,
     parse_floats, print_json, user_sampling,
 )
 
@@ -17,6 +17,7 @@ from cli.common import (
 def topk(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The text the model reads."),
     model: Optional[str] = ModelOption,
+    compute_dtype: str = ComputeOption,
     temps: List[str] = typer.Option(["0.5,1.0,1.5"], "--temps", "-t", help="Temperatures for the probability columns: '0.5,1,1.5' or the option repeated."),
     k: int = typer.Option(6, "-k", help="How many tokens to list, by score."),
     chat: bool = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template."),
@@ -38,7 +39,7 @@ def topk(
     temperatures = parse_floats(temps, "--temps")
     user = user_sampling(temp, top_p, top_k, min_p, order=order)
     wants_sampler = explain or any(v is not None for v in user.values())
-    m, tok = load(model)
+    m, tok = load(model, compute_dtype)
     settings, note = resolve_settings(user, m.generation_config) if wants_sampler else (None, "")
     table = next_token_table(
         m, tok, prompt, temperatures, k, chat=chat, thinking=thinking, system=system, settings=settings

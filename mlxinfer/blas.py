@@ -1,0 +1,247 @@
+"""Route MLX's float32 matmuls to a fast BLAS on Linux (Intel MKL by default).
+
+The PyPI MLX CPU wheel for Linux links a reference (netlib) BLAS: a 1024^3 float32
+matmul takes most of a second. MLX calls `cblas_sgemm` through the dynamic linker,
+so a BLAS that is already loaded with RTLD_GLOBAL when `libmlx.so` is loaded wins
+the symbol lookup and takes every float32 matmul (float16/bfloat16 and quantized
+matmuls are MLX's own kernels and are unaffected). That only works if it happens
+before `import mlx`; `import mlxinfer` therefore calls `preload()` first thing.
+
+Which library:
+  MLXINFER_BLAS=/path/to/libsomething.so  that library (MKL, OpenBLAS, ...)
+  MLXINFER_BLAS=none (or off, 0, mlx)     MLX's own bundled BLAS, nothing loaded
+  unset (or auto, mkl)                    the PyPI `mkl` package's libmkl_rt.so.*,
+                                          if installed: pip install 'mlxinfer[mkl]'
+For MKL, MKL_THREADING_LAYER defaults to SEQUENTIAL (one thread per call); a value
+already in the environment is kept (GNU = libgomp threads, INTEL = libiomp5 from the
+intel-openmp wheel). Why not threads: MLX runs its own thread beside MKL's, and on this
+2-core machine, shared with other work, OpenMP threads that must be woken for every
+small matmul made a 64-token prefill of the embedded model 5-10x slower than SEQUENTIAL
+(median 5.4 vs 47.6 tok/s at load ~5; bench/blas_matmul.py --mkl-layers GNU,SEQUENTIAL).
+On a quieter machine (load ~2.5) GNU was ~1.3x faster on that prefill and ~2x on a 1024^3 matmul.
+
+Failure is never fatal: a path that does not exist, is not a shared library or
+lacks `cblas_sgemm` gives one warning line on stderr, nothing is loaded globally,
+and MLX keeps its own BLAS. `status()` says what happened (`mlxinfer info`).
+
+Cost at import: a directory listing or two, `import _ctypes` and one dlopen, about
+3 ms; no BLAS call is made (MKL loads its kernels on the first matmul).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+ENV = "MLXINFER_BLAS"
+_DISABLED = {"none", "off", "0", "false", "no", "mlx", "bundled"}
+_DEFAULT = {"", "auto", "mkl"}
+_BUNDLED = "MLX's bundled BLAS"
+DEFAULT_MKL_THREADING_LAYER = "SEQUENTIAL"
+
+_status: dict = {
+    "library": None,
+    "path": None,
+    "active": False,
+    "reason": "preload() has not run",
+    "threading_layer": None,
+    "source": None,
+}
+_handle = None  # the dlopen handle; the library stays loaded for the life of the process
+_ran = False
+
+
+def status() -> dict:
+    """What `preload` did: library, path, active, reason, threading_layer, source (a copy)."""
+    return dict(_status)
+
+
+def preload() -> dict:
+    """Load a fast BLAS globally before mlx is imported (Linux only); idempotent, never raises."""
+    global _ran
+    if _ran:
+        return status()
+    _ran = True
+    try:
+        _preload()
+    except Exception as e:  # never let a BLAS problem stop the package from importing
+        _fallback(f"BLAS preload failed ({type(e).__name__}: {e})", warn=True)
+    return status()
+
+
+def _preload() -> None:
+    requested = os.environ.get(ENV)
+    value = (requested or "").strip()
+    if sys.platform != "linux":
+        _set(library="MLX's own (Accelerate on macOS)" if sys.platform == "darwin" else "MLX's own",
+             reason=f"not Linux ({sys.platform}): MLX's own BLAS is used as is")
+        return
+    if "mlx.core" in sys.modules:
+        explicit = bool(value) and value.lower() not in _DISABLED | _DEFAULT
+        what = f"{ENV}={value} not loaded" if explicit else "MKL not active"
+        _fallback(f"mlx imported first; {what} (import mlxinfer before mlx)", warn=explicit)
+        return
+    if value.lower() in _DISABLED:
+        _fallback(f"disabled by {ENV}={value}")
+        return
+    if value.lower() in _DEFAULT:
+        path, source = find_mkl(), "mkl package"
+        if path is None:
+            _fallback("the mkl package is not installed (pip install 'mlxinfer[mkl]')")
+            return
+    else:
+        path, source = os.path.expanduser(value), ENV
+        if os.sep in path and not os.path.isfile(path):
+            _fallback(f"{ENV}={value}: no such file", warn=True)
+            return
+    _load(path, source)
+
+
+def _load(path: str, source: str) -> None:
+    layer = None
+    if "mkl" in os.path.basename(path).lower():
+        layer = os.environ.get("MKL_THREADING_LAYER")
+        if not layer:
+            layer = DEFAULT_MKL_THREADING_LAYER  # set before the dlopen: MKL reads it when it first dispatches
+            os.environ["MKL_THREADING_LAYER"] = layer
+            if not _load_global(path, source, layer):
+                del os.environ["MKL_THREADING_LAYER"]  # nothing loaded: leave the environment as it was
+            return
+    _load_global(path, source, layer)
+
+
+def _load_global(path: str, source: str, layer: str | None) -> bool:
+    global _handle
+    # _ctypes is what ctypes.CDLL calls underneath; `import ctypes` alone would cost ~8 ms per start
+    import _ctypes
+
+    try:
+        # first privately, so that a library without cblas_sgemm never enters the global namespace
+        local = _ctypes.dlopen(path, os.RTLD_LOCAL | os.RTLD_NOW)
+    except OSError as e:
+        _fallback(f"{_who(path, source)} could not be loaded as a shared library ({_short(e)})", warn=True)
+        return False
+    sgemm = _symbol(local, "cblas_sgemm")
+    if sgemm is None:
+        _ctypes.dlclose(local)
+        _fallback(f"{_who(path, source)} does not export cblas_sgemm", warn=True)
+        return False
+    try:
+        _handle = _ctypes.dlopen(path, os.RTLD_GLOBAL | os.RTLD_NOW)  # the same object, promoted to global
+    except OSError as e:
+        _fallback(f"{_who(path, source)} could not be loaded globally ({_short(e)})", warn=True)
+        return False
+    # a global lookup is what libmlx.so will do; something loaded earlier could still win it
+    if _symbol(_ctypes.dlopen(None, os.RTLD_NOW), "cblas_sgemm") != sgemm:
+        _fallback(f"{_who(path, source)}: another cblas_sgemm is already global in this process", warn=True)
+        return False
+    _set(library=_library_name(path), path=os.path.realpath(path) if os.sep in path else path, active=True,
+         reason=f"loaded before mlx from the {source}" if source != ENV else f"loaded before mlx from {ENV}",
+         threading_layer=layer, source=source)
+    return True
+
+
+def _symbol(handle: int, name: str) -> int | None:
+    import _ctypes
+
+    try:
+        return _ctypes.dlsym(handle, name)
+    except OSError:
+        return None
+
+
+def find_mkl() -> str | None:
+    """The PyPI `mkl` package's libmkl_rt.so.*, without importing anything heavy; None if absent.
+
+    The wheel puts its libraries in <prefix>/lib (the virtualenv's or the user base's);
+    otherwise the mkl-*.dist-info RECORD on sys.path says where they went.
+    """
+    import site  # already imported at start-up, so free
+
+    prefixes = [sys.prefix]
+    if getattr(site, "ENABLE_USER_SITE", False):  # pip install --user (never inside a virtualenv)
+        prefixes.append(site.getuserbase())
+    for prefix in prefixes:
+        found = _rt_in(os.path.join(prefix, "lib"))
+        if found:
+            return found
+    for entry in sys.path:
+        if not entry or not os.path.isdir(entry):
+            continue
+        try:
+            infos = [n for n in os.listdir(entry) if n.startswith("mkl-") and n.endswith(".dist-info")]
+        except OSError:
+            continue
+        for info in infos:
+            found = _rt_in_record(entry, os.path.join(entry, info, "RECORD"))
+            if found:
+                return found
+    return None
+
+
+def _rt_in(directory: str) -> str | None:
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    hits = sorted(n for n in names if n.startswith("libmkl_rt.so"))
+    # prefer the versioned soname (libmkl_rt.so.3) over a bare libmkl_rt.so link
+    hits.sort(key=lambda n: (n == "libmkl_rt.so", n))
+    return os.path.join(directory, hits[0]) if hits else None
+
+
+def _rt_in_record(site_dir: str, record: str) -> str | None:
+    try:
+        with open(record, encoding="utf-8") as f:
+            for line in f:
+                rel = line.split(",", 1)[0]
+                if os.path.basename(rel).startswith("libmkl_rt.so"):
+                    path = os.path.normpath(os.path.join(site_dir, rel))
+                    if os.path.isfile(path):
+                        return path
+    except OSError:
+        return None
+    return None
+
+
+def _library_name(path: str) -> str:
+    base = os.path.basename(path).lower()
+    for key, name in (("mkl", "MKL"), ("openblas", "OpenBLAS"), ("blis", "BLIS"), ("flexiblas", "FlexiBLAS")):
+        if key in base:
+            return name
+    return os.path.basename(path)
+
+
+def _who(path: str, source: str) -> str:
+    return f"{ENV}={path}" if source == ENV else path
+
+
+def _short(e: Exception) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+def _set(**fields) -> None:
+    _status.update({"library": None, "path": None, "active": False, "threading_layer": None, "source": None})
+    _status.update(fields)
+
+
+def _fallback(reason: str, warn: bool = False) -> None:
+    _set(library=_BUNDLED, reason=reason)
+    if warn:
+        sys.stderr.write(f"warning: {reason}; using {_BUNDLED}\n")
+
+
+def verify(n: int = 64) -> float:
+    """Max relative error of an n x n float32 matmul in mlx against numpy (float64): a sanity check.
+
+    Imports mlx; call it after preload (e.g. from `mlxinfer info`).
+    """
+    import mlx.core as mx
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((n, n)).astype(np.float32)
+    b = rng.standard_normal((n, n)).astype(np.float32)
+    got = np.array(mx.matmul(mx.array(a), mx.array(b)), dtype=np.float64)
+    want = a.astype(np.float64) @ b.astype(np.float64)
+    return float(np.max(np.abs(got - want)) / max(1e-30, float(np.max(np.abs(want)))))

@@ -1,0 +1,190 @@
+"""The compute dtype: keep the weights as loaded, or dequantize/upcast them to float32 for BLAS.
+
+On a CPU, MLX's quantized and bfloat16 matmuls are its own kernels, while float32
+matmuls go to `cblas_sgemm`. With a fast BLAS loaded (see blas.py) a float32 copy
+of a small model runs many times faster than its 4-bit original, at 8x the memory
+of 4-bit weights (2x that of bf16).
+
+  float32   dequantize every quantized Linear/Embedding once and upcast the rest
+  bfloat16  keep the weights exactly as loaded (bf16, or quantized): today's path
+  auto      float32 when all of: the default device is the CPU, a fast BLAS is
+            active, and the float32 model takes under a third of physical RAM;
+            otherwise as loaded. On a GPU (Metal, CUDA) auto changes nothing.
+"""
+
+from __future__ import annotations
+
+import os
+
+CHOICES = ("float32", "bfloat16", "auto")
+RAM_FRACTION = 3  # float32 weights must fit in under 1/RAM_FRACTION of physical memory
+AUTO_RULE = (
+    "auto: float32 if the default device is the CPU, a fast BLAS is active and the float32 "
+    f"weights take under 1/{RAM_FRACTION} of physical RAM; otherwise the weights stay as loaded "
+    "(GPU: always as loaded)"
+)
+
+
+def physical_ram_bytes() -> int | None:
+    """Physical memory from os.sysconf; None where the platform does not say."""
+    try:
+        pages, page = os.sysconf("SC_PHYS_PAGES"), os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+    return pages * page if pages > 0 and page > 0 else None
+
+
+def auto_rule(*, device: str, fast_blas: bool, model_bytes_float32: int, ram_bytes: int | None) -> tuple[str, str]:
+    """The `auto` decision from explicit facts: (dtype, why). Pure, for tests and `mlxinfer info`.
+
+    device: "cpu" or "gpu"; fast_blas: blas.status()["active"]; ram_bytes None = unknown.
+    """
+    if device != "cpu":
+        return "bfloat16", f"default device is {device}: weights stay as loaded"
+    if not fast_blas:
+        return "bfloat16", "no fast BLAS active: float32 matmuls would use MLX's reference BLAS"
+    if not ram_bytes:
+        return "bfloat16", "physical RAM unknown: weights stay as loaded"
+    limit = ram_bytes // RAM_FRACTION
+    if model_bytes_float32 >= limit:
+        return "bfloat16", (
+            f"float32 weights ({_gib(model_bytes_float32)}) would not fit in 1/{RAM_FRACTION} of RAM "
+            f"({_gib(limit)}): weights stay as loaded"
+        )
+    return "float32", (
+        f"CPU with a fast BLAS; float32 weights ({_gib(model_bytes_float32)}) fit in 1/{RAM_FRACTION} of RAM "
+        f"({_gib(limit)})"
+    )
+
+
+def current_facts() -> dict:
+    """The facts `auto` reads here: device, fast_blas, ram_bytes (imports mlx)."""
+    import mlx.core as mx
+
+    from . import blas
+
+    return {
+        "device": "cpu" if mx.default_device().type == mx.DeviceType.cpu else "gpu",
+        "fast_blas": bool(blas.status()["active"]),
+        "ram_bytes": physical_ram_bytes(),
+    }
+
+
+def choose_compute_dtype(requested: str, model_bytes_float32: int) -> str:
+    """"float32" or "bfloat16" ("bfloat16" = keep the weights as loaded) for a request of float32|bfloat16|auto."""
+    if requested not in CHOICES:
+        from .errors import MlxinferError
+
+        raise MlxinferError(f"compute dtype '{requested}' is not one of {', '.join(CHOICES)}")
+    if requested != "auto":
+        return requested
+    return auto_rule(model_bytes_float32=model_bytes_float32, **current_facts())[0]
+
+
+def float32_nbytes(model) -> int:
+    """Bytes the model's parameters take once every weight is float32 (quantized weights unpacked)."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    total = 0
+    quantized = set()
+    for path, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            w = module.weight
+            total += w.shape[0] * (w.shape[1] * 32 // module.bits) * 4
+            quantized.add(path)
+    for name, p in tree_flatten(model.parameters()):
+        owner, _, part = name.rpartition(".")
+        if owner in quantized and part in ("weight", "scales", "biases"):
+            continue
+        total += p.size * 4
+    return total
+
+
+def to_float32(model):
+    """In place: quantized Linear/Embedding -> float32 nn.Linear/nn.Embedding, other floats upcast; evaluated.
+
+    Returns the model. Every matmul of the forward pass then goes through `cblas_sgemm`
+    (the tied output table too: nn.Embedding.as_linear is a plain matmul).
+    """
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten, tree_map, tree_map_with_path
+
+    def convert(_path, m):
+        if isinstance(m, nn.QuantizedLinear):
+            new = nn.Linear(1, 1, bias="bias" in m)
+            new.weight = _dequantize(m)
+            if "bias" in m:
+                new.bias = m.bias.astype(mx.float32)
+            return new
+        if isinstance(m, nn.QuantizedEmbedding):
+            new = nn.Embedding(1, 1)
+            new.weight = _dequantize(m)
+            return new
+        return m
+
+    leaves = tree_map_with_path(convert, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    model.update_modules(leaves)
+
+    def upcast(p):
+        return p.astype(mx.float32) if mx.issubdtype(p.dtype, mx.floating) and p.dtype != mx.float32 else p
+
+    model.update(tree_map(upcast, model.parameters()))
+    mx.eval(model.parameters())
+    # nothing quantized or half-precision may be left, or some matmuls would bypass BLAS
+    left = [n for n, p in tree_flatten(model.parameters()) if p.dtype != mx.float32]
+    assert not left, f"to_float32 left {left[:3]} unconverted"
+    return model
+
+
+def apply_compute_dtype(model, dtype: str):
+    """Apply a choose_compute_dtype result in place: float32 converts, bfloat16 leaves the weights as loaded."""
+    return to_float32(model) if dtype == "float32" else model
+
+
+def _dequantize(m):
+    import mlx.core as mx
+
+    kwargs = {"group_size": m.group_size, "bits": m.bits}
+    mode = getattr(m, "mode", "affine")
+    if mode != "affine":
+        kwargs["mode"] = mode
+    biases = m.get("biases")  # None for modes without biases (mxfp4, ...)
+    try:  # compute w * scale + bias in float32 (mlx >= 0.30 takes dtype=)
+        w = mx.dequantize(m.weight, m.scales, biases, dtype=mx.float32, **kwargs)
+    except TypeError:
+        w = mx.dequantize(m.weight, m.scales.astype(mx.float32),
+                          None if biases is None else biases.astype(mx.float32), **kwargs)
+    return w.astype(mx.float32)
+
+
+def weights_kind(model) -> str:
+    """How the model's weights are stored now: 'float32', 'bfloat16', '4-bit (scales float16)', ..."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    for _, module in model.named_modules():
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            return f"{module.bits}-bit quantized (activations {str(module.scales.dtype).split('.')[-1]})"
+    dtypes = sorted({str(p.dtype).split(".")[-1] for _, p in tree_flatten(model.parameters())})
+    return "/".join(dtypes)
+
+
+def describe(model=None) -> str:
+    """One line for command and bench output: the active BLAS and the compute dtype."""
+    from . import blas
+
+    s = blas.status()
+    if s["active"]:
+        layer = f", threading {s['threading_layer']}" if s["threading_layer"] else ""
+        line = f"BLAS: {s['library']} ({os.path.basename(s['path'] or '')}{layer})"
+    else:
+        line = f"BLAS: {s['library']} ({s['reason']})"
+    if model is not None:
+        line += f" · weights: {weights_kind(model)}"
+    return line
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.1f} GiB"

@@ -1,0 +1,279 @@
+"""The fast-BLAS preload (mlxinfer/blas.py) and the float32 compute path (mlxinfer/compute.py).
+
+(a) the embedded model greedy-decodes the same tokens on its 4-bit weights and on float32 copies;
+(b) a bad MLXINFER_BLAS gives one warning line and MLX's own BLAS, never a crash;
+(c) with the mkl package installed, MKL is active and float32 matmuls agree with numpy;
+(d) the `auto` compute-dtype rule, as a pure function of the facts it reads.
+No timing is asserted anywhere (bench/blas_matmul.py measures speed).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+from conftest import ROOT, run_cli
+
+import mlxinfer
+from mlxinfer import blas
+from mlxinfer.compute import (
+    RAM_FRACTION,
+    auto_rule,
+    choose_compute_dtype,
+    float32_nbytes,
+    to_float32,
+    weights_kind,
+)
+from mlxinfer.errors import MlxinferError
+from mlxinfer.tokenizer import encode_prompt
+
+N_TOKENS = 32
+PROMPTS = {
+    "fruit": ("Name one fruit. Answer with one word.", True),
+    "herb": ("Name one herb to add to tomato soup. Answer with one word.", True),
+    "cat": ("The cat sat on the", False),
+}
+# The 4-bit path runs its activations in float16 (the GGUF scales are float16) and MLX's CPU
+# quantized matmul rounds more than float32 sgemm, so last-position logits differ by up to
+# ~0.11 (measured: fruit 0.063, herb 0.061, cat 0.109, on logits of magnitude ~30). 1e-3 is
+# not reachable between these two paths; the conversion itself is exact (see below).
+LOGIT_ATOL = 0.25
+LOGIT_RTOL_OF_MAX = 1e-2  # max |difference| / max |logit|
+
+
+# ---------------------------------------------------------------- (a) 4-bit vs float32
+
+
+def greedy(model, ids: list[int], n: int = N_TOKENS) -> tuple[list[int], np.ndarray]:
+    """n greedy tokens through the KV cache, and the logits at the prompt's last position."""
+    cache = model.make_cache()
+    x, out, first = mx.array([ids]), [], None
+    for _ in range(n):
+        scores = model(x, cache)[0, -1]
+        if first is None:
+            first = np.array(scores.astype(mx.float32))
+        token = int(mx.argmax(scores).item())
+        out.append(token)
+        x = mx.array([[token]])
+    return out, first
+
+
+@pytest.fixture(scope="module")
+def float32_model():
+    model, _ = mlxinfer.load(None)
+    return to_float32(model)
+
+
+@pytest.fixture(scope="module")
+def runs(embedded, float32_model):
+    """{prompt name: ((4-bit tokens, logits), (float32 tokens, logits))}, decoded once per module."""
+    quantized, tok = embedded
+    out = {}
+    for name, (text, chat) in PROMPTS.items():
+        ids = encode_prompt(tok, text) if chat else tok.encode(text)
+        out[name] = (greedy(quantized, ids), greedy(float32_model, ids))
+    return out
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_greedy_tokens_identical(runs, name, embedded):
+    (q_tokens, _), (f_tokens, _) = runs[name]
+    tok = embedded[1]
+    assert f_tokens == q_tokens, (tok.decode(q_tokens), tok.decode(f_tokens))
+
+
+@pytest.mark.parametrize("name", list(PROMPTS))
+def test_last_position_logits_close(runs, name):
+    (_, q_logits), (_, f_logits) = runs[name]
+    diff = float(np.max(np.abs(q_logits - f_logits)))
+    assert diff < LOGIT_ATOL, diff
+    assert diff / float(np.max(np.abs(f_logits))) < LOGIT_RTOL_OF_MAX
+    assert int(np.argmax(q_logits)) == int(np.argmax(f_logits))
+
+
+def test_float32_model_has_no_quantized_or_half_weights(float32_model):
+    from mlx.utils import tree_flatten
+
+    kinds = {type(m) for _, m in float32_model.named_modules()}
+    assert not kinds & {nn.QuantizedLinear, nn.QuantizedEmbedding}
+    assert {str(p.dtype) for _, p in tree_flatten(float32_model.parameters())} == {"mlx.core.float32"}
+    assert weights_kind(float32_model) == "float32"
+    assert isinstance(float32_model.embed_tokens, nn.Embedding)  # tied output table: as_linear is a matmul
+
+
+def test_to_float32_is_the_exact_dequantization(embedded, float32_model):
+    """Converted weights equal the 4-bit tensors dequantized in float32, bit for bit."""
+    quantized = embedded[0]
+    pairs = [(quantized.embed_tokens, float32_model.embed_tokens)]
+    for i in (0, len(quantized.layers) - 1):
+        q_mods, f_mods = dict(quantized.layers[i].named_modules()), dict(float32_model.layers[i].named_modules())
+        pairs += [(m, f_mods[path]) for path, m in q_mods.items() if isinstance(m, nn.QuantizedLinear)]
+    assert len(pairs) == 15
+    for q, f in pairs:
+        want = mx.dequantize(q.weight, q.scales, q.biases, group_size=q.group_size, bits=q.bits).astype(mx.float32)
+        assert f.weight.dtype == mx.float32 and f.weight.shape == want.shape
+        assert mx.array_equal(f.weight, want).item()
+
+
+def test_float32_nbytes_counts_unpacked_weights(embedded):
+    # SmolLM2-135M: 134,515,008 parameters, 4 bytes each once dequantized
+    assert float32_nbytes(embedded[0]) == 134_515_008 * 4
+
+
+# ---------------------------------------------------------------- (b) bad MLXINFER_BLAS
+
+
+def _loaded_library_path(stem: str) -> str:
+    """The real path of a shared library this process has loaded (e.g. libm), from /proc/self/maps."""
+    with open("/proc/self/maps") as f:
+        for line in f:
+            path = line.split()[-1]
+            if os.path.basename(path).startswith(stem + ".so"):
+                return path
+    pytest.skip(f"{stem} not found in /proc/self/maps")
+
+
+def _info_json(env: dict) -> tuple[subprocess.CompletedProcess, dict]:
+    result = run_cli("info", "--json", env=env)
+    assert result.returncode == 0, (result.returncode, result.stderr)
+    assert "Traceback" not in result.stderr
+    return result, json.loads(result.stdout)
+
+
+def _assert_one_warning(result: subprocess.CompletedProcess, *fragments: str) -> None:
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("warning: "), lines[0]
+    for fragment in fragments:
+        assert fragment.lower() in lines[0].lower(), (fragment, lines[0])
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
+@pytest.mark.parametrize("kind", ["not-a-library", "no-cblas_sgemm", "missing"])
+def test_bad_blas_path_warns_once_and_falls_back(kind, tmp_path):
+    if kind == "not-a-library":
+        path = tmp_path / "libfake_blas.so"
+        path.write_text("this is not an ELF file\n")
+        path, problem = str(path), "could not be loaded"
+    elif kind == "no-cblas_sgemm":
+        path, problem = _loaded_library_path("libm"), "does not export cblas_sgemm"
+    else:
+        path, problem = str(tmp_path / "nowhere" / "libmkl_rt.so.3"), "no such file"
+    result, info = _info_json({"MLXINFER_BLAS": path})
+    _assert_one_warning(result, path, problem)
+    assert info["blas"]["active"] is False
+    assert info["blas"]["library"] == "MLX's bundled BLAS"
+    assert problem in info["blas"]["reason"]
+    assert info["blas"]["float32_matmul_check"]["ok"] is True  # the fallback still computes right
+    assert info["compute_dtype"]["fast_blas"] is False
+    assert info["compute_dtype"]["auto_for_1gib_float32"] == "bfloat16"
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
+def test_blas_none_disables_quietly():
+    result, info = _info_json({"MLXINFER_BLAS": "none"})
+    assert result.stderr.strip() == ""
+    assert info["blas"]["active"] is False
+    assert "disabled" in info["blas"]["reason"]
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
+def test_mlx_imported_first_is_recorded_not_fatal():
+    code = "import mlx.core, json, mlxinfer; print(json.dumps(mlxinfer.blas.status()))"
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "MLXINFER_BLAS": "auto"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    assert status["active"] is False and "mlx imported first" in status["reason"]
+    assert result.stderr.strip() == ""  # nothing was asked for explicitly, so no warning
+
+
+# ---------------------------------------------------------------- (c) MKL active
+
+
+needs_mkl = pytest.mark.skipif(
+    sys.platform != "linux" or blas.find_mkl() is None, reason="the mkl package is not installed (.[mkl])"
+)
+
+
+@needs_mkl
+def test_mkl_reported_active():
+    result, info = _info_json({"MLXINFER_BLAS": "auto"})
+    assert result.stderr.strip() == ""
+    b = info["blas"]
+    assert b["active"] is True and b["library"] == "MKL", b
+    assert os.path.basename(b["path"]).startswith("libmkl_rt.so")
+    assert b["threading_layer"] == (os.environ.get("MKL_THREADING_LAYER") or blas.DEFAULT_MKL_THREADING_LAYER)
+    assert b["float32_matmul_check"]["ok"] is True
+    assert info["compute_dtype"]["fast_blas"] is True
+
+
+_MATMUL = """
+import json, mlxinfer, mlx.core as mx, numpy as np
+rng = np.random.default_rng(1)
+a = rng.standard_normal((257, 513)).astype(np.float32)
+b = rng.standard_normal((129, 513)).astype(np.float32)
+out = {"status": mlxinfer.blas.status()}
+for name, got, want in [
+    ("a @ b.T", mx.matmul(mx.array(a), mx.array(b).T), a.astype(np.float64) @ b.T.astype(np.float64)),
+    ("b @ a.T", mx.matmul(mx.array(b), mx.array(a).T), b.astype(np.float64) @ a.T.astype(np.float64)),
+    ("batched", mx.matmul(mx.array(a[:256].reshape(4, 64, 513)), mx.array(b.T)),
+     a[:256].reshape(4, 64, 513).astype(np.float64) @ b.T.astype(np.float64)),
+]:
+    got = np.array(got)
+    out[name] = [got.dtype.name, bool(np.allclose(got, want, rtol=1e-4, atol=1e-3)), float(np.abs(got - want).max())]
+print(json.dumps(out))
+"""
+
+
+@needs_mkl
+def test_mkl_float32_matmul_matches_numpy():
+    result = subprocess.run([sys.executable, "-c", _MATMUL], cwd=ROOT, capture_output=True, text=True,
+                            env={**os.environ, "MLXINFER_BLAS": "auto"}, timeout=120)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout)
+    assert out.pop("status")["active"] is True
+    for name, (dtype, close, err) in out.items():
+        assert dtype == "float32" and close, (name, err)
+
+
+# ---------------------------------------------------------------- (d) the auto rule
+
+GIB = 2**30
+
+
+@pytest.mark.parametrize(
+    "device, fast, model_bytes, ram, want",
+    [
+        ("cpu", True, 1 * GIB, 24 * GIB, "float32"),  # small model, fast BLAS, CPU
+        ("cpu", True, 8 * GIB - 1, 24 * GIB, "float32"),  # just under a third
+        ("cpu", True, 8 * GIB, 24 * GIB, "bfloat16"),  # a third is not "under a third"
+        ("cpu", True, 30 * GIB, 24 * GIB, "bfloat16"),  # does not fit at all
+        ("cpu", False, 1 * GIB, 24 * GIB, "bfloat16"),  # reference BLAS: float32 is not faster
+        ("cpu", True, 1 * GIB, None, "bfloat16"),  # RAM unknown: keep as loaded
+        ("gpu", True, 1 * GIB, 24 * GIB, "bfloat16"),  # Metal / CUDA: auto changes nothing
+        ("gpu", False, 1 * GIB, 24 * GIB, "bfloat16"),
+    ],
+)
+def test_auto_rule(device, fast, model_bytes, ram, want):
+    dtype, why = auto_rule(device=device, fast_blas=fast, model_bytes_float32=model_bytes, ram_bytes=ram)
+    assert dtype == want, why
+    assert why
+
+
+def test_auto_rule_threshold_is_a_third():
+    assert RAM_FRACTION == 3
+
+
+def test_explicit_choices_pass_through_and_bad_ones_fail():
+    assert choose_compute_dtype("float32", 10**15) == "float32"  # explicit: no RAM check
+    assert choose_compute_dtype("bfloat16", 1) == "bfloat16"
+    assert choose_compute_dtype("auto", 1) in ("float32", "bfloat16")
+    with pytest.raises(MlxinferError, match="float16"):
+        choose_compute_dtype("float16", 1)
