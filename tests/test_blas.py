@@ -65,9 +65,8 @@ def greedy(model, ids: list[int], n: int = N_TOKENS) -> tuple[list[int], np.ndar
 
 
 @pytest.fixture(scope="module")
-def float32_model():
-    model, _ = mlxinfer.load(None)
-    return to_float32(model)
+def float32_model(embedded_fast):
+    return embedded_fast[0]  # mlxinfer.load(None, compute_dtype="float32"): to_float32 on load
 
 
 @pytest.fixture(scope="module")

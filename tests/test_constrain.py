@@ -52,9 +52,9 @@ def test_example_tool_is_the_lessons():
 
 
 # ----------------------------------------------------------------------------- the embedded model
-def test_shopping_list_greedy_and_ten_seeds(embedded):
+def test_shopping_list_greedy_and_ten_seeds(embedded_fast):
     """Put basil on the list: schema-valid JSON greedily and at temperature 1.0 for seeds 0..9."""
-    model, tok = embedded
+    model, tok = embedded_fast
     tool, schema = load_tool(str(TOOL_FILE))
     compiled = compile_schema(tok, schema)
     ids = encode_prompt(tok, BASIL, system=tool_system(tool))
@@ -85,8 +85,8 @@ def test_shopping_list_greedy_and_ten_seeds(embedded):
     assert len(set(texts)) > 1  # the values are the model's choice: seeds differ
 
 
-def test_array_of_numbers_on_the_embedded_model(embedded):
-    model, tok = embedded
+def test_array_of_numbers_on_the_embedded_model(embedded_fast):
+    model, tok = embedded_fast
     schema = load_schema(str(OVEN))
     ids = encode_prompt(tok, "Oven readings 180, 185 and 190 C as JSON:", chat=False)
     result, _ = run(model, tok, ids, compile_schema(tok, schema), 0.0, max_tokens=48)
@@ -195,8 +195,8 @@ def test_compiled_grammars_and_token_tables_are_cached(embedded):
 
 
 # ----------------------------------------------------------------------------- the token budget
-def test_cut_json_is_flagged_never_silent(embedded):
-    model, tok = embedded
+def test_cut_json_is_flagged_never_silent(embedded_fast):
+    model, tok = embedded_fast
     tool, schema = load_tool(str(TOOL_FILE))
     ids = encode_prompt(tok, "basil", chat=False)
     result, _ = run(model, tok, ids, compile_schema(tok, schema), 0.0, max_tokens=4)

@@ -19,12 +19,12 @@ FRUIT = "Name one fruit. Answer with one word."
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
-def test_seeded_draws_equal_mlx_lm(embedded, temperature):
+def test_seeded_draws_equal_mlx_lm(embedded_fast, temperature):
     """Ten seeds, the lesson's experiment: our completions are mlx-lm's, token for token."""
     from mlx_lm import generate as mlx_lm_generate
     from mlx_lm.sample_utils import make_sampler as mlx_lm_sampler
 
-    model, tokenizer = embedded
+    model, tokenizer = embedded_fast
     report = sample_seeds(model, tokenizer, HERB, range(10), SamplerSettings(temperature=temperature), max_tokens=4)
     ids = encode_prompt(tokenizer, HERB)
     for c in report.completions:
@@ -35,8 +35,8 @@ def test_seeded_draws_equal_mlx_lm(embedded, temperature):
     assert len(report.tally) > 1  # at T >= 0.7 ten draws do not all agree on this prompt
 
 
-def test_same_seed_same_text(embedded):
-    model, tokenizer = embedded
+def test_same_seed_same_text(embedded_fast):
+    model, tokenizer = embedded_fast
     settings = SamplerSettings(temperature=1.0)
     a = sample_seeds(model, tokenizer, FRUIT, [7, 7], settings, max_tokens=4)
     assert a.completions[0].tokens == a.completions[1].tokens
@@ -47,8 +47,8 @@ def _run(model, tokenizer, ids, sample, n=6, **kw):
     return collect(generate_steps(model, tokenizer, ids, sample, max_tokens=n, stats=stats, **kw), stats)
 
 
-def test_greedy_equals_temperature_zero_and_top_k_one(embedded):
-    model, tokenizer = embedded
+def test_greedy_equals_temperature_zero_and_top_k_one(embedded_fast):
+    model, tokenizer = embedded_fast
     ids = encode_prompt(tokenizer, FRUIT)
     base = _run(model, tokenizer, ids, greedy).tokens
     mx.random.seed(3)
@@ -57,8 +57,8 @@ def test_greedy_equals_temperature_zero_and_top_k_one(embedded):
     assert _run(model, tokenizer, ids, make_sampler(SamplerSettings(temperature=1.5, top_k=1))).tokens == base
 
 
-def test_finish_reasons_and_stats(embedded):
-    model, tokenizer = embedded
+def test_finish_reasons_and_stats(embedded_fast):
+    model, tokenizer = embedded_fast
     ids = encode_prompt(tokenizer, FRUIT)
     cut = _run(model, tokenizer, ids, greedy, n=3)
     assert cut.stats.finish_reason == "length" and cut.stats.generated_tokens == 3 == len(cut.tokens)
@@ -70,8 +70,8 @@ def test_finish_reasons_and_stats(embedded):
     assert full.text == "The fruit I'm referring to is the fruit of the blackcurrant, which is a type of citrus fruit."
 
 
-def test_logprobs_are_log_softmax(embedded):
-    model, tokenizer = embedded
+def test_logprobs_are_log_softmax(embedded_fast):
+    model, tokenizer = embedded_fast
     ids = encode_prompt(tokenizer, FRUIT)
     result = _run(model, tokenizer, ids, greedy, n=2, logprobs=3)
     scores = model(mx.array([ids]))[0, -1].astype(mx.float32)
