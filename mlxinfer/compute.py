@@ -144,6 +144,7 @@ def apply_compute_dtype(model, dtype: str):
 
 
 def _dequantize(m):
+    """s * q + b in float32 from the stored scales and biases (float16 arithmetic would round them)."""
     import mlx.core as mx
 
     kwargs = {"group_size": m.group_size, "bits": m.bits}
@@ -151,12 +152,10 @@ def _dequantize(m):
     if mode != "affine":
         kwargs["mode"] = mode
     biases = m.get("biases")  # None for modes without biases (mxfp4, ...)
-    try:  # compute w * scale + bias in float32 (mlx >= 0.30 takes dtype=)
-        w = mx.dequantize(m.weight, m.scales, biases, dtype=mx.float32, **kwargs)
-    except TypeError:
-        w = mx.dequantize(m.weight, m.scales.astype(mx.float32),
-                          None if biases is None else biases.astype(mx.float32), **kwargs)
-    return w.astype(mx.float32)
+    scales = m.scales.astype(mx.float32) if mode == "affine" else m.scales
+    return mx.dequantize(m.weight, scales, None if biases is None else biases.astype(mx.float32), **kwargs).astype(
+        mx.float32
+    )
 
 
 def weights_kind(model) -> str:

@@ -107,7 +107,7 @@ def test_float32_model_has_no_quantized_or_half_weights(float32_model):
 
 
 def test_to_float32_is_the_exact_dequantization(embedded, float32_model):
-    """Converted weights equal the 4-bit tensors dequantized in float32, bit for bit."""
+    """Converted weights equal the 4-bit tensors dequantized in float32 (s * q + b), bit for bit."""
     quantized = embedded[0]
     pairs = [(quantized.embed_tokens, float32_model.embed_tokens)]
     for i in (0, len(quantized.layers) - 1):
@@ -115,7 +115,8 @@ def test_to_float32_is_the_exact_dequantization(embedded, float32_model):
         pairs += [(m, f_mods[path]) for path, m in q_mods.items() if isinstance(m, nn.QuantizedLinear)]
     assert len(pairs) == 15
     for q, f in pairs:
-        want = mx.dequantize(q.weight, q.scales, q.biases, group_size=q.group_size, bits=q.bits).astype(mx.float32)
+        s, b = q.scales.astype(mx.float32), q.biases.astype(mx.float32)
+        want = mx.dequantize(q.weight, s, b, group_size=q.group_size, bits=q.bits)
         assert f.weight.dtype == mx.float32 and f.weight.shape == want.shape
         assert mx.array_equal(f.weight, want).item()
 

@@ -1,0 +1,196 @@
+"""What quantization costs: bytes, and how far the next-token distributions move, over a fixed text.
+
+For every model: its weights' bytes as stored and bits per weight (bytes x 8 / parameters, norms
+included); over the shipped text (quant/data/eval.txt, or any text file), in independent windows of
+`window` tokens, each position's next-token distribution is compared with the reference's:
+
+  KL      mean over positions of KL(reference || candidate) = sum_v p_ref(v) (log p_ref(v) - log p_cand(v)),
+          in nats
+  top-1   the share of positions where both models' most likely next token is the same
+  PPL     exp(mean negative log-likelihood of the text's actual next token), for every model
+
+Every model is evaluated through a float32 copy of its weights: each quantized Linear/Embedding is
+dequantized (s * q + b in float32) into a plain float32 nn.Linear/nn.Embedding. The quantization
+error lives in the weights, not in the matmul, so this measures exactly what the stored numbers
+cost, and on a CPU the float32 matmuls (BLAS) are far faster than MLX's quantized kernels.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from mlxinfer.compute import to_float32
+from mlxinfer.errors import MlxinferError
+
+from . import affine
+from .export import _source_arg, load, source_bytes
+
+TEXT = Path(__file__).parent / "data" / "eval.txt"
+DEFAULT_WINDOW = 512
+
+
+@dataclass
+class ModelQuality:
+    name: str
+    weights: str  # e.g. "4-bit g64; model.embed_tokens 8-bit g64", "bfloat16"
+    parameters: int
+    bytes: int
+    bits_per_weight: float
+    perplexity: float
+    kl_mean: float | None = None  # None for the reference itself
+    kl_max: float | None = None
+    top1_agreement: float | None = None
+
+
+@dataclass
+class QualityReport:
+    text: str
+    tokens: int
+    positions: int  # next-token predictions compared
+    window: int
+    reference: ModelQuality
+    candidates: list[ModelQuality] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def markdown(self) -> str:
+        ref = self.reference
+        lines = [
+            "| model | weights | bits/weight | bytes | vs reference | mean KL (nats) | top-1 agreement | perplexity |",
+            "|---|---|---:|---:|---:|---:|---:|---:|",
+            f"| {ref.name} (reference) | {ref.weights} | {ref.bits_per_weight:.2f} | {ref.bytes:,} | 1.00x | - | - "
+            f"| {ref.perplexity:.3f} |",
+        ]
+        for c in self.candidates:
+            lines.append(
+                f"| {c.name} | {c.weights} | {c.bits_per_weight:.2f} | {c.bytes:,} | {c.bytes / ref.bytes:.2f}x "
+                f"| {c.kl_mean:.4f} | {c.top1_agreement:.1%} | {c.perplexity:.3f} |"
+            )
+        return "\n".join(lines)
+
+
+def evaluate(reference, candidates, *, max_tokens: int | None = None, window: int = DEFAULT_WINDOW,
+             text: str | Path | None = None, names: list[str] | None = None, progress=None) -> QualityReport:
+    """Compare each candidate with the reference over the text (see the module docstring).
+
+    progress: an optional callable given one line of text as each model is done."""
+    say = progress or (lambda _line: None)
+    if not candidates:
+        raise MlxinferError("give at least one candidate model to compare with the reference")
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise MlxinferError(f"--window must be 2 tokens or more, got {window!r}")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
+        raise MlxinferError(f"--max-tokens must be 2 or more, got {max_tokens!r}")
+    path = Path(text) if text else TEXT
+    if not path.is_file():
+        raise MlxinferError(f"no text file at {path}")
+    sources = [reference, *candidates]
+    labels = names or [_label(s) for s in sources]
+
+    ref_model, ref_tok = load(_source_arg(reference))
+    ids = ref_tok.encode(path.read_text(encoding="utf-8"))
+    if max_tokens is not None:
+        ids = ids[:max_tokens]
+    windows = [ids[i:i + window] for i in range(0, len(ids), window)]
+    windows = [w for w in windows if len(w) >= 2]
+    if not windows:
+        raise MlxinferError(f"{path} gives fewer than 2 tokens; nothing to compare")
+    positions = sum(len(w) - 1 for w in windows)
+
+    ref_row = _describe(ref_model, labels[0])
+    to_float32(ref_model)
+    ref_lp, nll = [], 0.0
+    for w in windows:
+        lp = _log_probs(ref_model, w)
+        nll += _nll(lp, w)
+        ref_lp.append(lp)
+    ref_row.perplexity = math.exp(nll / positions)
+    say(f"{labels[0]}: perplexity {ref_row.perplexity:.3f} over {positions:,} positions (reference)")
+    del ref_model
+
+    rows = []
+    for source, label in zip(candidates, labels[1:]):
+        model, tok = load(_source_arg(source))
+        if tok.encode(path.read_text(encoding="utf-8"))[:len(ids)] != ids:
+            raise MlxinferError(f"{label} tokenizes the text differently from the reference; "
+                                "compare models that share a tokenizer")
+        row = _describe(model, label)
+        to_float32(model)
+        nll = kl_sum = agree = 0.0
+        kl_max = 0.0
+        for w, lp_ref in zip(windows, ref_lp):
+            lp = _log_probs(model, w)
+            if lp.shape[-1] != lp_ref.shape[-1]:
+                raise MlxinferError(f"{label} scores {lp.shape[-1]:,} tokens, the reference {lp_ref.shape[-1]:,}")
+            kl = (mx.exp(lp_ref) * (lp_ref - lp)).sum(axis=-1)
+            same = (mx.argmax(lp_ref, axis=-1) == mx.argmax(lp, axis=-1)).sum()
+            mx.eval(kl, same)
+            kl_sum += kl.sum().item()
+            kl_max = max(kl_max, kl.max().item())
+            agree += same.item()
+            nll += _nll(lp, w)
+        row.perplexity = math.exp(nll / positions)
+        row.kl_mean, row.kl_max, row.top1_agreement = kl_sum / positions, kl_max, agree / positions
+        rows.append(row)
+        say(f"{label}: mean KL {row.kl_mean:.4f}, top-1 {row.top1_agreement:.1%}, perplexity {row.perplexity:.3f}")
+        del model
+    return QualityReport(text=path.name, tokens=len(ids), positions=positions, window=window,
+                         reference=ref_row, candidates=rows)
+
+
+def _log_probs(model: nn.Module, window: list[int]) -> mx.array:
+    """(len - 1, V) float32 log-probabilities of the next token at every position but the last."""
+    logits = model(mx.array([window]))[0, :-1].astype(mx.float32)
+    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.eval(lp)
+    return lp
+
+
+def _nll(lp: mx.array, window: list[int]) -> float:
+    targets = mx.array(window[1:])
+    return -mx.take_along_axis(lp, targets[:, None], axis=-1).sum().item()
+
+
+def _label(source) -> str:
+    if _source_arg(source) is None:
+        return "embedded"
+    return Path(str(source)).name or str(source)
+
+
+def _describe(model: nn.Module, label: str) -> ModelQuality:
+    nbytes = source_bytes(model)
+    params = affine.parameter_count(model)
+    return ModelQuality(name=label, weights=weights_summary(model), parameters=params, bytes=nbytes,
+                        bits_per_weight=8 * nbytes / params, perplexity=float("nan"))
+
+
+def weights_summary(model: nn.Module) -> str:
+    """The common setting of the Linear/Embedding weights, then the modules that differ (HF names)."""
+    from mlx.utils import tree_flatten
+
+    float_dtype = next((str(p.dtype).split(".")[-1] for n, p in tree_flatten(model.parameters())
+                        if mx.issubdtype(p.dtype, mx.floating) and not n.endswith((".scales", ".biases"))), "float")
+    settings = {affine.hf_name(p): affine.setting_of(m) for p, m in affine.tables(model).items()}
+
+    def text(s):
+        return float_dtype if s is None else f"{s[1]}-bit g{s[0]}"
+
+    counts: dict = {}
+    for s in settings.values():
+        counts[s] = counts.get(s, 0) + 1
+    common = max(counts, key=lambda s: counts[s])
+    tied = model.config.tie_word_embeddings
+    others = [f"{_short(n, tied)} {text(s)}" for n, s in settings.items() if s != common]
+    prefix = "GGUF " if model.source.kind == "gguf" else ""
+    return prefix + text(common) + ("; " + ", ".join(others) if others else "")
+
+
+def _short(name: str, tied: bool) -> str:
+    embed = "embedding/output table (tied)" if tied else "embedding table"
+    return {"model.embed_tokens": embed, "lm_head": "output table"}.get(name, name)

@@ -1,0 +1,164 @@
+"""Write an mlx-community style model directory, all or nothing.
+
+Layout: config.json (with the `quantization` block and its `quantization_config` copy when quantized),
+model.safetensors (or model-0000k-of-0000n.safetensors shards with model.safetensors.index.json when
+the tensors exceed the shard size), tokenizer files, generation_config.json.
+
+Everything is written into a temporary directory next to OUT and renamed into place at the end, so a
+failure leaves no half-written OUT; an existing non-empty OUT is refused unless `force`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import tempfile
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Callable, Iterator
+
+import mlx.core as mx
+
+from mlxinfer.errors import MlxinferError
+
+DEFAULT_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+_SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*", re.IGNORECASE)
+_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+
+
+def parse_size(text: str | int) -> int:
+    """'5GiB', '500MB', '100KB', 4096 -> bytes."""
+    if isinstance(text, int):
+        n = text
+    else:
+        m = _SIZE.fullmatch(str(text))
+        if not m:
+            raise MlxinferError(f"cannot read the size {text!r}; write e.g. 5GB, 500MB or 2GiB")
+        n = int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
+    if n < 1:
+        raise MlxinferError(f"a shard size must be positive, got {text!r}")
+    return n
+
+
+def check_output(out: Path, force: bool) -> None:
+    """Before any work: OUT may be missing or an empty directory; a non-empty one only with force."""
+    if out.is_symlink() or (out.exists() and not out.is_dir()):
+        raise MlxinferError(f"{out} exists and is not a directory; choose another output directory")
+    if out.is_dir() and any(out.iterdir()) and not force:
+        raise MlxinferError(f"{out} exists and is not empty; pass --force to replace it, or choose another OUT")
+
+
+@contextmanager
+def staged(out: Path, force: bool) -> Iterator[Path]:
+    """Yield a temporary directory next to OUT; on success it replaces OUT, on any failure it is removed."""
+    out = Path(out).absolute()
+    check_output(out, force)
+    created = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 is for secrets; a model directory is ordinary
+    try:
+        yield tmp
+        check_output(out, force)  # nothing appeared meanwhile
+        old = None
+        if out.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.rename(out, old / "x")
+        try:
+            os.rename(tmp, out)
+        except BaseException:
+            if old is not None:
+                os.rename(old / "x", out)
+                old.rmdir()
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if created is not None:
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
+
+
+def save_weights(directory: Path, tensors: dict[str, mx.array], parameters: int,
+                 max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+    """model.safetensors, or shards plus model.safetensors.index.json past max_shard_bytes (mlx-lm's rule:
+    a tensor larger than the limit gets a shard of its own)."""
+    shards: list[dict[str, mx.array]] = []
+    size = 0
+    for name in sorted(tensors):
+        v = tensors[name]
+        if not shards or size + v.nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = v
+        size += v.nbytes
+    n = len(shards)
+    names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
+    weight_map = {}
+    for fname, shard in zip(names, shards):
+        mx.save_safetensors(str(directory / fname), shard, metadata={"format": "mlx"})
+        weight_map.update({k: fname for k in shard})
+    if n > 1:
+        index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values()), "total_parameters": parameters},
+                 "weight_map": dict(sorted(weight_map.items()))}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=4) + "\n")
+        names.append("model.safetensors.index.json")
+    return names
+
+
+def save_config(directory: Path, config: dict) -> None:
+    """Sorted like mlx-lm's save_config; the quantization block copied to quantization_config."""
+    config = {k: v for k, v in config.items() if k != "_name_or_path"}
+    if config.get("quantization"):
+        config["quantization_config"] = config["quantization"]
+    else:
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
+    (directory / "config.json").write_text(json.dumps(dict(sorted(config.items())), indent=4) + "\n")
+
+
+def copy_tokenizer_files(src: Path, directory: Path) -> None:
+    found = False
+    for name in TOKENIZER_FILES:
+        if (src / name).is_file():
+            shutil.copyfile(src / name, directory / name)
+            found = True
+    if not found:
+        raise MlxinferError(f"no tokenizer files in {src}; the output would have no tokenizer")
+
+
+def save_gguf_tokenizer(tokenizer, directory: Path, max_length: int | None) -> None:
+    """The tokenizer rebuilt from GGUF metadata, written by transformers (tokenizer.json,
+    tokenizer_config.json, chat_template.jinja); the class named so older transformers load it too."""
+    tokenizer._tokenizer.save_pretrained(str(directory))
+    path = directory / "tokenizer_config.json"
+    cfg = json.loads(path.read_text())
+    cfg["tokenizer_class"] = "PreTrainedTokenizerFast"
+    if max_length:
+        cfg["model_max_length"] = max_length
+    path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
+
+
+def write_model_dir(out: Path, *, tensors: dict[str, mx.array], config: dict, parameters: int,
+                    write_tokenizer: Callable[[Path], None], generation_config: dict | None,
+                    force: bool = False, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[dict]:
+    """Write the whole directory atomically; returns [{name, bytes}] of its files."""
+    with staged(out, force) as tmp:
+        save_weights(tmp, tensors, parameters, max_shard_bytes)
+        save_config(tmp, config)
+        write_tokenizer(tmp)
+        if generation_config:
+            (tmp / "generation_config.json").write_text(json.dumps(generation_config, indent=2) + "\n")
+    return [{"name": p.name, "bytes": p.stat().st_size} for p in sorted(Path(out).iterdir())]
