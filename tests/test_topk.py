@@ -44,7 +44,7 @@ def test_topk_scores_equal_mlx_lm_forward(checkpoint_dir):
     import mlx_lm
 
     path = checkpoint_dir("qwen3", 4, 128)
-    out = json.loads(invoke_cli("topk", "-m", str(path), "-p", "Name one fruit.", "-k", "8", "--json").stdout)
+    out = json.loads(invoke_cli("topk", "-m", str(path), "-p", "Name one fruit.", "-k", "8", "--compute-dtype", "bfloat16", "--json").stdout)
     peer, tok = mlx_lm.load(str(path))
     scores = peer(mx.array([out["prompt_ids"]]))[0, -1].astype(mx.float32)
     top = mx.argsort(-scores)[:8].tolist()
