@@ -104,13 +104,20 @@ def mlx_lm_loop(twin) -> Callable[[list[int], int], Iterator[int]]:
 
 
 def measure_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
-    """GB/s of a plain copy (read + write), the roofline's memory speed when none is given."""
-    a = mx.ones((megabytes * 2**20 // 4,), mx.float32)
-    mx.eval(a, a + 1)  # warm-up: the first pass also allocates
+    """GB/s of a plain memory copy (bytes read + written), the roofline's memory speed when none is given.
+
+    numpy's copy is a memcpy; an MLX elementwise op on the CPU is one thread of arithmetic and
+    would understate the memory.
+    """
+    import numpy as np
+
+    a = np.ones(megabytes * 2**20 // 4, np.float32)
+    b = np.empty_like(a)
+    np.copyto(b, a)  # warm-up: the first pass also faults the pages in
     times = []
     for _ in range(repeats):
         start = time.perf_counter()
-        mx.eval(a + 1)
+        np.copyto(b, a)
         times.append(time.perf_counter() - start)
     return 2 * a.nbytes / statistics.median(times) / 1e9
 

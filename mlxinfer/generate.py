@@ -59,7 +59,7 @@ def token_stream(
     (see `prefill`), only the last prompt token is run: reuse one prefill for many seeds.
     """
     cache = cache if cache is not None else model.make_cache()
-    history = mx.array(prompt_ids)
+    history = mx.array(prompt_ids[:-1], dtype=mx.int32)  # what processors see: every token fed so far
     if cache[0].offset == 0:
         prefill(model, prompt_ids[:-1], cache, prefill_step_size, progress)
     elif cache[0].offset != len(prompt_ids) - 1:
@@ -69,6 +69,7 @@ def token_stream(
         nonlocal history
         logits = model(tokens[None], cache)[:, -1, :]  # (1, V)
         if processors:
+            history = mx.concatenate([history, tokens.astype(mx.int32)])
             for process in processors:
                 logits = process(history, logits)
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
@@ -76,17 +77,13 @@ def token_stream(
 
     y, logprobs = step(mx.array(prompt_ids[-1:]))
     mx.async_eval(y, logprobs)
-    n = 0
-    while n < max_tokens:
-        token = y.item()
-        history = mx.concatenate([history, mx.array([token])])
+    for n in range(max_tokens):
         if n + 1 < max_tokens:
-            next_y, next_logprobs = step(y)  # queued before the caller sees this token
+            next_y, next_logprobs = step(y)  # queued before this token reaches the host, as mlx-lm does
             mx.async_eval(next_y, next_logprobs)
-        yield token, logprobs
+        yield y.item(), logprobs
         if n + 1 < max_tokens:
             y, logprobs = next_y, next_logprobs
-        n += 1
 
 
 @dataclass

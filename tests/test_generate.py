@@ -151,3 +151,22 @@ def test_prompt_longer_than_context(checkpoint_dir):
     for command in ("topk", "generate"):
         result = invoke_cli(command, "-m", str(checkpoint_dir("llama")), "-p", long_prompt)
         assert_one_line_error(result, "context", "shorten")
+
+
+def test_penalised_generation_equals_mlx_lm(embedded_fast):
+    """The history our loop hands to the penalties is mlx-lm's: same greedy tokens with a repetition penalty."""
+    from mlx_lm.generate import generate_step
+    from mlx_lm.sample_utils import make_logits_processors as mlx_lm_processors
+
+    from mlxinfer.sampler import make_logits_processors
+
+    model, tokenizer = embedded_fast
+    ids = encode_prompt(tokenizer, "Repeat after me: tomato tomato tomato tomato tomato")
+    settings = SamplerSettings(temperature=0.0, repetition_penalty=1.8, penalty_window=20)
+    ours = _run(model, tokenizer, ids, greedy, n=12, processors=make_logits_processors(settings)).tokens
+    plain = _run(model, tokenizer, ids, greedy, n=12).tokens
+    theirs = [t for t, _ in generate_step(mx.array(ids), model, max_tokens=12,
+                                          logits_processors=mlx_lm_processors(repetition_penalty=1.8, repetition_context_size=20))]
+    theirs = theirs[: len(ours)]
+    assert ours == theirs
+    assert ours != plain[: len(ours)]  # the penalty changed the text, so the comparison means something
