@@ -1,10 +1,10 @@
-"""What every command shares: the model option, JSON output, one-line errors."""
+"""What every command shares: the model and sampling options, JSON output, progress bars."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Any, Optional
+from typing import Any
 
 import typer
 
@@ -31,12 +31,6 @@ def _jsonable(obj: Any):
     if hasattr(obj, "tolist"):
         return obj.tolist()
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
-
-
-def fail(message: str) -> "typer.Exit":
-    """One line on stderr, exit code 2: for bad input found in the CLI layer itself."""
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(2)
 
 
 def parse_floats(values: list[str], option: str) -> tuple[float, ...]:

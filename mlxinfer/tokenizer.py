@@ -121,7 +121,3 @@ def encode_prompt(
     except Exception as e:  # a template error is the checkpoint's problem, not a bug here
         raise MlxinferError(f"the model's chat template failed to render ({e}); try --no-chat") from None
     return tokenizer.encode(text, add_special_tokens=False)
-
-
-def token_text(tokenizer, token_id: int) -> str:
-    return tokenizer.decode([token_id])
