@@ -67,3 +67,17 @@ def test_explain_top_p_keeps_the_smallest_set(checkpoint_dir):
     assert mass - kept[-1]["prob"] < 0.3  # smallest such set: without its last token it falls short
     assert sum(r["final_prob"] for r in kept) == pytest.approx(1.0, abs=1e-5)
     assert "set by you" in out["extra"]["settings_note"]
+
+
+def test_thinking_switch_reaches_the_chat_template(checkpoint_dir):
+    """Qwen3's enable_thinking: off (the lessons' setting) adds the empty think block to the prompt."""
+    path = str(checkpoint_dir("qwen3"))
+    args = ("topk", "-m", path, "-p", "Name one fruit.", "-k", "1", "--json")
+    off = json.loads(invoke_cli(*args, "--no-thinking").stdout)["prompt_ids"]
+    on = json.loads(invoke_cli(*args, "--thinking").stdout)["prompt_ids"]
+    import mlxinfer
+
+    _, tok = mlxinfer.load(path)
+    think = tok.convert_tokens_to_ids("<think>")
+    assert think in off and think not in on
+    assert off[: len(on)] == on  # the same prompt, plus the think block
