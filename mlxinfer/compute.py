@@ -81,8 +81,8 @@ def choose_compute_dtype(requested: str, model_bytes_float32: int) -> str:
     return auto_rule(model_bytes_float32=model_bytes_float32, **current_facts())[0]
 
 
-def float32_nbytes(model) -> int:
-    """Bytes the model's parameters take once every weight is float32 (quantized weights unpacked)."""
+def unpacked_parameter_count(model) -> int:
+    """Unique parameters, quantized weights counted unpacked (scales and biases not counted)."""
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
@@ -91,14 +91,19 @@ def float32_nbytes(model) -> int:
     for path, module in model.named_modules():
         if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             w = module.weight
-            total += w.shape[0] * (w.shape[1] * 32 // module.bits) * 4
+            total += w.shape[0] * (w.shape[1] * 32 // module.bits)
             quantized.add(path)
     for name, p in tree_flatten(model.parameters()):
         owner, _, part = name.rpartition(".")
         if owner in quantized and part in ("weight", "scales", "biases"):
             continue
-        total += p.size * 4
+        total += p.size
     return total
+
+
+def float32_nbytes(model) -> int:
+    """Bytes the model's parameters take once every weight is float32 (quantized weights unpacked)."""
+    return 4 * unpacked_parameter_count(model)
 
 
 def to_float32(model):
@@ -114,13 +119,13 @@ def to_float32(model):
     def convert(_path, m):
         if isinstance(m, nn.QuantizedLinear):
             new = nn.Linear(1, 1, bias="bias" in m)
-            new.weight = _dequantize(m)
+            new.weight = dequantize_module(m)
             if "bias" in m:
                 new.bias = m.bias.astype(mx.float32)
             return new
         if isinstance(m, nn.QuantizedEmbedding):
             new = nn.Embedding(1, 1)
-            new.weight = _dequantize(m)
+            new.weight = dequantize_module(m)
             return new
         return m
 
@@ -143,19 +148,23 @@ def apply_compute_dtype(model, dtype: str):
     return to_float32(model) if dtype == "float32" else model
 
 
-def _dequantize(m):
-    """s * q + b in float32 from the stored scales and biases (float16 arithmetic would round them)."""
+def dequantize(packed, scales, biases, group_size: int, bits: int, dtype=None, mode: str = "affine"):
+    """s * q + b computed in float32 from the stored scales and biases (float16 arithmetic would round
+    them; for GGUF Q4_0/Q4_1/Q8_0 this equals llama.cpp's own dequantization), rounded once to `dtype`
+    (default float32)."""
     import mlx.core as mx
 
-    kwargs = {"group_size": m.group_size, "bits": m.bits}
-    mode = getattr(m, "mode", "affine")
+    kwargs = {"group_size": group_size, "bits": bits}
     if mode != "affine":
         kwargs["mode"] = mode
-    biases = m.get("biases")  # None for modes without biases (mxfp4, ...)
-    scales = m.scales.astype(mx.float32) if mode == "affine" else m.scales
-    return mx.dequantize(m.weight, scales, None if biases is None else biases.astype(mx.float32), **kwargs).astype(
-        mx.float32
-    )
+    scales = scales.astype(mx.float32) if mode == "affine" else scales
+    biases = None if biases is None else biases.astype(mx.float32)  # None for modes without biases
+    return mx.dequantize(packed, scales, biases, **kwargs).astype(dtype or mx.float32)
+
+
+def dequantize_module(m, dtype=None):
+    """A QuantizedLinear/QuantizedEmbedding's weight, dequantized as `dequantize` does."""
+    return dequantize(m.weight, m.scales, m.get("biases"), m.group_size, m.bits, dtype, getattr(m, "mode", "affine"))
 
 
 def weights_kind(model) -> str:

@@ -17,6 +17,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from mlxinfer.compute import dequantize as dequantize_tensor  # noqa: F401  (part of quant's API)
+from mlxinfer.compute import dequantize_module
 from mlxinfer.weights import ours_to_hf
 
 QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
@@ -30,22 +32,10 @@ def quantize_tensor(w: mx.array, group_size: int, bits: int) -> tuple[mx.array, 
     return mx.quantize(w, group_size=group_size, bits=bits, mode="affine")
 
 
-def dequantize_tensor(packed: mx.array, scales: mx.array, biases: mx.array | None, group_size: int, bits: int,
-                      dtype=mx.float32, mode: str = "affine") -> mx.array:
-    """s * q + b computed in float32 from the stored scales and biases, then rounded once to `dtype`."""
-    kwargs = {"group_size": group_size, "bits": bits}
-    if mode != "affine":
-        kwargs["mode"] = mode
-    f32 = None if biases is None else biases.astype(mx.float32)
-    scales = scales if mode != "affine" else scales.astype(mx.float32)
-    return mx.dequantize(packed, scales, f32, **kwargs).astype(dtype)
-
-
 def module_weight(module: nn.Module, dtype=mx.float32) -> mx.array:
     """A Linear/Embedding's weight in float (dequantized if quantized)."""
     if isinstance(module, QUANTIZED):
-        return dequantize_tensor(module.weight, module.scales, module.get("biases"), module.group_size,
-                                 module.bits, dtype, getattr(module, "mode", "affine"))
+        return dequantize_module(module, dtype)
     return module.weight.astype(dtype)
 
 
@@ -88,20 +78,6 @@ def float_tensors(model: nn.Module, dtype) -> dict[str, mx.array]:
             continue
         out[name] = p.astype(dtype) if mx.issubdtype(p.dtype, mx.floating) else p
     return out
-
-
-def parameter_count(model: nn.Module) -> int:
-    """Unique parameters, quantized weights counted unpacked (what count's TOTAL counts)."""
-    mods = tables(model)
-    total = 0
-    for path, m in mods.items():
-        total += m.weight.shape[0] * input_size(m)
-    for name, p in tree_flatten(model.parameters()):
-        owner, _, part = name.rpartition(".")
-        if owner in mods and part in ("weight", "scales", "biases"):
-            continue
-        total += p.size
-    return total
 
 
 def hf_name(ours: str) -> str:

@@ -12,6 +12,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxinfer import gguf
+from mlxinfer.compute import unpacked_parameter_count
 from mlxinfer.config import ModelConfig
 from mlxinfer.errors import MlxinferError
 from mlxinfer.loading import load as _load
@@ -60,7 +61,7 @@ def quantize(source=None, out=None, *, bits: int = 4, group_size: int = 64, head
     mx.eval(tensors)
     block = config_block(settings, (policy.group_size, policy.bits)) if policy.quantized else None
     config = _hf_config(model, affine.dtype_name(dtype), block)
-    parameters = affine.parameter_count(model)
+    parameters = unpacked_parameter_count(model)
     files = writer.write_model_dir(out, tensors=tensors, config=config, parameters=parameters,
                                    write_tokenizer=lambda d: _write_tokenizer(model, tokenizer, d),
                                    generation_config=_generation_config(model),
@@ -90,7 +91,7 @@ def convert_gguf(path, out, *, force: bool = False,
     floats = [v.dtype for k, v in tensors.items() if k.endswith(".weight") and v.dtype != mx.uint32]
     dtype = str((scales or floats)[0]).split(".")[-1]
     config = _hf_config(model, dtype, config_block(settings))
-    parameters = affine.parameter_count(model)
+    parameters = unpacked_parameter_count(model)
     files = writer.write_model_dir(out, tensors=tensors, config=config, parameters=parameters,
                                    write_tokenizer=lambda d: _write_tokenizer(model, tokenizer, d),
                                    generation_config=_generation_config(model),

@@ -24,7 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxinfer.compute import to_float32
+from mlxinfer.compute import to_float32, unpacked_parameter_count
 from mlxinfer.errors import MlxinferError
 
 from . import affine
@@ -165,7 +165,7 @@ def _label(source) -> str:
 
 def _describe(model: nn.Module, label: str) -> ModelQuality:
     nbytes = source_bytes(model)
-    params = affine.parameter_count(model)
+    params = unpacked_parameter_count(model)
     return ModelQuality(name=label, weights=weights_summary(model), parameters=params, bytes=nbytes,
                         bits_per_weight=8 * nbytes / params, perplexity=float("nan"))
 
