@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from .cache import KVCache
 from .errors import MlxinferError
+from .sampler import top_logprobs
 from .tables import check_context
 
 # (tokens so far (N,), logits (1, V)) -> logits: penalties, biases, a grammar mask
@@ -186,9 +187,7 @@ def _steps(stream, tokenizer, n_prompt: int, logprobs: int, stats: Stats, stop_i
 def _alternatives(tokenizer, logprobs: mx.array, k: int) -> list[dict]:
     if k <= 0:
         return []
-    top = mx.argsort(-logprobs)[:k]
-    values = logprobs[top].tolist()
-    return [{"id": t, "text": tokenizer.decode([t]), "logprob": v} for t, v in zip(top.tolist(), values)]
+    return [{"id": t, "text": tokenizer.decode([t]), "logprob": v} for t, v in top_logprobs(logprobs, k)]
 
 
 def collect(steps: Iterator[Step], stats: Stats, settings: Optional[dict] = None) -> Generation:
