@@ -110,7 +110,9 @@ def to_float32(model):
     """In place: quantized Linear/Embedding -> float32 nn.Linear/nn.Embedding, other floats upcast; evaluated.
 
     Returns the model. Every matmul of the forward pass then goes through `cblas_sgemm`
-    (the tied output table too: nn.Embedding.as_linear is a plain matmul).
+    (the tied output table too: nn.Embedding.as_linear is a plain matmul). On a CPU device
+    the model also switches to cpu_kernels' RoPE and SwiGLU, which cost less there than
+    MLX's own once the matmuls are fast.
     """
     import mlx.core as mx
     import mlx.nn as nn
@@ -140,6 +142,9 @@ def to_float32(model):
     # nothing quantized or half-precision may be left, or some matmuls would bypass BLAS
     left = [n for n, p in tree_flatten(model.parameters()) if p.dtype != mx.float32]
     assert not left, f"to_float32 left {left[:3]} unconverted"
+    if mx.default_device().type == mx.DeviceType.cpu and hasattr(model, "use_cpu_kernels"):
+        model.use_cpu_kernels()
+    model.compute_dtype = "float32"
     return model
 
 
@@ -191,6 +196,8 @@ def describe(model=None) -> str:
         line = f"BLAS: {s['library']} ({s['reason']})"
     if model is not None:
         line += f" · weights: {weights_kind(model)}"
+        if getattr(model, "cpu_kernels", False):
+            line += " · CPU kernels: RoPE table, polynomial exp"
     return line
 
 

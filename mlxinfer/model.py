@@ -12,7 +12,9 @@ from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
+import numpy as np
 
+from . import cpu_kernels
 from .cache import KVCache
 from .config import ModelConfig
 
@@ -22,8 +24,9 @@ class RoPE(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.dims = cfg.head_dim
+        self.dims, self.max_positions = cfg.head_dim, cfg.max_position_embeddings
         self.base, self.scale, self._freqs = cfg.rope_theta, 1.0, None
+        self._table = None  # a cpu_kernels.RopeTable once use_table() is called
         scaling = cfg.rope_scaling or {}
         kind = scaling.get("rope_type") or scaling.get("type") or "default"
         if kind == "linear":
@@ -32,7 +35,16 @@ class RoPE(nn.Module):
             self._freqs = llama3_frequencies(cfg.head_dim, cfg.rope_theta, scaling)
             self.base = None
 
+    def use_table(self) -> None:
+        if self._freqs is not None:
+            inv_freq = 1.0 / np.array(self._freqs, np.float64)  # mx.fast.rope's freqs are periods / 2pi
+        else:
+            inv_freq = self.base ** (-np.arange(0, self.dims, 2, dtype=np.float64) / self.dims)
+        self._table = cpu_kernels.RopeTable(inv_freq, self.scale, self.max_positions)
+
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        if self._table is not None:
+            return self._table(x, offset)
         return mx.fast.rope(
             x, self.dims, traditional=False, base=self.base, scale=self.scale, offset=offset, freqs=self._freqs
         )
@@ -98,9 +110,10 @@ class MLP(nn.Module):
         self.gate_proj = nn.Linear(D, F, bias=False)
         self.up_proj = nn.Linear(D, F, bias=False)
         self.down_proj = nn.Linear(F, D, bias=False)
+        self.activation = swiglu
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.down_proj(swiglu(self.gate_proj(x), self.up_proj(x)))  # (B, L, F) -> (B, L, D)
+        return self.down_proj(self.activation(self.gate_proj(x), self.up_proj(x)))  # (B, L, F) -> (B, L, D)
 
 
 class Block(nn.Module):
@@ -126,6 +139,7 @@ class Model(nn.Module):
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
+        self.cpu_kernels = False  # see use_cpu_kernels
 
     def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         h = self.embed_tokens(ids)  # (B, L) -> (B, L, D): a row lookup, no arithmetic
@@ -144,6 +158,14 @@ class Model(nn.Module):
         if self.config.tie_word_embeddings:
             return self.embed_tokens.as_linear(h)  # the embedding table, used again as the output table
         return self.lm_head(h)
+
+    def use_cpu_kernels(self) -> None:
+        """RoPE from a cos/sin table and SwiGLU with a polynomial exp (cpu_kernels.py): for the float32
+        CPU path, where MLX's own versions of these ops cost more than the matmuls around them."""
+        for layer in self.layers:
+            layer.attn.rope.use_table()
+            layer.mlp.activation = cpu_kernels.swiglu
+        self.cpu_kernels = True
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.layers]

@@ -1,0 +1,82 @@
+"""cpu_kernels.py: the float32 CPU path's own exp/SwiGLU and RoPE, against float64 math and MLX's own ops."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import mlxinfer
+from mlxinfer import cpu_kernels
+from mlxinfer.config import ModelConfig
+from mlxinfer.model import RoPE
+
+
+def test_exp_within_a_few_float32_roundings_of_float64():
+    x = mx.linspace(-87.0, 88.0, 400_001)  # the whole float32 range of e**x, normal results only
+    want = np.exp(np.array(x, np.float64))
+    got = np.array(cpu_kernels.exp(x), np.float64)
+    rel = np.abs(got - want) / want
+    assert rel.max() < 3e-7, rel.max()  # 2.5 units of float32 rounding (6e-8)
+    assert float(cpu_kernels.exp(mx.array([0.0])).item()) == 1.0
+    assert float(cpu_kernels.exp(mx.array([1.0])).item()) == pytest.approx(math.e, rel=1e-7)
+
+
+def test_swiglu_equals_silu_times_up_including_extremes():
+    rng = np.random.default_rng(0)
+    gate = np.concatenate([rng.standard_normal(4096) * 6, [-1e4, -100.0, -88.5, 0.0, 88.5, 100.0, 1e4]])
+    up = rng.standard_normal(gate.size)
+    gate32, up32 = mx.array(gate.astype(np.float32)), mx.array(up.astype(np.float32))
+    got = np.array(cpu_kernels.swiglu(gate32, up32), np.float64)
+    g = np.array(gate32, np.float64)
+    with np.errstate(over="ignore"):  # e**1e4 is inf in float64 too; g / inf is the right 0
+        want = g / (1 + np.exp(-g)) * np.array(up32, np.float64)
+    assert np.all(np.isfinite(got))
+    assert np.max(np.abs(got - want) / np.maximum(np.abs(want), 1e-3)) < 1e-6
+    # and the same function MLX's nn.silu computes, to its own accuracy
+    mlx_own = np.array(nn.silu(gate32) * up32, np.float64)
+    assert np.max(np.abs(got - mlx_own) / np.maximum(np.abs(want), 1e-3)) < 1e-5
+
+
+def _config(**overrides) -> ModelConfig:
+    fields = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=1,
+                  num_attention_heads=4, num_key_value_heads=2, vocab_size=64, rms_norm_eps=1e-5,
+                  rope_theta=10000.0, max_position_embeddings=8192)
+    fields.update(overrides)
+    return ModelConfig.from_dict(fields)
+
+
+@pytest.mark.parametrize("scaling", [
+    None,
+    {"rope_type": "linear", "factor": 4.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 64},
+], ids=["default", "linear", "llama3"])
+def test_rope_table_equals_mx_fast_rope(scaling):
+    rope = RoPE(_config(rope_scaling=scaling))
+    x = mx.random.normal((1, 4, 7, 64), key=mx.random.key(3))
+    step = x[:, :, :1]
+    want = [rope(x, offset=0), rope(step, offset=300), rope(step, offset=5000)]
+    rope.use_table()
+    got = [rope(x, offset=0), rope(step, offset=300), rope(step, offset=5000)]  # 300, 5000: the table grows
+    for g, w, offset in zip(got, want, (7, 301, 5001)):
+        # mx.fast.rope forms its angles in float32 (error ~ angle * 6e-8); the table's are float64
+        assert float(mx.abs(g - w).max()) < 5e-7 * offset + 1e-5
+
+
+def test_model_with_cpu_kernels_matches_mlx_ops_through_the_cache(checkpoint_dir):
+    model, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
+    assert model.cpu_kernels  # to_float32 on the CPU turns them on
+    reference, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
+    for layer in reference.layers:  # back to MLX's own ops
+        layer.attn.rope._table = None
+        layer.mlp.activation = mlxinfer.model.swiglu
+    ids = mx.array([[5, 17, 42, 99, 3, 250, 7, 8]])
+    caches = model.make_cache(), reference.make_cache()
+    outs = [m(ids[:, :6], c) for m, c in zip((model, reference), caches)]
+    for t in range(6, 8):  # two decode steps through the KV cache
+        outs = [mx.concatenate([o, m(ids[:, t : t + 1], c)], axis=1) for o, m, c in zip(outs, (model, reference), caches)]
+    assert float(mx.abs(outs[0] - outs[1]).max()) < 1e-4
