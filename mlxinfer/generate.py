@@ -4,7 +4,10 @@
 wraps it with text streaming, stop rules, logprobs and the stats a user wants.
 The order of work follows mlx-lm's `generate_step` so that seeded draws are
 token-for-token identical: the prompt except its last token is prefilled in
-chunks, the last token runs alone, and each step is queued one ahead.
+chunks, the last token runs alone, and each step is queued one ahead. A model on
+the float32 path (compute.to_float32) has no mlx-lm twin to match, so there the
+last prompt token rides in the prefill's final chunk and only its position goes
+through the output table: one pass over the weights fewer before the first token.
 """
 
 from __future__ import annotations
@@ -31,16 +34,25 @@ def greedy(logprobs: mx.array) -> mx.array:
 
 
 def prefill(model, ids: list[int], cache: list[KVCache], step_size: int = 2048,
-            progress: Optional[Callable[[int, int], None]] = None) -> None:
-    """Run `ids` through the model in chunks, filling the cache; their scores are not needed."""
-    done, total = 0, len(ids)
+            progress: Optional[Callable[[int, int], None]] = None, last_logits: bool = False) -> Optional[mx.array]:
+    """Run `ids` through the model in chunks, filling the cache.
+
+    Their scores are not needed, except with last_logits: then the (1, V) logits of the
+    last position are returned (computed for that position only).
+    """
+    done, total, logits = 0, len(ids), None
     while done < total:
         chunk = ids[done : done + step_size]
-        model(mx.array(chunk)[None], cache)
-        mx.eval([c.state for c in cache])
+        h = model.run_layers(model.embed_tokens(mx.array(chunk)[None]), cache)  # (1, L, D)
         done += len(chunk)
+        if last_logits and done == total:
+            logits = model.logits_from_hidden(h[:, -1:, :])[:, -1, :]  # (1, V)
+            mx.eval(logits, [c.state for c in cache])
+        else:
+            mx.eval([c.state for c in cache])
         if progress:
             progress(done, total)
+    return logits
 
 
 def token_stream(
@@ -61,14 +73,19 @@ def token_stream(
     """
     cache = cache if cache is not None else model.make_cache()
     history = mx.array(prompt_ids[:-1], dtype=mx.int32)  # what processors see: every token fed so far
+    last = mx.array(prompt_ids[-1:])
+    first_logits = None
     if cache[0].offset == 0:
-        prefill(model, prompt_ids[:-1], cache, prefill_step_size, progress)
+        if getattr(model, "compute_dtype", None) == "float32":  # see the module docstring
+            first_logits = prefill(model, prompt_ids, cache, prefill_step_size, progress, last_logits=True)
+        else:
+            prefill(model, prompt_ids[:-1], cache, prefill_step_size, progress)
     elif cache[0].offset != len(prompt_ids) - 1:
         raise ValueError("the cache must hold the prompt except its last token")
 
-    def step(tokens: mx.array) -> tuple[mx.array, mx.array]:
+    def choose(tokens: mx.array, logits: mx.array) -> tuple[mx.array, mx.array]:
+        """(token (1,), logprobs (V,)) from the logits (1, V) that followed `tokens`."""
         nonlocal history
-        logits = model(tokens[None], cache)[:, -1, :]  # (1, V)
         if processors:
             history = mx.concatenate([history, tokens.astype(mx.int32)])
             for process in processors:
@@ -76,7 +93,10 @@ def token_stream(
         logprobs = logits - mx.logsumexp(logits, keepdims=True)
         return sample(logprobs), logprobs.squeeze(0)
 
-    y, logprobs = step(mx.array(prompt_ids[-1:]))
+    def step(tokens: mx.array) -> tuple[mx.array, mx.array]:
+        return choose(tokens, model(tokens[None], cache)[:, -1, :])  # (1, V)
+
+    y, logprobs = step(last) if first_logits is None else choose(last, first_logits)
     mx.async_eval(y, logprobs)
     for n in range(max_tokens):
         if n + 1 < max_tokens:
