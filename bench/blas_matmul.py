@@ -1,8 +1,10 @@
-"""Float32 matmuls through MKL vs MLX's bundled BLAS, and the embedded model on each path (a benchmark, not a test).
+"""Float32 matmuls through MKL and OpenBLAS vs MLX's bundled BLAS, and the embedded model on each path
+(a benchmark, not a test).
 
 Every path runs in its own worker process (the BLAS is chosen before mlx is imported, so
-it is per process): MLXINFER_BLAS=none for MLX's bundled reference BLAS, the default
-(the `mkl` package) for MKL, and optionally --blas PATH for another library (OpenBLAS).
+it is per process): MLXINFER_BLAS=none for MLX's bundled reference BLAS, =mkl for the `mkl`
+package, =openblas for scipy-openblas32 through mlxinfer's shim (when it is built), and
+optionally --blas PATH for another library.
 Each worker loads the model once; the parent then asks the workers in turn, round after
 round, so that the repeats are interleaved and a busy machine slows all paths alike.
 Reported numbers are medians over the rounds, after one warm-up round.
@@ -10,6 +12,7 @@ Reported numbers are medians over the rounds, after one warm-up round.
     python bench/blas_matmul.py                       # 5 rounds, 64-token prefill, 32 decoded tokens
     python bench/blas_matmul.py --rounds 9 --blas /usr/lib/x86_64-linux-gnu/libopenblas.so.0
     python bench/blas_matmul.py --matmul-only
+    python bench/blas_matmul.py --mkl-layers GNU,SEQUENTIAL --openblas-threads 1,2
 """
 
 from __future__ import annotations
@@ -135,6 +138,8 @@ def main() -> None:
     ap.add_argument("--matmul-only", action="store_true", help="skip the model rows")
     ap.add_argument("--mkl-layers", default=None,
                     help="MKL_THREADING_LAYER values to compare, e.g. GNU,SEQUENTIAL (default: blas.py's choice)")
+    ap.add_argument("--openblas-threads", default=None,
+                    help="OPENBLAS_NUM_THREADS values to compare, e.g. 1,2 (default: OpenBLAS's choice)")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -148,9 +153,18 @@ def main() -> None:
         paths.append((f"float32 weights, {Path(args.blas).name}", args.blas, "float32"))
     if args.mkl_layers:
         for layer in args.mkl_layers.split(","):
-            paths.append((f"float32 weights, MKL {layer}", "auto", "float32", {"MKL_THREADING_LAYER": layer}))
+            paths.append((f"float32 weights, MKL {layer}", "mkl", "float32", {"MKL_THREADING_LAYER": layer}))
     else:
-        paths.append(("float32 weights, MKL", "auto", "float32"))
+        paths.append(("float32 weights, MKL", "mkl", "float32"))
+    sys.path.insert(0, str(REPO))
+    from mlxinfer.blas import find_openblas_shim  # the parent never imports mlx
+
+    if find_openblas_shim():
+        for n in (args.openblas_threads or "").split(",") if args.openblas_threads else [None]:
+            env = {"OPENBLAS_NUM_THREADS": n} if n else {}
+            paths.append((f"float32 weights, OpenBLAS{f' x{n}' if n else ''}", "openblas", "float32", env))
+    else:
+        print("note: no OpenBLAS row: the shim is not built (python -m mlxinfer.openblas_shim)", file=sys.stderr)
     if args.matmul_only:
         paths = [p for p in paths if p[2] == "float32"]
 
@@ -158,8 +172,8 @@ def main() -> None:
     workers = [Worker(args, *p) for p in paths]
     try:
         for w in workers:
-            if "MKL" in w.label and not w.info["blas"]["active"]:
-                print(f"note: MKL is not active in '{w.label}': {w.info['blas']['reason']}", file=sys.stderr)
+            if w.blas_env != "none" and not w.info["blas"]["active"]:
+                print(f"note: no fast BLAS in '{w.label}': {w.info['blas']['reason']}", file=sys.stderr)
         for r in range(args.rounds + 1):  # round 0 warms up
             print(f"round {r}/{args.rounds}", file=sys.stderr)
             for w in workers:

@@ -9,9 +9,14 @@ before `import mlx`; `import mlxinfer` therefore calls `preload()` first thing.
 
 Which library:
   MLXINFER_BLAS=/path/to/libsomething.so  that library (MKL, OpenBLAS, ...)
+  MLXINFER_BLAS=mkl                       the PyPI `mkl` package's libmkl_rt.so.*
+  MLXINFER_BLAS=openblas                  OpenBLAS from the PyPI `scipy-openblas32` package,
+                                          through mlxinfer's cblas_sgemm shim (openblas_shim.py)
   MLXINFER_BLAS=none (or off, 0, mlx)     MLX's own bundled BLAS, nothing loaded
-  unset (or auto, mkl)                    the PyPI `mkl` package's libmkl_rt.so.*,
-                                          if installed: pip install 'mlxinfer[mkl]'
+  unset (or auto)                         whichever of the two is installed; if both are, MKL
+                                          on Intel CPUs and OpenBLAS on others (MKL takes slower
+                                          code paths on AMD: measured 1.5x slower prefill here)
+  pip install 'mlxinfer[mkl]' or 'mlxinfer[openblas]' (then python -m mlxinfer.openblas_shim).
 For MKL, MKL_THREADING_LAYER defaults to SEQUENTIAL (one thread per call); a value
 already in the environment is kept (GNU = libgomp threads, INTEL = libiomp5 from the
 intel-openmp wheel). Why not threads: MLX runs its own thread beside MKL's, and on this
@@ -19,6 +24,8 @@ intel-openmp wheel). Why not threads: MLX runs its own thread beside MKL's, and 
 small matmul made a 64-token prefill of the embedded model 5-10x slower than SEQUENTIAL
 (median 5.4 vs 47.6 tok/s at load ~5; bench/blas_matmul.py --mkl-layers GNU,SEQUENTIAL).
 On a quieter machine (load ~2.5) GNU was ~1.3x faster on that prefill and ~2x on a 1024^3 matmul.
+OpenBLAS uses its own pthreads, one per core unless OPENBLAS_NUM_THREADS says otherwise;
+they yield while they wait, and were faster than one thread on both prefill and decode here.
 
 Failure is never fatal: a path that does not exist, is not a shared library or
 lacks `cblas_sgemm` gives one warning line on stderr, nothing is loaded globally,
@@ -35,7 +42,8 @@ import sys
 
 ENV = "MLXINFER_BLAS"
 _DISABLED = {"none", "off", "0", "false", "no", "mlx", "bundled"}
-_DEFAULT = {"", "auto", "mkl"}
+_DEFAULT = {"", "auto"}
+SHIM_NAME = "libmlxinfer_openblas.so"  # built by openblas_shim.py
 _BUNDLED = "MLX's bundled BLAS"
 DEFAULT_MKL_THREADING_LAYER = "SEQUENTIAL"
 
@@ -78,36 +86,76 @@ def _preload() -> None:
         return
     if "mlx.core" in sys.modules:
         explicit = bool(value) and value.lower() not in _DISABLED | _DEFAULT
-        what = f"{ENV}={value} not loaded" if explicit else "MKL not active"
+        what = f"{ENV}={value} not loaded" if explicit else "no fast BLAS loaded"
         _fallback(f"mlx imported first; {what} (import mlxinfer before mlx)", warn=explicit)
         return
     if value.lower() in _DISABLED:
         _fallback(f"disabled by {ENV}={value}")
         return
-    if value.lower() in _DEFAULT:
-        path, source = find_mkl(), "mkl package"
-        if path is None:
-            _fallback("the mkl package is not installed (pip install 'mlxinfer[mkl]')")
+    if value.lower() in _DEFAULT | {"mkl", "openblas"}:
+        finders = {"mkl": find_mkl, "openblas": find_openblas_shim}
+        names = [value.lower()] if value.lower() in finders else _auto_order(cpu_vendor())
+        found = [(name, finders[name]()) for name in names]
+        found = [(name, path) for name, path in found if path]
+        if not found:
+            _fallback(_NOT_INSTALLED[names[0]] if len(names) == 1 else "neither MKL nor OpenBLAS is installed "
+                      "(pip install 'mlxinfer[mkl]', or 'mlxinfer[openblas]' + python -m mlxinfer.openblas_shim)",
+                      warn=len(names) == 1)
             return
-    else:
-        path, source = os.path.expanduser(value), ENV
-        if os.sep in path and not os.path.isfile(path):
-            _fallback(f"{ENV}={value}: no such file", warn=True)
-            return
+        for name, path in found:  # an installed one that fails to load warns, and the next is tried
+            if _load(path, "mkl package" if name == "mkl" else "scipy-openblas32 package"):
+                return
+        return
+    path, source = os.path.expanduser(value), ENV
+    if os.sep in path and not os.path.isfile(path):
+        _fallback(f"{ENV}={value}: no such file", warn=True)
+        return
     _load(path, source)
 
 
-def _load(path: str, source: str) -> None:
-    layer = None
-    if "mkl" in os.path.basename(path).lower():
-        layer = os.environ.get("MKL_THREADING_LAYER")
-        if not layer:
-            layer = DEFAULT_MKL_THREADING_LAYER  # set before the dlopen: MKL reads it when it first dispatches
-            os.environ["MKL_THREADING_LAYER"] = layer
-            if not _load_global(path, source, layer):
-                del os.environ["MKL_THREADING_LAYER"]  # nothing loaded: leave the environment as it was
-            return
-    _load_global(path, source, layer)
+_NOT_INSTALLED = {
+    "mkl": "MLXINFER_BLAS=mkl: the mkl package is not installed (pip install 'mlxinfer[mkl]')",
+    "openblas": "MLXINFER_BLAS=openblas: the OpenBLAS shim is not built "
+                "(pip install 'mlxinfer[openblas]', then python -m mlxinfer.openblas_shim)",
+}
+
+
+def _auto_order(vendor: str) -> list[str]:
+    return ["mkl", "openblas"] if vendor == "GenuineIntel" else ["openblas", "mkl"]
+
+
+def cpu_vendor() -> str:
+    """/proc/cpuinfo's vendor_id ('GenuineIntel', 'AuthenticAMD', ...), '' where it does not say."""
+    try:
+        with open("/proc/cpuinfo", encoding="ascii", errors="replace") as f:
+            for line in f:
+                if line.startswith("vendor_id"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
+def find_openblas_shim() -> str | None:
+    """The built shim (openblas_shim.py) in <prefix>/lib, or None."""
+    path = os.path.join(sys.prefix, "lib", SHIM_NAME)
+    return path if os.path.isfile(path) else None
+
+
+def _load(path: str, source: str) -> bool:
+    if os.path.basename(path) == SHIM_NAME:
+        return _load_global(path, source, f"OpenBLAS pthreads x{os.environ.get('OPENBLAS_NUM_THREADS') or os.cpu_count()}")
+    if "mkl" not in os.path.basename(path).lower():
+        return _load_global(path, source, None)
+    layer = os.environ.get("MKL_THREADING_LAYER")
+    if layer:
+        return _load_global(path, source, layer)
+    layer = DEFAULT_MKL_THREADING_LAYER  # set before the dlopen: MKL reads it when it first dispatches
+    os.environ["MKL_THREADING_LAYER"] = layer
+    if _load_global(path, source, layer):
+        return True
+    del os.environ["MKL_THREADING_LAYER"]  # nothing loaded: leave the environment as it was
+    return False
 
 
 def _load_global(path: str, source: str, layer: str | None) -> bool:

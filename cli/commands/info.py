@@ -65,7 +65,7 @@ def render(data: dict) -> None:
         f"mlx           {m['version']}, default device {m['default_device']}",
     ]
     if b["active"]:
-        layer = f", MKL_THREADING_LAYER={b['threading_layer']}" if b["threading_layer"] else ""
+        layer = f", threading {b['threading_layer']}" if b["threading_layer"] else ""
         lines.append(f"blas          {b['library']}: {b['path']}{layer}")
     else:
         lines.append(f"blas          {b['library']} ({b['reason']})")

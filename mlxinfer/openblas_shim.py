@@ -1,0 +1,92 @@
+"""Build the small library that lets MLX's float32 matmuls use OpenBLAS from PyPI.
+
+The `scipy-openblas32` wheel (the OpenBLAS that NumPy and SciPy ship, kept by their
+maintainers) exports its functions with a `scipy_` prefix, so MLX cannot bind
+`cblas_sgemm` to it directly. native/sgemm_openblas.c is a 30-line forwarder that
+exports `cblas_sgemm` and sends single-row products to sgemv. It is compiled once,
+with the system C compiler, into <prefix>/lib next to where the mkl wheel puts
+libmkl_rt; blas.py finds it there at import.
+
+    python -m mlxinfer.openblas_shim          # build (the Makefile's set-up runs this)
+
+Why bother when MKL is there: on the AMD EPYC this project is measured on, MKL takes
+slower code paths than on Intel CPUs; OpenBLAS ran the embedded model's float32
+prefill ~1.5x and decode ~1.2x faster (bench/blas_matmul.py, interleaved medians).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+
+from .blas import SHIM_NAME
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "sgemm_openblas.c")
+
+
+def shim_path(prefix: str | None = None) -> str:
+    """Where the built shim lives (it may not exist)."""
+    return os.path.join(prefix or sys.prefix, "lib", SHIM_NAME)
+
+
+def openblas_library() -> str | None:
+    """scipy-openblas32's libscipy_openblas.so, or None if the wheel is not installed."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("scipy_openblas32")
+    if spec is None or not spec.origin:
+        return None
+    lib = os.path.join(os.path.dirname(spec.origin), "lib")
+    try:
+        names = sorted(n for n in os.listdir(lib) if n.startswith("libscipy_openblas") and ".so" in n)
+    except OSError:
+        return None
+    return os.path.join(lib, names[0]) if names else None
+
+
+def build(out: str | None = None, compiler: str | None = None) -> str:
+    """Compile the shim against scipy-openblas32; returns its path. Raises MlxinferError (one line)."""
+    from .errors import MlxinferError
+
+    if not sys.platform.startswith("linux"):
+        raise MlxinferError(f"the OpenBLAS shim is for Linux; on {sys.platform} MLX's own BLAS is used")
+    target = openblas_library()
+    if target is None:
+        raise MlxinferError("scipy-openblas32 is not installed: pip install 'mlxinfer[openblas]'")
+    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if not cc:
+        raise MlxinferError("no C compiler found to build the OpenBLAS shim: install gcc, or set CC")
+    out = out or shim_path()
+    os.makedirs(os.path.dirname(out), exist_ok=True)
+    libdir, libname = os.path.split(target)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=os.path.dirname(out))
+    os.close(fd)
+    cmd = [cc, "-O2", "-shared", "-fPIC", SOURCE, "-o", tmp, f"-L{libdir}", f"-l:{libname}", f"-Wl,-rpath,{libdir}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True)
+        if done.returncode != 0:
+            first = (done.stderr.strip().splitlines() or ["no message"])[0]
+            raise MlxinferError(f"building the OpenBLAS shim failed ({os.path.basename(cc)}: {first})")
+        os.replace(tmp, out)  # complete or absent, never half-written
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return out
+
+
+def main() -> int:
+    from .errors import MlxinferError
+
+    try:
+        path = build()
+    except MlxinferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"built {path} (cblas_sgemm -> {openblas_library()})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
