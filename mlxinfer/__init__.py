@@ -6,7 +6,7 @@ stays free of mlx until a command needs it.
 
 from . import blas as _blas
 
-_blas.preload()  # a fast BLAS (MKL) must be loaded before anything imports mlx; see blas.py
+_blas.preload()  # a fast BLAS (MKL or OpenBLAS) must be loaded before anything imports mlx; see blas.py
 
 from .errors import MlxinferError  # noqa: E402
 
