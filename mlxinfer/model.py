@@ -35,12 +35,16 @@ class RoPE(nn.Module):
             self._freqs = llama3_frequencies(cfg.head_dim, cfg.rope_theta, scaling)
             self.base = None
 
-    def use_table(self) -> None:
+    def make_table(self) -> cpu_kernels.RopeTable:
+        """The same rotation as mx.fast.rope with these settings, from a cos/sin table."""
         if self._freqs is not None:
             inv_freq = 1.0 / np.array(self._freqs, np.float64)  # mx.fast.rope's freqs are periods / 2pi
         else:
             inv_freq = self.base ** (-np.arange(0, self.dims, 2, dtype=np.float64) / self.dims)
-        self._table = cpu_kernels.RopeTable(inv_freq, self.scale, self.max_positions)
+        return cpu_kernels.RopeTable(inv_freq, self.scale, self.max_positions)
+
+    def use_table(self, table: cpu_kernels.RopeTable | None = None) -> None:
+        self._table = table if table is not None else self.make_table()
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         if self._table is not None:
@@ -162,8 +166,9 @@ class Model(nn.Module):
     def use_cpu_kernels(self) -> None:
         """RoPE from a cos/sin table and SwiGLU with a polynomial exp (cpu_kernels.py): for the float32
         CPU path, where MLX's own versions of these ops cost more than the matmuls around them."""
+        table = self.layers[0].attn.rope.make_table()  # every layer rotates alike: one table
         for layer in self.layers:
-            layer.attn.rope.use_table()
+            layer.attn.rope.use_table(table)
             layer.mlp.activation = cpu_kernels.swiglu
         self.cpu_kernels = True
 

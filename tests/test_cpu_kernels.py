@@ -70,6 +70,8 @@ def test_rope_table_equals_mx_fast_rope(scaling):
 def test_model_with_cpu_kernels_matches_mlx_ops_through_the_cache(checkpoint_dir):
     model, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
     assert model.cpu_kernels  # to_float32 on the CPU turns them on
+    tables = {id(layer.attn.rope._table) for layer in model.layers}
+    assert len(tables) == 1 and None not in {layer.attn.rope._table for layer in model.layers}  # one, shared
     reference, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
     for layer in reference.layers:  # back to MLX's own ops
         layer.attn.rope._table = None
