@@ -242,6 +242,9 @@ def test_fast_blas_reported_active(library):
     assert os.path.basename(b["path"]).startswith(filename)
     if library == "mkl":
         assert b["threading_layer"] == (os.environ.get("MKL_THREADING_LAYER") or blas.DEFAULT_MKL_THREADING_LAYER)
+    else:
+        timeout = os.environ.get("OPENBLAS_THREAD_TIMEOUT") or blas.DEFAULT_OPENBLAS_THREAD_TIMEOUT
+        assert b["threading_layer"].endswith(f"thread timeout 2^{timeout} cycles"), b["threading_layer"]
     assert b["float32_matmul_check"]["ok"] is True
     assert info["compute_dtype"]["fast_blas"] is True
 
