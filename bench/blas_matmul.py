@@ -41,16 +41,14 @@ TEXT = (
 def worker(prefill: int, decode: int, with_model: bool, dtype: str) -> None:
     """Read commands on stdin ('matmul', 'model', 'quit'); answer one JSON line each on stdout."""
     import mlxinfer  # first: the BLAS preload must run before mlx is imported
-    from mlxinfer.compute import describe, to_float32, weights_kind
+    from mlxinfer.compute import describe, weights_kind
 
     import mlx.core as mx
 
     info = {"blas": mlxinfer.blas.status(), "describe": describe()}
     model = ids = None
     if with_model:
-        model, tok = mlxinfer.load(None)
-        if dtype == "float32":
-            to_float32(model)
+        model, tok = mlxinfer.load(None, compute_dtype="float32" if dtype == "float32" else "bfloat16")
         base = tok.encode(TEXT)
         ids = (base * (prefill // len(base) + 1))[:prefill]
         info["weights"] = weights_kind(model)

@@ -170,8 +170,7 @@ def run_bench(
     models = {"mlx-lm": twin, "mlxinfer": model}
     if fast_path:
         start = time.perf_counter()
-        fast, _ = load(source)
-        compute.to_float32(fast)
+        fast, _ = load(source, compute_dtype="float32")
         load_s["mlxinfer float32"] = time.perf_counter() - start
         engines["mlxinfer float32"], paths["mlxinfer float32"] = ours(fast), compute.weights_kind(fast)
         models["mlxinfer float32"] = fast

@@ -142,9 +142,14 @@ def cpu_vendor() -> str:
     return ""
 
 
+def shim_path() -> str:
+    """Where openblas_shim.py builds the shim, and where preload looks for it: <prefix>/lib."""
+    return os.path.join(sys.prefix, "lib", SHIM_NAME)
+
+
 def find_openblas_shim() -> str | None:
-    """The built shim (openblas_shim.py) in <prefix>/lib, or None."""
-    path = os.path.join(sys.prefix, "lib", SHIM_NAME)
+    """The built shim, or None."""
+    path = shim_path()
     return path if os.path.isfile(path) else None
 
 

@@ -70,12 +70,16 @@ def current_facts() -> dict:
     }
 
 
-def choose_compute_dtype(requested: str, model_bytes_float32: int) -> str:
-    """"float32" or "bfloat16" ("bfloat16" = keep the weights as loaded) for a request of float32|bfloat16|auto."""
+def check_compute_dtype(requested: str) -> None:
     if requested not in CHOICES:
         from .errors import MlxinferError
 
         raise MlxinferError(f"compute dtype '{requested}' is not one of {', '.join(CHOICES)}")
+
+
+def choose_compute_dtype(requested: str, model_bytes_float32: int) -> str:
+    """"float32" or "bfloat16" ("bfloat16" = keep the weights as loaded) for a request of float32|bfloat16|auto."""
+    check_compute_dtype(requested)
     if requested != "auto":
         return requested
     return auto_rule(model_bytes_float32=model_bytes_float32, **current_facts())[0]

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from . import gguf, sources
-from .compute import apply_compute_dtype, choose_compute_dtype, float32_nbytes
+from .compute import apply_compute_dtype, check_compute_dtype, choose_compute_dtype, float32_nbytes
 from .config import ModelConfig
 from .errors import MlxinferError
 from .model import Model
@@ -23,7 +23,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "bfloat16"):
     The model carries `.config`, `.source` (a ModelSource), `.generation_config` (the
     checkpoint's sampling defaults, or None) and `.compute_dtype`.
     """
-    choose_compute_dtype(compute_dtype, 0)  # an unknown choice fails before any file is read
+    check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
     src = sources.resolve(source)
     if src.kind == "gguf":
         header = gguf.read_header(src.path)

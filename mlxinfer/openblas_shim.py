@@ -22,13 +22,8 @@ import subprocess
 import sys
 import tempfile
 
-from .blas import SHIM_NAME
+from .blas import shim_path
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "sgemm_openblas.c")
-
-
-def shim_path(prefix: str | None = None) -> str:
-    """Where the built shim lives (it may not exist)."""
-    return os.path.join(prefix or sys.prefix, "lib", SHIM_NAME)
 
 
 def openblas_library() -> str | None:
