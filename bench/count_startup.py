@@ -53,7 +53,7 @@ def main() -> None:
         # what any typer command with options pays here: typer 0.29 coerces options through pydantic
         ("for scale: import typer, pydantic", [py, "-c", "import typer, pydantic"]),
         # the API alone: the counting itself, without the CLI framework
-        ("API: count(model) in python -c", [py, "-c", f"from mlxinfer.counting import count; count({args.model!r})"]),
+        ("API: count(model) in python -c", [py, "-c", f"import mlxinfer; mlxinfer.count({args.model!r})"]),
         (f"mlxinfer count {args.model}", [py, "-m", "mlxinfer", "count", args.model]),
         (f"mlxinfer count {args.model} --json", [py, "-m", "mlxinfer", "count", args.model, "--json"]),
         ("mlxinfer count (embedded GGUF, 98 MB)", [py, "-m", "mlxinfer", "count"]),

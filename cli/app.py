@@ -1,22 +1,51 @@
-"""The Typer app. Each command lives in its own module and imports mlx only when it runs."""
+"""The Typer app: the commands, listed here, and the one place errors become one line.
+
+Each command parses its options, calls one library function and renders the result; none
+imports mlx (the library does, when a command runs). Bad input is one line on stderr and exit
+code 2: the library's MlxinferError with its parameter names swapped for our flags
+(cli/flags.py), and Click's own usage errors (a missing option, `--max-tokens abc`).
+"""
 
 from __future__ import annotations
 
+import sys
+
+import click
 import typer
 from typer.core import TyperGroup
 
+from cli import flags
 from mlxinfer.errors import MlxinferError
 
 
 class _Commands(TyperGroup):
-    """Turns a user-facing MlxinferError into one line on stderr and exit code 2."""
-
     def invoke(self, ctx):
+        flags._overrides.clear()
         try:
             return super().invoke(ctx)
         except MlxinferError as e:
-            typer.echo(f"error: {e}", err=True)
+            typer.echo(f"error: {flags.error_line(e)}", err=True)
             raise typer.Exit(2) from None
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except click.exceptions.NoArgsIsHelpError as e:
+            e.show()
+            code = 2
+        except click.UsageError as e:
+            hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
+            typer.echo(f"error: {' '.join(e.format_message().split())}{hint}", err=True)
+            code = 2
+        except click.ClickException as e:
+            typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)
+            code = e.exit_code
+        except click.Abort:
+            typer.echo("aborted", err=True)
+            code = 130
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 app = typer.Typer(
@@ -30,7 +59,17 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from cli import commands  # noqa: F401  (each module adds its command to `app`)
+    from cli.commands import bench, convert, count, generate, info, quality, quantize, sample, topk
+
+    app.command("count")(count.count_command)
+    app.command("topk")(topk.topk)
+    app.command("sample")(sample.sample)
+    app.command("generate")(generate.generate)
+    app.command("quantize")(quantize.quantize_command)
+    app.command("convert")(convert.convert_command)
+    app.command("quality")(quality.quality_command)
+    app.command("bench")(bench.bench)
+    app.command("info")(info.info)
 
 
 _register()

@@ -15,9 +15,16 @@ MODEL_HELP = (
 ModelOption = typer.Option(None, "--model", "-m", help=MODEL_HELP)
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
 ComputeOption = typer.Option(
-    "auto", "--compute-dtype",
+    "auto",
+    "--compute-dtype",
     help="float32 (dequantize once; every matmul through BLAS), bfloat16 (weights as stored), "
     "or auto (float32 on a CPU with a fast BLAS when it fits in a third of RAM).",
+)
+PromptOption = typer.Option(..., "--prompt", "-p", help="The text the model reads.")
+SystemOption = typer.Option(None, "--system", help="A system message for the chat template.")
+ChatOption = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template.")
+ThinkingOption = typer.Option(
+    False, "--thinking/--no-thinking", help="Qwen3's thinking switch (the lessons use it off)."
 )
 
 
@@ -28,22 +35,21 @@ def print_json(data: Any) -> None:
 def _jsonable(obj: Any):
     if hasattr(obj, "to_dict"):
         return obj.to_dict()
-    if hasattr(obj, "tolist"):
-        return obj.tolist()
     raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
 
 
-def parse_floats(values: list[str], option: str) -> tuple[float, ...]:
-    """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5)."""
+def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
+    """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5); kind=int for whole numbers."""
     from mlxinfer.errors import MlxinferError
 
     out = []
     for value in values:
         for part in value.replace(",", " ").split():
             try:
-                out.append(float(part))
+                out.append(kind(part))
             except ValueError:
-                raise MlxinferError(f"{option} takes numbers like 0.5,1.0,1.5; got '{part}'") from None
+                example = "0.5,1.0,1.5" if kind is float else "32,64,128"
+                raise MlxinferError(f"{option} takes numbers like {example}; got '{part}'") from None
     return tuple(out)
 
 
@@ -52,30 +58,32 @@ TempOption = typer.Option(None, "--temp", "--temperature", help="Divide scores b
 TopPOption = typer.Option(None, "--top-p", help="Keep the smallest set of top tokens holding at least p (1 = off).")
 TopKOption = typer.Option(None, "--top-k", help="Keep the k most likely tokens (0 = off).")
 MinPOption = typer.Option(None, "--min-p", help="Keep tokens with at least this fraction of the top probability.")
-RepetitionOption = typer.Option(None, "--repetition-penalty", help="Divide seen tokens' positive scores by this (1 = off).")
+RepetitionOption = typer.Option(
+    None, "--repetition-penalty", help="Divide seen tokens' positive scores by this (1 = off)."
+)
 PresenceOption = typer.Option(None, "--presence-penalty", help="Subtract this from every seen token's score.")
 FrequencyOption = typer.Option(None, "--frequency-penalty", help="Subtract this times a token's count so far.")
-OrderOption = typer.Option(None, "--order", help="'lesson' (temperature, then cut) or 'mlx-lm' (cut, then temperature).")
+OrderOption = typer.Option(
+    None, "--order", help="'lesson' (temperature, then cut) or 'mlx-lm' (cut, then temperature)."
+)
 
 
-def user_sampling(temp, top_p, top_k, min_p, repetition=None, presence=None, frequency=None, order=None) -> dict:
-    """The sampling options the user set, checked before any model loads."""
-    from dataclasses import replace
+def sampling(temp, top_p, top_k, min_p, repetition=None, presence=None, frequency=None, order=None) -> dict:
+    """The sampling options the user set (None: not set), checked before any model loads."""
+    from mlxinfer.settings import user_settings
 
-    from mlxinfer.sampler import SamplerSettings
-
-    user = {
-        "temperature": temp,
-        "top_p": top_p,
-        "top_k": top_k,
-        "min_p": min_p,
-        "repetition_penalty": repetition,
-        "presence_penalty": presence,
-        "frequency_penalty": frequency,
-        "order": order,
-    }
-    replace(SamplerSettings(), **{k: v for k, v in user.items() if v is not None}).validate()
-    return user
+    return user_settings(
+        {
+            "temperature": temp,
+            "top_p": top_p,
+            "top_k": top_k,
+            "min_p": min_p,
+            "repetition_penalty": repetition,
+            "presence_penalty": presence,
+            "frequency_penalty": frequency,
+            "order": order,
+        }
+    )
 
 
 def progress_bar(total: int, description: str, enabled: bool = True):

@@ -1,9 +1,21 @@
 """The one exception type for problems a user can fix.
 
-The CLI turns an ``MlxinferError`` into one line on stderr and exit code 2; any
-other exception is a bug and keeps its traceback.
+The library's messages name its Python parameters (`max_tokens must be at least 1, got 0`)
+and say which ones in `params`; the CLI swaps those names for its flags in one place
+(cli/flags.py) and prints one line on stderr with exit code 2. Any other exception is a
+bug and keeps its traceback.
 """
+
+from __future__ import annotations
 
 
 class MlxinferError(Exception):
-    """A problem with the user's input: the message names it and the fix."""
+    """A problem with the user's input: the message names it and the fix.
+
+    params: the parameter names the message mentions, in the words of the message, so
+    that a front end can name its own options instead.
+    """
+
+    def __init__(self, message: str, *params: str):
+        super().__init__(message)
+        self.params = params

@@ -7,6 +7,9 @@ The lesson's chain, each stage a small pure function over MLX arrays:
            -> cut the tail (apply_top_k, apply_top_p, apply_min_p) and rescale to 1
            -> draw one token                      temperature 0: argmax instead
 
+The settings (``SamplerSettings``) live in settings.py, without mlx; the tables that show
+what the chain does (the next-token table, ``explain``) in engine/tables.py.
+
 Two orders of the last steps (``SamplerSettings.order``):
 
 * ``"lesson"`` (default) is the order the lesson describes: divide by the temperature
@@ -17,133 +20,25 @@ Two orders of the last steps (``SamplerSettings.order``):
 
 Top-k keeps the same tokens in either order; top-p and min-p do not. With no cut the two
 orders are the same computation, and the draw is token-for-token identical to mlx-lm's
-under the same ``mx.random.seed``.
+under the same ``mx.random.seed``. A draw with an explicit ``key`` equals the global stream's:
+after ``mx.random.seed(s)`` the global stream is the key chain ``state = mx.random.key(s)``,
+then per draw ``state, sub = mx.random.split(state)``; each row of a batch carries its own
+chain (see engine/decode.py), so a seed draws the same tokens whatever shares its batch.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields, replace
 from functools import partial
-from typing import Callable, Sequence
+from typing import Callable
 
 import mlx.core as mx
+import numpy as np
 
 from .errors import MlxinferError
+from .settings import SamplerSettings
 
-ORDERS = ("lesson", "mlx-lm")
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # read from generation_config.json
 NEG_INF = -float("inf")
-
-
-# ----------------------------------------------------------------------------- settings
-@dataclass(frozen=True)
-class SamplerSettings:
-    temperature: float = 1.0  # 0 = greedy (argmax), whatever else is set
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-    min_p: float = 0.0  # 0.0 = off
-    min_tokens_to_keep: int = 1  # no cut keeps fewer (mlx-lm order: only min-p honours it)
-    repetition_penalty: float = 1.0  # 1.0 = off; HF/mlx-lm: seen scores / p if > 0, * p if < 0
-    presence_penalty: float = 0.0  # OpenAI: minus this once for every token seen
-    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count
-    logit_bias: dict[int, float] | None = None  # token id -> added to its score
-    penalty_window: int | None = None  # penalties look at the last N tokens; None = all given
-    order: str = "lesson"  # or "mlx-lm"
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature == 0
-
-    @property
-    def cuts_tail(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
-
-    @property
-    def adjusts(self) -> bool:
-        return bool(self.logit_bias or self.presence_penalty or self.frequency_penalty) or self.repetition_penalty != 1
-
-    def validate(self, where: str = "") -> "SamplerSettings":
-        """Return self, or raise MlxinferError with one line naming the setting and the fix."""
-        for name, ok, rule in _RULES:
-            value = getattr(self, name)
-            if not ok(value):
-                raise MlxinferError(f"{where + ': ' if where else ''}{name} must be {rule}, got {value!r}")
-        return self
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_generation_config(cls, cfg: dict, where: str = "generation_config.json") -> "SamplerSettings":
-        """The sampling fields of a generation_config.json (those it lacks stay off); do_sample
-        false means greedy. A *missing* do_sample, which transformers reads as false, keeps the
-        file's fields: "an app that never sets a temperature gets this file's settings"."""
-        return replace(cls(), **_config_values(cfg, where)).validate(where)
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-_RULES = (  # (setting, test, what it must be: the fix)
-    ("temperature", lambda v: _num(v) and v >= 0, ">= 0 (0 = greedy; e.g. 0.7)"),
-    ("top_p", lambda v: _num(v) and 0 < v <= 1, "in (0, 1] (1 = off; e.g. 0.9)"),
-    ("top_k", lambda v: _int(v) and v >= 0, "a whole number >= 0 (0 = off; e.g. 20)"),
-    ("min_p", lambda v: _num(v) and 0 <= v < 1, "in [0, 1) (0 = off; e.g. 0.05)"),
-    ("min_tokens_to_keep", lambda v: _int(v) and v >= 1, "a whole number >= 1"),
-    ("repetition_penalty", lambda v: _num(v) and v > 0, "> 0 (1 = off; e.g. 1.1)"),
-    ("presence_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2] as in OpenAI's API (0 = off)"),
-    ("frequency_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2] as in OpenAI's API (0 = off)"),
-    ("logit_bias", lambda v: v is None or isinstance(v, dict) and all(
-        _int(t) and t >= 0 and _num(b) and -100 <= b <= 100 for t, b in v.items()),
-     "a map of token ids >= 0 to biases in [-100, 100]"),
-    ("penalty_window", lambda v: v is None or _int(v) and v >= 1, "None (all) or a whole number >= 1"),
-    ("order", lambda v: v in ORDERS, "'lesson' or 'mlx-lm'"),
-)
-
-
-def _config_values(cfg: dict, where: str) -> dict:
-    if not isinstance(cfg, dict):
-        raise MlxinferError(f"{where} is not a JSON object; fix or delete the file")
-    values = {k: cfg[k] for k in SAMPLING_FIELDS if cfg.get(k) is not None}
-    if cfg.get("do_sample") is False:
-        values["temperature"] = 0.0
-    return values
-
-
-def resolve_settings(user: dict, generation_config: dict | None,
-                     where: str = "generation_config.json") -> tuple[SamplerSettings, str]:
-    """Merge the options the user set (``user``: field name -> value, None = not set) over the
-    model's generation_config.json, field by field, then SamplerSettings' defaults. Returns
-    the settings and a one-line note saying where the values came from."""
-    names = {f.name for f in fields(SamplerSettings)}
-    unknown = sorted(set(user) - names)
-    if unknown:
-        raise MlxinferError(f"unknown sampling option(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}")
-    mine = {k: v for k, v in user.items() if v is not None}
-    from_cfg = {}
-    if generation_config is not None:
-        from_cfg = {k: v for k, v in _config_values(generation_config, where).items() if k not in mine}
-        replace(SamplerSettings(), **from_cfg).validate(where)
-    settings = replace(SamplerSettings(), **{**from_cfg, **mine}).validate()
-
-    def show(keys):
-        return ", ".join(f"{k} {getattr(settings, k)}" for k in keys)
-
-    parts = [f"{show(mine)} set by you"] if mine else []
-    if from_cfg:
-        greedy = generation_config.get("do_sample") is False and "temperature" in from_cfg
-        parts.append(f"{show(from_cfg)} from the model's {where}" + (" (do_sample false: greedy)" if greedy else ""))
-    else:
-        parts.append(f"no {where}" if generation_config is None else f"{where} sets no sampling option")
-    if not mine and not from_cfg:
-        parts.insert(0, "mlxinfer defaults (temperature 1.0, nothing cut)")
-    return settings, "sampling: " + "; ".join(parts)
 
 
 # ----------------------------------------------------------------------------- adjustments
@@ -151,7 +46,9 @@ def _tokens(history, vocab_size: int) -> mx.array:
     tokens = history if isinstance(history, mx.array) else mx.array(list(history), dtype=mx.int32)
     tokens = tokens.reshape(-1).astype(mx.int32)
     if tokens.size and (mx.min(tokens).item() < 0 or mx.max(tokens).item() >= vocab_size):
-        raise MlxinferError(f"history has token ids outside 0..{vocab_size - 1}; pass ids from this model's vocabulary")
+        raise MlxinferError(
+            f"history has token ids outside 0..{vocab_size - 1}; pass ids from this model's vocabulary", "history"
+        )
     return tokens
 
 
@@ -161,13 +58,20 @@ def apply_logit_bias(logits: mx.array, bias: dict[int, float] | None) -> mx.arra
         return logits
     vocab = logits.shape[-1]
     if max(bias) >= vocab:
-        raise MlxinferError(f"logit_bias names token {max(bias)} but the vocabulary has {vocab}; use ids below that")
+        raise MlxinferError(
+            f"logit_bias names token {max(bias)} but the vocabulary has {vocab}; use ids below that", "logit_bias"
+        )
     idx = mx.array(list(bias.keys()), dtype=mx.int32)
     return logits.at[..., idx].add(mx.array(list(bias.values()), dtype=logits.dtype))
 
 
-def apply_penalties(logits: mx.array, history, repetition_penalty: float = 1.0,
-                    presence_penalty: float = 0.0, frequency_penalty: float = 0.0) -> mx.array:
+def apply_penalties(
+    logits: mx.array,
+    history,
+    repetition_penalty: float = 1.0,
+    presence_penalty: float = 0.0,
+    frequency_penalty: float = 0.0,
+) -> mx.array:
     """Penalise tokens already in ``history`` (token ids; a list or an mx.array).
 
     Repetition penalty as in transformers and mlx-lm (Keskar et al. 2019): the score of
@@ -190,16 +94,19 @@ def apply_penalties(logits: mx.array, history, repetition_penalty: float = 1.0,
     return out
 
 
-def apply_mask(logits: mx.array, allowed: mx.array | None) -> mx.array:
-    """Set every token where ``allowed`` (bool, shape (V,)) is False to -inf: probability
-    exactly 0. The hook for a grammar mask."""
+def apply_mask(logits: mx.array, allowed) -> mx.array:
+    """Set every token where ``allowed`` (bool, shape (V,); an mx.array or a numpy array) is False to
+    -inf: probability exactly 0. The hook for a grammar mask. A mask that allows nothing is an error;
+    a numpy mask is checked on the host, an mx.array one costs a sync."""
     if allowed is None:
         return logits
     if allowed.shape[-1] != logits.shape[-1]:
-        raise MlxinferError(f"mask has {allowed.shape[-1]} entries but the vocabulary has {logits.shape[-1]}")
-    if not mx.any(allowed).item():
-        raise MlxinferError("the mask allows no token; the grammar must allow at least one")
-    return mx.where(allowed, logits, NEG_INF)
+        raise MlxinferError(
+            f"mask has {allowed.shape[-1]} entries but the vocabulary has {logits.shape[-1]}", "allowed"
+        )
+    if not (allowed.any() if isinstance(allowed, np.ndarray) else mx.any(allowed).item()):
+        raise MlxinferError("the mask allows no token; the grammar must allow at least one", "allowed")
+    return mx.where(mx.array(allowed), logits, mx.array(NEG_INF, logits.dtype))
 
 
 def adjust(logits: mx.array, settings: SamplerSettings, history=None, allowed=None) -> mx.array:
@@ -207,7 +114,7 @@ def adjust(logits: mx.array, settings: SamplerSettings, history=None, allowed=No
     s = settings
     out = apply_logit_bias(logits, s.logit_bias)
     if history is not None and s.penalty_window is not None:
-        history = history[-s.penalty_window:]
+        history = history[-s.penalty_window :]
     out = apply_penalties(out, history, s.repetition_penalty, s.presence_penalty, s.frequency_penalty)
     return apply_mask(out, allowed)
 
@@ -228,6 +135,13 @@ def log_softmax(logits: mx.array) -> mx.array:
 
 def softmax(logits: mx.array) -> mx.array:
     return mx.softmax(logits, axis=-1)
+
+
+def probabilities(logits: mx.array, temperature: float) -> mx.array:
+    """softmax(logits / T) over the whole vocabulary; T = 0 puts all of it on the argmax."""
+    if temperature == 0:
+        return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
+    return softmax(apply_temperature(logits, temperature))
 
 
 # ----------------------------------------------------------------------------- cutting the tail
@@ -302,12 +216,15 @@ def _categorical(logits: mx.array, temperature: float) -> mx.array:
     return mx.random.categorical(logits * (1.0 / temperature))
 
 
-def draw(logprobs: mx.array, temperature: float) -> mx.array:
+def draw(logprobs: mx.array, temperature: float, key: mx.array | None = None) -> mx.array:
     """One token per row from softmax(logprobs / T), T = 0: the argmax. Cut tokens (-inf) are
-    never drawn; the kept ones are rescaled to 1 by the softmax. Seed with mx.random.seed."""
+    never drawn; the kept ones are rescaled to 1 by the softmax. Without a key the draw comes
+    from MLX's global stream (seed it with mx.random.seed), exactly as mlx-lm's does."""
     if temperature == 0:
         return mx.argmax(logprobs, axis=-1)
-    return _categorical(logprobs, temperature)
+    if key is None:
+        return _categorical(logprobs, temperature)
+    return mx.random.categorical(logprobs * (1.0 / temperature), key=key)
 
 
 class Sampler:
@@ -323,16 +240,16 @@ class Sampler:
     def __init__(self, settings: SamplerSettings | None = None, **options):
         self.settings = (settings if settings is not None else SamplerSettings(**options)).validate()
 
-    def draw(self, logprobs: mx.array) -> mx.array:
+    def draw(self, logprobs: mx.array, key: mx.array | None = None) -> mx.array:
         row = cut_tail(logprobs, self.settings)
-        return draw(row, self.settings.temperature)
+        return draw(row, self.settings.temperature, key)
 
-    def __call__(self, logits: mx.array, history=None, allowed=None) -> mx.array:
+    def __call__(self, logits: mx.array, history=None, allowed=None, key: mx.array | None = None) -> mx.array:
         if logits.size != logits.shape[-1]:
-            raise MlxinferError(f"the sampler takes one row of scores, got shape {tuple(logits.shape)}")
+            raise MlxinferError(f"the sampler takes one row of scores, got shape {tuple(logits.shape)}", "logits")
         row = adjust(logits.reshape(1, -1), self.settings, history, allowed)
         # generate_step's own expression, to the letter (no axis on a (1, V) row): same bits
-        return self.draw(row - mx.logsumexp(row, keepdims=True))
+        return self.draw(row - mx.logsumexp(row, keepdims=True), key)
 
 
 def make_sampler(settings: SamplerSettings) -> Callable[[mx.array], mx.array]:
@@ -350,97 +267,3 @@ def make_logits_processors(settings: SamplerSettings) -> list[Callable[[mx.array
     if not settings.adjusts:
         return []
     return [lambda tokens, logits: adjust(logits, settings, tokens)]
-
-
-# ----------------------------------------------------------------------------- views
-@dataclass
-class ExplainRow:
-    rank: int
-    token: int
-    score: float  # after the adjustments, before the temperature
-    prob: float  # at the temperature, over the whole vocabulary, before the cut
-    kept: bool
-    final_prob: float  # after the cut, rescaled to 1 (0 when cut)
-    text: str | None = None
-
-
-@dataclass
-class Explanation:
-    settings: dict
-    vocab_size: int
-    n_kept: int
-    mass_kept: float  # share of the temperature-T probability the cut keeps
-    mass_cut: float
-    rows: list[ExplainRow] = field(default_factory=list)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def _probs_at(logits: mx.array, temperature: float) -> mx.array:
-    if temperature == 0:
-        return (mx.arange(logits.shape[-1]) == mx.argmax(logits)).astype(mx.float32)
-    return softmax(apply_temperature(logits, temperature))
-
-
-def explain(logits: mx.array, settings: SamplerSettings, k: int = 10,
-            decode: Callable[[int], str] | None = None, history=None, allowed=None) -> Explanation:
-    """One step of the sampler as a table: the k best tokens by score, their probability
-    at the temperature, whether the cut keeps them and their rescaled probability."""
-    settings.validate()
-    x = adjust(logits.reshape(-1).astype(mx.float32), settings, history, allowed)
-    probs = _probs_at(x, settings.temperature)
-    kept = cut_tail(log_softmax(x), settings) > NEG_INF
-    mass_kept = mx.sum(mx.where(kept, probs, 0.0))
-    final = mx.where(kept, probs, 0.0) / mass_kept
-    top = mx.argsort(-x)[: min(k, x.shape[-1])]
-    ids, scores, p, kp, fp = (a.tolist() for a in (top, x[top], probs[top], kept[top], final[top]))
-    rows = [ExplainRow(r + 1, ids[r], scores[r], p[r], bool(kp[r]), fp[r], decode(ids[r]) if decode else None)
-            for r in range(len(ids))]
-    mk = mass_kept.item()
-    return Explanation(settings.to_dict(), x.shape[-1], int(mx.sum(kept).item()), mk, 1.0 - mk, rows)
-
-
-@dataclass
-class ProbabilityTable:
-    tokens: list[int]  # the k best by score, best first
-    scores: list[float]
-    probs: dict[float, list[float]]  # temperature -> probability of each row (whole-vocabulary softmax)
-    mass: dict[float, float]  # temperature -> total probability the k rows hold
-    vocab_size: int
-    texts: list[str] | None = None
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-
-def probability_table(logits: mx.array, temps: Sequence[float] = (0.5, 1.0, 1.5), k: int = 6,
-                      decode: Callable[[int], str] | None = None) -> ProbabilityTable:
-    """The lesson's table: the top k tokens by score and their probability at each temperature."""
-    x = logits.reshape(-1).astype(mx.float32)
-    if any(t < 0 for t in temps):
-        raise MlxinferError(f"temperatures must be >= 0, got {list(temps)}")
-    top = mx.argsort(-x)[: min(k, x.shape[-1])]
-    probs = {t: _probs_at(x, t)[top].tolist() for t in temps}
-    ids = top.tolist()
-    return ProbabilityTable(ids, x[top].tolist(), probs, {t: sum(v) for t, v in probs.items()},
-                            x.shape[-1], [decode(i) for i in ids] if decode else None)
-
-
-# ----------------------------------------------------------------------------- logprobs
-def logprob(p: float) -> float:
-    """The log of a probability: Apple at 0.574 -> -0.555."""
-    return math.log(p)
-
-
-def token_logprob(logits: mx.array, token: int) -> float:
-    """The log-probability of ``token`` under softmax(logits) (no temperature, no cut)."""
-    return log_softmax(logits.reshape(-1).astype(mx.float32))[token].item()
-
-
-def top_logprobs(logits: mx.array, k: int) -> list[tuple[int, float]]:
-    """The k most likely tokens and their log-probabilities, best first (OpenAI's top_logprobs)."""
-    lp = log_softmax(logits.reshape(-1).astype(mx.float32))
-    top = mx.argsort(-lp)[:k]
-    return list(zip(top.tolist(), lp[top].tolist()))
-

@@ -12,7 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from .errors import MlxinferError
-from .gguf import GGUFHeader
+from .formats.gguf import GGUFHeader
 
 # llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
 _GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -20,7 +20,8 @@ _QWEN2_WORDS = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _LLAMA3_WORDS = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
+    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 _PRE = {
     "gpt2": (False, _GPT2_WORDS),
@@ -73,9 +74,7 @@ def tokenizer_from_gguf(header: GGUFHeader):
     tokens = m["tokenizer.ggml.tokens"]
     types = m.get("tokenizer.ggml.token_type", [1] * len(tokens))
     merges = [tuple(line.split(" ", 1)) for line in m.get("tokenizer.ggml.merges", [])]
-    bpe = models.BPE(
-        vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe")
-    )
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe"))
     tok = Tokenizer(bpe)
     split_digits, words = _PRE[pre]
     steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
@@ -85,8 +84,12 @@ def tokenizer_from_gguf(header: GGUFHeader):
     ]
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
-    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED])
-    tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL])
+    tok.add_tokens(
+        [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
+    )
+    tok.add_special_tokens(
+        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
+    )
 
     def special(key):
         i = m.get(f"tokenizer.ggml.{key}_token_id")
@@ -106,18 +109,38 @@ def tokenizer_from_gguf(header: GGUFHeader):
 
 
 def encode_prompt(
-    tokenizer, prompt: str, *, chat: bool = True, system: str | None = None, thinking: bool = False
+    tokenizer, prompt: str | list[int], *, chat: bool = True, system: str | None = None, thinking: bool = False
 ) -> list[int]:
-    """The token ids the model reads: the prompt wrapped in the chat template, or plain text."""
+    """The token ids the model reads: the prompt wrapped in the chat template, or plain text.
+    Token ids (a list of ints) are taken as they are, checked against the vocabulary."""
+    if isinstance(prompt, (list, tuple)):
+        return _checked_ids(tokenizer, prompt)
+    if not isinstance(prompt, str):
+        raise MlxinferError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}", "prompt")
+    for name, text in (("prompt", prompt), ("system", system or "")):
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
     if not chat:
         return tokenizer.encode(prompt)
     if getattr(tokenizer, "chat_template", None) is None:
-        raise MlxinferError("this model has no chat template; pass --no-chat to feed the prompt as plain text")
+        raise MlxinferError(
+            "this model has no chat template; pass chat=False to feed the prompt as plain text", "chat=False"
+        )
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     try:
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
         )
     except Exception as e:  # a template error is the checkpoint's problem, not a bug here
-        raise MlxinferError(f"the model's chat template failed to render ({e}); try --no-chat") from None
+        raise MlxinferError(f"the model's chat template failed to render ({e}); try chat=False", "chat=False") from None
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def _checked_ids(tokenizer, ids) -> list[int]:
+    n = len(tokenizer)
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n]
+    if bad:
+        raise MlxinferError(f"prompt token ids must be whole numbers in 0..{n - 1}, got {bad[0]!r}", "prompt")
+    return list(ids)

@@ -20,15 +20,29 @@ import mlxinfer  # noqa: F401  (first: it loads a fast BLAS before anything impo
 
 from .policy import FLOAT_BITS, VALID_BITS, VALID_GROUP_SIZES, Policy  # noqa: E402
 
-__all__ = ["Policy", "VALID_BITS", "VALID_GROUP_SIZES", "FLOAT_BITS", "quantize", "convert_gguf", "evaluate",
-           "quantize_tensor", "dequantize_tensor"]
+__all__ = [
+    "Policy",
+    "VALID_BITS",
+    "VALID_GROUP_SIZES",
+    "FLOAT_BITS",
+    "quantize",
+    "convert_gguf",
+    "evaluate",
+    "quantize_tensor",
+    "dequantize_tensor",
+]
 
 
 def __getattr__(name):
     import importlib
 
-    where = {"quantize": "export", "convert_gguf": "export", "evaluate": "quality",
-             "quantize_tensor": "affine", "dequantize_tensor": "affine"}
+    where = {
+        "quantize": "export",
+        "convert_gguf": "export",
+        "evaluate": "quality",
+        "quantize_tensor": "affine",
+        "dequantize_tensor": "affine",
+    }
     if name in where:
         return getattr(importlib.import_module(f".{where[name]}", __name__), name)
     raise AttributeError(f"module 'quant' has no attribute {name!r}")

@@ -17,14 +17,21 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxinfer.compute import dequantize as dequantize_tensor  # noqa: F401  (part of quant's API)
-from mlxinfer.compute import dequantize_module
-from mlxinfer.weights import ours_to_hf
+from mlxinfer.model.compute import dequantize as dequantize_tensor  # noqa: F401  (part of quant's API)
+from mlxinfer.model.compute import dequantize_module
 
 QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
 TABLES = (nn.Linear, nn.Embedding) + QUANTIZED  # the modules a policy decides about
-DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "f16": "float16", "fp16": "float16", "float16": "float16",
-          "f32": "float32", "fp32": "float32", "float32": "float32"}
+DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "f16": "float16",
+    "fp16": "float16",
+    "float16": "float16",
+    "f32": "float32",
+    "fp32": "float32",
+    "float32": "float32",
+}
 
 
 def quantize_tensor(w: mx.array, group_size: int, bits: int) -> tuple[mx.array, mx.array, mx.array]:
@@ -40,15 +47,15 @@ def module_weight(module: nn.Module, dtype=mx.float32) -> mx.array:
 
 
 def tables(model: nn.Module) -> dict[str, nn.Module]:
-    """{our module path: module} for every Linear and Embedding (quantized or not), in model order."""
+    """{module path: module} for every Linear and Embedding (quantized or not), in model order."""
     found = [(path, m) for path, m in model.named_modules() if isinstance(m, TABLES)]
     return dict(sorted(found, key=lambda pm: _natural(pm[0])))
 
 
 def _natural(path: str) -> tuple:
-    """embed_tokens, layers.0..., layers.1..., layers.10..., lm_head: the order a reader expects."""
+    """model.embed_tokens, model.layers.0..., model.layers.10..., lm_head: the order a reader expects."""
+    parts = path.removeprefix("model.").split(".")
     first = {"embed_tokens": 0, "layers": 1, "norm": 2, "lm_head": 3}
-    parts = path.split(".")
     return (first.get(parts[0], 4),) + tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in parts)
 
 
@@ -63,7 +70,7 @@ def setting_of(module: nn.Module) -> tuple[int, int] | None:
 
 
 def float_tensors(model: nn.Module, dtype) -> dict[str, mx.array]:
-    """Every parameter under our names, in `dtype`: quantized weights dequantized, the rest cast.
+    """Every parameter by name, in `dtype`: quantized weights dequantized, the rest cast.
 
     mlx-lm's `convert` casts every floating parameter to the target dtype before it quantizes;
     so does this, so that a bf16 checkpoint's tensors reach mx.quantize unchanged.
@@ -80,14 +87,10 @@ def float_tensors(model: nn.Module, dtype) -> dict[str, mx.array]:
     return out
 
 
-def hf_name(ours: str) -> str:
-    return ours_to_hf(ours)
-
-
 def dtype_name(value: str) -> str:
     from mlxinfer.errors import MlxinferError
 
     name = DTYPES.get(str(value).lower())
     if name is None:
-        raise MlxinferError(f"--dtype {value} is not supported; use bf16, f16 or f32")
+        raise MlxinferError(f"dtype {value} is not supported; use bf16, f16 or f32", "dtype")
     return name

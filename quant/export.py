@@ -6,17 +6,16 @@ mlx-lm's `load`. Tensor names are Hugging Face's (`model.layers.0.self_attn.q_pr
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
 
-from mlxinfer import gguf
-from mlxinfer.compute import unpacked_parameter_count
-from mlxinfer.config import ModelConfig
 from mlxinfer.errors import MlxinferError
-from mlxinfer.loading import load as _load
-from mlxinfer.sources import resolve
+from mlxinfer.formats import gguf
+from mlxinfer.formats.config import ModelConfig
+from mlxinfer.formats.sources import is_embedded, resolve
+from mlxinfer.model.compute import unpacked_parameter_count
+from mlxinfer.model.loading import load as _load
 
 from . import affine, writer
 from .policy import Policy, check_divides, config_block
@@ -25,9 +24,18 @@ ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen
 _DROP = ("quantization", "quantization_config", "_name_or_path")
 
 
-def quantize(source=None, out=None, *, bits: int = 4, group_size: int = 64, head_bits: int | None = None,
-             embed_bits: int | None = None, dtype: str = "bfloat16", force: bool = False,
-             max_shard_bytes: int | str = writer.DEFAULT_SHARD_BYTES) -> dict:
+def quantize(
+    source=None,
+    out=None,
+    *,
+    bits: int = 4,
+    group_size: int = 64,
+    head_bits: int | None = None,
+    embed_bits: int | None = None,
+    dtype: str = "bfloat16",
+    force: bool = False,
+    max_shard_bytes: int | str = writer.DEFAULT_SHARD_BYTES,
+) -> dict:
     """Quantize (bits 2-8) or dequantize (bits 16) a model from any source into directory `out`.
 
     The weights are first brought to `dtype` (quantized sources dequantized in float32, then rounded
@@ -39,63 +47,74 @@ def quantize(source=None, out=None, *, bits: int = 4, group_size: int = 64, head
     dt = getattr(mx, affine.dtype_name(dtype))
     max_shard_bytes = writer.parse_size(max_shard_bytes)
     out = _check_out(out, force)
-    model, tokenizer = load(_source_arg(source))
+    model, tokenizer = load(source)
     _not_the_source(model, out)
     cfg = model.config
     tables = affine.tables(model)
-    modules = {affine.hf_name(p): affine.input_size(m) for p, m in tables.items()}
+    modules = {p: affine.input_size(m) for p, m in tables.items()}
     settings = policy.settings(modules, cfg.tie_word_embeddings)  # group sizes checked here, still nothing written
 
     floats = affine.float_tensors(model, dt)
     tensors = {}
-    for ours, value in floats.items():
-        module = ours.rpartition(".")[0]
-        setting = settings.get(affine.hf_name(module)) if ours.endswith(".weight") and module in tables else None
-        hf = affine.hf_name(ours)
+    for name, value in floats.items():
+        module = name.rpartition(".")[0]
+        setting = settings.get(module) if name.endswith(".weight") and module in tables else None
         if setting is None:
-            tensors[hf] = value
+            tensors[name] = value
             continue
         q, s, b = affine.quantize_tensor(value, *setting)
-        stem = hf.removesuffix(".weight")
+        stem = name.removesuffix(".weight")
         tensors.update({f"{stem}.weight": q, f"{stem}.scales": s, f"{stem}.biases": b})
     mx.eval(tensors)
     block = config_block(settings, (policy.group_size, policy.bits)) if policy.quantized else None
     config = _hf_config(model, affine.dtype_name(dtype), block)
     parameters = unpacked_parameter_count(model)
-    files = writer.write_model_dir(out, tensors=tensors, config=config, parameters=parameters,
-                                   write_tokenizer=lambda d: _write_tokenizer(model, tokenizer, d),
-                                   generation_config=_generation_config(model),
-                                   force=force, max_shard_bytes=max_shard_bytes)
-    return _summary("quantize", model, out, config, tensors, parameters, files,
-                    policy.describe(cfg.tie_word_embeddings))
+    files = writer.write_model_dir(
+        out,
+        tensors=tensors,
+        config=config,
+        parameters=parameters,
+        write_tokenizer=lambda d: _write_tokenizer(model, tokenizer, d),
+        generation_config=_generation_config(model),
+        force=force,
+        max_shard_bytes=max_shard_bytes,
+    )
+    return _summary(
+        "quantize", model, out, config, tensors, parameters, files, policy.describe(cfg.tie_word_embeddings)
+    )
 
 
-def convert_gguf(path, out, *, force: bool = False,
-                 max_shard_bytes: int | str = writer.DEFAULT_SHARD_BYTES) -> dict:
+def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str = writer.DEFAULT_SHARD_BYTES) -> dict:
     """A GGUF file to a model directory with the same numbers: Q4_0/Q4_1/Q8_0 tensors stay the MLX affine
     weights (group 32) `mx.load` reads them as, F32/F16/BF16 tensors stay as stored (norms in float32);
     only llama's q/k rows are put back in Hugging Face order, as the loader does."""
     max_shard_bytes = writer.parse_size(max_shard_bytes)
-    src = resolve(_source_arg(path))
+    src = resolve(path)
     if src.kind != "gguf":
         raise MlxinferError(f"{src.name} is not a GGUF file; convert reads .gguf files (use quantize for a directory)")
     out = _check_out(out, force)
     model, tokenizer = load(src.path)
     tables = affine.tables(model)
-    settings = {affine.hf_name(p): affine.setting_of(m) for p, m in tables.items()}
-    check_divides(settings, {affine.hf_name(p): affine.input_size(m) for p, m in tables.items()})
+    settings = {p: affine.setting_of(m) for p, m in tables.items()}
+    check_divides(settings, {p: affine.input_size(m) for p, m in tables.items()})
     from mlx.utils import tree_flatten
 
-    tensors = {affine.hf_name(k): v for k, v in tree_flatten(model.parameters())}
+    tensors = {k: v for k, v in tree_flatten(model.parameters())}
     scales = [v.dtype for k, v in tensors.items() if k.endswith(".scales")]
     floats = [v.dtype for k, v in tensors.items() if k.endswith(".weight") and v.dtype != mx.uint32]
     dtype = str((scales or floats)[0]).split(".")[-1]
     config = _hf_config(model, dtype, config_block(settings))
     parameters = unpacked_parameter_count(model)
-    files = writer.write_model_dir(out, tensors=tensors, config=config, parameters=parameters,
-                                   write_tokenizer=lambda d: _write_tokenizer(model, tokenizer, d),
-                                   generation_config=_generation_config(model),
-                                   force=force, max_shard_bytes=max_shard_bytes)
+    files = writer.write_model_dir(
+        out,
+        tensors=tensors,
+        config=config,
+        parameters=parameters,
+        write_tokenizer=lambda d: _write_tokenizer(model, tokenizer, d),
+        generation_config=_generation_config(model),
+        force=force,
+        max_shard_bytes=max_shard_bytes,
+    )
     kinds = sorted({t.type_name for t in gguf.read_header(src.path).tensors})
     return _summary("convert", model, out, config, tensors, parameters, files, "kept as stored: " + ", ".join(kinds))
 
@@ -105,31 +124,20 @@ def convert_gguf(path, out, *, force: bool = False,
 
 def load(source):
     """mlxinfer.load with the weights exactly as stored (quantized stays quantized): never a compute-dtype
-    conversion, whatever load's default becomes."""
-    import inspect
-
-    if "compute_dtype" in inspect.signature(_load).parameters:
-        return _load(source, compute_dtype="bfloat16")
-    return _load(source)
-
-
-def _source_arg(source):
-    """None, '' or 'embedded' (unless such a path exists): the embedded default model."""
-    if source is None or str(source) == "" or (str(source).lower() == "embedded" and not Path(str(source)).exists()):
-        return None
-    return source
+    conversion. None or 'embedded' is the embedded default model."""
+    return _load(None if is_embedded(source) else source, compute_dtype="bfloat16")
 
 
 def _check_out(out, force: bool) -> Path:
     if out is None or str(out) == "":
-        raise MlxinferError("no output directory given; pass OUT")
+        raise MlxinferError("out is empty; give an output directory", "out")
     out = Path(out).expanduser().absolute()
     writer.check_output(out, force)
     return out
 
 
 def _not_the_source(model, out: Path) -> None:
-    src = model.source.path.resolve()
+    src = model.info.source.path.resolve()
     if out.exists() and (src == out.resolve() or out.resolve() in src.parents):
         raise MlxinferError(f"{out} holds the source model; write to another directory")
 
@@ -137,7 +145,7 @@ def _not_the_source(model, out: Path) -> None:
 def _hf_config(model, dtype: str, block: dict | None) -> dict:
     """The source's config.json (a directory) or one written from GGUF metadata, with our dtype and block."""
     cfg: ModelConfig = model.config
-    if model.source.kind == "dir":
+    if model.info.source.kind == "dir":
         config = {k: v for k, v in cfg.raw.items() if k not in _DROP}
     else:
         config = {k: v for k, v in cfg.raw.items() if v is not None}
@@ -152,11 +160,16 @@ def _hf_config(model, dtype: str, block: dict | None) -> dict:
 
 def _gguf_extras(model) -> dict:
     cfg: ModelConfig = model.config
-    m = gguf.read_header(model.source.path).metadata
-    extras = {"architectures": [ARCHITECTURES[cfg.model_type]], "head_dim": cfg.head_dim,
-              "num_key_value_heads": cfg.num_key_value_heads, "attention_bias": cfg.attention_bias,
-              "rms_norm_eps": cfg.rms_norm_eps, "rope_theta": cfg.rope_theta,
-              "max_position_embeddings": cfg.max_position_embeddings}
+    m = gguf.read_header(model.info.source.path).metadata
+    extras = {
+        "architectures": [ARCHITECTURES[cfg.model_type]],
+        "head_dim": cfg.head_dim,
+        "num_key_value_heads": cfg.num_key_value_heads,
+        "attention_bias": cfg.o_bias,
+        "rms_norm_eps": cfg.rms_norm_eps,
+        "rope_theta": cfg.rope_theta,
+        "max_position_embeddings": cfg.max_position_embeddings,
+    }
     for key in ("bos", "eos"):
         if f"tokenizer.ggml.{key}_token_id" in m:
             extras[f"{key}_token_id"] = m[f"tokenizer.ggml.{key}_token_id"]
@@ -164,9 +177,9 @@ def _gguf_extras(model) -> dict:
 
 
 def _generation_config(model) -> dict | None:
-    if model.source.kind == "dir":
-        return model.generation_config
-    m = gguf.read_header(model.source.path).metadata
+    if model.info.source.kind == "dir":
+        return model.info.generation_config
+    m = gguf.read_header(model.info.source.path).metadata
     eos = [m[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in m]
     gen = {}
     if "tokenizer.ggml.bos_token_id" in m:
@@ -179,29 +192,30 @@ def _generation_config(model) -> dict | None:
 
 
 def _write_tokenizer(model, tokenizer, directory: Path) -> None:
-    if model.source.kind == "dir":
-        writer.copy_tokenizer_files(model.source.path, directory)
+    if model.info.source.kind == "dir":
+        writer.copy_tokenizer_files(model.info.source.path, directory)
     else:
         writer.save_gguf_tokenizer(tokenizer, directory, model.config.max_position_embeddings)
 
 
 def source_bytes(model) -> int:
     """Bytes of the source's tensors as stored: the GGUF tensor table, or the loaded safetensors."""
-    if model.source.kind == "gguf":
-        return sum(t.nbytes for t in gguf.read_header(model.source.path).tensors)
+    if model.info.source.kind == "gguf":
+        return sum(t.nbytes for t in gguf.read_header(model.info.source.path).tensors)
     from mlx.utils import tree_flatten
 
     return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
 
 
-def _summary(kind: str, model, out: Path, config: dict, tensors: dict, parameters: int, files: list[dict],
-             policy: str) -> dict:
+def _summary(
+    kind: str, model, out: Path, config: dict, tensors: dict, parameters: int, files: list[dict], policy: str
+) -> dict:
     tensor_bytes = sum(v.nbytes for v in tensors.values())
     before = source_bytes(model)
     return {
         "command": kind,
-        "source": model.source.name,
-        "source_kind": model.source.kind,
+        "source": model.info.source.name,
+        "source_kind": model.info.source.kind,
         "out": str(out),
         "policy": policy,
         "dtype": config["torch_dtype"],
@@ -214,7 +228,3 @@ def _summary(kind: str, model, out: Path, config: dict, tensors: dict, parameter
         "file_bytes": sum(f["bytes"] for f in files),
         "files": files,
     }
-
-
-def read_config(directory: Path) -> dict:
-    return json.loads((Path(directory) / "config.json").read_text())

@@ -16,18 +16,21 @@ FLOAT_BITS = 16  # "no quantization": the weights stay in the float dtype
 EMBED, HEAD = "model.embed_tokens", "lm_head"
 
 
-def check_bits(bits: int, option: str = "--bits", allow_float: bool = True) -> int:
+def check_bits(bits: int, option: str = "bits", allow_float: bool = True) -> int:
     allowed = VALID_BITS + ((FLOAT_BITS,) if allow_float else ())
     if isinstance(bits, bool) or not isinstance(bits, int) or bits not in allowed:
         extra = f" (or {FLOAT_BITS}: no quantization)" if allow_float else ""
-        raise MlxinferError(f"{option} {bits} is not supported; use one of {', '.join(map(str, VALID_BITS))}{extra}")
+        raise MlxinferError(
+            f"{option} {bits} is not supported; use one of {', '.join(map(str, VALID_BITS))}{extra}", option
+        )
     return bits
 
 
-def check_group_size(group_size: int, option: str = "--group-size") -> int:
+def check_group_size(group_size: int) -> int:
     if isinstance(group_size, bool) or group_size not in VALID_GROUP_SIZES:
         raise MlxinferError(
-            f"{option} {group_size} is not supported; use one of {', '.join(map(str, VALID_GROUP_SIZES))}"
+            f"group_size {group_size} is not supported; use one of {', '.join(map(str, VALID_GROUP_SIZES))}",
+            "group_size",
         )
     return group_size
 
@@ -48,12 +51,14 @@ class Policy:
     def __post_init__(self):
         check_bits(self.bits)
         check_group_size(self.group_size)
-        for option, value in (("--head-bits", self.head_bits), ("--embed-bits", self.embed_bits)):
+        for option, value in (("head_bits", self.head_bits), ("embed_bits", self.embed_bits)):
             if value is None:
                 continue
             check_bits(value, option)
             if self.bits == FLOAT_BITS and value != FLOAT_BITS:
-                raise MlxinferError(f"{option} {value} needs a quantized model; --bits is {FLOAT_BITS} (float)")
+                raise MlxinferError(
+                    f"{option} {value} needs a quantized model; bits is {FLOAT_BITS} (float)", option, "bits"
+                )
 
     @property
     def quantized(self) -> bool:
@@ -61,11 +66,17 @@ class Policy:
 
     def bits_for(self, module: str, tied: bool) -> int:
         """Bits for one module (Hugging Face path); FLOAT_BITS means left in float."""
-        if tied and module == EMBED and None not in (self.head_bits, self.embed_bits) \
-                and self.head_bits != self.embed_bits:
+        if (
+            tied
+            and module == EMBED
+            and None not in (self.head_bits, self.embed_bits)
+            and self.head_bits != self.embed_bits
+        ):
             raise MlxinferError(
-                f"this model ties its embedding and output tables (one table), but --head-bits {self.head_bits} "
-                f"and --embed-bits {self.embed_bits} differ; give one of them"
+                f"this model ties its embedding and output tables (one table), but head_bits {self.head_bits} "
+                f"and embed_bits {self.embed_bits} differ; give one of them",
+                "head_bits",
+                "embed_bits",
             )
         if module == HEAD or (tied and module == EMBED and self.head_bits is not None):
             return self.head_bits if self.head_bits is not None else self.bits
@@ -76,7 +87,7 @@ class Policy:
     def settings(self, modules: dict[str, int], tied: bool) -> dict[str, tuple[int, int] | None]:
         """{module: (group_size, bits) or None (float)} for modules {hf path: input size}; checks the groups."""
         out = {}
-        for name, in_features in modules.items():
+        for name in modules:
             bits = self.bits_for(name, tied)
             out[name] = None if bits == FLOAT_BITS else (self.group_size, bits)
         check_divides(out, modules)
@@ -105,9 +116,9 @@ def check_divides(settings: dict[str, tuple[int, int] | None], modules: dict[str
         group_size, n = setting[0], modules[name]
         if n % group_size:
             fits = [g for g in VALID_GROUP_SIZES if n % g == 0]
-            hint = f"use --group-size {' or '.join(map(str, fits))}" if fits else "no supported group size fits it"
+            hint = f"use group_size {' or '.join(map(str, fits))}" if fits else "no supported group size fits it"
             raise MlxinferError(
-                f"group size {group_size} does not divide the input size {n} of layer {name}; {hint}"
+                f"group size {group_size} does not divide the input size {n} of layer {name}; {hint}", "group_size"
             )
 
 

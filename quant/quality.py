@@ -24,11 +24,12 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlxinfer.compute import to_float32, unpacked_parameter_count
 from mlxinfer.errors import MlxinferError
+from mlxinfer.formats.sources import is_embedded
+from mlxinfer.model.compute import to_float32, unpacked_parameter_count
 
 from . import affine
-from .export import _source_arg, load, source_bytes
+from .export import load, source_bytes
 
 TEXT = Path(__file__).parent / "data" / "eval.txt"
 DEFAULT_WINDOW = 512
@@ -75,29 +76,37 @@ class QualityReport:
         return "\n".join(lines)
 
 
-def evaluate(reference, candidates, *, max_tokens: int | None = None, window: int = DEFAULT_WINDOW,
-             text: str | Path | None = None, names: list[str] | None = None, progress=None) -> QualityReport:
+def evaluate(
+    reference,
+    candidates,
+    *,
+    max_tokens: int | None = None,
+    window: int = DEFAULT_WINDOW,
+    text: str | Path | None = None,
+    names: list[str] | None = None,
+    progress=None,
+) -> QualityReport:
     """Compare each candidate with the reference over the text (see the module docstring).
 
     progress: an optional callable given one line of text as each model is done."""
     say = progress or (lambda _line: None)
     if not candidates:
-        raise MlxinferError("give at least one candidate model to compare with the reference")
+        raise MlxinferError("candidates is empty; give at least one model to compare with the reference", "candidates")
     if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-        raise MlxinferError(f"--window must be 2 tokens or more, got {window!r}")
+        raise MlxinferError(f"window must be 2 tokens or more, got {window!r}", "window")
     if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
-        raise MlxinferError(f"--max-tokens must be 2 or more, got {max_tokens!r}")
+        raise MlxinferError(f"max_tokens must be 2 or more, got {max_tokens!r}", "max_tokens")
     path = Path(text) if text else TEXT
     if not path.is_file():
-        raise MlxinferError(f"no text file at {path}")
+        raise MlxinferError(f"text: no file at {path}", "text")
     sources = [reference, *candidates]
     labels = names or [_label(s) for s in sources]
 
-    ref_model, ref_tok = load(_source_arg(reference))
+    ref_model, ref_tok = load(reference)
     ids = ref_tok.encode(path.read_text(encoding="utf-8"))
     if max_tokens is not None:
         ids = ids[:max_tokens]
-    windows = [ids[i:i + window] for i in range(0, len(ids), window)]
+    windows = [ids[i : i + window] for i in range(0, len(ids), window)]
     windows = [w for w in windows if len(w) >= 2]
     if not windows:
         raise MlxinferError(f"{path} gives fewer than 2 tokens; nothing to compare")
@@ -116,10 +125,11 @@ def evaluate(reference, candidates, *, max_tokens: int | None = None, window: in
 
     rows = []
     for source, label in zip(candidates, labels[1:]):
-        model, tok = load(_source_arg(source))
-        if tok.encode(path.read_text(encoding="utf-8"))[:len(ids)] != ids:
-            raise MlxinferError(f"{label} tokenizes the text differently from the reference; "
-                                "compare models that share a tokenizer")
+        model, tok = load(source)
+        if tok.encode(path.read_text(encoding="utf-8"))[: len(ids)] != ids:
+            raise MlxinferError(
+                f"{label} tokenizes the text differently from the reference; compare models that share a tokenizer"
+            )
         row = _describe(model, label)
         to_float32(model)
         nll = kl_sum = agree = 0.0
@@ -140,8 +150,9 @@ def evaluate(reference, candidates, *, max_tokens: int | None = None, window: in
         rows.append(row)
         say(f"{label}: mean KL {row.kl_mean:.4f}, top-1 {row.top1_agreement:.1%}, perplexity {row.perplexity:.3f}")
         del model
-    return QualityReport(text=path.name, tokens=len(ids), positions=positions, window=window,
-                         reference=ref_row, candidates=rows)
+    return QualityReport(
+        text=path.name, tokens=len(ids), positions=positions, window=window, reference=ref_row, candidates=rows
+    )
 
 
 def _log_probs(model: nn.Module, window: list[int]) -> mx.array:
@@ -158,7 +169,7 @@ def _nll(lp: mx.array, window: list[int]) -> float:
 
 
 def _label(source) -> str:
-    if _source_arg(source) is None:
+    if is_embedded(source):
         return "embedded"
     return Path(str(source)).name or str(source)
 
@@ -166,17 +177,29 @@ def _label(source) -> str:
 def _describe(model: nn.Module, label: str) -> ModelQuality:
     nbytes = source_bytes(model)
     params = unpacked_parameter_count(model)
-    return ModelQuality(name=label, weights=weights_summary(model), parameters=params, bytes=nbytes,
-                        bits_per_weight=8 * nbytes / params, perplexity=float("nan"))
+    return ModelQuality(
+        name=label,
+        weights=weights_summary(model),
+        parameters=params,
+        bytes=nbytes,
+        bits_per_weight=8 * nbytes / params,
+        perplexity=float("nan"),
+    )
 
 
 def weights_summary(model: nn.Module) -> str:
     """The common setting of the Linear/Embedding weights, then the modules that differ (HF names)."""
     from mlx.utils import tree_flatten
 
-    float_dtype = next((str(p.dtype).split(".")[-1] for n, p in tree_flatten(model.parameters())
-                        if mx.issubdtype(p.dtype, mx.floating) and not n.endswith((".scales", ".biases"))), "float")
-    settings = {affine.hf_name(p): affine.setting_of(m) for p, m in affine.tables(model).items()}
+    float_dtype = next(
+        (
+            str(p.dtype).split(".")[-1]
+            for n, p in tree_flatten(model.parameters())
+            if mx.issubdtype(p.dtype, mx.floating) and not n.endswith((".scales", ".biases"))
+        ),
+        "float",
+    )
+    settings = {p: affine.setting_of(m) for p, m in affine.tables(model).items()}
 
     def text(s):
         return float_dtype if s is None else f"{s[1]}-bit g{s[0]}"
@@ -187,7 +210,7 @@ def weights_summary(model: nn.Module) -> str:
     common = max(counts, key=lambda s: counts[s])
     tied = model.config.tie_word_embeddings
     others = [f"{_short(n, tied)} {text(s)}" for n, s in settings.items() if s != common]
-    prefix = "GGUF " if model.source.kind == "gguf" else ""
+    prefix = "GGUF " if model.info.source.kind == "gguf" else ""
     return prefix + text(common) + ("; " + ", ".join(others) if others else "")
 
 

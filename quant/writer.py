@@ -24,11 +24,29 @@ import mlx.core as mx
 from mlxinfer.errors import MlxinferError
 
 DEFAULT_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "chat_template.jinja", "chat_template.json", "vocab.json", "merges.txt", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "tokenizer.model",
+)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB|KiB|MiB|GiB|TiB)?\s*", re.IGNORECASE)
-_UNITS = {"b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}
+_UNITS = {
+    "b": 1,
+    "kb": 10**3,
+    "mb": 10**6,
+    "gb": 10**9,
+    "tb": 10**12,
+    "kib": 2**10,
+    "mib": 2**20,
+    "gib": 2**30,
+    "tib": 2**40,
+}
 
 
 def parse_size(text: str | int) -> int:
@@ -38,10 +56,12 @@ def parse_size(text: str | int) -> int:
     else:
         m = _SIZE.fullmatch(str(text))
         if not m:
-            raise MlxinferError(f"cannot read the size {text!r}; write e.g. 5GB, 500MB or 2GiB")
+            raise MlxinferError(
+                f"max_shard_bytes: cannot read the size {text!r}; write e.g. 5GB, 500MB or 2GiB", "max_shard_bytes"
+            )
         n = int(float(m.group(1)) * _UNITS[(m.group(2) or "b").lower()])
     if n < 1:
-        raise MlxinferError(f"a shard size must be positive, got {text!r}")
+        raise MlxinferError(f"max_shard_bytes must be positive, got {text!r}", "max_shard_bytes")
     return n
 
 
@@ -50,7 +70,9 @@ def check_output(out: Path, force: bool) -> None:
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise MlxinferError(f"{out} exists and is not a directory; choose another output directory")
     if out.is_dir() and any(out.iterdir()) and not force:
-        raise MlxinferError(f"{out} exists and is not empty; pass --force to replace it, or choose another OUT")
+        raise MlxinferError(
+            f"{out} exists and is not empty; pass force to replace it, or choose another out", "force", "out"
+        )
 
 
 @contextmanager
@@ -91,8 +113,9 @@ def _umask() -> int:
     return mask
 
 
-def save_weights(directory: Path, tensors: dict[str, mx.array], parameters: int,
-                 max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[str]:
+def save_weights(
+    directory: Path, tensors: dict[str, mx.array], parameters: int, max_shard_bytes: int = DEFAULT_SHARD_BYTES
+) -> list[str]:
     """model.safetensors, or shards plus model.safetensors.index.json past max_shard_bytes (mlx-lm's rule:
     a tensor larger than the limit gets a shard of its own)."""
     shards: list[dict[str, mx.array]] = []
@@ -111,8 +134,10 @@ def save_weights(directory: Path, tensors: dict[str, mx.array], parameters: int,
         mx.save_safetensors(str(directory / fname), shard, metadata={"format": "mlx"})
         weight_map.update({k: fname for k in shard})
     if n > 1:
-        index = {"metadata": {"total_size": sum(v.nbytes for v in tensors.values()), "total_parameters": parameters},
-                 "weight_map": dict(sorted(weight_map.items()))}
+        index = {
+            "metadata": {"total_size": sum(v.nbytes for v in tensors.values()), "total_parameters": parameters},
+            "weight_map": dict(sorted(weight_map.items())),
+        }
         (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=4) + "\n")
         names.append("model.safetensors.index.json")
     return names
@@ -151,9 +176,17 @@ def save_gguf_tokenizer(tokenizer, directory: Path, max_length: int | None) -> N
     path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
 
 
-def write_model_dir(out: Path, *, tensors: dict[str, mx.array], config: dict, parameters: int,
-                    write_tokenizer: Callable[[Path], None], generation_config: dict | None,
-                    force: bool = False, max_shard_bytes: int = DEFAULT_SHARD_BYTES) -> list[dict]:
+def write_model_dir(
+    out: Path,
+    *,
+    tensors: dict[str, mx.array],
+    config: dict,
+    parameters: int,
+    write_tokenizer: Callable[[Path], None],
+    generation_config: dict | None,
+    force: bool = False,
+    max_shard_bytes: int = DEFAULT_SHARD_BYTES,
+) -> list[dict]:
     """Write the whole directory atomically; returns [{name, bytes}] of its files."""
     with staged(out, force) as tmp:
         save_weights(tmp, tensors, parameters, max_shard_bytes)

@@ -17,7 +17,7 @@ CORPUS = [
     "Name one herb to add to tomato soup. Answer with one word.",
     "Name one fruit. Answer with one word.",
     "The cat sat on the mat. Thyme, basil, dill, oregano, rosemary.",
-    "Apple, mango, banana, cherry, grape 0123456789 {}[]\":,",
+    'Apple, mango, banana, cherry, grape 0123456789 {}[]":,',
 ] * 4
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"

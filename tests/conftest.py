@@ -40,7 +40,9 @@ def checkpoint_dir(tmp_path_factory):
             if bits is None:
                 made[key] = checkpoints.write_checkpoint(root / arch, arch)
             else:
-                made[key] = checkpoints.quantized_copy(get(arch), root / f"{arch}-{bits}bit-g{group_size}", bits, group_size)
+                made[key] = checkpoints.quantized_copy(
+                    get(arch), root / f"{arch}-{bits}bit-g{group_size}", bits, group_size
+                )
         return made[key]
 
     return get
@@ -49,7 +51,7 @@ def checkpoint_dir(tmp_path_factory):
 @pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct as stored (4-bit GGUF), loaded once: (model, tokenizer)."""
-    return mlxinfer.load(None)
+    return mlxinfer.load(None, compute_dtype="bfloat16")
 
 
 @pytest.fixture(scope="session")

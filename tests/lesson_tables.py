@@ -108,8 +108,9 @@ def _logsumexp(x: np.ndarray) -> float:
     return float(m + np.log(np.exp(x - m).sum()))
 
 
-def model_probs(table: PublishedTable, exponent: float, offset: float, mass: float,
-                vocab: int = VOCAB_SIZE, head: int = 3) -> dict:
+def model_probs(
+    table: PublishedTable, exponent: float, offset: float, mass: float, vocab: int = VOCAB_SIZE, head: int = 3
+) -> dict:
     """Closed-form softmax of the modelled vector at each published temperature (pure numpy,
     independent of mlxinfer): temperature -> (known rows' probabilities, first ``head`` tail rows)."""
     known = np.log(np.array(table.probs[1.0]))
@@ -146,8 +147,12 @@ def fit_tail(table: PublishedTable) -> TailFit:
     halve the step when none does), restarted at the coarse step until a restart no longer
     moves. Deterministic; about half a minute of CPU per table."""
     m0 = 1.0 - sum(table.probs[1.0])
-    grid = [(s, np.log(c), m0 + dm) for s in np.linspace(1.0, 4.0, 13) for c in np.geomspace(0.5, 512, 11)
-            for dm in (-0.003, 0.0, 0.003)]
+    grid = [
+        (s, np.log(c), m0 + dm)
+        for s in np.linspace(1.0, 4.0, 13)
+        for c in np.geomspace(0.5, 512, 11)
+        for dm in (-0.003, 0.0, 0.003)
+    ]
     loss = lambda p: fit_loss(table, p[0], float(np.exp(p[1])), p[2])  # noqa: E731
     best = min(grid, key=loss)
     moves = [np.array((a, b, d)) for a in (-1, 0, 1) for b in (-1, 0, 1) for d in (-1, 0, 1) if (a, b, d) != (0, 0, 0)]
@@ -166,8 +171,9 @@ def fit_tail(table: PublishedTable) -> TailFit:
     return TailFit(s, float(np.exp(logc)), m, float(np.max(np.abs(fit_errors(table, s, np.exp(logc), m)))))
 
 
-def score_vector(table: PublishedTable, fit: TailFit, vocab: int = VOCAB_SIZE,
-                 shift: float = 0.0, seed: int = 0) -> tuple[np.ndarray, dict[str, int]]:
+def score_vector(
+    table: PublishedTable, fit: TailFit, vocab: int = VOCAB_SIZE, shift: float = 0.0, seed: int = 0
+) -> tuple[np.ndarray, dict[str, int]]:
     """A float32 score vector of `vocab` entries: the known rows at log p_i + shift, the tail
     at log q_j + shift, placed at positions of a fixed permutation (so no row sits at an
     index that reveals its rank). Returns the vector and each known token's id."""

@@ -7,12 +7,13 @@ import json
 import pytest
 from conftest import assert_one_line_error, invoke_cli
 
-from mlxinfer.bench import bytes_per_token, run_bench
+from mlxinfer.engine.bench import bytes_per_token, run_bench
 
 
 def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
-    report = run_bench(str(checkpoint_dir("llama", 4, 64)), prompt_tokens=(4, 9), gen_tokens=3, repeats=1,
-                       bandwidth_gb_s=10.0)
+    report = run_bench(
+        str(checkpoint_dir("llama", 4, 64)), prompt_tokens=(4, 9), gen_tokens=3, repeats=1, bandwidth_gb_s=10.0
+    )
     engines = {r.engine for r in report.rows}
     assert engines == {"mlx-lm", "mlxinfer", "mlxinfer float32"}
     assert len(report.rows) == 6
@@ -24,24 +25,44 @@ def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
     # the roofline: float32 weights are bigger than 4-bit ones, so their bound is lower
     assert report.roofline["mlxinfer float32"]["bytes_per_token"] > report.roofline["mlxinfer"]["bytes_per_token"]
     assert report.roofline["mlxinfer"]["max_tokens_per_s"] == pytest.approx(
-        10.0e9 / report.roofline["mlxinfer"]["bytes_per_token"])
+        10.0e9 / report.roofline["mlxinfer"]["bytes_per_token"]
+    )
 
 
 def test_bytes_per_token_skips_the_untied_embedding(checkpoint_dir):
     import mlxinfer
 
-    model, _ = mlxinfer.load(checkpoint_dir("llama"))  # untied: the lookup reads one row, lm_head is read whole
+    model, _ = mlxinfer.load(
+        checkpoint_dir("llama"), compute_dtype="bfloat16"
+    )  # untied: the lookup reads one row, lm_head is read whole
     cfg = model.config
-    layer = 2 * cfg.hidden_size + 2 * cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim \
-        + 2 * cfg.hidden_size * cfg.num_key_value_heads * cfg.head_dim + 3 * cfg.hidden_size * cfg.intermediate_size
+    layer = (
+        2 * cfg.hidden_size
+        + 2 * cfg.hidden_size * cfg.num_attention_heads * cfg.head_dim
+        + 2 * cfg.hidden_size * cfg.num_key_value_heads * cfg.head_dim
+        + 3 * cfg.hidden_size * cfg.intermediate_size
+    )
     params = cfg.num_hidden_layers * layer + cfg.hidden_size + cfg.vocab_size * cfg.hidden_size
     assert bytes_per_token(model, tied=False) == 2 * params  # bf16
 
 
 def test_bench_cli_json_and_bad_input(checkpoint_dir):
     path = str(checkpoint_dir("qwen3"))
-    out = invoke_cli("bench", "-m", path, "--prompt-tokens", "4", "--gen-tokens", "2", "--repeats", "1", "--no-fast",
-                     "--bandwidth", "5", "--json")
+    out = invoke_cli(
+        "bench",
+        "-m",
+        path,
+        "--prompt-tokens",
+        "4",
+        "--gen-tokens",
+        "2",
+        "--repeats",
+        "1",
+        "--no-fast",
+        "--bandwidth",
+        "5",
+        "--json",
+    )
     assert out.returncode == 0, out.stderr
     data = json.loads(out.stdout)
     assert {r["engine"] for r in data["rows"]} == {"mlx-lm", "mlxinfer"}

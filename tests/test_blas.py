@@ -21,16 +21,15 @@ import pytest
 from conftest import ROOT, run_cli
 
 import mlxinfer
-from mlxinfer import blas
-from mlxinfer.compute import (
+from mlxinfer.cpu import blas
+from mlxinfer.errors import MlxinferError
+from mlxinfer.model.compute import (
     RAM_FRACTION,
     auto_rule,
     choose_compute_dtype,
     float32_nbytes,
-    to_float32,
     weights_kind,
 )
-from mlxinfer.errors import MlxinferError
 from mlxinfer.tokenizer import encode_prompt
 
 N_TOKENS = 32
@@ -103,16 +102,18 @@ def quantized_float32_activations():
     norms) in float32, so that MLX's quantized matmul runs with float32 activations."""
     from mlx.utils import tree_map
 
-    model, _ = mlxinfer.load(None)
-    model.update(tree_map(lambda p: p.astype(mx.float32) if p.dtype in (mx.float16, mx.bfloat16) else p,
-                          model.parameters()))
+    model, _ = mlxinfer.load(None, compute_dtype="bfloat16")
+    model.update(
+        tree_map(lambda p: p.astype(mx.float32) if p.dtype in (mx.float16, mx.bfloat16) else p, model.parameters())
+    )
     assert weights_kind(model).startswith("4-bit quantized (activations float32")
     return model
 
 
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_4bit_weights_with_float32_activations_match_float32_path_within_1e_3(
-        name, quantized_float32_activations, float32_model, embedded):
+    name, quantized_float32_activations, float32_model, embedded
+):
     text, chat = PROMPTS[name]
     tok = embedded[1]
     ids = mx.array([encode_prompt(tok, text) if chat else tok.encode(text)])
@@ -129,13 +130,13 @@ def test_float32_model_has_no_quantized_or_half_weights(float32_model):
     assert not kinds & {nn.QuantizedLinear, nn.QuantizedEmbedding}
     assert {str(p.dtype) for _, p in tree_flatten(float32_model.parameters())} == {"mlx.core.float32"}
     assert weights_kind(float32_model) == "float32"
-    assert isinstance(float32_model.embed_tokens, nn.Embedding)  # tied output table: as_linear is a matmul
+    assert isinstance(float32_model.model.embed_tokens, nn.Embedding)  # tied output table: as_linear is a matmul
 
 
 def test_to_float32_is_the_exact_dequantization(embedded, float32_model):
     """Converted weights equal the 4-bit tensors dequantized in float32 (s * q + b), bit for bit."""
     quantized = embedded[0]
-    pairs = [(quantized.embed_tokens, float32_model.embed_tokens)]
+    pairs = [(quantized.model.embed_tokens, float32_model.model.embed_tokens)]
     for i in (0, len(quantized.layers) - 1):
         q_mods, f_mods = dict(quantized.layers[i].named_modules()), dict(float32_model.layers[i].named_modules())
         pairs += [(m, f_mods[path]) for path, m in q_mods.items() if isinstance(m, nn.QuantizedLinear)]
@@ -202,6 +203,15 @@ def test_bad_blas_path_warns_once_and_falls_back(kind, tmp_path):
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
+def test_this_test_process_runs_on_the_fast_blas():
+    """conftest imports mlxinfer before anything imports mlx; a sorter that moved it after would
+    quietly send every float32 matmul of the suite to the reference BLAS (5-10x slower)."""
+    installed = blas.find_mkl() or blas.find_openblas_shim()
+    if os.environ.get(blas.ENV, "").lower() in ("none", "off", "0") or not installed:
+        pytest.skip("no fast BLAS installed here")
+    assert blas.status()["active"], blas.status()
+
+
 def test_blas_none_disables_quietly():
     result, info = _info_json({"MLXINFER_BLAS": "none"})
     assert result.stderr.strip() == ""
@@ -211,9 +221,15 @@ def test_blas_none_disables_quietly():
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
 def test_mlx_imported_first_is_recorded_not_fatal():
-    code = "import mlx.core, json, mlxinfer; print(json.dumps(mlxinfer.blas.status()))"
-    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "MLXINFER_BLAS": "auto"}, timeout=120)
+    code = "import mlx.core, json, mlxinfer; print(json.dumps(mlxinfer.cpu.blas.status()))"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLXINFER_BLAS": "auto"},
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["active"] is False and "mlx imported first" in status["reason"]
@@ -226,10 +242,13 @@ LIBRARIES = {  # MLXINFER_BLAS value -> (status library name, file name prefix, 
     "mkl": ("MKL", "libmkl_rt.so", sys.platform == "linux" and blas.find_mkl() is not None),
     "openblas": ("OpenBLAS", blas.SHIM_NAME, sys.platform == "linux" and blas.find_openblas_shim() is not None),
 }
-fast_blas = pytest.mark.parametrize("library", [
-    pytest.param(name, marks=pytest.mark.skipif(not here, reason=f"{name} is not installed/built (see blas.py)"))
-    for name, (_, _, here) in LIBRARIES.items()
-])
+fast_blas = pytest.mark.parametrize(
+    "library",
+    [
+        pytest.param(name, marks=pytest.mark.skipif(not here, reason=f"{name} is not installed/built (see blas.py)"))
+        for name, (_, _, here) in LIBRARIES.items()
+    ],
+)
 
 
 @fast_blas
@@ -260,7 +279,7 @@ b = rng.standard_normal((129, 513)).astype(np.float32)
 x = rng.standard_normal((1, 513)).astype(np.float32)
 T = lambda m: mx.array(np.ascontiguousarray(m.T)).T  # the same values, stored transposed
 f64 = lambda m: m.astype(np.float64)
-out = {"status": mlxinfer.blas.status()}
+out = {"status": mlxinfer.cpu.blas.status()}
 for name, got, want in [
     ("a @ b.T", mx.matmul(mx.array(a), mx.array(b).T), f64(a) @ f64(b).T),
     ("b @ a.T", mx.matmul(mx.array(b), mx.array(a).T), f64(b) @ f64(a).T),
@@ -280,8 +299,14 @@ print(json.dumps(out))
 
 @fast_blas
 def test_fast_blas_float32_matmul_matches_numpy(library):
-    result = subprocess.run([sys.executable, "-c", _MATMUL], cwd=ROOT, capture_output=True, text=True,
-                            env={**os.environ, "MLXINFER_BLAS": library}, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", _MATMUL],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLXINFER_BLAS": library},
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout)
     assert out.pop("status")["library"] == LIBRARIES[library][0]
@@ -298,10 +323,17 @@ def test_auto_prefers_mkl_on_intel_and_openblas_elsewhere():
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
 def test_requested_library_missing_warns_once(tmp_path):
     # a virtualenv-like prefix with neither library: sys.prefix points there via a fresh interpreter flag
-    code = ("import sys; sys.prefix = sys.argv[1]; sys.path = [p for p in sys.path if 'site-packages' not in p] "
-            "+ [sys.argv[2]]; import json, mlxinfer; print(json.dumps(mlxinfer.blas.status()))")
-    result = subprocess.run([sys.executable, "-c", code, str(tmp_path), str(ROOT)], capture_output=True, text=True,
-                            env={**os.environ, "MLXINFER_BLAS": "openblas"}, timeout=60)
+    code = (
+        "import sys; sys.prefix = sys.argv[1]; sys.path = [p for p in sys.path if 'site-packages' not in p] "
+        "+ [sys.argv[2]]; import json, mlxinfer; print(json.dumps(mlxinfer.cpu.blas.status()))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path), str(ROOT)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "MLXINFER_BLAS": "openblas"},
+        timeout=60,
+    )
     assert result.returncode == 0, result.stderr
     status = json.loads(result.stdout)
     assert status["active"] is False and "openblas_shim" in status["reason"]
@@ -346,7 +378,7 @@ def test_explicit_choices_pass_through_and_bad_ones_fail():
 
 # ---------------------------------------------------------------- (e) building the OpenBLAS shim
 
-from mlxinfer import openblas_shim  # noqa: E402
+from mlxinfer.cpu import openblas_shim  # noqa: E402
 
 needs_openblas_wheel = pytest.mark.skipif(
     sys.platform != "linux" or openblas_shim.openblas_library() is None, reason="scipy-openblas32 is not installed"

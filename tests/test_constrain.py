@@ -16,12 +16,11 @@ import numpy as np
 import pytest
 from conftest import ROOT, assert_one_line_error, invoke_cli
 
-from mlxinfer.constrain import (
-    allowed_from_bitmask, compile_schema, finish, load_schema, load_tool, token_table, tool_system,
-)
+import mlxinfer
+from mlxinfer import SamplerSettings
+from mlxinfer.engine.constrain import allowed_from_bitmask, compile_schema, token_table
+from mlxinfer.engine.schema import Constraint
 from mlxinfer.errors import MlxinferError
-from mlxinfer.generate import Stats, collect, generate_steps, prefill
-from mlxinfer.sampler import SamplerSettings, make_sampler
 from mlxinfer.tokenizer import encode_prompt
 
 EXAMPLES = ROOT / "examples"
@@ -32,17 +31,30 @@ BASIL = "Put basil on my shopping list."
 UNITS = ["g", "kg", "ml", "l", "tsp", "tbsp", "piece", "bunch"]
 
 
-def run(model, tok, ids, compiled, temperature=0.0, max_tokens=64, cache=None, explain=False):
-    mask = compiled.mask(model.config.vocab_size, explain=explain)
-    stats = Stats()
-    steps = generate_steps(model, tok, ids, make_sampler(SamplerSettings(temperature=temperature)),
-                           max_tokens=max_tokens, processors=[mask], stats=stats, stop_ids=mask.stop_ids, cache=cache)
-    gen = collect(steps, stats)
-    return finish(mask, gen.text, gen.tokens, stats.finish_reason), mask
+def load_tool(path):
+    tool = Constraint.read(None, str(path)).tool
+    return tool, tool["input_schema"]
+
+
+def load_schema(path):
+    return Constraint.read(str(path), None).schema
+
+
+def run(model, tok, prompt, temperature=0.0, max_tokens=64, seed=None, **constraint):
+    """mlxinfer.generate with a schema or a tool (dicts), like the README's Python section."""
+    return mlxinfer.generate(
+        model,
+        tok,
+        prompt,
+        settings=SamplerSettings(temperature=temperature),
+        max_tokens=max_tokens,
+        seed=seed,
+        **constraint,
+    )
 
 
 def test_example_tool_is_the_lessons():
-    tool, schema = load_tool(str(TOOL_FILE))
+    tool, schema = load_tool(TOOL_FILE)
     assert tool["name"] == "add_to_shopping_list" and tool["strict"] is True
     item = schema["properties"]["items"]["items"]
     assert item["properties"]["unit"]["enum"] == UNITS
@@ -53,43 +65,81 @@ def test_example_tool_is_the_lessons():
 
 # ----------------------------------------------------------------------------- the embedded model
 def test_shopping_list_greedy_and_ten_seeds(embedded_fast):
-    """Put basil on the list: schema-valid JSON greedily and at temperature 1.0 for seeds 0..9."""
+    """Put basil on the list: schema-valid JSON greedily and at temperature 1.0 for seeds 0..9;
+    the same text as the CLI's `generate --tool FILE --temp 0 --json`."""
     model, tok = embedded_fast
-    tool, schema = load_tool(str(TOOL_FILE))
-    compiled = compile_schema(tok, schema)
-    ids = encode_prompt(tok, BASIL, system=tool_system(tool))
-    shared = model.make_cache()
-    prefill(model, ids[:-1], shared)  # once for every run
+    tool, schema = load_tool(TOOL_FILE)
 
-    result, mask = run(model, tok, ids, compiled, 0.0, cache=[c.copy() for c in shared], explain=True)
+    result = run(model, tok, BASIL, 0.0, tool=tool, explain_mask=True)
     assert result.finish_reason == "stop" and result.valid, result
     jsonschema.validate(result.parsed, schema)
     assert result.text == json.dumps(result.parsed, separators=(",", ":"), ensure_ascii=False)  # compact
+    cli = json.loads(
+        invoke_cli(
+            "generate",
+            "-p",
+            BASIL,
+            "--tool",
+            str(TOOL_FILE),
+            "--temp",
+            "0",
+            "--json",
+            "--compute-dtype",
+            "float32",
+            "--max-tokens",
+            "64",
+        ).stdout
+    )
+    assert cli["text"] == result.text and cli["valid"] is True and cli["tool"] == "add_to_shopping_list"
 
     # the lesson's table: after "quantity": only the start of a number is allowed
-    rows = mask.explained()
-    at = next(r for r in rows if r.text.endswith('"quantity":'))
-    assert re.fullmatch(r"-|\d", at.allowed_text) and re.fullmatch(r"-|\d", at.chosen_text)
-    assert at.n_allowed == 11  # '-' and the ten digits: SmolLM2 writes numbers one digit at a time
-    assert at.refused_id >= 0 and not re.match(r"[-\d]", at.refused_text) and at.refused_score > -1e30
-    assert rows[-1].chosen_id == -1 and rows[-1].n_allowed == 1  # then only the end of the turn
-    assert rows[0].n_allowed <= 2  # '{' or '{"'
+    rows = result.mask_steps
+    at = next(r for r in rows if r["text"].endswith('"quantity":'))
+    assert re.fullmatch(r"-|\d", at["allowed_text"]) and re.fullmatch(r"-|\d", at["chosen_text"])
+    assert at["n_allowed"] == 11  # '-' and the ten digits: SmolLM2 writes numbers one digit at a time
+    assert at["refused_id"] >= 0 and not re.match(r"[-\d]", at["refused_text"]) and at["refused_score"] > -1e30
+    assert rows[-1]["chosen_id"] == -1 and rows[-1]["n_allowed"] == 1  # then only the end of the turn
+    assert rows[0]["n_allowed"] <= 2  # '{' or '{"'
 
     texts = []
     for seed in range(10):
-        mx.random.seed(seed)
-        result, _ = run(model, tok, ids, compiled, 1.0, max_tokens=96, cache=[c.copy() for c in shared])
+        result = run(model, tok, BASIL, 1.0, max_tokens=96, seed=seed, tool=tool)
         assert result.finish_reason == "stop" and result.valid, (seed, result)
         jsonschema.validate(result.parsed, schema)
         texts.append(result.text)
     assert len(set(texts)) > 1  # the values are the model's choice: seeds differ
 
 
+def test_a_json_schema_dict_gives_the_clis_text(embedded_fast):
+    model, tok = embedded_fast
+    schema = load_schema(OVEN)
+    result = run(model, tok, "Oven readings 180, 185 and 190 C as JSON:", json_schema=schema, max_tokens=48)
+    assert result.valid and result.tool is None
+    jsonschema.validate(result.parsed, schema)
+    cli = json.loads(
+        invoke_cli(
+            "generate",
+            "-p",
+            "Oven readings 180, 185 and 190 C as JSON:",
+            "--json-schema",
+            json.dumps(schema),
+            "--temp",
+            "0",
+            "--json",
+            "--compute-dtype",
+            "float32",
+            "--max-tokens",
+            "48",
+        ).stdout
+    )
+    assert cli["text"] == result.text and cli["parsed"] == result.parsed
+
+
 def test_array_of_numbers_on_the_embedded_model(embedded_fast):
     model, tok = embedded_fast
-    schema = load_schema(str(OVEN))
+    schema = load_schema(OVEN)
     ids = encode_prompt(tok, "Oven readings 180, 185 and 190 C as JSON:", chat=False)
-    result, _ = run(model, tok, ids, compile_schema(tok, schema), 0.0, max_tokens=48)
+    result = run(model, tok, ids, json_schema=schema, max_tokens=48)
     assert result.finish_reason == "stop" and result.valid, result
     jsonschema.validate(result.parsed, schema)
 
@@ -99,20 +149,18 @@ def test_array_of_numbers_on_the_embedded_model(embedded_fast):
 @pytest.mark.parametrize("schema_file", [RECIPE, OVEN])
 def test_random_weights_still_write_valid_json(checkpoint_dir, variant, schema_file):
     """A tiny random model has no idea what JSON is: the mask alone gives the shape."""
-    from mlxinfer.loading import load
+    from mlxinfer.model.loading import load
 
     model, tok = load(checkpoint_dir(*variant))
     assert model.config.vocab_size > len(tok)  # padded rows that must never be drawn
-    schema = load_schema(str(schema_file))
-    compiled = compile_schema(tok, schema)
-    ids = encode_prompt(tok, "Name one herb.")
+    schema = load_schema(schema_file)
     for seed in [None, 0, 1, 2, 3, 4]:
-        if seed is not None:
-            mx.random.seed(seed)
-        result, mask = run(model, tok, ids, compiled, 0.0 if seed is None else 1.0, max_tokens=256)
+        result = run(
+            model, tok, "Name one herb.", 0.0 if seed is None else 1.0, max_tokens=256, seed=seed, json_schema=schema
+        )
         assert result.finish_reason == "stop" and result.valid, (seed, result)
         jsonschema.validate(result.parsed, schema)
-        assert all(t < len(tok) for t in mask.tokens)
+        assert all(t < len(tok) for t in result.tokens)
 
 
 # ----------------------------------------------------------------------------- the mask, token by token
@@ -132,7 +180,7 @@ def test_every_allowed_token_keeps_a_valid_prefix(embedded):
     """Checked without the grammar engine: each allowed token can still be completed to a
     document the schema accepts; known illegal tokens are refused."""
     _, tok = embedded
-    _, schema = load_tool(str(TOOL_FILE))
+    _, schema = load_tool(TOOL_FILE)
     compiled = compile_schema(tok, schema)
     table = token_table(tok)
 
@@ -172,22 +220,22 @@ def test_every_allowed_token_keeps_a_valid_prefix(embedded):
 
 
 def test_padded_rows_are_always_masked(checkpoint_dir):
-    from mlxinfer.loading import load
+    from mlxinfer.model.loading import load
 
     model, tok = load(checkpoint_dir("llama"))
-    compiled = compile_schema(tok, load_schema(str(RECIPE)))
+    compiled = compile_schema(tok, load_schema(RECIPE))
     mask = compiled.mask(model.config.vocab_size)
     logits = mx.zeros((1, model.config.vocab_size))
     out = mask(mx.array(encode_prompt(tok, "Name one herb.")), logits)
     kept = np.array(out[0] > -float("inf"))
-    assert not kept[len(tok):].any() and kept.any()
+    assert not kept[len(tok) :].any() and kept.any()
     bits = np.full((1, 2), -1, dtype=np.int32)  # every bit set: still nothing past the table
     assert allowed_from_bitmask(bits, 40, 64).tolist() == [True] * 40 + [False] * 24
 
 
 def test_compiled_grammars_and_token_tables_are_cached(embedded):
     _, tok = embedded
-    _, schema = load_tool(str(TOOL_FILE))
+    _, schema = load_tool(TOOL_FILE)
     assert token_table(tok) is token_table(tok)
     assert compile_schema(tok, schema) is compile_schema(tok, json.loads(json.dumps(schema)))
     a, b = compile_schema(tok, schema).mask(), compile_schema(tok, schema).mask()
@@ -197,25 +245,38 @@ def test_compiled_grammars_and_token_tables_are_cached(embedded):
 # ----------------------------------------------------------------------------- the token budget
 def test_cut_json_is_flagged_never_silent(embedded_fast):
     model, tok = embedded_fast
-    tool, schema = load_tool(str(TOOL_FILE))
-    ids = encode_prompt(tok, "basil", chat=False)
-    result, _ = run(model, tok, ids, compile_schema(tok, schema), 0.0, max_tokens=4)
+    tool, schema = load_tool(TOOL_FILE)
+    result = run(model, tok, "basil", max_tokens=4, chat=False, json_schema=schema)
     assert result.finish_reason == "length" and not result.valid and result.parsed is None
     assert "NOT valid JSON" in result.warning
 
 
 def test_cli_tool_json_output(checkpoint_dir):
     ckpt = str(checkpoint_dir("qwen3", 4, 128))
-    r = invoke_cli("generate", "-m", ckpt, "-p", BASIL, "--tool", str(TOOL_FILE), "--temp", "0",
-                   "--max-tokens", "200", "--json", "--explain-mask")
+    r = invoke_cli(
+        "generate",
+        "-m",
+        ckpt,
+        "-p",
+        BASIL,
+        "--tool",
+        str(TOOL_FILE),
+        "--temp",
+        "0",
+        "--max-tokens",
+        "200",
+        "--json",
+        "--explain-mask",
+    )
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     assert out["valid"] is True and out["finish_reason"] == "stop" and out["tool"] == "add_to_shopping_list"
-    jsonschema.validate(out["parsed"], load_tool(str(TOOL_FILE))[1])
+    jsonschema.validate(out["parsed"], load_tool(TOOL_FILE)[1])
     assert json.loads(out["text"]) == out["parsed"]
     assert len(out["mask_steps"]) == len(out["tokens"]) + 1
     assert {"text", "n_allowed", "allowed_text", "allowed_score", "refused_text", "refused_score"} <= set(
-        out["mask_steps"][0])
+        out["mask_steps"][0]
+    )
 
 
 @pytest.mark.parametrize("json_out", [False, True])
@@ -234,21 +295,33 @@ def test_cli_cut_gives_length_and_a_warning(checkpoint_dir, json_out):
 
 
 # ----------------------------------------------------------------------------- bad input
-@pytest.mark.parametrize("option,value,fragment", [
-    ("--json-schema", '{"type": object}', "not valid JSON"),
-    ("--json-schema", "no-such-file.json", "neither a file nor inline JSON"),
-    ("--json-schema", "[1, 2]", "must be a JSON object"),
-    ("--json-schema", '{"type": "string"}', '"type": "object"'),
-    ("--json-schema", json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}),
-     "cannot express"),
-    ("--json-schema", json.dumps({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}),
-     "uniqueItems"),
-    ("--json-schema", json.dumps({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}),
-     "look-around"),
-    ("--json-schema", str(TOOL_FILE), "--tool"),
-    ("--tool", json.dumps({"name": "x", "description": "no schema"}), "input_schema"),
-    ("--tool", json.dumps({"name": "x", "input_schema": {"type": "array"}}), '"type": "object"'),
-])
+@pytest.mark.parametrize(
+    "option,value,fragment",
+    [
+        ("--json-schema", '{"type": object}', "not valid JSON"),
+        ("--json-schema", "no-such-file.json", "neither a file nor inline JSON"),
+        ("--json-schema", "[1, 2]", "must be a JSON object"),
+        ("--json-schema", '{"type": "string"}', '"type": "object"'),
+        (
+            "--json-schema",
+            json.dumps({"type": "object", "properties": {"a": {"not": {"type": "string"}}}}),
+            "cannot express",
+        ),
+        (
+            "--json-schema",
+            json.dumps({"type": "object", "properties": {"a": {"type": "array", "uniqueItems": True}}}),
+            "uniqueItems",
+        ),
+        (
+            "--json-schema",
+            json.dumps({"type": "object", "properties": {"a": {"type": "string", "pattern": "(?=a)b"}}}),
+            "look-around",
+        ),
+        ("--json-schema", str(TOOL_FILE), "pass that as --tool"),
+        ("--tool", json.dumps({"name": "x", "description": "no schema"}), "input_schema"),
+        ("--tool", json.dumps({"name": "x", "input_schema": {"type": "array"}}), '"type": "object"'),
+    ],
+)
 def test_bad_schemas_are_one_line_errors(checkpoint_dir, option, value, fragment):
     r = invoke_cli("generate", "-m", str(checkpoint_dir("llama")), "-p", "hi", option, value)
     assert_one_line_error(r, fragment)
@@ -267,6 +340,7 @@ def test_unsupported_feature_fails_at_compile_time(embedded, tmp_path):
 
 
 def test_both_constraints_or_a_lonely_explain_are_errors():
-    assert_one_line_error(invoke_cli("generate", "-p", "hi", "--json-schema", str(RECIPE), "--tool", str(TOOL_FILE)),
-                          "not both")
+    assert_one_line_error(
+        invoke_cli("generate", "-p", "hi", "--json-schema", str(RECIPE), "--tool", str(TOOL_FILE)), "not both"
+    )
     assert_one_line_error(invoke_cli("generate", "-p", "hi", "--explain-mask"), "--explain-mask")

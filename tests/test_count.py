@@ -25,17 +25,32 @@ QWEN3_06B, LLAMA_8B = CONFIGS / "qwen3-0.6b.json", CONFIGS / "llama-3.1-8b.json"
 QWEN3_17B, QWEN3_17B_4BIT = CONFIGS / "qwen3-1.7b.json", CONFIGS / "qwen3-1.7b-4bit.json"
 
 # a tiny tied Qwen3 for files the tests write: D 64, 4 heads of 16, 2 kv heads, F 128, V 100, 2 layers
-TINY = {"model_type": "qwen3", "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2,
-        "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 100,
-        "tie_word_embeddings": True, "torch_dtype": "float16"}
+TINY = {
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "vocab_size": 100,
+    "tie_word_embeddings": True,
+    "torch_dtype": "float16",
+}
 # embedding 6,400; layer: q 4,096 + k 2,048 + v 2,048 + o 4,096 + norms 32 = 12,320 attention,
 # MLP 3 x 8,192 = 24,576, norms 128 -> 37,024; total 6,400 + 2 x 37,024 + 64 = 80,512
 TINY_TOTAL = 80_512
 
 
 def run_cli(*args, env=None):
-    return subprocess.run([sys.executable, "-m", "mlxinfer", "count", *map(str, args)], cwd=REPO,
-                          capture_output=True, text=True, env=env, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "count", *map(str, args)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
 
 
 def assert_one_line_error(p, *fragments):
@@ -78,7 +93,11 @@ def test_llama_31_8b_matches_the_lesson():
     r = count(LLAMA_8B)
     assert r.embedding == 525_336_576
     assert [row(r, n)["params"] for n in ("query", "key", "value", "output")] == [
-        16_777_216, 4_194_304, 4_194_304, 16_777_216]
+        16_777_216,
+        4_194_304,
+        4_194_304,
+        16_777_216,
+    ]
     assert r.attention == 41_943_040
     assert r.mlp == 176_160_768
     assert r.layer_norms == 8_192
@@ -171,8 +190,10 @@ def test_parse_rate():
             parse_rate(bad, "flops")
 
 
-@pytest.mark.parametrize("kwargs", [dict(context=-1), dict(context=0), dict(answer_tokens=300),
-                                    dict(context=10, answer_tokens=-3), dict(flops="0")])
+@pytest.mark.parametrize(
+    "kwargs",
+    [dict(context=-1), dict(context=0), dict(answer_tokens=300), dict(context=10, answer_tokens=-3), dict(flops="0")],
+)
 def test_out_of_range(kwargs):
     with pytest.raises(MlxinferError):
         count(LLAMA_8B, **kwargs)
@@ -191,9 +212,15 @@ def test_qwen3_17b_4bit():
 
 def test_per_module_override(tmp_path):
     base = dict(TINY, quantization={"group_size": 64, "bits": 4})
-    over = dict(TINY, quantization={"group_size": 64, "bits": 4,
-                                    "model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8},
-                                    "model.layers.1.self_attn.q_proj": False})
+    over = dict(
+        TINY,
+        quantization={
+            "group_size": 64,
+            "bits": 4,
+            "model.layers.0.mlp.down_proj": {"group_size": 64, "bits": 8},
+            "model.layers.1.self_attn.q_proj": False,
+        },
+    )
     b = count(write_config(tmp_path / "a", base)).quantization["bytes"]
     o = count(write_config(tmp_path / "b", over)).quantization["bytes"]
     down, q = 8_192, 4_096  # weights in that down_proj and that q_proj
@@ -207,8 +234,16 @@ def test_quantized_bytes_match_mlx(tmp_path):
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen3
 
-    cfg = dict(TINY, hidden_size=128, head_dim=32, tie_word_embeddings=False, torch_dtype="bfloat16",
-               rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=4096)
+    cfg = dict(
+        TINY,
+        hidden_size=128,
+        head_dim=32,
+        tie_word_embeddings=False,
+        torch_dtype="bfloat16",
+        rms_norm_eps=1e-6,
+        rope_theta=1e6,
+        max_position_embeddings=4096,
+    )
     quant = {"group_size": 64, "bits": 4, "model.layers.0.mlp.down_proj": {"group_size": 32, "bits": 8}}
     model = qwen3.Model(qwen3.ModelArgs.from_dict(cfg))
     model.set_dtype(mx.bfloat16)
@@ -231,8 +266,8 @@ def write_config(folder: Path, cfg: dict) -> Path:
 
 def tiny_tensors(with_lm_head=True) -> dict:
     np = pytest.importorskip("numpy")
-    from mlxinfer.counting import model_weights
-    from mlxinfer.config import ModelConfig
+    from mlxinfer.counting.layout import model_weights
+    from mlxinfer.formats.config import ModelConfig
 
     t = {w.name: np.ones(w.shape, dtype=np.float16) for w in model_weights(ModelConfig.from_dict(TINY))}
     if with_lm_head:  # as transformers saves a tied model: the table again under its second name
@@ -266,8 +301,10 @@ def test_sharded(tmp_path):
     tensors = tiny_tensors(with_lm_head=False)
     names = sorted(tensors)
     write_config(tmp_path, TINY)
-    shards = {"model-00001-of-00002.safetensors": names[: len(names) // 2],
-              "model-00002-of-00002.safetensors": names[len(names) // 2:]}
+    shards = {
+        "model-00001-of-00002.safetensors": names[: len(names) // 2],
+        "model-00002-of-00002.safetensors": names[len(names) // 2 :],
+    }
     for fname, part in shards.items():
         save_file({n: tensors[n] for n in part}, str(tmp_path / fname))
     weight_map = {n: f for f, part in shards.items() for n in part}
@@ -282,8 +319,8 @@ def test_sharded(tmp_path):
 
 def test_qwen3_06b_file_shape(tmp_path):
     """A Qwen3-0.6B-shaped checkpoint (a hand-written header over a sparse file): the lesson's stored figures."""
-    from mlxinfer.config import ModelConfig
-    from mlxinfer.counting import model_weights
+    from mlxinfer.counting.layout import model_weights
+    from mlxinfer.formats.config import ModelConfig
 
     cfg = json.loads(QWEN3_06B.read_text())
     shapes = {w.name: w.shape for w in model_weights(ModelConfig.from_dict(cfg))}
@@ -336,12 +373,18 @@ def test_hub_reads_only_config_and_headers(tmp_path, monkeypatch):
     st = write_config(tmp_path, TINY) / "model.safetensors"
     save_file(tiny_tensors(), str(st))
     n, size = header_length(st), st.stat().st_size
-    header = json.loads(st.read_bytes()[8: 8 + n])
+    header = json.loads(st.read_bytes()[8 : 8 + n])
     header.pop("__metadata__", None)
-    tensors = {k: TensorInfo(dtype=v["dtype"], shape=v["shape"], data_offsets=tuple(v["data_offsets"]))
-               for k, v in header.items()}
-    meta = SafetensorsRepoMetadata(metadata=None, sharded=False, weight_map={k: st.name for k in tensors},
-                                   files_metadata={st.name: SafetensorsFileMetadata({}, tensors)})
+    tensors = {
+        k: TensorInfo(dtype=v["dtype"], shape=v["shape"], data_offsets=tuple(v["data_offsets"]))
+        for k, v in header.items()
+    }
+    meta = SafetensorsRepoMetadata(
+        metadata=None,
+        sharded=False,
+        weight_map={k: st.name for k in tensors},
+        files_metadata={st.name: SafetensorsFileMetadata({}, tensors)},
+    )
 
     class PathInfo:  # what get_paths_info returns: path and size
         path = st.name
@@ -363,7 +406,7 @@ def test_cli_table_is_aligned():
     p = run_cli(LLAMA_8B)
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
-    table = lines[lines.index(next(x for x in lines if x.startswith("embedding table"))):]
+    table = lines[lines.index(next(x for x in lines if x.startswith("embedding table"))) :]
     table = table[: next(i for i, x in enumerate(table) if x.startswith("TOTAL")) + 1]
     numbered = [x for x in table if "=" in x]
     assert len({x.index("=") for x in numbered}) == 1 and len({len(x) for x in numbered}) == 1
@@ -373,12 +416,14 @@ def test_cli_table_is_aligned():
 
 
 def test_cli_json_has_every_figure():
-    p = run_cli(LLAMA_8B, "--context", 12060, "--answer-tokens", 300, "--flops", "989T", "--bandwidth", "3.35TB/s",
-                "--json")
+    p = run_cli(
+        LLAMA_8B, "--context", 12060, "--answer-tokens", 300, "--flops", "989T", "--bandwidth", "3.35TB/s", "--json"
+    )
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
-    assert d == json.loads(json.dumps(count(LLAMA_8B, context=12060, answer_tokens=300, flops="989T",
-                                            bandwidth="3.35TB/s").to_dict()))
+    assert d == json.loads(
+        json.dumps(count(LLAMA_8B, context=12060, answer_tokens=300, flops="989T", bandwidth="3.35TB/s").to_dict())
+    )
     assert d["total"] == 8_030_261_248 and d["context"]["attention_ops"] == 6_322_913_280
     assert d["hardware"]["binds"] == "memory"
 
@@ -388,9 +433,11 @@ def test_count_imports_no_framework():
     heavy = "{'mlx', 'mlx_lm', 'transformers', 'torch', 'numpy'}"
     check = f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {heavy}); assert not bad, bad"
     api = f"import sys; from mlxinfer.counting import count; count({str(QWEN3_06B)!r}); count(None); {check}"
-    cli = (f"import sys; sys.argv = ['mlxinfer', 'count', {str(LLAMA_8B)!r}, '--context', '100']\n"
-           "from cli.app import main\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-           + check.replace("'numpy'", "'mlx'"))  # numpy: only the API is held to it
+    cli = (
+        f"import sys; sys.argv = ['mlxinfer', 'count', {str(LLAMA_8B)!r}, '--context', '100']\n"
+        "from cli.app import main\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        + check.replace("'numpy'", "'mlx'")
+    )  # numpy: only the API is held to it
     for code in (api, cli):
         p = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr

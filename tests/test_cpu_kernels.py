@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 import mlxinfer
-from mlxinfer import cpu_kernels
-from mlxinfer.config import ModelConfig
-from mlxinfer.model import RoPE
+from mlxinfer.cpu import kernels as cpu_kernels
+from mlxinfer.formats.config import ModelConfig
+from mlxinfer.model.model import RoPE
 
 
 def test_exp_within_a_few_float32_roundings_of_float64():
@@ -42,25 +42,43 @@ def test_swiglu_equals_silu_times_up_including_extremes():
 
 
 def _config(**overrides) -> ModelConfig:
-    fields = dict(model_type="llama", hidden_size=256, intermediate_size=512, num_hidden_layers=1,
-                  num_attention_heads=4, num_key_value_heads=2, vocab_size=64, rms_norm_eps=1e-5,
-                  rope_theta=10000.0, max_position_embeddings=8192)
+    fields = dict(
+        model_type="llama",
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=1,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=64,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=8192,
+    )
     fields.update(overrides)
     return ModelConfig.from_dict(fields)
 
 
-@pytest.mark.parametrize("scaling", [
-    None,
-    {"rope_type": "linear", "factor": 4.0},
-    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-     "original_max_position_embeddings": 64},
-], ids=["default", "linear", "llama3"])
+@pytest.mark.parametrize(
+    "scaling",
+    [
+        None,
+        {"rope_type": "linear", "factor": 4.0},
+        {
+            "rope_type": "llama3",
+            "factor": 8.0,
+            "low_freq_factor": 1.0,
+            "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64,
+        },
+    ],
+    ids=["default", "linear", "llama3"],
+)
 def test_rope_table_equals_mx_fast_rope(scaling):
     rope = RoPE(_config(rope_scaling=scaling))
     x = mx.random.normal((1, 4, 7, 64), key=mx.random.key(3))
     step = x[:, :, :1]
     want = [rope(x, offset=0), rope(step, offset=300), rope(step, offset=5000)]
-    rope.use_table()
+    rope.use_table(rope.make_table())
     got = [rope(x, offset=0), rope(step, offset=300), rope(step, offset=5000)]  # 300, 5000: the table grows
     for g, w, offset in zip(got, want, (7, 301, 5001)):
         # mx.fast.rope forms its angles in float32 (error ~ angle * 6e-8); the table's are float64
@@ -69,16 +87,18 @@ def test_rope_table_equals_mx_fast_rope(scaling):
 
 def test_model_with_cpu_kernels_matches_mlx_ops_through_the_cache(checkpoint_dir):
     model, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
-    assert model.cpu_kernels  # to_float32 on the CPU turns them on
-    tables = {id(layer.attn.rope._table) for layer in model.layers}
-    assert len(tables) == 1 and None not in {layer.attn.rope._table for layer in model.layers}  # one, shared
+    assert model.info.cpu_kernels  # to_float32 on the CPU turns them on
+    tables = {id(layer.self_attn.rope._table) for layer in model.layers}
+    assert len(tables) == 1 and None not in {layer.self_attn.rope._table for layer in model.layers}  # one, shared
     reference, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
     for layer in reference.layers:  # back to MLX's own ops
-        layer.attn.rope._table = None
-        layer.mlp.activation = mlxinfer.model.swiglu
+        layer.self_attn.rope._table = None
+        layer.mlp.activation = mlxinfer.model.model.swiglu
     ids = mx.array([[5, 17, 42, 99, 3, 250, 7, 8]])
     caches = model.make_cache(), reference.make_cache()
     outs = [m(ids[:, :6], c) for m, c in zip((model, reference), caches)]
     for t in range(6, 8):  # two decode steps through the KV cache
-        outs = [mx.concatenate([o, m(ids[:, t : t + 1], c)], axis=1) for o, m, c in zip(outs, (model, reference), caches)]
+        outs = [
+            mx.concatenate([o, m(ids[:, t : t + 1], c)], axis=1) for o, m, c in zip(outs, (model, reference), caches)
+        ]
     assert float(mx.abs(outs[0] - outs[1]).max()) < 1e-4

@@ -9,23 +9,26 @@ import pytest
 from conftest import assert_one_line_error, invoke_cli
 
 import mlxinfer
-from mlxinfer.experiments import sample_seeds
-from mlxinfer.generate import Stats, collect, generate_steps, greedy
-from mlxinfer.sampler import SamplerSettings, make_sampler
+from mlxinfer import GREEDY, SamplerSettings
+from mlxinfer.errors import MlxinferError
 from mlxinfer.tokenizer import encode_prompt
 
 HERB = "Name one herb to add to tomato soup. Answer with one word."
 FRUIT = "Name one fruit. Answer with one word."
+LLAMA_CPP_FRUIT = "The fruit I'm referring to is the fruit of the blackcurrant, which is a type of citrus fruit."
 
 
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_seeded_draws_equal_mlx_lm(embedded_fast, temperature):
-    """Ten seeds, the lesson's experiment: our completions are mlx-lm's, token for token."""
+    """Ten seeds, the lesson's experiment, one at a time on the float32 path: our completions are
+    mlx-lm's (its generate after mx.random.seed(s), on the same model), token for token."""
     from mlx_lm import generate as mlx_lm_generate
     from mlx_lm.sample_utils import make_sampler as mlx_lm_sampler
 
     model, tokenizer = embedded_fast
-    report = sample_seeds(model, tokenizer, HERB, range(10), SamplerSettings(temperature=temperature), max_tokens=4)
+    report = mlxinfer.sample(
+        model, tokenizer, HERB, seeds=10, settings=SamplerSettings(temperature=temperature), max_tokens=4, batch_size=1
+    )
     ids = encode_prompt(tokenizer, HERB)
     for c in report.completions:
         mx.random.seed(c.seed)
@@ -37,52 +40,60 @@ def test_seeded_draws_equal_mlx_lm(embedded_fast, temperature):
 
 def test_same_seed_same_text(embedded_fast):
     model, tokenizer = embedded_fast
-    settings = SamplerSettings(temperature=1.0)
-    a = sample_seeds(model, tokenizer, FRUIT, [7, 7], settings, max_tokens=4)
+    a = mlxinfer.sample(model, tokenizer, FRUIT, seeds=[7, 7], settings={"temperature": 1.0}, max_tokens=4)
     assert a.completions[0].tokens == a.completions[1].tokens
-
-
-def _run(model, tokenizer, ids, sample, n=6, **kw):
-    stats = Stats()
-    return collect(generate_steps(model, tokenizer, ids, sample, max_tokens=n, stats=stats, **kw), stats)
+    one = mlxinfer.generate(model, tokenizer, FRUIT, settings={"temperature": 1.0}, max_tokens=4, seed=7)
+    assert one.tokens == a.completions[0].tokens  # generate's seed is sample's seed
 
 
 def test_greedy_equals_temperature_zero_and_top_k_one(embedded_fast):
     model, tokenizer = embedded_fast
-    ids = encode_prompt(tokenizer, FRUIT)
-    base = _run(model, tokenizer, ids, greedy).tokens
-    mx.random.seed(3)
-    assert _run(model, tokenizer, ids, make_sampler(SamplerSettings(temperature=0.0, top_p=0.5))).tokens == base
-    mx.random.seed(3)
-    assert _run(model, tokenizer, ids, make_sampler(SamplerSettings(temperature=1.5, top_k=1))).tokens == base
+    base = mlxinfer.generate(model, tokenizer, FRUIT, settings=GREEDY, max_tokens=6).tokens
+    for settings in (SamplerSettings(temperature=0.0, top_p=0.5), SamplerSettings(temperature=1.5, top_k=1)):
+        assert mlxinfer.generate(model, tokenizer, FRUIT, settings=settings, max_tokens=6, seed=3).tokens == base
 
 
 def test_finish_reasons_and_stats(embedded_fast):
     model, tokenizer = embedded_fast
     ids = encode_prompt(tokenizer, FRUIT)
-    cut = _run(model, tokenizer, ids, greedy, n=3)
-    assert cut.stats.finish_reason == "length" and cut.stats.generated_tokens == 3 == len(cut.tokens)
-    assert cut.stats.prompt_tokens == len(ids)
+    cut = mlxinfer.generate(model, tokenizer, FRUIT, settings=GREEDY, max_tokens=3)
+    assert cut.finish_reason == cut.stats.finish_reason == "length"
+    assert cut.stats.generated_tokens == 3 == len(cut.tokens) and cut.stats.prompt_tokens == len(ids)
     assert cut.stats.prefill_tokens_per_s > 0 and cut.stats.decode_tokens_per_s > 0
     assert cut.stats.peak_memory_bytes > 0
-    full = _run(model, tokenizer, ids, greedy, n=40)
-    assert full.stats.finish_reason == "stop"  # the end-of-turn token, not counted as text
-    assert full.text == "The fruit I'm referring to is the fruit of the blackcurrant, which is a type of citrus fruit."
+    full = mlxinfer.generate(model, tokenizer, ids, settings=GREEDY, max_tokens=40)  # token ids work too
+    assert full.finish_reason == "stop"  # the end-of-turn token, not counted as text
+    assert full.text == LLAMA_CPP_FRUIT
+    assert full.tokens == tokenizer.encode(LLAMA_CPP_FRUIT)
+
+
+def test_stream_generate_yields_what_generate_returns(embedded_fast):
+    model, tokenizer = embedded_fast
+    stream = mlxinfer.stream_generate(model, tokenizer, FRUIT, settings={"temperature": 0.9}, max_tokens=8, seed=5)
+    steps = list(stream)
+    assert steps[-1].token is None and steps[-1].finish_reason == stream.result.finish_reason
+    assert all(s.finish_reason is None for s in steps[:-1])
+    assert "".join(s.text for s in steps) == stream.result.text
+    whole = mlxinfer.generate(model, tokenizer, FRUIT, settings={"temperature": 0.9}, max_tokens=8, seed=5)
+    assert whole.tokens == [s.token for s in steps[:-1]] and whole.text == stream.result.text
 
 
 def test_logprobs_are_log_softmax(embedded_fast):
     model, tokenizer = embedded_fast
     ids = encode_prompt(tokenizer, FRUIT)
-    result = _run(model, tokenizer, ids, greedy, n=2, logprobs=3)
+    result = mlxinfer.generate(model, tokenizer, ids, settings=GREEDY, max_tokens=2, logprobs=3)
     scores = model(mx.array([ids]))[0, -1].astype(mx.float32)
     expected = (scores - mx.logsumexp(scores)).tolist()
     first = result.steps[0]
-    assert first.alternatives[0]["id"] == first.token  # greedy picks the best alternative
+    assert first.alternatives[0].id == first.token  # greedy picks the best alternative
+    assert first.logprob == pytest.approx(expected[first.token], abs=1e-4)
     for alt in first.alternatives:
-        assert alt["logprob"] == pytest.approx(expected[alt["id"]], abs=1e-4)
+        assert alt.logprob == pytest.approx(expected[alt.id], abs=1e-4)
 
 
-@pytest.mark.parametrize("text", ["naïve café, déjà vu", "日本語のテキスト", "emoji 😀🍅 and  two  spaces", " leading space\nnew line"])
+@pytest.mark.parametrize(
+    "text", ["naïve café, déjà vu", "日本語のテキスト", "emoji 😀🍅 and  two  spaces", " leading space\nnew line"]
+)
 def test_streaming_detokenizer_reassembles_text(embedded, text):
     """Streamed pieces join to exactly the decoded text: no broken UTF-8, no lost spaces."""
     _, tokenizer = embedded
@@ -104,14 +115,16 @@ def test_streaming_detokenizer_reassembles_text(embedded, text):
 
 def test_generation_config_defaults_and_overrides(checkpoint_dir):
     path = str(checkpoint_dir("qwen3"))
-    default = json.loads(invoke_cli("generate", "-m", path, "-p", "hi", "--max-tokens", "2", "--seed", "1", "--json").stdout)
+    default = json.loads(
+        invoke_cli("generate", "-m", path, "-p", "hi", "--max-tokens", "2", "--seed", "1", "--json").stdout
+    )
     assert default["settings"]["temperature"] == 0.6 and default["settings"]["top_k"] == 20
-    assert default["settings"]["top_p"] == 0.95 and "generation_config.json" in default["settings"]["note"]
+    assert default["settings"]["top_p"] == 0.95 and "generation_config.json" in default["settings_note"]
     mine = json.loads(
         invoke_cli("generate", "-m", path, "-p", "hi", "--max-tokens", "2", "--temp", "0.9", "--json").stdout
     )
     assert mine["settings"]["temperature"] == 0.9 and mine["settings"]["top_k"] == 20
-    assert "set by you" in mine["settings"]["note"]
+    assert "set by you" in mine["settings_note"]
 
 
 def test_sample_cli_json_and_csv(checkpoint_dir):
@@ -121,7 +134,9 @@ def test_sample_cli_json_and_csv(checkpoint_dir):
     assert [c["seed"] for c in data["completions"]] == [0, 1, 2, 3]
     assert sum(t["count"] for t in data["tally"]) == 4
     assert abs(sum(t["share"] for t in data["tally"]) - 1.0) < 1e-9
-    csv_out = invoke_cli("sample", "-m", path, "-p", "hi", "--seed-range", "2:4", "--temp", "1.0", "--max-tokens", "3", "--csv")
+    csv_out = invoke_cli(
+        "sample", "-m", path, "-p", "hi", "--seed-range", "2:4", "--temp", "1.0", "--max-tokens", "3", "--csv"
+    )
     rows = csv_out.stdout.strip().splitlines()
     assert rows[0] == "seed,text,finish_reason" and len(rows) == 3
 
@@ -129,21 +144,55 @@ def test_sample_cli_json_and_csv(checkpoint_dir):
 @pytest.mark.parametrize(
     "args,fragments",
     [
-        (["generate", "--temp", "-1"], ["temperature"]),
-        (["generate", "--top-p", "1.5"], ["top_p"]),
-        (["generate", "--top-p", "0"], ["top_p"]),
-        (["generate", "--top-k", "-2"], ["top_k"]),
-        (["generate", "--min-p", "1"], ["min_p"]),
-        (["generate", "--max-tokens", "0"], ["max-tokens"]),
-        (["sample", "--seed-range", "5:2"], ["seed-range"]),
-        (["sample", "--seeds", "0"], ["seeds"]),
-        (["topk", "-k", "0"], ["-k"]),
-        (["topk", "--temps", "-0.5"], ["temperature"]),
+        (["generate", "--temp", "-1"], ["error: --temp must be >= 0"]),
+        (["generate", "--top-p", "1.5"], ["error: --top-p must be in (0, 1]"]),
+        (["generate", "--top-p", "0"], ["--top-p"]),
+        (["generate", "--top-k", "-2"], ["error: --top-k must be"]),
+        (["generate", "--min-p", "1"], ["error: --min-p must be"]),
+        (["generate", "--max-tokens", "0"], ["error: --max-tokens must be", "got 0"]),
+        (["generate", "--max-tokens", "abc"], ["--max-tokens", "not a valid integer"]),
+        (["generate", "--logprobs", "-1"], ["error: --logprobs must be"]),
+        (["sample", "--seed-range", "5:2"], ["error: --seed-range 5:2 is empty"]),
+        (["sample", "--seeds", "0"], ["error: --seeds must be at least 1"]),
+        (["sample", "--seeds", "3", "--batch-size", "0"], ["error: --batch-size must be"]),
+        (["topk", "-k", "0"], ["error: -k must be between"]),
+        (["topk", "--temps", "-0.5"], ["error: --temps must be >= 0"]),
+        (["topk", "--temps", "nan"], ["error: --temps must be >= 0", "nan"]),
+        (["topk", "--temps", "inf"], ["error: --temps must be >= 0", "inf"]),
+        (["topk", "--temps", "a,b"], ["--temps takes numbers"]),
     ],
 )
 def test_bad_sampling_input(checkpoint_dir, args, fragments):
+    """The terminal names the flag the user typed."""
     result = invoke_cli(*args, "-m", str(checkpoint_dir("llama")), "-p", "hi")
     assert_one_line_error(result, *fragments)
+
+
+@pytest.mark.parametrize(
+    "call,message",
+    [
+        (
+            lambda m, t: mlxinfer.generate(m, t, "hi", max_tokens=0),
+            "max_tokens must be a whole number, at least 1, got 0",
+        ),
+        (lambda m, t: mlxinfer.generate(m, t, "hi", settings={"temperature": -1}), "temperature must be >= 0"),
+        (lambda m, t: mlxinfer.generate(m, t, "hi", settings={"temp": 1}), "unknown sampling setting(s) temp"),
+        (lambda m, t: mlxinfer.generate(m, t, "hi", seed=-3), "seed must be a whole number >= 0"),
+        (lambda m, t: mlxinfer.generate(m, t, [1, 10**9]), "prompt token ids must be whole numbers in 0.."),
+        (lambda m, t: mlxinfer.generate(m, t, "", chat=False), "prompt is empty"),
+        (lambda m, t: mlxinfer.sample(m, t, "hi", seeds="5:2"), "seeds 5:2 is empty or reversed"),
+        (lambda m, t: mlxinfer.sample(m, t, "hi", seeds=3, batch_size=0), "batch_size must be a whole number"),
+        (lambda m, t: mlxinfer.next_token_table(m, t, "hi", k=0), "k must be between 1 and"),
+        (lambda m, t: mlxinfer.next_token_table(m, t, "hi", temperatures=[float("nan")]), "temperatures must be >= 0"),
+    ],
+)
+def test_bad_input_in_python_names_the_parameter(checkpoint_dir, call, message):
+    """The library's message names its parameter; the CLI's (above) names the flag."""
+    model, tokenizer = mlxinfer.load(checkpoint_dir("llama"))
+    with pytest.raises(MlxinferError) as info:
+        call(model, tokenizer)
+    assert str(info.value).startswith(message) or message in str(info.value), str(info.value)
+    assert "--" not in str(info.value) and "\n" not in str(info.value)
 
 
 def test_prompt_longer_than_context(checkpoint_dir):
@@ -151,6 +200,9 @@ def test_prompt_longer_than_context(checkpoint_dir):
     for command in ("topk", "generate"):
         result = invoke_cli(command, "-m", str(checkpoint_dir("llama")), "-p", long_prompt)
         assert_one_line_error(result, "context", "shorten")
+    # a short prompt with a budget beyond the context: lower --max-tokens, not "shorten the prompt"
+    result = invoke_cli("generate", "-m", str(checkpoint_dir("llama")), "-p", "hi", "--max-tokens", "10000000")
+    assert_one_line_error(result, "context is 512", "lower --max-tokens to at most")
 
 
 def test_penalised_generation_equals_mlx_lm(embedded_fast):
@@ -158,15 +210,51 @@ def test_penalised_generation_equals_mlx_lm(embedded_fast):
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_logits_processors as mlx_lm_processors
 
-    from mlxinfer.sampler import make_logits_processors
-
     model, tokenizer = embedded_fast
     ids = encode_prompt(tokenizer, "Repeat after me: tomato tomato tomato tomato tomato")
     settings = SamplerSettings(temperature=0.0, repetition_penalty=1.8, penalty_window=20)
-    ours = _run(model, tokenizer, ids, greedy, n=12, processors=make_logits_processors(settings)).tokens
-    plain = _run(model, tokenizer, ids, greedy, n=12).tokens
-    theirs = [t for t, _ in generate_step(mx.array(ids), model, max_tokens=12,
-                                          logits_processors=mlx_lm_processors(repetition_penalty=1.8, repetition_context_size=20))]
+    ours = mlxinfer.generate(model, tokenizer, ids, settings=settings, max_tokens=12).tokens
+    plain = mlxinfer.generate(model, tokenizer, ids, settings=GREEDY, max_tokens=12).tokens
+    theirs = [
+        t
+        for t, _ in generate_step(
+            mx.array(ids),
+            model,
+            max_tokens=12,
+            logits_processors=mlx_lm_processors(repetition_penalty=1.8, repetition_context_size=20),
+        )
+    ]
     theirs = theirs[: len(ours)]
     assert ours == theirs
     assert ours != plain[: len(ours)]  # the penalty changed the text, so the comparison means something
+
+
+# ----------------------------------------------------------------------------- what the terminal shows
+def test_sample_prints_each_seed_then_the_tally(checkpoint_dir):
+    path = str(checkpoint_dir("llama"))
+    args = ("sample", "-m", path, "-p", "hi", "--seeds", "6", "--temp", "1.5", "--max-tokens", "2")
+    data = json.loads(invoke_cli(*args, "--json").stdout)
+    out = invoke_cli(*args)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert data["settings_note"] in " ".join(out.stdout.split())  # rich wraps it at the terminal's width
+    first = next(i for i, line in enumerate(lines) if line.startswith("seed "))
+    assert lines[first : first + 6] == [f"seed {c['seed']:>4}: {c['text']!r}" for c in data["completions"]]
+    assert any(line.strip() == "6 draws" for line in lines)
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
+    assert rows == [[repr(t["answer"]), str(t["count"]), f"{t['share']:.0%}"] for t in data["tally"]]
+
+
+def test_generate_streams_the_text_then_one_stats_line(embedded_fast):
+    out = invoke_cli("generate", "-p", FRUIT, "--temp", "0", "--max-tokens", "40", "--compute-dtype", "float32")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == LLAMA_CPP_FRUIT + "\n"
+    import re
+
+    note, stats = out.stderr.strip().splitlines()
+    assert note.startswith("[SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default)] sampling: temperature 0.0")
+    assert re.fullmatch(
+        r"prompt 39 tokens at [\d.]+ tok/s \| generated 23 tokens at [\d.]+ tok/s \| "
+        r"peak memory \d+ MB \| finish: stop",
+        stats,
+    ), stats

@@ -12,8 +12,8 @@ import pytest
 from conftest import assert_one_line_error, invoke_cli, run_cli
 
 import mlxinfer
-from mlxinfer.gguf import read_header
-from mlxinfer.sources import embedded_model_path
+from mlxinfer.formats.gguf import read_header
+from mlxinfer.formats.sources import embedded_model_path
 
 gguf = pytest.importorskip("gguf")
 Q = gguf.GGMLQuantizationType
@@ -79,11 +79,22 @@ def _write_gguf_twin(hf_dir, out):
     def permute(w, heads):  # convert_hf_to_gguf.py's LlamaModel.permute
         return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
-    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
-             "lm_head.weight": "output.weight"}
-    parts = {"self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-             "self_attn.o_proj": "attn_output", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-             "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm", "post_attention_layernorm": "ffn_norm"}
+    names = {
+        "model.embed_tokens.weight": "token_embd.weight",
+        "model.norm.weight": "output_norm.weight",
+        "lm_head.weight": "output.weight",
+    }
+    parts = {
+        "self_attn.q_proj": "attn_q",
+        "self_attn.k_proj": "attn_k",
+        "self_attn.v_proj": "attn_v",
+        "self_attn.o_proj": "attn_output",
+        "mlp.gate_proj": "ffn_gate",
+        "mlp.up_proj": "ffn_up",
+        "mlp.down_proj": "ffn_down",
+        "input_layernorm": "attn_norm",
+        "post_attention_layernorm": "ffn_norm",
+    }
     w = gguf.GGUFWriter(str(out), "llama")
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -129,8 +140,9 @@ def test_tiny_gguf_equals_its_hf_twin(tmp_path):
     for text in checkpoints.CORPUS[:4] + ["  spaces\tand\nnewlines 12345 ünïcödé"]:
         assert gg_tok.encode(text) == hf_tok.encode(text), text
     messages = [{"role": "user", "content": "Name one fruit."}]
-    assert gg_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
-        hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert gg_tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == hf_tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     ids = mx.array([hf_tok.encode(checkpoints.CORPUS[0])])
     assert mx.abs(gg_model(ids) - hf_model(ids)).max().item() < 1e-4
 
@@ -176,6 +188,7 @@ def _edit_config(**fields):
         cfg = json.loads((d / "config.json").read_text())
         cfg.update(fields)
         (d / "config.json").write_text(json.dumps(cfg))
+
     return change
 
 
@@ -190,7 +203,15 @@ def _edit_config(**fields):
         (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00\x00"), ["safetensors"]),
         (_edit_config(hidden_size=None), ["hidden_size"]),
     ],
-    ids=["no-config", "unknown-arch", "shape-mismatch", "vocab-shape", "config-not-json", "corrupt-weights", "null-field"],
+    ids=[
+        "no-config",
+        "unknown-arch",
+        "shape-mismatch",
+        "vocab-shape",
+        "config-not-json",
+        "corrupt-weights",
+        "null-field",
+    ],
 )
 def test_broken_checkpoints_give_one_line_errors(tmp_path, checkpoint_dir, change, fragments):
     bad = _broken(tmp_path, checkpoint_dir, change)

@@ -9,7 +9,6 @@ import pytest
 from conftest import VARIANTS
 
 import mlxinfer
-from mlxinfer.weights import hf_to_ours
 
 IDS = mx.array([[1, 17, 42, 99, 250, 3, 7, 120, 64, 2, 33, 180, 5, 9, 11, 300]])
 
@@ -23,16 +22,18 @@ def test_logits_equal_mlx_lm_exactly(checkpoint_dir, arch, bits, group_size):
     import mlx_lm
 
     path = checkpoint_dir(arch, bits, group_size)
-    ours, _ = mlxinfer.load(path)
+    ours, _ = mlxinfer.load(path, compute_dtype="bfloat16")
     peer, _ = mlx_lm.load(str(path))
     scores = ours(IDS)
     assert scores.shape == (1, IDS.shape[1], ours.config.vocab_size)
     assert max_abs_diff(scores, peer(IDS)) == 0.0
 
 
-@pytest.mark.parametrize("arch,bits,group_size", [("llama", None, None), ("llama", 4, 64), ("qwen3", None, None), ("qwen3", 8, 64)])
+@pytest.mark.parametrize(
+    "arch,bits,group_size", [("llama", None, None), ("llama", 4, 64), ("qwen3", None, None), ("qwen3", 8, 64)]
+)
 def test_kv_cache_matches_full_pass(checkpoint_dir, arch, bits, group_size):
-    model, _ = mlxinfer.load(checkpoint_dir(arch, bits, group_size))
+    model, _ = mlxinfer.load(checkpoint_dir(arch, bits, group_size), compute_dtype="bfloat16")
     full = model(IDS)[0]
     cache = model.make_cache()
     model(IDS[:, :9], cache)  # prefill of many positions
@@ -51,14 +52,13 @@ def test_quantized_weights_dequantize_to_their_source(checkpoint_dir, bits, grou
     bf16 storage of scale and bias adds relative rounding of 2**-8 on each.
     """
     source = mx.load(str(checkpoint_dir("llama") / "model.safetensors"))
-    model, _ = mlxinfer.load(checkpoint_dir("llama", bits, group_size))
+    model, _ = mlxinfer.load(checkpoint_dir("llama", bits, group_size), compute_dtype="bfloat16")
     checked = 0
     for name, module in model.named_modules():
         if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
             assert (module.bits, module.group_size) == (bits, group_size)
             w = mx.dequantize(module.weight, module.scales, module.biases, group_size, bits).astype(mx.float32)
-            hf_name = next(k for k in source if hf_to_ours(k) == f"{name}.weight")
-            ref = source[hf_name].astype(mx.float32)
+            ref = source[f"{name}.weight"].astype(mx.float32)  # the same (Hugging Face) names
             groups = ref.reshape(ref.shape[0], -1, group_size)
             step = (groups.max(-1) - groups.min(-1)) / (2**bits - 1)  # (rows, groups)
             scale = mx.abs(module.scales.astype(mx.float32))
@@ -81,7 +81,7 @@ def test_embedded_model_shape(embedded):
 
 def test_embedded_gguf_equals_mlx_lm_fed_the_same_weights(embedded):
     """Our GGUF path against mlx-lm's llama class given the same (un-permuted) tensors."""
-    from mlxinfer.peers import mlx_lm_twin
+    from mlxinfer.model.peers import mlx_lm_twin
 
     model, tokenizer = embedded
     peer = mlx_lm_twin(model)
@@ -96,10 +96,10 @@ def test_twin_equals_mlx_lm_load(checkpoint_dir, arch, bits, group_size):
     """The peer built from our model is mlx-lm's own model: same logits as mlx_lm.load."""
     import mlx_lm
 
-    from mlxinfer.peers import mlx_lm_twin
+    from mlxinfer.model.peers import mlx_lm_twin
 
     path = checkpoint_dir(arch, bits, group_size)
-    ours, _ = mlxinfer.load(path)
+    ours, _ = mlxinfer.load(path, compute_dtype="bfloat16")
     loaded, _ = mlx_lm.load(str(path))
     assert max_abs_diff(mlx_lm_twin(ours)(IDS), loaded(IDS)) == 0.0
 

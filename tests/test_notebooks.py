@@ -38,7 +38,8 @@ def test_committed_without_outputs(path):
     """Strip before committing: `jupyter nbconvert --clear-output --inplace notebooks/*.ipynb`."""
     nb = json.loads(path.read_text())
     dirty = [
-        i for i, cell in enumerate(nb["cells"])
+        i
+        for i, cell in enumerate(nb["cells"])
         if cell["cell_type"] == "code" and (cell.get("outputs") or cell.get("execution_count") is not None)
     ]
     assert not dirty, f"{path.name}: cells {dirty} have outputs or execution counts; clear them before committing"
@@ -80,8 +81,9 @@ def test_executes_top_to_bottom(path, kernel, tmp_path, monkeypatch):
     committed = hashlib.sha256(path.read_bytes()).hexdigest()
 
     nb = nbformat.read(path, as_version=4)
-    client = NotebookClient(nb, timeout=CELL_TIMEOUT, kernel_name=kernel,
-                            resources={"metadata": {"path": str(NOTEBOOK_DIR)}})
+    client = NotebookClient(
+        nb, timeout=CELL_TIMEOUT, kernel_name=kernel, resources={"metadata": {"path": str(NOTEBOOK_DIR)}}
+    )
     start = time.perf_counter()
     try:
         client.execute()

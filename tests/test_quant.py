@@ -13,10 +13,10 @@ from conftest import assert_one_line_error, run_cli
 
 import mlxinfer
 import quant
+from mlxinfer.model.weights import unpermute_rows
 from quant import writer
 from quant.affine import dequantize_tensor, module_weight, quantize_tensor, tables
 from quant.export import convert_gguf, load, quantize
-from mlxinfer.weights import ours_to_hf, unpermute_rows
 
 IDS = mx.array([[1, 504, 2705, 314, 253, 1028, 28]])
 TINY_IDS = mx.array([[1, 5, 17, 42, 99, 120, 7, 300, 2]])
@@ -85,12 +85,17 @@ def test_affine_error_within_bound_real_weights(embedded):
     """The embedded SmolLM2's weights in bf16 (as `quantize` sees them), requantized."""
     model, _ = embedded
     mods = tables(model)
-    for path in ("layers.0.attn.q_proj", "layers.0.attn.k_proj", "layers.15.mlp.down_proj", "layers.29.mlp.up_proj"):
+    for path in (
+        "model.layers.0.self_attn.q_proj",
+        "model.layers.0.self_attn.k_proj",
+        "model.layers.15.mlp.down_proj",
+        "model.layers.29.mlp.up_proj",
+    ):
         w = module_weight(mods[path], mx.bfloat16)
         for bits, group_size in ((4, 32), (4, 64), (4, 128), (8, 64), (3, 64), (6, 128)):
             if w.shape[1] % group_size == 0:  # 576 inputs: 128 fits only down_proj's 1536
                 _check_bound(w, bits, group_size)
-    embed = module_weight(mods["embed_tokens"], mx.bfloat16)[:4096]
+    embed = module_weight(mods["model.embed_tokens"], mx.bfloat16)[:4096]
     for bits, group_size in ((4, 64), (8, 32)):
         _check_bound(embed, bits, group_size)
 
@@ -105,10 +110,18 @@ def _mlx_lm_convert(src: Path, out: Path, bits: int, group_size: int, predicate=
     return out
 
 
-@pytest.mark.parametrize("arch,bits,group_size,head_bits", [
-    ("llama", 4, 64, None), ("llama", 8, 32, None), ("qwen3", 4, 64, None), ("qwen2", 3, 32, None),
-    ("llama", 4, 64, 8), ("qwen3", 4, 32, 8), ("llama", 5, 128, 16),
-])
+@pytest.mark.parametrize(
+    "arch,bits,group_size,head_bits",
+    [
+        ("llama", 4, 64, None),
+        ("llama", 8, 32, None),
+        ("qwen3", 4, 64, None),
+        ("qwen2", 3, 32, None),
+        ("llama", 4, 64, 8),
+        ("qwen3", 4, 32, 8),
+        ("llama", 5, 128, 16),
+    ],
+)
 def test_same_tensors_as_mlx_lm_convert(checkpoint_dir, tmp_path, arch, bits, group_size, head_bits):
     src = checkpoint_dir(arch)
     tied = _config(src)["tie_word_embeddings"]
@@ -128,8 +141,11 @@ def test_same_tensors_as_mlx_lm_convert(checkpoint_dir, tmp_path, arch, bits, gr
         assert a[name].dtype == b[name].dtype, name
         assert mx.array_equal(a[name], b[name]).item(), name
     block, peer_block = _config(ours)["quantization"], _config(peer)["quantization"]
-    assert {k: block[k] for k in ("group_size", "bits", "mode")} == {"group_size": group_size, "bits": bits,
-                                                                     "mode": "affine"}
+    assert {k: block[k] for k in ("group_size", "bits", "mode")} == {
+        "group_size": group_size,
+        "bits": bits,
+        "mode": "affine",
+    }
     assert {k: v for k, v in block.items() if v is not False} == peer_block  # mlx-lm omits a float module
     if head_bits == 16:
         assert block[head] is False and f"{head}.scales" not in a
@@ -142,8 +158,18 @@ def test_same_tensors_as_mlx_lm_convert(checkpoint_dir, tmp_path, arch, bits, gr
 
 def test_sharded_output_loads_and_counts(checkpoint_dir, tmp_path):
     out = tmp_path / "sharded"
-    result = run_cli("quantize", str(checkpoint_dir("llama")), str(out), "--bits", "8", "--group-size", "32",
-                     "--max-shard-size", "40KB", "--json")
+    result = run_cli(
+        "quantize",
+        str(checkpoint_dir("llama")),
+        str(out),
+        "--bits",
+        "8",
+        "--group-size",
+        "32",
+        "--max-shard-size",
+        "40KB",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     index = json.loads((out / "model.safetensors.index.json").read_text())
@@ -157,8 +183,21 @@ def test_sharded_output_loads_and_counts(checkpoint_dir, tmp_path):
 
 
 def test_quantize_report_option(checkpoint_dir, tmp_path):
-    result = run_cli("quantize", str(checkpoint_dir("qwen3")), str(tmp_path / "q"), "--bits", "4",
-                     "--group-size", "32", "--report", "--max-tokens", "80", "--window", "32", "--json")
+    result = run_cli(
+        "quantize",
+        str(checkpoint_dir("qwen3")),
+        str(tmp_path / "q"),
+        "--bits",
+        "4",
+        "--group-size",
+        "32",
+        "--report",
+        "--max-tokens",
+        "80",
+        "--window",
+        "32",
+        "--json",
+    )
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)["report"]
     assert report["tokens"] == 80 and report["positions"] == 31 + 31 + 15  # windows of 32, 32 and 16
@@ -190,11 +229,16 @@ def test_gguf_becomes_bf16(smol, embedded):
     assert {v.dtype for v in tensors.values()} == {mx.bfloat16}
     model, _ = embedded
     for path, m in tables(model).items():  # each weight: the GGUF's values in float32, rounded once to bf16
-        assert mx.array_equal(tensors[ours_to_hf(path) + ".weight"], module_weight(m, mx.bfloat16)).item(), path
+        assert mx.array_equal(tensors[path + ".weight"], module_weight(m, mx.bfloat16)).item(), path
     assert summaries["bf16"]["bits_per_weight"] == 16.0
     assert sorted(p.name for p in dirs["bf16"].iterdir()) == [
-        "chat_template.jinja", "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
-        "tokenizer_config.json"]
+        "chat_template.jinja",
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+    ]
     _logits_equal_in_both_loaders(dirs["bf16"], IDS)
 
 
@@ -205,22 +249,28 @@ def test_gguf_conversion_is_exact(smol, embedded):
     from mlx.utils import tree_flatten
 
     stored = _load_dir(out)
-    ours = {ours_to_hf(k): v for k, v in tree_flatten(model.parameters())}
+    ours = dict(tree_flatten(model.parameters()))  # the same (Hugging Face) names
     assert sorted(stored) == sorted(ours)
     for name, v in ours.items():  # packed weights, scales, biases and float32 norms: bit for bit
         assert stored[name].dtype == v.dtype and mx.array_equal(stored[name], v).item(), name
     cfg = _config(out)
-    assert cfg["quantization"] == {"group_size": 32, "bits": 4, "mode": "affine",
-                                   "model.embed_tokens": {"group_size": 32, "bits": 8}}
+    assert cfg["quantization"] == {
+        "group_size": 32,
+        "bits": 4,
+        "mode": "affine",
+        "model.embed_tokens": {"group_size": 32, "bits": 8},
+    }
     assert stored["model.norm.weight"].dtype == mx.float32
 
     # the dequantized values equal llama.cpp's own dequantization (gguf-py), q/k rows back in HF order
     gguf = pytest.importorskip("gguf")
-    reader = gguf.GGUFReader(str(model.source.path))
-    wanted = {"token_embd.weight": ("model.embed_tokens", None),
-              "blk.0.attn_q.weight": ("model.layers.0.self_attn.q_proj", cfg["num_attention_heads"]),
-              "blk.7.attn_k.weight": ("model.layers.7.self_attn.k_proj", cfg["num_key_value_heads"]),
-              "blk.29.ffn_down.weight": ("model.layers.29.mlp.down_proj", None)}
+    reader = gguf.GGUFReader(str(model.info.source.path))
+    wanted = {
+        "token_embd.weight": ("model.embed_tokens", None),
+        "blk.0.attn_q.weight": ("model.layers.0.self_attn.q_proj", cfg["num_attention_heads"]),
+        "blk.7.attn_k.weight": ("model.layers.7.self_attn.k_proj", cfg["num_key_value_heads"]),
+        "blk.29.ffn_down.weight": ("model.layers.29.mlp.down_proj", None),
+    }
     for t in reader.tensors:
         if t.name not in wanted:
             continue
@@ -241,8 +291,9 @@ def test_gguf_conversion_is_exact(smol, embedded):
     text = "Hello world, 12345 it's  a test\n\n<|im_start|>user"
     assert tok.encode(text) == tokenizer.encode(text)
     messages = [{"role": "user", "content": "Name one fruit."}]
-    assert tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) == \
-        tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert tok.apply_chat_template(
+        messages, tokenize=False, add_generation_prompt=True
+    ) == tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert (out / "chat_template.jinja").exists()
     assert set(tok.eos_token_ids) == set(tokenizer.eos_token_ids)
 
@@ -294,10 +345,17 @@ def test_count_matches_the_written_files(smol, checkpoint_dir, tmp_path):
         r = _check_count(dirs[key], summaries[key], cli=key == "q4")
         expected = r["quantization"]["bytes"] if r["quantization"] else r["bytes"]
         assert r["stored"]["tensor_bytes"] == expected, key
-    assert _config(dirs["q4"])["quantization"] == {"group_size": 64, "bits": 4, "mode": "affine",
-                                                   "model.embed_tokens": False}
-    for arch, policy in (("llama", {"bits": 4, "head_bits": 8}), ("qwen3", {"bits": 6, "head_bits": 16}),
-                         ("qwen2", {"bits": 8, "group_size": 32, "embed_bits": 4})):
+    assert _config(dirs["q4"])["quantization"] == {
+        "group_size": 64,
+        "bits": 4,
+        "mode": "affine",
+        "model.embed_tokens": False,
+    }
+    for arch, policy in (
+        ("llama", {"bits": 4, "head_bits": 8}),
+        ("qwen3", {"bits": 6, "head_bits": 16}),
+        ("qwen2", {"bits": 8, "group_size": 32, "embed_bits": 4}),
+    ):
         out = tmp_path / arch
         r = _check_count(out, quantize(checkpoint_dir(arch), out, **policy))
         assert r["stored"]["tensor_bytes"] == r["quantization"]["bytes"], arch
@@ -317,15 +375,18 @@ def _no_leftovers(parent: Path, name: str) -> None:
     assert not [p.name for p in parent.iterdir() if p.name.startswith(f".{name}.")]
 
 
-@pytest.mark.parametrize("args,fragments", [
-    (["--bits", "7"], ["--bits 7", "2, 3, 4, 5, 6, 8"]),
-    (["--bits", "1"], ["--bits 1"]),
-    (["--group-size", "48"], ["--group-size 48", "32, 64, 128"]),
-    (["--head-bits", "7"], ["--head-bits 7"]),
-    (["--bits", "16", "--head-bits", "8"], ["--head-bits 8", "quantized"]),
-    (["--dtype", "int8"], ["--dtype int8"]),
-    (["--max-shard-size", "lots"], ["size"]),
-])
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--bits", "7"], ["--bits 7", "2, 3, 4, 5, 6, 8"]),
+        (["--bits", "1"], ["--bits 1"]),
+        (["--group-size", "48"], ["--group-size 48", "32, 64, 128"]),
+        (["--head-bits", "7"], ["--head-bits 7"]),
+        (["--bits", "16", "--head-bits", "8"], ["--head-bits 8", "quantized"]),
+        (["--dtype", "int8"], ["--dtype int8"]),
+        (["--max-shard-size", "lots"], ["size"]),
+    ],
+)
 def test_bad_options_are_one_line_errors(checkpoint_dir, tmp_path, args, fragments):
     result = run_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "out"), *args)
     assert_one_line_error(result, *fragments)

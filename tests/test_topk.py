@@ -44,7 +44,11 @@ def test_topk_scores_equal_mlx_lm_forward(checkpoint_dir):
     import mlx_lm
 
     path = checkpoint_dir("qwen3", 4, 128)
-    out = json.loads(invoke_cli("topk", "-m", str(path), "-p", "Name one fruit.", "-k", "8", "--compute-dtype", "bfloat16", "--json").stdout)
+    out = json.loads(
+        invoke_cli(
+            "topk", "-m", str(path), "-p", "Name one fruit.", "-k", "8", "--compute-dtype", "bfloat16", "--json"
+        ).stdout
+    )
     peer, tok = mlx_lm.load(str(path))
     scores = peer(mx.array([out["prompt_ids"]]))[0, -1].astype(mx.float32)
     top = mx.argsort(-scores)[:8].tolist()
@@ -58,15 +62,33 @@ def test_topk_scores_equal_mlx_lm_forward(checkpoint_dir):
 def test_explain_top_p_keeps_the_smallest_set(checkpoint_dir):
     # --top-k 0 switches off the top-k 20 that the checkpoint's generation_config.json sets
     path = str(checkpoint_dir("llama"))
-    out = json.loads(invoke_cli("topk", "-m", path, "-p", "hi", "--temp", "1.0", "--top-p", "0.3", "--top-k", "0", "--explain", "-k", "384", "--json").stdout)
-    ex = out["extra"]["explain"]
+    out = json.loads(
+        invoke_cli(
+            "topk",
+            "-m",
+            path,
+            "-p",
+            "hi",
+            "--temp",
+            "1.0",
+            "--top-p",
+            "0.3",
+            "--top-k",
+            "0",
+            "--explain",
+            "-k",
+            "384",
+            "--json",
+        ).stdout
+    )
+    ex = out["explanation"]
     kept = [r for r in ex["rows"] if r["kept"]]
     assert ex["n_kept"] == len(kept) >= 1
     mass = sum(r["prob"] for r in kept)
     assert mass == pytest.approx(ex["mass_kept"], abs=1e-6) and mass >= 0.3
     assert mass - kept[-1]["prob"] < 0.3  # smallest such set: without its last token it falls short
     assert sum(r["final_prob"] for r in kept) == pytest.approx(1.0, abs=1e-5)
-    assert "set by you" in out["extra"]["settings_note"]
+    assert "set by you" in out["settings_note"]
 
 
 def test_thinking_switch_reaches_the_chat_template(checkpoint_dir):
@@ -81,3 +103,28 @@ def test_thinking_switch_reaches_the_chat_template(checkpoint_dir):
     think = tok.convert_tokens_to_ids("<think>")
     assert think in off and think not in on
     assert off[: len(on)] == on  # the same prompt, plus the think block
+
+
+# ----------------------------------------------------------------------------- what the terminal shows
+def test_the_table_make_run_prints(herb_table):
+    """`make run`'s table on the float32 path: the header, then each row's rank, token, id, score and
+    probabilities as --json gives them, in order, and the mass footer."""
+    out = invoke_cli("topk", "-p", HERB)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0].startswith("SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default)  prompt: 44 tokens")
+    assert lines[1] == "scores in one pass: 49,152"
+    header = next(line for line in lines if "p @ T=0.5" in line)
+    assert ["#", "token", "id", "score", "p @ T=0.5", "p @ T=1", "p @ T=1.5"] == [
+        c.strip() for c in header.strip("┃").split("┃")
+    ]
+    rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
+    for row, want in zip(rows, herb_table["rows"]):
+        assert row == [
+            str(want["rank"]),
+            repr(want["text"]),
+            str(want["id"]),
+            f"{want['score']:.2f}",
+            *(f"{p:.3f}" for p in want["probs"]),
+        ]
+    assert rows[len(herb_table["rows"])] == ["", "top rows hold", "", "", *(f"{m:.3f}" for m in herb_table["mass"])]

@@ -6,27 +6,28 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import app
-from cli.common import JsonOption, ModelOption, parse_floats, print_json, progress_bar
+from cli.common import JsonOption, ModelOption, parse_numbers, print_json, progress_bar
 
 
-@app.command("bench")
 def bench(
     model: Optional[str] = ModelOption,
-    prompt_tokens: List[str] = typer.Option(["32,128,512"], "--prompt-tokens", help="Prompt lengths, e.g. '32,128,512'."),
+    prompt_tokens: List[str] = typer.Option(
+        ["32,128,512"], "--prompt-tokens", help="Prompt lengths, e.g. '32,128,512'."
+    ),
     gen_tokens: int = typer.Option(64, "--gen-tokens", help="Tokens to decode per run."),
     repeats: int = typer.Option(3, "--repeats", help="Interleaved repeats; figures are medians."),
-    bandwidth: Optional[float] = typer.Option(None, "--bandwidth", help="Memory bandwidth in GB/s for the roofline (default: measured)."),
-    fast_path: bool = typer.Option(True, "--fast/--no-fast", help="Also run our model with float32 weights (BLAS path)."),
+    bandwidth: Optional[float] = typer.Option(
+        None, "--bandwidth", help="Memory bandwidth in GB/s for the roofline (default: measured)."
+    ),
+    fast_path: bool = typer.Option(
+        True, "--fast/--no-fast", help="Also run our model with float32 weights (BLAS path)."
+    ),
     json_out: bool = JsonOption,
 ):
     """Load, prefill, time to first token, decode and peak memory: ours, mlx-lm's, and their ratios."""
-    from mlxinfer.bench import run_bench
-    from mlxinfer.errors import MlxinferError
+    from mlxinfer.engine.bench import run_bench
 
-    lengths = tuple(int(x) for x in parse_floats(prompt_tokens, "--prompt-tokens"))
-    if bandwidth is not None and bandwidth <= 0:
-        raise MlxinferError(f"--bandwidth must be positive (GB/s), got {bandwidth}")
+    lengths = parse_numbers(prompt_tokens, "--prompt-tokens", int)
     engines = 3 if fast_path else 2
     bar, update = progress_bar(repeats * len(lengths) * engines, "benchmark", enabled=not json_out)
     with bar:
@@ -45,7 +46,8 @@ def markdown(report) -> str:
         f"greedy, {report.gen_tokens} generated tokens, medians of {report.repeats} interleaved repeats; "
         f"ratios are ours / mlx-lm's  ",
         "",
-        "| engine | weights | prompt | load s | TTFT s | prefill tok/s | decode tok/s | prefill x | decode x | roofline | peak MB | tokens |",
+        "| engine | weights | prompt | load s | TTFT s | prefill tok/s | decode tok/s | prefill x | decode x "
+        "| roofline | peak MB | tokens |",
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report.rows:
@@ -56,9 +58,13 @@ def markdown(report) -> str:
             f"{'same' if r.same_tokens else 'DIFFER'} |"
         )
     lines.append("")
-    lines.append(f"roofline: memory bandwidth {report.bandwidth_gb_s:.1f} GB/s ({report.bandwidth_source}); decode can "
-                 "be no faster than bandwidth / weight bytes read per token:")
+    lines.append(
+        f"roofline: memory bandwidth {report.bandwidth_gb_s:.1f} GB/s ({report.bandwidth_source}); decode can "
+        "be no faster than bandwidth / weight bytes read per token:"
+    )
     for name, r in report.roofline.items():
-        lines.append(f"- {name}: {r['bytes_per_token'] / 1e6:.1f} MB per token -> at most {r['max_tokens_per_s']:.0f} tok/s")
+        lines.append(
+            f"- {name}: {r['bytes_per_token'] / 1e6:.1f} MB per token -> at most {r['max_tokens_per_s']:.0f} tok/s"
+        )
     lines.append(f"\n`mlxinfer --help` start-up: {report.help_seconds:.2f} s over `python -c pass`")
     return "\n".join(lines)

@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import typer
 
-from cli.app import app
 from cli.common import JsonOption, print_json
 
 
-@app.command("convert")
 def convert_command(
     gguf: str = typer.Argument(..., help="A .gguf file (F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors), or 'embedded'."),
-    out: str = typer.Argument(..., help="The directory to write (refused if it exists and is not empty, unless --force)."),
+    out: str = typer.Argument(
+        ..., help="The directory to write (refused if it exists and is not empty, unless --force)."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists and is not empty."),
-    max_shard_size: str = typer.Option("5GiB", "--max-shard-size", help="Split the weights into shards of at most this size (with an index)."),
+    max_shard_size: str = typer.Option(
+        "5GiB", "--max-shard-size", help="Split the weights into shards of at most this size (with an index)."
+    ),
     json_out: bool = JsonOption,
 ):
     """Convert a GGUF file to safetensors, keeping Q4_0/Q4_1/Q8_0 exactly as MLX affine weights (group 32)."""

@@ -12,13 +12,12 @@ from typing import Optional
 
 import typer
 
-from cli.app import app
-from cli.common import JsonOption, MODEL_HELP, print_json
+from cli import flags
+from cli.common import MODEL_HELP, JsonOption, print_json
 
 RATE_HELP = "Prefixes are decimal (k M G T P = 10^3 .. 10^15), Ki Mi Gi Ti binary; a plain number works too."
 
 
-@app.command("count")
 def count_command(
     model: Optional[str] = typer.Argument(None, help=MODEL_HELP + " A config .json file works too."),
     model_option: Optional[str] = typer.Option(None, "--model", "-m", help="Same as MODEL."),
@@ -40,13 +39,16 @@ def count_command(
 
     Example: mlxinfer count Qwen/Qwen3-0.6B --context 12060 --answer-tokens 300 --flops 989T --bandwidth 3.35TB/s
     """
-    from mlxinfer.counting import count
+    import mlxinfer
     from mlxinfer.errors import MlxinferError
 
     if model and model_option and model != model_option:
         raise MlxinferError(f"two models given ({model} and --model {model_option}); pass one")
-    report = count(model or model_option, context=context, answer_tokens=answer_tokens,
-                   flops=flops, bandwidth=bandwidth)
+    if model:
+        flags.use(source="MODEL")
+    report = mlxinfer.count(
+        model or model_option, context=context, answer_tokens=answer_tokens, flops=flops, bandwidth=bandwidth
+    )
     if as_json:
         print_json(report.to_dict())
     else:
@@ -56,18 +58,35 @@ def count_command(
 def render(r) -> str:
     c = r.config
     tied = "one table for both ends (tied)" if c["tie_word_embeddings"] else "separate output table"
-    out = [f"{r.model}", f"{c['model_type']}: {r.num_layers} layers, hidden {c['hidden_size']:,}, "
-           f"vocabulary {c['vocab_size']:,}, {r.dtype}, {tied}", ""]
+    out = [
+        f"{r.model}",
+        f"{c['model_type']}: {r.num_layers} layers, hidden {c['hidden_size']:,}, "
+        f"vocabulary {c['vocab_size']:,}, {r.dtype}, {tied}",
+        "",
+    ]
     out += _block([(x["indent"], x["label"], x["formula"], _n(x["params"]), "") for x in r.rows])
-    out += _section("Bytes and shares", [
-        (0, f"bytes in {r.dtype}", f"{r.total:,} x {r.bytes_per_parameter}", _n(r.bytes), _gb(r.bytes)),
-        (0, "MLP share of a layer", f"{r.mlp:,} / {r.layer:,}", _pct(r.shares["mlp_of_layer"]), ""),
-        (0, "attention share of a layer", f"{r.attention:,} / {r.layer:,}",
-         _pct(r.shares["attention_of_layer"]), ""),
-        (0, "layers' share of the model", f"{r.layers:,} / {r.total:,}", _pct(r.shares["layers_of_model"]), ""),
-        (0, "vocabulary tables' share", f"{r.embedding + r.output_table:,} / {r.total:,}",
-         _pct(r.shares["vocab_tables_of_model"]), ""),
-    ])
+    out += _section(
+        "Bytes and shares",
+        [
+            (0, f"bytes in {r.dtype}", f"{r.total:,} x {r.bytes_per_parameter}", _n(r.bytes), _gb(r.bytes)),
+            (0, "MLP share of a layer", f"{r.mlp:,} / {r.layer:,}", _pct(r.shares["mlp_of_layer"]), ""),
+            (
+                0,
+                "attention share of a layer",
+                f"{r.attention:,} / {r.layer:,}",
+                _pct(r.shares["attention_of_layer"]),
+                "",
+            ),
+            (0, "layers' share of the model", f"{r.layers:,} / {r.total:,}", _pct(r.shares["layers_of_model"]), ""),
+            (
+                0,
+                "vocabulary tables' share",
+                f"{r.embedding + r.output_table:,} / {r.total:,}",
+                _pct(r.shares["vocab_tables_of_model"]),
+                "",
+            ),
+        ],
+    )
     out += _operations(r)
     out += _hardware(r) + _quantization(r) + _stored(r)
     if r.notes:
@@ -81,40 +100,82 @@ def _wrap(text: str) -> str:
 
 def _operations(r) -> list[str]:
     o, c = r.operations, r.config
-    rows = [(0, "all parameters", "", _n(r.total), ""),
-            (0, "minus the embedding table", "", f"- {r.embedding:,}", "a lookup, no arithmetic")]
+    rows = [
+        (0, "all parameters", "", _n(r.total), ""),
+        (0, "minus the embedding table", "", f"- {r.embedding:,}", "a lookup, no arithmetic"),
+    ]
     if c["tie_word_embeddings"]:
-        rows.append((0, "plus the output matmul", "on the shared table", f"+ {r.embedding:,}",
-                     "scores for every token"))
-    rows += [(0, "parameters used in arithmetic", "", _n(o["parameters_in_arithmetic"]), ""),
-             (0, "x 2 operations each", "", _n(o["weights_per_token"]), _words(o["weights_per_token"])),
-             (0, "attention per earlier token", f"{r.num_layers} layers x 2 x 2 x ({c['num_attention_heads']} x "
-              f"{c['head_dim']})", _n(o["attention_per_earlier_token"]), "q.k, then the value mix"),
-             (0, "crossover context", f"{o['weights_per_token']:,} / {o['attention_per_earlier_token']:,}",
-              f"{o['crossover_context']:,.0f}", "tokens: beyond it, attention outweighs the weights")]
+        rows.append(
+            (0, "plus the output matmul", "on the shared table", f"+ {r.embedding:,}", "scores for every token")
+        )
+    rows += [
+        (0, "parameters used in arithmetic", "", _n(o["parameters_in_arithmetic"]), ""),
+        (0, "x 2 operations each", "", _n(o["weights_per_token"]), _words(o["weights_per_token"])),
+        (
+            0,
+            "attention per earlier token",
+            f"{r.num_layers} layers x 2 x 2 x ({c['num_attention_heads']} x {c['head_dim']})",
+            _n(o["attention_per_earlier_token"]),
+            "q.k, then the value mix",
+        ),
+        (
+            0,
+            "crossover context",
+            f"{o['weights_per_token']:,} / {o['attention_per_earlier_token']:,}",
+            f"{o['crossover_context']:,.0f}",
+            "tokens: beyond it, attention outweighs the weights",
+        ),
+    ]
     out = _section("Operations per token", rows) + [_wrap(f"rule: {o['rule']}")]
     if r.context:
         x = r.context
-        out += _section(f"At a context of {x['tokens']:,} tokens", [
-            (0, "attention", f"{o['attention_per_earlier_token']:,} x {x['tokens']:,}", _n(x["attention_ops"]),
-             _words(x["attention_ops"])),
-            (0, "weights", "", _n(o["weights_per_token"]), _words(o["weights_per_token"])),
-            (0, "attention as a share of the weights' work", "", _pct(x["share_of_weights"]), ""),
-            (0, "this token in all", "", _n(x["total_ops"]), _words(x["total_ops"]))])
+        out += _section(
+            f"At a context of {x['tokens']:,} tokens",
+            [
+                (
+                    0,
+                    "attention",
+                    f"{o['attention_per_earlier_token']:,} x {x['tokens']:,}",
+                    _n(x["attention_ops"]),
+                    _words(x["attention_ops"]),
+                ),
+                (0, "weights", "", _n(o["weights_per_token"]), _words(o["weights_per_token"])),
+                (0, "attention as a share of the weights' work", "", _pct(x["share_of_weights"]), ""),
+                (0, "this token in all", "", _n(x["total_ops"]), _words(x["total_ops"])),
+            ],
+        )
         if x["beyond_max_context"]:
             out.append(f"note: beyond the model's max_position_embeddings ({c['max_position_embeddings']:,})")
     if r.answer:
         a = r.answer
-        out += _section(f"An answer of {a['answer_tokens']:,} tokens after {a['prompt_tokens']:,}", [
-            (0, "passes, one after another", "", _n(a["passes"]), ""),
-            (0, "layer runs", f"{a['passes']:,} x {r.num_layers}", _n(a["layer_runs"]), ""),
-            (0, "arithmetic, weights", f"{a['passes']:,} x {o['weights_per_token']:,}", _n(a["weights_ops"]),
-             _words(a["weights_ops"])),
-            (0, "arithmetic, attention", f"{o['attention_per_earlier_token']:,} x {a['attended_tokens']:,}",
-             _n(a["attention_ops"]), _words(a["attention_ops"])),
-            (0, "total for the answer", "", _n(a["total_ops"]), _words(a["total_ops"]))])
-        out.append(_wrap(f"attended tokens: pass k (k = 0 .. {a['passes'] - 1}) looks at {a['prompt_tokens']:,} + k"
-                         f" tokens, summed exactly: {a['attended_tokens']:,} (average {a['average_attended']:,.1f})"))
+        out += _section(
+            f"An answer of {a['answer_tokens']:,} tokens after {a['prompt_tokens']:,}",
+            [
+                (0, "passes, one after another", "", _n(a["passes"]), ""),
+                (0, "layer runs", f"{a['passes']:,} x {r.num_layers}", _n(a["layer_runs"]), ""),
+                (
+                    0,
+                    "arithmetic, weights",
+                    f"{a['passes']:,} x {o['weights_per_token']:,}",
+                    _n(a["weights_ops"]),
+                    _words(a["weights_ops"]),
+                ),
+                (
+                    0,
+                    "arithmetic, attention",
+                    f"{o['attention_per_earlier_token']:,} x {a['attended_tokens']:,}",
+                    _n(a["attention_ops"]),
+                    _words(a["attention_ops"]),
+                ),
+                (0, "total for the answer", "", _n(a["total_ops"]), _words(a["total_ops"])),
+            ],
+        )
+        out.append(
+            _wrap(
+                f"attended tokens: pass k (k = 0 .. {a['passes'] - 1}) looks at {a['prompt_tokens']:,} + k"
+                f" tokens, summed exactly: {a['attended_tokens']:,} (average {a['average_attended']:,.1f})"
+            )
+        )
     return out
 
 
@@ -124,30 +185,51 @@ def _hardware(r) -> list[str]:
         return []
     o = r.operations
     at = f"at a context of {h['context']:,}" if h["context"] else "weights only, no context"
-    rows = [(0, "operations", at, _n(h["ops"]), _words(h["ops"])),
-            (0, "bytes read", "weights" + (" + KV cache" if h["context"] else ""), _n(h["bytes_read"]),
-             _gb(h["bytes_read"]))]
+    rows = [
+        (0, "operations", at, _n(h["ops"]), _words(h["ops"])),
+        (
+            0,
+            "bytes read",
+            "weights" + (" + KV cache" if h["context"] else ""),
+            _n(h["bytes_read"]),
+            _gb(h["bytes_read"]),
+        ),
+    ]
     if h["context"]:
-        rows.append((1, "of which KV cache", f"{o['kv_cache_bytes_per_context_token']:,} x {h['context']:,}",
-                     _n(o["kv_cache_bytes_per_context_token"] * h["context"]), ""))
+        rows.append(
+            (
+                1,
+                "of which KV cache",
+                f"{o['kv_cache_bytes_per_context_token']:,} x {h['context']:,}",
+                _n(o["kv_cache_bytes_per_context_token"] * h["context"]),
+                "",
+            )
+        )
     if h["flops"]:
-        rows.append((0, "compute-bound time", f"{h['ops']:,} / {_rate(h['flops'], 'FLOP/s')}",
-                     _t(h["compute_s"]), ""))
+        rows.append((0, "compute-bound time", f"{h['ops']:,} / {_rate(h['flops'], 'FLOP/s')}", _t(h["compute_s"]), ""))
     if h["bandwidth"]:
-        rows.append((0, "memory-bound time", f"{h['bytes_read']:,} / {_rate(h['bandwidth'], 'B/s')}",
-                     _t(h["memory_s"]), ""))
+        rows.append(
+            (0, "memory-bound time", f"{h['bytes_read']:,} / {_rate(h['bandwidth'], 'B/s')}", _t(h["memory_s"]), "")
+        )
     rows.append((0, "operations per byte read", "", f"{h['ops_per_byte']:,.2f}", ""))
     if h["binds"]:
-        rows.append((0, "the machine's operations per byte", "flops / bandwidth",
-                     f"{h['machine_ops_per_byte']:,.1f}", ""))
+        rows.append(
+            (0, "the machine's operations per byte", "flops / bandwidth", f"{h['machine_ops_per_byte']:,.1f}", "")
+        )
     if h.get("answer_compute_s") or h.get("answer_memory_s"):
-        rows += [(0, "whole answer, compute-bound", "", _t(h["answer_compute_s"]), ""),
-                 (0, "whole answer, memory-bound", "", _t(h["answer_memory_s"]), "")]
+        rows += [
+            (0, "whole answer, compute-bound", "", _t(h["answer_compute_s"]), ""),
+            (0, "whole answer, memory-bound", "", _t(h["answer_memory_s"]), ""),
+        ]
     out = _section("Time per token", rows)
     if h["binds"]:
         slow, fast = sorted((h["memory_s"], h["compute_s"]), reverse=True)
-        out.append(_wrap(f"{h['binds']} binds: the {h['binds']}-bound time is {slow / fast:,.0f}x the other "
-                         "(memory binds whenever operations per byte read < the machine's operations per byte)"))
+        out.append(
+            _wrap(
+                f"{h['binds']} binds: the {h['binds']}-bound time is {slow / fast:,.0f}x the other "
+                "(memory binds whenever operations per byte read < the machine's operations per byte)"
+            )
+        )
     return out
 
 
@@ -156,19 +238,44 @@ def _quantization(r) -> list[str]:
     if not q:
         return []
     if q["kind"] == "gguf":
-        rows = [(0, f"{name}, {d['tensors']} tensor{'s' * (d['tensors'] != 1)}", f"{d['parameters']:,} parameters",
-                 _n(d["bytes"]), f"bytes, {d['bits_per_weight']:.2f} bits per weight")
-                for name, d in q["types"].items()]
+        rows = [
+            (
+                0,
+                f"{name}, {d['tensors']} tensor{'s' * (d['tensors'] != 1)}",
+                f"{d['parameters']:,} parameters",
+                _n(d["bytes"]),
+                f"bytes, {d['bits_per_weight']:.2f} bits per weight",
+            )
+            for name, d in q["types"].items()
+        ]
     else:
         rows = [(0, setting, "weights", _n(n), "") for setting, n in q["settings"].items()]
-        rows += [(0, "bits per quantized weight", f"{q['mode']}: bits + scale/bias bits per group",
-                  f"{q['bits_per_quantized_weight']:.3g}", ""),
-                 (0, "left in float (norms, biases, skipped)",
-                  f"{q['float_parameters']:,} x {r.bytes_per_parameter}",
-                  _n(q["float_parameters"] * r.bytes_per_parameter), "bytes")]
-    rows += [(0, "bits per parameter, overall", "", f"{q['bits_per_parameter']:.3f}", ""),
-             (0, "tensor bytes" + ("" if q["kind"] == "gguf" else ", expected on disk"), "", _n(q["bytes"]),
-              _gb(q["bytes"]))]
+        rows += [
+            (
+                0,
+                "bits per quantized weight",
+                f"{q['mode']}: bits + scale/bias bits per group",
+                f"{q['bits_per_quantized_weight']:.3g}",
+                "",
+            ),
+            (
+                0,
+                "left in float (norms, biases, skipped)",
+                f"{q['float_parameters']:,} x {r.bytes_per_parameter}",
+                _n(q["float_parameters"] * r.bytes_per_parameter),
+                "bytes",
+            ),
+        ]
+    rows += [
+        (0, "bits per parameter, overall", "", f"{q['bits_per_parameter']:.3f}", ""),
+        (
+            0,
+            "tensor bytes" + ("" if q["kind"] == "gguf" else ", expected on disk"),
+            "",
+            _n(q["bytes"]),
+            _gb(q["bytes"]),
+        ),
+    ]
     return _section("Quantized weights" + (" (GGUF tensor table)" if q["kind"] == "gguf" else ""), rows)
 
 
@@ -176,13 +283,17 @@ def _stored(r) -> list[str]:
     s = r.stored
     if not s:
         return []
-    rows = [(0, f"{s['format']} files", "", _n(len(s["files"])), ""),
-            (0, "tensors", "", _n(s["tensors"]), ""),
-            (0, "values stored", "", _n(s["parameters"]), f"vs {r.total:,} unique parameters counted"),
-            (0, "bytes of tensors", "", _n(s["tensor_bytes"]), _gb(s["tensor_bytes"]))]
+    rows = [
+        (0, f"{s['format']} files", "", _n(len(s["files"])), ""),
+        (0, "tensors", "", _n(s["tensors"]), ""),
+        (0, "values stored", "", _n(s["parameters"]), f"vs {r.total:,} unique parameters counted"),
+        (0, "bytes of tensors", "", _n(s["tensor_bytes"]), _gb(s["tensor_bytes"])),
+    ]
     if s["file_bytes"] is not None:
-        rows += [(0, "file size", "", _n(s["file_bytes"]), _gb(s["file_bytes"])),
-                 (0, "difference (the header)", "", _n(s["header_bytes"]), "bytes")]
+        rows += [
+            (0, "file size", "", _n(s["file_bytes"]), _gb(s["file_bytes"])),
+            (0, "difference (the header)", "", _n(s["header_bytes"]), "bytes"),
+        ]
     return _section("As stored", rows) + [_wrap(f"- {n}") for n in s["notes"]]
 
 

@@ -6,24 +6,25 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import app
 from cli.common import JsonOption, print_json
 
 
-@app.command("quality")
 def quality_command(
     reference: str = typer.Argument(..., help="The reference model (a directory, .gguf, repo id, or 'embedded')."),
     candidates: List[str] = typer.Argument(..., help="One or more models to compare with it (same tokenizer)."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Only the first N tokens of the text."),
     window: int = typer.Option(512, "--window", help="Tokens per independent window of context."),
-    text: Optional[str] = typer.Option(None, "--text", help="A UTF-8 text file instead of the shipped quant/data/eval.txt."),
+    text: Optional[str] = typer.Option(
+        None, "--text", help="A UTF-8 text file instead of the shipped quant/data/eval.txt."
+    ),
     json_out: bool = JsonOption,
 ):
     """Compare models over a fixed text through float32 copies of their (dequantized) weights."""
     from quant.quality import evaluate
 
-    report = evaluate(reference, candidates, max_tokens=max_tokens, window=window, text=text,
-                      progress=progress_printer()).to_dict()
+    report = evaluate(
+        reference, candidates, max_tokens=max_tokens, window=window, text=text, progress=progress_printer()
+    ).to_dict()
     if json_out:
         print_json(report)
     else:
@@ -42,8 +43,11 @@ def progress_printer():
 def render(r: dict) -> str:
     from quant.quality import ModelQuality, QualityReport
 
-    report = QualityReport(**{**r, "reference": ModelQuality(**r["reference"]),
-                              "candidates": [ModelQuality(**c) for c in r["candidates"]]})
-    head = (f"{r['text']}: {r['tokens']:,} tokens, {r['positions']:,} next-token predictions compared "
-            f"(windows of {r['window']}); every model through float32 copies of its weights")
+    report = QualityReport(
+        **{**r, "reference": ModelQuality(**r["reference"]), "candidates": [ModelQuality(**c) for c in r["candidates"]]}
+    )
+    head = (
+        f"{r['text']}: {r['tokens']:,} tokens, {r['positions']:,} next-token predictions compared "
+        f"(windows of {r['window']}); every model through float32 copies of its weights"
+    )
     return head + "\n\n" + report.markdown()

@@ -6,41 +6,71 @@ from typing import Optional
 
 import typer
 
-from cli.app import app
+from cli import flags
 from cli.common import JsonOption, print_json
 
-SRC_HELP = ("The model to quantize: a local directory, a .gguf file, a Hugging Face repo id, "
-            "or 'embedded' for the embedded SmolLM2-135M-Instruct.")
+SRC_HELP = (
+    "The model to quantize: a local directory, a .gguf file, a Hugging Face repo id, "
+    "or 'embedded' for the embedded SmolLM2-135M-Instruct."
+)
 
 
-@app.command("quantize")
 def quantize_command(
     src: str = typer.Argument(..., help=SRC_HELP),
-    out: str = typer.Argument(..., help="The directory to write (refused if it exists and is not empty, unless --force)."),
-    bits: int = typer.Option(4, "--bits", help="Bits per weight: 2, 3, 4, 5, 6 or 8; 16 writes float weights (dequantizes)."),
+    out: str = typer.Argument(
+        ..., help="The directory to write (refused if it exists and is not empty, unless --force)."
+    ),
+    bits: int = typer.Option(
+        4, "--bits", help="Bits per weight: 2, 3, 4, 5, 6 or 8; 16 writes float weights (dequantizes)."
+    ),
     group_size: int = typer.Option(64, "--group-size", help="Weights per scale/bias group: 32, 64 or 128."),
-    head_bits: Optional[int] = typer.Option(None, "--head-bits", help="The output table's bits (the shared table when tied): 8, or 16 to leave it in float. Default: --bits."),
-    embed_bits: Optional[int] = typer.Option(None, "--embed-bits", help="The input embedding table's bits; 16 leaves it in float. Default: --bits."),
-    dtype: str = typer.Option("bf16", "--dtype", help="Float dtype of scales, biases, norms and float weights: bf16, f16 or f32."),
+    head_bits: Optional[int] = typer.Option(
+        None,
+        "--head-bits",
+        help="The output table's bits (the shared table when tied): 8, or 16 to leave it in float. Default: --bits.",
+    ),
+    embed_bits: Optional[int] = typer.Option(
+        None, "--embed-bits", help="The input embedding table's bits; 16 leaves it in float. Default: --bits."
+    ),
+    dtype: str = typer.Option(
+        "bf16", "--dtype", help="Float dtype of scales, biases, norms and float weights: bf16, f16 or f32."
+    ),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists and is not empty."),
-    max_shard_size: str = typer.Option("5GiB", "--max-shard-size", help="Split the weights into shards of at most this size (with an index)."),
-    report: bool = typer.Option(False, "--report", help="Then compare OUT with SRC over the shipped text (see `mlxinfer quality`)."),
-    max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="With --report: only the first N tokens of the text."),
+    max_shard_size: str = typer.Option(
+        "5GiB", "--max-shard-size", help="Split the weights into shards of at most this size (with an index)."
+    ),
+    report: bool = typer.Option(
+        False, "--report", help="Then compare OUT with SRC over the shipped text (see `mlxinfer quality`)."
+    ),
+    max_tokens: Optional[int] = typer.Option(
+        None, "--max-tokens", help="With --report: only the first N tokens of the text."
+    ),
     window: int = typer.Option(512, "--window", help="With --report: tokens per independent window of context."),
     json_out: bool = JsonOption,
 ):
     """Quantize a model to MLX affine weights (or dequantize it with --bits 16), as mlx-lm's convert does."""
     from quant.export import quantize
 
-    summary = quantize(src, out, bits=bits, group_size=group_size, head_bits=head_bits, embed_bits=embed_bits,
-                       dtype=dtype, force=force, max_shard_bytes=max_shard_size)
+    flags.use(source="SRC")
+    summary = quantize(
+        src,
+        out,
+        bits=bits,
+        group_size=group_size,
+        head_bits=head_bits,
+        embed_bits=embed_bits,
+        dtype=dtype,
+        force=force,
+        max_shard_bytes=max_shard_size,
+    )
     result = {"quantize": summary}
     if report:
         from cli.commands.quality import progress_printer
         from quant.quality import evaluate
 
-        result["report"] = evaluate(src, [out], max_tokens=max_tokens, window=window,
-                                    progress=progress_printer()).to_dict()
+        result["report"] = evaluate(
+            src, [out], max_tokens=max_tokens, window=window, progress=progress_printer()
+        ).to_dict()
     if json_out:
         print_json(result if report else summary)
         return
@@ -59,6 +89,6 @@ def render_summary(s: dict) -> str:
         f"  weights  {s['policy']}, {s['dtype']}",
         f"  size     {s['tensor_bytes']:,} bytes of tensors ({s['bits_per_weight']:.2f} bits per weight; "
         f"source {s['source_bytes']:,} bytes, {s['source_bits_per_weight']:.2f})",
-        f"  files    " + ", ".join(f"{f['name']} ({f['bytes']:,})" for f in s["files"]),
+        "  files    " + ", ".join(f"{f['name']} ({f['bytes']:,})" for f in s["files"]),
     ]
     return "\n".join(lines)

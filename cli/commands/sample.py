@@ -8,16 +8,28 @@ from typing import Optional
 
 import typer
 
-from cli.app import app
+from cli import flags
 from cli.common import (
-    ComputeOption, JsonOption, MinPOption, ModelOption, OrderOption, TempOption, TopKOption, TopPOption,
-    print_json, progress_bar, user_sampling,
+    ChatOption,
+    ComputeOption,
+    JsonOption,
+    MinPOption,
+    ModelOption,
+    OrderOption,
+    PromptOption,
+    SystemOption,
+    TempOption,
+    ThinkingOption,
+    TopKOption,
+    TopPOption,
+    print_json,
+    progress_bar,
+    sampling,
 )
 
 
-@app.command("sample")
 def sample(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="The text the model reads."),
+    prompt: str = PromptOption,
     model: Optional[str] = ModelOption,
     compute_dtype: str = ComputeOption,
     seeds: Optional[int] = typer.Option(None, "--seeds", help="Run seeds 0..N-1."),
@@ -28,25 +40,42 @@ def sample(
     min_p: Optional[float] = MinPOption,
     order: Optional[str] = OrderOption,
     max_tokens: int = typer.Option(5, "--max-tokens", help="Tokens per completion (the lesson uses 5)."),
-    chat: bool = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template."),
-    thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="Qwen3's thinking switch."),
+    batch_size: int = typer.Option(
+        32, "--batch-size", help="Seeds decoded together in one forward pass; 1 runs them one at a time."
+    ),
+    chat: bool = ChatOption,
+    thinking: bool = ThinkingOption,
+    system: Optional[str] = SystemOption,
     json_out: bool = JsonOption,
     csv_out: bool = typer.Option(False, "--csv", help="Print seed,text rows as CSV."),
 ):
     """The lesson's seeded experiment: same scores every run, a different draw per seed."""
-    from mlxinfer.experiments import parse_seeds, sample_seeds
-    from mlxinfer.loading import load
-    from mlxinfer.sampler import resolve_settings
+    import mlxinfer
+    from mlxinfer.engine.experiments import check_batch_size, seed_list
+    from mlxinfer.errors import MlxinferError
 
-    seed_list = parse_seeds(seeds, seed_range)
-    user = user_sampling(temp, top_p, top_k, min_p, order=order)
-    m, tok = load(model, compute_dtype)
-    settings, note = resolve_settings(user, m.generation_config)
-    bar, update = progress_bar(len(seed_list), "sampling", enabled=len(seed_list) > 1 and not (json_out or csv_out))
+    if (seeds is None) == (seed_range is None):
+        raise MlxinferError("give exactly one of --seeds N or --seed-range A:B")
+    if seed_range is not None:
+        flags.use(seeds="--seed-range")
+    seed_ids = seed_list(seeds if seeds is not None else seed_range)
+    check_batch_size(batch_size)
+    settings = sampling(temp, top_p, top_k, min_p, order=order)
+    m, tok = mlxinfer.load(model, compute_dtype)
+    bar, update = progress_bar(len(seed_ids), "sampling", enabled=len(seed_ids) > 1 and not (json_out or csv_out))
     with bar:
-        report = sample_seeds(
-            m, tok, prompt, seed_list, settings, max_tokens=max_tokens, chat=chat, thinking=thinking,
-            settings_note=note, progress=update,
+        report = mlxinfer.sample(
+            m,
+            tok,
+            prompt,
+            seeds=seed_ids,
+            settings=settings,
+            max_tokens=max_tokens,
+            batch_size=batch_size,
+            chat=chat,
+            thinking=thinking,
+            system=system,
+            progress=update,
         )
     if json_out:
         print_json(report.to_dict())
@@ -64,8 +93,8 @@ def render(report) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{report.model}[/bold]  prompt: {len(report.prompt_ids)} tokens")
-    console.print(f"[dim]{report.settings_note}[/dim]")
+    console.print(f"[bold]{report.model}[/bold]  prompt: {len(report.prompt_ids)} tokens", highlight=False)
+    console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
     for c in report.completions:
         console.print(f"seed {c.seed:>4}: {c.text!r}", highlight=False)
     t = Table(title=f"{len(report.completions)} draws")

@@ -6,50 +6,72 @@ from typing import List, Optional
 
 import typer
 
-from cli.app import app
 from cli.common import (
-    ComputeOption, JsonOption, MinPOption, ModelOption, OrderOption, TempOption, TopKOption, TopPOption,
-    parse_floats, print_json, user_sampling,
+    ChatOption,
+    ComputeOption,
+    JsonOption,
+    MinPOption,
+    ModelOption,
+    OrderOption,
+    PromptOption,
+    SystemOption,
+    TempOption,
+    ThinkingOption,
+    TopKOption,
+    TopPOption,
+    parse_numbers,
+    print_json,
+    sampling,
 )
 
 
-@app.command("topk")
 def topk(
-    prompt: str = typer.Option(..., "--prompt", "-p", help="The text the model reads."),
+    prompt: str = PromptOption,
     model: Optional[str] = ModelOption,
     compute_dtype: str = ComputeOption,
-    temps: List[str] = typer.Option(["0.5,1.0,1.5"], "--temps", "-t", help="Temperatures for the probability columns: '0.5,1,1.5' or the option repeated."),
+    temps: List[str] = typer.Option(
+        ["0.5,1.0,1.5"],
+        "--temps",
+        "-t",
+        help="Temperatures for the probability columns: '0.5,1,1.5' or the option repeated.",
+    ),
     k: int = typer.Option(6, "-k", help="How many tokens to list, by score."),
-    chat: bool = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template."),
-    thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="Qwen3's thinking switch (the lessons use it off)."),
-    system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
+    chat: bool = ChatOption,
+    thinking: bool = ThinkingOption,
+    system: Optional[str] = SystemOption,
     temp: Optional[float] = TempOption,
     top_p: Optional[float] = TopPOption,
     top_k: Optional[int] = TopKOption,
     min_p: Optional[float] = MinPOption,
     order: Optional[str] = OrderOption,
-    explain: bool = typer.Option(False, "--explain", help="Show which tokens the sampler's cut keeps and their rescaled probabilities."),
+    explain: bool = typer.Option(
+        False, "--explain", help="Show which tokens the sampler's cut keeps and their rescaled probabilities."
+    ),
     json_out: bool = JsonOption,
 ):
     """Score every vocabulary token for the next position; show the top k with probabilities."""
-    from mlxinfer.loading import load
-    from mlxinfer.sampler import resolve_settings
-    from mlxinfer.tables import next_token_table
+    import mlxinfer
+    from mlxinfer.settings import check_temperature
 
-    temperatures = parse_floats(temps, "--temps")
-    user = user_sampling(temp, top_p, top_k, min_p, order=order)
-    wants_sampler = explain or any(v is not None for v in user.values())
-    m, tok = load(model, compute_dtype)
-    settings, note = resolve_settings(user, m.generation_config) if wants_sampler else (None, "")
-    table = next_token_table(
-        m, tok, prompt, temperatures, k, chat=chat, thinking=thinking, system=system, settings=settings
+    temperatures = [check_temperature(t, "temperatures") for t in parse_numbers(temps, "--temps")]
+    settings = sampling(temp, top_p, top_k, min_p, order=order)
+    m, tok = mlxinfer.load(model, compute_dtype)
+    table = mlxinfer.next_token_table(
+        m,
+        tok,
+        prompt,
+        temperatures=temperatures,
+        k=k,
+        settings=settings or None,
+        explain_sampler=explain,
+        chat=chat,
+        thinking=thinking,
+        system=system,
     )
-    if settings is not None:
-        table.extra["settings_note"] = note
     if json_out:
         print_json(table.to_dict())
-        return
-    render(table)
+    else:
+        render(table)
 
 
 def render(table) -> None:
@@ -57,8 +79,8 @@ def render(table) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{table.model}[/bold]  prompt: {len(table.prompt_ids)} tokens")
-    console.print(f"scores in one pass: {table.n_scores:,}")
+    console.print(f"[bold]{table.model}[/bold]  prompt: {len(table.prompt_ids)} tokens", highlight=False)
+    console.print(f"scores in one pass: {table.n_scores:,}", highlight=False)
     t = Table(show_footer=True)
     t.add_column("#", justify="right", footer="")
     t.add_column("token", footer="top rows hold")
@@ -69,20 +91,25 @@ def render(table) -> None:
     for row in table.rows:
         t.add_row(str(row.rank), repr(row.text), str(row.id), f"{row.score:.2f}", *(f"{p:.3f}" for p in row.probs))
     console.print(t)
-    if "explain" in table.extra:
-        render_explain(console, table.extra["explain"], table.extra.get("settings_note", ""))
+    if table.explanation is not None:
+        render_explain(console, table.explanation, table.settings_note)
 
 
-def render_explain(console, ex: dict, note: str) -> None:
+def render_explain(console, ex, note: str) -> None:
     from rich.table import Table
 
-    s = ex["settings"]
-    console.print(f"[dim]{note}[/dim]")
-    t = Table(title=f"the sampler at T={s['temperature']:g}: keeps {ex['n_kept']:,} of {ex['vocab_size']:,} tokens")
+    console.print(f"[dim]{note}[/dim]", highlight=False)
+    s = ex.settings
+    t = Table(title=f"the sampler at T={s['temperature']:g}: keeps {ex.n_kept:,} of {ex.vocab_size:,} tokens")
     for name in ("#", "token", "p at T", "kept", "rescaled p"):
         t.add_column(name, justify="left" if name == "token" else "right")
-    for r in ex["rows"]:
-        t.add_row(str(r["rank"]), repr(r["text"]), f"{r['prob']:.3f}", "yes" if r["kept"] else "cut",
-                  f"{r['final_prob']:.3f}" if r["kept"] else "")
+    for r in ex.rows:
+        t.add_row(
+            str(r.rank),
+            repr(r.text),
+            f"{r.prob:.3f}",
+            "yes" if r.kept else "cut",
+            f"{r.final_prob:.3f}" if r.kept else "",
+        )
     console.print(t)
-    console.print(f"mass kept {ex['mass_kept']:.3f}, cut off {ex['mass_cut']:.3f}, then rescaled to 1")
+    console.print(f"mass kept {ex.mass_kept:.3f}, cut off {ex.mass_cut:.3f}, then rescaled to 1", highlight=False)

@@ -10,13 +10,25 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .errors import MlxinferError
+from ..errors import MlxinferError
 
-# model_type -> what the architecture adds to the plain Llama block
+
+@dataclass(frozen=True)
+class Architecture:
+    """What an architecture adds to the plain Llama block. The model definition (model.py) and
+    `count` (counting.py) both read these, through ModelConfig, so they cannot drift apart.
+    None: as config.json's `attention_bias` says (Hugging Face's rule for that family)."""
+
+    qkv_bias: bool | None  # q/k/v projections carry biases
+    o_bias: bool | None  # the attention's output projection carries a bias
+    qk_norm: bool  # an RMSNorm over each query and key head before RoPE
+    context: int  # max_position_embeddings when config.json does not say
+
+
 ARCHITECTURES = {
-    "llama": {"attention_bias": False, "qk_norm": False, "max_position_embeddings": 2048},
-    "qwen2": {"attention_bias": True, "qk_norm": False, "max_position_embeddings": 32768},
-    "qwen3": {"attention_bias": False, "qk_norm": True, "max_position_embeddings": 32768},
+    "llama": Architecture(qkv_bias=None, o_bias=None, qk_norm=False, context=2048),
+    "qwen2": Architecture(qkv_bias=True, o_bias=False, qk_norm=False, context=32768),
+    "qwen3": Architecture(qkv_bias=None, o_bias=None, qk_norm=True, context=32768),
 }
 SUPPORTED = tuple(ARCHITECTURES)
 
@@ -40,16 +52,13 @@ class ModelConfig:
     max_position_embeddings: int = 2048
     tie_word_embeddings: bool = False
     tie_word_embeddings_given: bool = True  # False: config.json was silent, the weights decide
-    attention_bias: bool = False  # Qwen2: q/k/v projections carry biases
+    qkv_bias: bool = False  # Qwen2: q/k/v projections carry biases (see Architecture)
+    o_bias: bool = False
+    mlp_bias: bool = False  # Llama's mlp_bias: gate/up/down carry biases
     qk_norm: bool = False  # Qwen3: RMSNorm on each query/key head before RoPE
     dtype: str = "float32"  # the checkpoint's stored float type
     quantization: dict | None = None  # MLX affine block: bits, group_size, per-module overrides
     raw: dict = field(default_factory=dict, repr=False, compare=False)
-
-    @property
-    def n_rep(self) -> int:
-        """Query heads per key/value head (grouped-query attention)."""
-        return self.num_attention_heads // self.num_key_value_heads
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -65,9 +74,7 @@ class ModelConfig:
         if model_type is None:
             raise MlxinferError(f"{where} has no 'model_type'; add one of: {', '.join(SUPPORTED)}")
         if model_type not in ARCHITECTURES:
-            raise MlxinferError(
-                f"unknown architecture '{model_type}' in {where}; supported: {', '.join(SUPPORTED)}"
-            )
+            raise MlxinferError(f"unknown architecture '{model_type}' in {where}; supported: {', '.join(SUPPORTED)}")
         arch = ARCHITECTURES[model_type]
         for name in REQUIRED:
             if name not in d:
@@ -96,6 +103,7 @@ class ModelConfig:
             quant = d["quantization_config"]  # the copy mlx-lm writes for transformers
         if quant is not None and not (isinstance(quant, dict) and "bits" in quant and "group_size" in quant):
             raise MlxinferError(f"{where}: 'quantization' needs 'bits' and 'group_size'")
+        attention_bias = bool(d.get("attention_bias", False))
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is not None:
             kind = rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
@@ -110,11 +118,13 @@ class ModelConfig:
             rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
             rope_theta=float(d.get("rope_theta", 10000.0)),
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(d.get("max_position_embeddings") or arch["max_position_embeddings"]),
+            max_position_embeddings=int(d.get("max_position_embeddings") or arch.context),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
             tie_word_embeddings_given="tie_word_embeddings" in d,
-            attention_bias=bool(d.get("attention_bias", arch["attention_bias"])),
-            qk_norm=arch["qk_norm"],
+            qkv_bias=attention_bias if arch.qkv_bias is None else arch.qkv_bias,
+            o_bias=attention_bias if arch.o_bias is None else arch.o_bias,
+            mlp_bias=bool(d.get("mlp_bias", False)) and model_type == "llama",
+            qk_norm=arch.qk_norm,
             dtype=dtype,
             quantization=quant,
             raw=dict(d),

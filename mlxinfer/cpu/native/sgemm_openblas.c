@@ -7,7 +7,7 @@
  * product (M == 1, every decode step) goes to sgemv, which OpenBLAS runs at full
  * memory speed, while its sgemm takes the general path and reads the weights
  * 2-3x slower (measured on the embedded model's 49152 x 576 output table).
- * Built by `python -m mlxinfer.openblas_shim`.
+ * Built by `python -m mlxinfer.cpu.openblas_shim`.
  */
 enum { RowMajor = 101, NoTrans = 111, Trans = 112 };
 

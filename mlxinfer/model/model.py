@@ -1,8 +1,10 @@
 """The forward pass: token ids -> embedding lookup -> run_layers -> logits_from_hidden.
 
-One definition serves Llama (Llama 3.x, SmolLM2), Qwen2 (q/k/v biases) and Qwen3
-(per-head q/k RMSNorm before RoPE). Shapes: B batch, L positions, D hidden size,
-H query heads, K key/value heads, E head size, V vocabulary.
+One definition serves Llama (Llama 3.x, SmolLM2), Qwen2 (q/k/v biases) and Qwen3 (per-head
+q/k RMSNorm before RoPE). Module names are Hugging Face's (`model.layers.0.self_attn.q_proj`),
+as in the checkpoints and in mlx-lm, so weights load by name with no renaming.
+Shapes: B batch, L positions, D hidden size, H query heads, K key/value heads, E head size,
+V vocabulary.
 """
 
 from __future__ import annotations
@@ -14,9 +16,10 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from . import cpu_kernels
+from ..cpu import kernels
+from ..formats.config import ModelConfig
 from .cache import KVCache
-from .config import ModelConfig
+from .info import ModelInfo
 
 
 class RoPE(nn.Module):
@@ -26,7 +29,7 @@ class RoPE(nn.Module):
         super().__init__()
         self.dims, self.max_positions = cfg.head_dim, cfg.max_position_embeddings
         self.base, self.scale, self._freqs = cfg.rope_theta, 1.0, None
-        self._table = None  # a cpu_kernels.RopeTable once use_table() is called
+        self._table = None  # a kernels.RopeTable once use_table() is called
         scaling = cfg.rope_scaling or {}
         kind = scaling.get("rope_type") or scaling.get("type") or "default"
         if kind == "linear":
@@ -35,16 +38,16 @@ class RoPE(nn.Module):
             self._freqs = llama3_frequencies(cfg.head_dim, cfg.rope_theta, scaling)
             self.base = None
 
-    def make_table(self) -> cpu_kernels.RopeTable:
+    def make_table(self) -> kernels.RopeTable:
         """The same rotation as mx.fast.rope with these settings, from a cos/sin table."""
         if self._freqs is not None:
             inv_freq = 1.0 / np.array(self._freqs, np.float64)  # mx.fast.rope's freqs are periods / 2pi
         else:
             inv_freq = self.base ** (-np.arange(0, self.dims, 2, dtype=np.float64) / self.dims)
-        return cpu_kernels.RopeTable(inv_freq, self.scale, self.max_positions)
+        return kernels.RopeTable(inv_freq, self.scale, self.max_positions)
 
-    def use_table(self, table: cpu_kernels.RopeTable | None = None) -> None:
-        self._table = table if table is not None else self.make_table()
+    def use_table(self, table: kernels.RopeTable) -> None:
+        self._table = table
 
     def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
         if self._table is not None:
@@ -73,12 +76,10 @@ class Attention(nn.Module):
         super().__init__()
         D, H, K, E = cfg.hidden_size, cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
         self.n_heads, self.n_kv_heads, self.scale = H, K, 1.0 / math.sqrt(E)
-        bias = cfg.attention_bias
-        self.q_proj = nn.Linear(D, H * E, bias=bias)
-        self.k_proj = nn.Linear(D, K * E, bias=bias)
-        self.v_proj = nn.Linear(D, K * E, bias=bias)
-        # Llama's attention_bias covers the output projection too; Qwen2's q/k/v biases do not.
-        self.o_proj = nn.Linear(H * E, D, bias=bias and cfg.model_type == "llama")
+        self.q_proj = nn.Linear(D, H * E, bias=cfg.qkv_bias)
+        self.k_proj = nn.Linear(D, K * E, bias=cfg.qkv_bias)
+        self.v_proj = nn.Linear(D, K * E, bias=cfg.qkv_bias)
+        self.o_proj = nn.Linear(H * E, D, bias=cfg.o_bias)
         if cfg.qk_norm:
             self.q_norm = nn.RMSNorm(E, eps=cfg.rms_norm_eps)
             self.k_norm = nn.RMSNorm(E, eps=cfg.rms_norm_eps)
@@ -111,9 +112,9 @@ class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         D, F = cfg.hidden_size, cfg.intermediate_size
-        self.gate_proj = nn.Linear(D, F, bias=False)
-        self.up_proj = nn.Linear(D, F, bias=False)
-        self.down_proj = nn.Linear(F, D, bias=False)
+        self.gate_proj = nn.Linear(D, F, bias=cfg.mlp_bias)
+        self.up_proj = nn.Linear(D, F, bias=cfg.mlp_bias)
+        self.down_proj = nn.Linear(F, D, bias=cfg.mlp_bias)
         self.activation = swiglu
 
     def __call__(self, x: mx.array) -> mx.array:
@@ -121,56 +122,72 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
+    """h = h + attn(norm(h)), then h = h + mlp(norm(h)); the norms keep Hugging Face's names."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.attn_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.attn = Attention(cfg)
-        self.mlp_norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+        self.self_attn = Attention(cfg)
+        self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = MLP(cfg)
 
     def __call__(self, h: mx.array, mask, cache: KVCache | None) -> mx.array:
-        h = h + self.attn(self.attn_norm(h), mask, cache)
-        h = h + self.mlp(self.mlp_norm(h))
+        h = h + self.self_attn(self.input_layernorm(h), mask, cache)
+        h = h + self.mlp(self.post_attention_layernorm(h))
         return h
 
 
-class Model(nn.Module):
+class Decoder(nn.Module):
+    """The stack Hugging Face calls `model`: the embedding table, the blocks, the final norm."""
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.config = cfg
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
         self.layers = [Block(cfg) for _ in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
+
+
+class Model(nn.Module):
+    def __init__(self, cfg: ModelConfig, info: ModelInfo | None = None):
+        super().__init__()
+        self.config = cfg
+        self.info: ModelInfo = info or ModelInfo.unnamed(f"mlxinfer {cfg.model_type}")
+        self.model = Decoder(cfg)
         if not cfg.tie_word_embeddings:
             self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
-        self.cpu_kernels = False  # see use_cpu_kernels
 
     def __call__(self, ids: mx.array, cache: list[KVCache] | None = None) -> mx.array:
-        h = self.embed_tokens(ids)  # (B, L) -> (B, L, D): a row lookup, no arithmetic
+        h = self.embed(ids)  # (B, L) -> (B, L, D): a row lookup, no arithmetic
         h = self.run_layers(h, cache)
         return self.logits_from_hidden(h)  # (B, L, V)
+
+    def embed(self, ids: mx.array) -> mx.array:
+        return self.model.embed_tokens(ids)
 
     def run_layers(self, h: mx.array, cache: list[KVCache] | None = None) -> mx.array:
         # L == 1 attends to everything cached; otherwise "causal" lines queries up with the last L keys
         mask = "causal" if h.shape[1] > 1 else None
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.model.layers):
             h = layer(h, mask, cache[i] if cache is not None else None)
         return h
 
     def logits_from_hidden(self, h: mx.array) -> mx.array:
-        h = self.norm(h)
+        h = self.model.norm(h)
         if self.config.tie_word_embeddings:
-            return self.embed_tokens.as_linear(h)  # the embedding table, used again as the output table
+            return self.model.embed_tokens.as_linear(h)  # the embedding table, used again as the output table
         return self.lm_head(h)
 
     def use_cpu_kernels(self) -> None:
-        """RoPE from a cos/sin table and SwiGLU with a polynomial exp (cpu_kernels.py): for the float32
+        """RoPE from a cos/sin table and SwiGLU with a polynomial exp (cpu/kernels.py): for the float32
         CPU path, where MLX's own versions of these ops cost more than the matmuls around them."""
-        table = self.layers[0].attn.rope.make_table()  # every layer rotates alike: one table
-        for layer in self.layers:
-            layer.attn.rope.use_table(table)
-            layer.mlp.activation = cpu_kernels.swiglu
-        self.cpu_kernels = True
+        table = self.model.layers[0].self_attn.rope.make_table()  # every layer rotates alike: one table
+        for layer in self.model.layers:
+            layer.self_attn.rope.use_table(table)
+            layer.mlp.activation = kernels.swiglu
+
+    @property
+    def layers(self) -> list[Block]:
+        return self.model.layers
 
     def make_cache(self) -> list[KVCache]:
-        return [KVCache() for _ in self.layers]
+        return [KVCache() for _ in self.model.layers]

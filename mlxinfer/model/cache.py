@@ -1,11 +1,17 @@
 """The KV cache: each layer's keys and values for every position seen so far.
 
-Prefill writes many positions at once, decode one at a time; the next pass then
-computes attention only for the new positions. Storage grows in steps of 256
-positions so that decode does not copy the whole cache every token.
+Prefill writes many positions at once, decode one at a time; the next pass then computes
+attention only for the new positions. Storage grows in steps of 256 positions so that decode
+does not copy the whole cache every token.
+
+Rows: a cache holds B sequences that share their length. `fork` turns the prompt's one row
+into B continuations (each seed of an experiment) and `keep_rows` drops the rows that have
+finished. Both work on mlx-lm's caches too (they keep `keys`/`values` the same way).
 """
 
 from __future__ import annotations
+
+import copy
 
 import mlx.core as mx
 
@@ -38,19 +44,6 @@ class KVCache:
             new_v[..., : self.offset, :] = self.values[..., : self.offset, :]
         self.keys, self.values = new_k, new_v
 
-    def trim(self, n: int) -> None:
-        """Forget the last n positions (their storage is overwritten by the next update)."""
-        self.offset = max(0, self.offset - n)
-
-    def copy(self) -> "KVCache":
-        """An independent cache with the same positions: reuse one prefill for many continuations."""
-        other = KVCache()
-        if self.keys is not None:
-            other.keys = mx.array(self.keys)
-            other.values = mx.array(self.values)
-        other.offset = self.offset
-        return other
-
     @property
     def state(self) -> list[mx.array]:
         """The arrays to evaluate (mlx-lm's loops call `mx.eval(c.state)` too)."""
@@ -59,3 +52,27 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+
+
+def _map_rows(cache: list, fn) -> list:
+    """A new cache list whose row arrays are fn(array); the given caches are left as they are."""
+    out = []
+    for c in cache:
+        c = copy.copy(c)
+        if getattr(c, "keys", None) is not None:
+            c.keys, c.values = fn(c.keys), fn(c.values)
+        elif isinstance(getattr(c, "cache", None), list):  # mlx-lm's ArraysCache (recurrent state)
+            c.cache = [None if a is None else fn(a) for a in c.cache]
+        out.append(c)
+    return out
+
+
+def fork(cache: list, rows: int) -> list:
+    """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...)."""
+    return _map_rows(cache, lambda a: mx.repeat(a, rows, axis=0) if rows > 1 else mx.array(a))
+
+
+def keep_rows(cache: list, rows: list[int]) -> list:
+    """Only these rows, in this order (the others have finished)."""
+    index = mx.array(rows, dtype=mx.int32)
+    return _map_rows(cache, lambda a: a[index])

@@ -17,7 +17,7 @@ from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
 
-from .errors import MlxinferError
+from ..errors import MlxinferError
 
 TEXT = (
     "Priya owns the cooking assistant in Cookvale, a recipe app. She downloads an open model and asks "
@@ -91,10 +91,14 @@ def timed(stream: Iterator[int], n_prompt: int) -> tuple[float, float, float, li
     return ttft, n_prompt / ttft, (len(tokens) - 1) / max(end - first, 1e-9), tokens
 
 
-def ours(model) -> Callable[[list[int], int], Iterator[int]]:
-    from .generate import token_stream
+def ours(model, tokenizer) -> Callable[[list[int], int], Iterator[int]]:
+    from ..settings import GREEDY
+    from .decode import RowSpec, run
 
-    return lambda ids, n: (t for t, _ in token_stream(model, ids, max_tokens=n))
+    def stream(ids: list[int], n: int) -> Iterator[int]:
+        return (s.token for _, s in run(model, tokenizer, ids, [RowSpec(None, GREEDY, n)]) if s.token is not None)
+
+    return stream
 
 
 def mlx_lm_loop(twin) -> Callable[[list[int], int], Iterator[int]]:
@@ -152,30 +156,43 @@ def run_bench(
     fast_path: bool = True,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> BenchReport:
-    from . import compute
-    from .loading import load
-    from .peers import mlx_lm_twin
+    from ..model import compute
+    from ..model.loading import load
+    from ..model.peers import mlx_lm_twin
 
-    if gen_tokens < 2 or repeats < 1 or not prompt_tokens or min(prompt_tokens) < 2:
-        raise MlxinferError("bench needs --gen-tokens >= 2, --repeats >= 1 and prompt lengths >= 2")
+    if not prompt_tokens or min(prompt_tokens) < 2:
+        raise MlxinferError(
+            f"prompt_tokens must be lengths of 2 tokens or more, got {list(prompt_tokens)}", "prompt_tokens"
+        )
+    if gen_tokens < 2:
+        raise MlxinferError(f"gen_tokens must be at least 2, got {gen_tokens}", "gen_tokens")
+    if repeats < 1:
+        raise MlxinferError(f"repeats must be at least 1, got {repeats}", "repeats")
+    if bandwidth_gb_s is not None and not bandwidth_gb_s > 0:
+        raise MlxinferError(f"bandwidth_gb_s must be positive (GB/s), got {bandwidth_gb_s}", "bandwidth_gb_s")
     engines, load_s, paths = {}, {}, {}
     start = time.perf_counter()
-    model, tokenizer = load(source)
+    model, tokenizer = load(source, compute_dtype="bfloat16")  # the weights as stored, as mlx_lm.load keeps them
     load_s["mlxinfer"] = time.perf_counter() - start
     start = time.perf_counter()
     twin = mlx_lm_twin(model)
     load_s["mlx-lm"] = load_s["mlxinfer"] + time.perf_counter() - start  # mlx-lm cannot read GGUF itself
-    engines["mlx-lm"], engines["mlxinfer"] = mlx_lm_loop(twin), ours(model)
-    paths["mlx-lm"] = paths["mlxinfer"] = compute.weights_kind(model)
+    engines["mlx-lm"], engines["mlxinfer"] = mlx_lm_loop(twin), ours(model, tokenizer)
+    paths["mlx-lm"] = paths["mlxinfer"] = model.info.weights
     models = {"mlx-lm": twin, "mlxinfer": model}
     if fast_path:
         start = time.perf_counter()
         fast, _ = load(source, compute_dtype="float32")
         load_s["mlxinfer float32"] = time.perf_counter() - start
-        engines["mlxinfer float32"], paths["mlxinfer float32"] = ours(fast), compute.weights_kind(fast)
+        engines["mlxinfer float32"], paths["mlxinfer float32"] = ours(fast, tokenizer), fast.info.weights
         models["mlxinfer float32"] = fast
     if max(prompt_tokens) + gen_tokens > model.config.max_position_embeddings:
-        raise MlxinferError(f"prompt + generated tokens exceed the model's context {model.config.max_position_embeddings:,}")
+        raise MlxinferError(
+            f"prompt_tokens + gen_tokens exceed the model's context "
+            f"{model.config.max_position_embeddings:,}; use shorter ones",
+            "prompt_tokens",
+            "gen_tokens",
+        )
 
     names = list(engines)
     for name in names:  # warm-up: first calls allocate and build kernels
@@ -183,7 +200,7 @@ def run_bench(
     results: dict[tuple[str, int], list[Run]] = {}
     total, done = repeats * len(prompt_tokens) * len(names), 0
     for r in range(repeats):
-        order = names[r % len(names):] + names[: r % len(names)]  # rotate who goes first
+        order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
         for n in prompt_tokens:
             ids = prompt_ids(tokenizer, n)
             for name in order:
@@ -197,8 +214,13 @@ def run_bench(
     bandwidth_source = "given" if bandwidth_gb_s else "measured (copy benchmark)"
     bandwidth = bandwidth_gb_s or measure_bandwidth()
     report = BenchReport(
-        model=model.source.name, machine=machine(), blas=compute.describe(), bandwidth_gb_s=bandwidth,
-        bandwidth_source=bandwidth_source, gen_tokens=gen_tokens, repeats=repeats,
+        model=model.info.name,
+        machine=machine(),
+        blas=compute.describe(),
+        bandwidth_gb_s=bandwidth,
+        bandwidth_source=bandwidth_source,
+        gen_tokens=gen_tokens,
+        repeats=repeats,
     )
     for name, m in models.items():
         b = bytes_per_token(m, model.config.tie_word_embeddings)
@@ -206,7 +228,11 @@ def run_bench(
     for n in prompt_tokens:
         base = _median_row("mlx-lm", n, results, load_s, paths, results[("mlx-lm", n)][0].tokens)
         for name in names:
-            row = base if name == "mlx-lm" else _median_row(name, n, results, load_s, paths, results[("mlx-lm", n)][0].tokens)
+            row = (
+                base
+                if name == "mlx-lm"
+                else _median_row(name, n, results, load_s, paths, results[("mlx-lm", n)][0].tokens)
+            )
             row.prefill_ratio = row.prefill_tokens_per_s / base.prefill_tokens_per_s
             row.decode_ratio = row.decode_tokens_per_s / base.decode_tokens_per_s
             row.roofline_fraction = row.decode_tokens_per_s / report.roofline[name]["max_tokens_per_s"]
@@ -219,9 +245,15 @@ def _median_row(name, n, results, load_s, paths, reference) -> Row:
     runs = results[(name, n)]
     med = lambda attr: statistics.median(getattr(x, attr) for x in runs)  # noqa: E731
     return Row(
-        engine=name, path=paths[name], prompt_tokens=n, load_s=load_s[name], ttft_s=med("ttft_s"),
-        prefill_tokens_per_s=med("prefill_tokens_per_s"), decode_tokens_per_s=med("decode_tokens_per_s"),
-        peak_memory_bytes=int(med("peak_memory_bytes")), same_tokens=all(x.tokens == reference for x in runs),
+        engine=name,
+        path=paths[name],
+        prompt_tokens=n,
+        load_s=load_s[name],
+        ttft_s=med("ttft_s"),
+        prefill_tokens_per_s=med("prefill_tokens_per_s"),
+        decode_tokens_per_s=med("decode_tokens_per_s"),
+        peak_memory_bytes=int(med("peak_memory_bytes")),
+        same_tokens=all(x.tokens == reference for x in runs),
     )
 
 
@@ -237,4 +269,5 @@ def machine() -> str:
             cpu = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
     except (OSError, StopIteration):
         pass
-    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, mlx {mx.__version__} ({mx.default_device()})"
+    mlx = f"mlx {mx.__version__} ({mx.default_device()})"
+    return f"{platform.system()} {platform.machine()}, {cpu}, {os.cpu_count()} cores, {mlx}"

@@ -15,6 +15,7 @@ of 4-bit weights (2x that of bf16).
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 
 CHOICES = ("float32", "bfloat16", "auto")
 RAM_FRACTION = 3  # float32 weights must fit in under 1/RAM_FRACTION of physical memory
@@ -61,7 +62,7 @@ def current_facts() -> dict:
     """The facts `auto` reads here: device, fast_blas, ram_bytes (imports mlx)."""
     import mlx.core as mx
 
-    from . import blas
+    from ..cpu import blas
 
     return {
         "device": "cpu" if mx.default_device().type == mx.DeviceType.cpu else "gpu",
@@ -72,13 +73,13 @@ def current_facts() -> dict:
 
 def check_compute_dtype(requested: str) -> None:
     if requested not in CHOICES:
-        from .errors import MlxinferError
+        from ..errors import MlxinferError
 
-        raise MlxinferError(f"compute dtype '{requested}' is not one of {', '.join(CHOICES)}")
+        raise MlxinferError(f"compute_dtype '{requested}' is not one of {', '.join(CHOICES)}", "compute_dtype")
 
 
 def choose_compute_dtype(requested: str, model_bytes_float32: int) -> str:
-    """"float32" or "bfloat16" ("bfloat16" = keep the weights as loaded) for a request of float32|bfloat16|auto."""
+    """ "float32" or "bfloat16" ("bfloat16" = keep the weights as loaded) for a request of float32|bfloat16|auto."""
     check_compute_dtype(requested)
     if requested != "auto":
         return requested
@@ -115,8 +116,8 @@ def to_float32(model):
 
     Returns the model. Every matmul of the forward pass then goes through `cblas_sgemm`
     (the tied output table too: nn.Embedding.as_linear is a plain matmul). On a CPU device
-    the model also switches to cpu_kernels' RoPE and SwiGLU, which cost less there than
-    MLX's own once the matmuls are fast.
+    the model also switches to cpu/kernels.py's RoPE and SwiGLU, which cost less there than
+    MLX's own once the matmuls are fast. The model's info says so.
     """
     import mlx.core as mx
     import mlx.nn as nn
@@ -146,15 +147,19 @@ def to_float32(model):
     # nothing quantized or half-precision may be left, or some matmuls would bypass BLAS
     left = [n for n, p in tree_flatten(model.parameters()) if p.dtype != mx.float32]
     assert not left, f"to_float32 left {left[:3]} unconverted"
-    if mx.default_device().type == mx.DeviceType.cpu and hasattr(model, "use_cpu_kernels"):
+    kernels = mx.default_device().type == mx.DeviceType.cpu and hasattr(model, "use_cpu_kernels")
+    if kernels:
         model.use_cpu_kernels()
-    model.compute_dtype = "float32"
+    model.info = replace(model.info, compute_dtype="float32", weights=weights_kind(model), cpu_kernels=kernels)
     return model
 
 
-def apply_compute_dtype(model, dtype: str):
+def apply(model, dtype: str):
     """Apply a choose_compute_dtype result in place: float32 converts, bfloat16 leaves the weights as loaded."""
-    return to_float32(model) if dtype == "float32" else model
+    if dtype == "float32":
+        return to_float32(model)
+    model.info = replace(model.info, compute_dtype="bfloat16", weights=weights_kind(model))
+    return model
 
 
 def dequantize(packed, scales, biases, group_size: int, bits: int, dtype=None, mode: str = "affine"):
@@ -188,22 +193,58 @@ def weights_kind(model) -> str:
     return "/".join(dtypes)
 
 
-def describe(model=None) -> str:
-    """One line for command and bench output: the active BLAS and the compute dtype."""
-    from . import blas
+def describe() -> str:
+    """One line for reports: the BLAS that serves float32 matmuls here."""
+    from ..cpu import blas
 
     s = blas.status()
     if s["active"]:
         layer = f", threading {s['threading_layer']}" if s["threading_layer"] else ""
-        line = f"BLAS: {s['library']} ({os.path.basename(s['path'] or '')}{layer})"
-    else:
-        line = f"BLAS: {s['library']} ({s['reason']})"
-    if model is not None:
-        line += f" · weights: {weights_kind(model)}"
-        if getattr(model, "cpu_kernels", False):
-            line += " · CPU kernels: RoPE table, polynomial exp"
-    return line
+        return f"BLAS: {s['library']} ({os.path.basename(s['path'] or '')}{layer})"
+    return f"BLAS: {s['library']} ({s['reason']})"
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.1f} GiB"
+
+
+def system_info() -> dict:
+    """The platform, MLX and its default device, which BLAS serves float32 matmuls (checked against
+    numpy), and the `auto` compute-dtype rule applied here. Never raises for a BLAS problem: this is
+    what you look at when something is wrong."""
+    import platform
+    import sys
+
+    import mlx.core as mx
+
+    from ..cpu import blas  # preload ran at `import mlxinfer`, before mlx
+
+    status = blas.status()
+    try:
+        err = blas.verify()
+        check = {"ok": err < 1e-4, "max_relative_error": err}
+    except Exception as e:
+        check = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    facts = current_facts()
+    ram = facts["ram_bytes"]
+    return {
+        "platform": {
+            "system": platform.system(),
+            "machine": platform.machine(),
+            "release": platform.release(),
+            "python": platform.python_version(),
+            "executable": sys.executable,
+        },
+        "mlx": {"version": mx.__version__, "default_device": str(mx.default_device())},
+        "blas": {**status, "float32_matmul_check": check},
+        "compute_dtype": {
+            "choices": list(CHOICES),
+            "auto_rule": AUTO_RULE,
+            "device": facts["device"],
+            "fast_blas": facts["fast_blas"],
+            "ram_bytes": ram,
+            "float32_limit_bytes": ram // RAM_FRACTION if ram else None,
+            # what auto would pick here for a 1 GiB float32 model, to show the rule applied
+            "auto_for_1gib_float32": auto_rule(model_bytes_float32=2**30, **facts)[0],
+        },
+    }

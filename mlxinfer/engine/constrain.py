@@ -9,7 +9,7 @@ and apply it with a plain ``mx.where`` (llguidance's own MLX helper is a Metal k
 
     compiled = compile_schema(tokenizer, schema)       # cached per (tokenizer, schema)
     mask = compiled.mask(model.config.vocab_size)       # one per generation
-    generate_steps(..., processors=[mask], stop_ids=mask.stop_ids)
+    RowSpec(..., mask=mask)                             # decode.py: one row, one mask
 
 Rules the mask keeps:
 * end-of-turn tokens are allowed only where the grammar accepts; once the grammar says
@@ -18,7 +18,7 @@ Rules the mask keeps:
 * rows of the model's output table beyond the tokenizer's vocabulary are always masked.
 
 What overlaps with what (MLX evaluates lazily): the processor is called while
-``token_stream`` builds the next step's graph. It reads the token just drawn (already
+the decode loop builds the next step's graph. It reads the token just drawn (already
 evaluated), hands "consume that token, compute the next bitmask" to a worker thread, and
 starts the forward pass with ``mx.async_eval(logits)``; only then does it wait for the
 mask and add the ``mx.where`` to the graph. llguidance and MLX's eval both release the
@@ -35,104 +35,23 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any, Optional
 
 import mlx.core as mx
 import numpy as np
 
-from .errors import MlxinferError
+from ..errors import MlxinferError
+from ..sampler import apply_mask
+from .schema import _one_line, check_object_schema, validate_schema
 
 NEG_INF = -float("inf")
-# The output's whitespace is fixed: compact JSON, {"a":1,"b":[2,3]}. Free whitespace would
-# let a model (and any random-weight model) pad with newlines and spaces forever.
-JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-
-
-# ----------------------------------------------------------------------------- reading schemas
-def _read_json(value: str, option: str) -> Any:
-    """FILE or inline JSON text -> the parsed value, or a one-line error."""
-    text, where = value, option
-    stripped = value.lstrip()
-    if not stripped.startswith(("{", "[")):
-        path = Path(value).expanduser()
-        if not path.is_file():
-            raise MlxinferError(f"{option}: '{value}' is neither a file nor inline JSON; pass a .json file or {{...}}")
-        text, where = path.read_text(), f"{option} {path}"
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as e:
-        raise MlxinferError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})") from None
-
-
-def check_object_schema(schema: Any, where: str = "schema") -> dict:
-    """The schema must be a JSON object whose top level is {"type": "object", ...}."""
-    if not isinstance(schema, dict):
-        raise MlxinferError(f"{where} must be a JSON object (a JSON Schema), got a JSON {_kind(schema)}")
-    if "input_schema" in schema and "type" not in schema:
-        raise MlxinferError(f"{where} looks like a tool definition (it has input_schema); pass it with --tool")
-    if schema.get("type") != "object":
-        got = f"type {json.dumps(schema['type'])}" if "type" in schema else "no type"
-        raise MlxinferError(f'{where} must describe an object: its top level needs "type": "object" ({got})')
-    return schema
-
-
-def schema_from_tool(tool: Any, where: str = "tool") -> dict:
-    """A tool definition in Anthropic's format (name, description, strict, input_schema) -> input_schema."""
-    if not isinstance(tool, dict):
-        raise MlxinferError(f"{where} must be a JSON object with name and input_schema, got a JSON {_kind(tool)}")
-    missing = [k for k in ("name", "input_schema") if k not in tool]
-    if missing:
-        raise MlxinferError(f"{where} lacks {' and '.join(missing)}; a tool needs name, description and input_schema")
-    if not isinstance(tool["name"], str) or not tool["name"]:
-        raise MlxinferError(f"{where}: name must be a non-empty string")
-    return check_object_schema(tool["input_schema"], f"{where}: input_schema")
-
-
-def validate_schema(schema: dict, where: str = "schema") -> str:
-    """Compile `schema` to llguidance's grammar text without a tokenizer (so before any model
-    loads): a feature the engine cannot express is a one-line MlxinferError here."""
-    from llguidance import LLMatcher
-
-    try:
-        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
-    except ValueError as e:
-        raise MlxinferError(f"{where} cannot be compiled: {_one_line(e)}") from None
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
-    if is_error:
-        raise MlxinferError(f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}")
-    return grammar
-
-
-def load_schema(value: str, option: str = "--json-schema") -> dict:
-    """--json-schema FILE|JSON -> an object schema the engine can express."""
-    schema = check_object_schema(_read_json(value, option), option)
-    validate_schema(schema, option)
-    return schema
-
-
-def load_tool(value: str, option: str = "--tool") -> tuple[dict, dict]:
-    """--tool FILE|JSON -> (the tool definition, its input_schema), checked like load_schema."""
-    tool = _read_json(value, option)
-    schema = schema_from_tool(tool, option)
-    validate_schema(schema, f"{option} input_schema")
-    return tool, schema
-
-
-def tool_system(tool: dict) -> str:
-    """The system message `generate --tool` uses when none is given: the tool's name and description."""
-    return f"You call the tool {tool['name']}: {tool.get('description', '')} Answer with the tool's input as JSON."
-
-
-def _kind(value: Any) -> str:
-    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
-        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__)
 
 
 # ----------------------------------------------------------------------------- the token table
 @dataclass
 class TokenTable:
     """llguidance's view of a tokenizer: every token's bytes, the EOS ids; built once per tokenizer."""
+
     ll: Any  # llguidance.LLTokenizer
     n_vocab: int
     eos_ids: list[int]
@@ -166,11 +85,6 @@ def token_table(tokenizer) -> TokenTable:
 
 
 # ----------------------------------------------------------------------------- compiling
-def _one_line(message: str, limit: int = 300) -> str:
-    line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
-    return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
 @dataclass
 class CompiledSchema:
     schema: dict
@@ -191,7 +105,7 @@ class CompiledSchema:
 _GRAMMARS: dict[tuple[int, str], CompiledSchema] = {}
 
 
-def compile_schema(tokenizer, schema: dict, where: str = "schema") -> CompiledSchema:
+def compile_schema(tokenizer, schema: dict, where: str = "json_schema", param: str = "json_schema") -> CompiledSchema:
     """Compile an object schema for this tokenizer; cached for the life of the process.
 
     A feature the engine cannot express is a one-line MlxinferError here, before any
@@ -199,19 +113,21 @@ def compile_schema(tokenizer, schema: dict, where: str = "schema") -> CompiledSc
     """
     from llguidance import LLMatcher
 
-    check_object_schema(schema, where)
+    check_object_schema(schema, where, param)
     table = token_table(tokenizer)
     key = (id(table), json.dumps(schema, sort_keys=True))
     if key in _GRAMMARS:
         return _GRAMMARS[key]
     start = time.perf_counter()
-    grammar = validate_schema(schema, where)
+    grammar = validate_schema(schema, where, param)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, table.ll)
     if is_error:
-        raise MlxinferError(f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}")
+        raise MlxinferError(
+            f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}", param
+        )
     matcher = LLMatcher(table.ll, grammar, log_level=0)
     if matcher.is_error():
-        raise MlxinferError(f"{where} cannot be compiled: {_one_line(matcher.get_error())}")
+        raise MlxinferError(f"{where} cannot be compiled: {_one_line(matcher.get_error())}", param)
     compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher)
     _GRAMMARS[key] = compiled
     return compiled
@@ -245,6 +161,7 @@ def allowed_from_bitmask(bitmask: np.ndarray, n_table: int, vocab_size: int) -> 
 @dataclass
 class MaskStep:
     """One row of --explain-mask: what the grammar allowed before this step's draw."""
+
     step: int
     text: str  # written so far
     n_allowed: int
@@ -299,7 +216,7 @@ class GrammarMask:
 
     @property
     def stop_ids(self) -> set[int]:
-        """The end-of-turn ids the grammar allows where it accepts: pass as generate_steps' stop_ids."""
+        """The end-of-turn ids the grammar allows where it accepts (the decode loop stops on them)."""
         return set(self.table.eos_ids)
 
     # -- feeding the matcher
@@ -312,7 +229,7 @@ class GrammarMask:
         """Feed the tokens of `generated` (all tokens drawn so far) that the matcher has not seen."""
         if generated[: len(self.tokens)] != self.tokens:
             raise RuntimeError("a GrammarMask serves one generation; make a new one with CompiledSchema.mask()")
-        for token in generated[len(self.tokens):]:
+        for token in generated[len(self.tokens) :]:
             if token in self.stop_ids and self.matcher.is_accepting():
                 break
             self._consume(token)
@@ -334,16 +251,15 @@ class GrammarMask:
             self._prompt_len = n
         elif n > self._prompt_len + len(self.tokens):
             # the ids drawn since the last call; evaluating them touches only the token history
-            new = tokens[self._prompt_len + len(self.tokens):].tolist()
+            new = tokens[self._prompt_len + len(self.tokens) :].tolist()
         job = _worker().submit(self._next_mask, new)  # the CPU work: consume, bitmask, unpack
         mx.async_eval(logits)  # start the forward pass (on Metal this returns at once; on the
         wait = time.perf_counter()  # CPU back end it runs here, with the GIL released)
         allowed = job.result()
         self.wait_seconds.append(time.perf_counter() - wait)
-        keep = mx.array(allowed).reshape(1, -1) if logits.ndim == 2 else mx.array(allowed)
         if self.explain:
-            self._record(logits, keep, int(allowed.sum()))
-        return mx.where(keep, logits, mx.array(NEG_INF, logits.dtype))
+            self._record(logits, mx.array(allowed), int(allowed.sum()))
+        return apply_mask(logits, allowed)
 
     def _next_mask(self, new: list[int]) -> np.ndarray:
         start = time.perf_counter()
@@ -382,7 +298,7 @@ class GrammarMask:
         The loop queues one step ahead, so a step may have been prepared after the end of
         the turn was drawn; it is dropped here.
         """
-        del self.steps[len(self.tokens) + 1:]
+        del self.steps[len(self.tokens) + 1 :]
         for i, s in enumerate(self.steps):
             s.resolve(self.table)
             if i < len(self.tokens):
@@ -416,6 +332,8 @@ def finish(mask: GrammarMask, text: str, tokens: list[int], finish_reason: str) 
             return JsonResult(text, json.loads(text), True, "stop")
         except json.JSONDecodeError as e:  # the grammar guarantees JSON; this is a bug
             raise RuntimeError(f"the grammar accepted text that is not JSON ({e}): {text!r}") from None
-    warning = (f"the output was cut at the token limit after {len(tokens)} tokens: it is NOT valid JSON "
-               "and does not match the schema; raise --max-tokens")
+    warning = (
+        f"the output was cut at the token limit after {len(tokens)} tokens: it is NOT valid JSON "
+        "and does not match the schema; raise max_tokens"
+    )
     return JsonResult(text, None, False, "length", warning)

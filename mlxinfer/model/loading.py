@@ -5,26 +5,32 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from . import gguf, sources
-from .compute import apply_compute_dtype, check_compute_dtype, choose_compute_dtype, float32_nbytes
-from .config import ModelConfig
-from .errors import MlxinferError
+from ..errors import MlxinferError
+from ..formats import gguf, sources
+from ..formats.config import ModelConfig
+from ..tokenizer import load_tokenizer, tokenizer_from_gguf
+from . import compute
+from .info import ModelInfo
 from .model import Model
-from .tokenizer import load_tokenizer, tokenizer_from_gguf
-from .weights import build_model, read_gguf, read_safetensors
+from .weights import fill, quantize_like, read_gguf, read_safetensors, untie
 
 
-def load(source: str | Path | None = None, compute_dtype: str = "bfloat16"):
-    """Load a model and its tokenizer: local dir, .gguf, hub repo id, or None for the embedded model.
+def load(source: str | Path | None = None, compute_dtype: str = "auto"):
+    """Load a model and its tokenizer: a local directory, a .gguf, a hub repo id, or None (or
+    "embedded") for the embedded model.
 
     compute_dtype: "bfloat16" keeps the weights as stored (quantized stays quantized, like
     mlx_lm.load); "float32" dequantizes/upcasts them once so every matmul goes through BLAS;
     "auto" picks float32 on a CPU with a fast BLAS when it fits in memory (see compute.py).
-    The model carries `.config`, `.source` (a ModelSource), `.generation_config` (the
-    checkpoint's sampling defaults, or None) and `.compute_dtype`.
+    The model's `info` (a ModelInfo) says where it came from, which definition runs it, its
+    generation_config.json and how its weights are held.
     """
-    check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
+    compute.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
     src = sources.resolve(source)
+    if src.kind == "config":
+        raise MlxinferError(
+            f"{src.path} is a config file alone; point at the model directory that holds it with its weights", "source"
+        )
     if src.kind == "gguf":
         header = gguf.read_header(src.path)
         cfg = gguf.config_from_header(header)
@@ -37,12 +43,13 @@ def load(source: str | Path | None = None, compute_dtype: str = "bfloat16"):
         generation_config = read_generation_config(src.path)
         eos = (generation_config or {}).get("eos_token_id")
         tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
-    model = build_model(cfg, weights, where=str(src.path))
+    cfg = untie(cfg, weights)
+    model = Model(cfg)
+    quantize_like(model, weights, cfg.quantization)
+    fill(model, weights, str(src.path))
     check_vocabulary(model, tokenizer, src.name)
-    model.compute_dtype = choose_compute_dtype(compute_dtype, float32_nbytes(model))
-    apply_compute_dtype(model, model.compute_dtype)
-    model.source = src
-    model.generation_config = generation_config
+    model.info = ModelInfo(src.name, f"mlxinfer {cfg.model_type}", src, generation_config)
+    compute.apply(model, compute.choose_compute_dtype(compute_dtype, compute.float32_nbytes(model)))
     return model, tokenizer
 
 
@@ -52,7 +59,7 @@ def read_generation_config(directory: Path) -> dict | None:
         return None
     try:
         data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise MlxinferError(f"{path} is not valid JSON ({e}); fix or delete it") from None
     return data if isinstance(data, dict) else None
 

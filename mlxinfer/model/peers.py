@@ -1,21 +1,20 @@
 """mlx-lm's own model class, built from one of our loaded models: the peer we measure against.
 
-For a GGUF file (which mlx-lm does not load) this is the only way to run mlx-lm's
-forward pass on the same weights; for directories it equals `mlx_lm.load`.
+For a GGUF file (which mlx-lm does not load) this is the only way to run mlx-lm's forward
+pass on the same weights; for directories it equals `mlx_lm.load`. Both models use Hugging
+Face's tensor names, so the tensors move across as they are.
 """
 
 from __future__ import annotations
 
+import importlib
+
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-
-from .weights import hf_to_ours, ours_to_hf
 
 
 def mlx_lm_twin(model) -> nn.Module:
     """mlx-lm's Llama/Qwen2/Qwen3 model holding exactly our tensors (quantized modules alike)."""
-    import importlib
-
     cfg = model.config
     arch = importlib.import_module(f"mlx_lm.models.{cfg.model_type}")
     args = arch.ModelArgs.from_dict(
@@ -34,15 +33,16 @@ def mlx_lm_twin(model) -> nn.Module:
             "rope_scaling": cfg.rope_scaling,
             "max_position_embeddings": cfg.max_position_embeddings,
             "tie_word_embeddings": cfg.tie_word_embeddings,
+            "attention_bias": cfg.o_bias,
         }
     )
     twin = arch.Model(args)
     modules = dict(model.named_modules())
 
     def same_quantization(path: str, _module) -> dict | bool:
-        ours = modules.get(hf_to_ours(path))
+        ours = modules.get(path)
         return {"group_size": ours.group_size, "bits": ours.bits} if hasattr(ours, "bits") else False
 
     nn.quantize(twin, class_predicate=same_quantization)
-    twin.load_weights([(ours_to_hf(k), v) for k, v in tree_flatten(model.parameters())], strict=True)
+    twin.load_weights(tree_flatten(model.parameters()), strict=True)
     return twin

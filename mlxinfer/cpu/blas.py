@@ -16,7 +16,7 @@ Which library:
   unset (or auto)                         whichever of the two is installed; if both are, MKL
                                           on Intel CPUs and OpenBLAS on others (MKL takes slower
                                           code paths on AMD: measured 1.5x slower prefill here)
-  pip install 'mlxinfer[mkl]' or 'mlxinfer[openblas]' (then python -m mlxinfer.openblas_shim).
+  pip install 'mlxinfer[mkl]' or 'mlxinfer[openblas]' (then python -m mlxinfer.cpu.openblas_shim).
 For MKL, MKL_THREADING_LAYER defaults to SEQUENTIAL (one thread per call); a value
 already in the environment is kept (GNU = libgomp threads, INTEL = libiomp5 from the
 intel-openmp wheel). Why not threads: MLX runs its own thread beside MKL's, and on this
@@ -87,8 +87,10 @@ def _preload() -> None:
     requested = os.environ.get(ENV)
     value = (requested or "").strip()
     if sys.platform != "linux":
-        _set(library="MLX's own (Accelerate on macOS)" if sys.platform == "darwin" else "MLX's own",
-             reason=f"not Linux ({sys.platform}): MLX's own BLAS is used as is")
+        _set(
+            library="MLX's own (Accelerate on macOS)" if sys.platform == "darwin" else "MLX's own",
+            reason=f"not Linux ({sys.platform}): MLX's own BLAS is used as is",
+        )
         return
     if "mlx.core" in sys.modules:
         explicit = bool(value) and value.lower() not in _DISABLED | _DEFAULT
@@ -104,9 +106,13 @@ def _preload() -> None:
         found = [(name, finders[name]()) for name in names]
         found = [(name, path) for name, path in found if path]
         if not found:
-            _fallback(_NOT_INSTALLED[names[0]] if len(names) == 1 else "neither MKL nor OpenBLAS is installed "
-                      "(pip install 'mlxinfer[mkl]', or 'mlxinfer[openblas]' + python -m mlxinfer.openblas_shim)",
-                      warn=len(names) == 1)
+            _fallback(
+                _NOT_INSTALLED[names[0]]
+                if len(names) == 1
+                else "neither MKL nor OpenBLAS is installed "
+                "(pip install 'mlxinfer[mkl]', or 'mlxinfer[openblas]' + python -m mlxinfer.cpu.openblas_shim)",
+                warn=len(names) == 1,
+            )
             return
         for name, path in found:  # an installed one that fails to load warns, and the next is tried
             if _load(path, "mkl package" if name == "mkl" else "scipy-openblas32 package"):
@@ -122,7 +128,7 @@ def _preload() -> None:
 _NOT_INSTALLED = {
     "mkl": "MLXINFER_BLAS=mkl: the mkl package is not installed (pip install 'mlxinfer[mkl]')",
     "openblas": "MLXINFER_BLAS=openblas: the OpenBLAS shim is not built "
-                "(pip install 'mlxinfer[openblas]', then python -m mlxinfer.openblas_shim)",
+    "(pip install 'mlxinfer[openblas]', then python -m mlxinfer.cpu.openblas_shim)",
 }
 
 
@@ -159,8 +165,9 @@ def _load(path: str, source: str) -> bool:
         # set before the dlopen: OpenBLAS reads it when it starts its threads
         timeout = _default_env("OPENBLAS_THREAD_TIMEOUT", DEFAULT_OPENBLAS_THREAD_TIMEOUT)
         threads = os.environ.get("OPENBLAS_NUM_THREADS") or os.cpu_count()
-        return _load_global_or_undo(path, source, f"OpenBLAS pthreads x{threads}, thread timeout 2^{timeout} cycles",
-                                    "OPENBLAS_THREAD_TIMEOUT")
+        return _load_global_or_undo(
+            path, source, f"OpenBLAS pthreads x{threads}, thread timeout 2^{timeout} cycles", "OPENBLAS_THREAD_TIMEOUT"
+        )
     if "mkl" not in name.lower():
         return _load_global(path, source, None)
     # set before the dlopen: MKL reads it when it first dispatches
@@ -212,9 +219,14 @@ def _load_global(path: str, source: str, layer: str | None) -> bool:
     if _symbol(_ctypes.dlopen(None, os.RTLD_NOW), "cblas_sgemm") != sgemm:
         _fallback(f"{_who(path, source)}: another cblas_sgemm is already global in this process", warn=True)
         return False
-    _set(library=_library_name(path), path=os.path.realpath(path) if os.sep in path else path, active=True,
-         reason=f"loaded before mlx from the {source}" if source != ENV else f"loaded before mlx from {ENV}",
-         threading_layer=layer, source=source)
+    _set(
+        library=_library_name(path),
+        path=os.path.realpath(path) if os.sep in path else path,
+        active=True,
+        reason=f"loaded before mlx from the {source}" if source != ENV else f"loaded before mlx from {ENV}",
+        threading_layer=layer,
+        source=source,
+    )
     return True
 
 

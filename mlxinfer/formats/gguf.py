@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from ..errors import MlxinferError
 from .config import ModelConfig
-from .errors import MlxinferError
 
 MAGIC = b"GGUF"
 
@@ -184,9 +184,7 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     """Translate GGUF metadata into the fields config.json would have."""
     m, arch = header.metadata, header.architecture
     if arch not in _ARCH:
-        raise MlxinferError(
-            f"{header.path}: unknown architecture '{arch}'; supported: {', '.join(sorted(_ARCH))}"
-        )
+        raise MlxinferError(f"{header.path}: unknown architecture '{arch}'; supported: {', '.join(sorted(_ARCH))}")
 
     def get(key: str, default=None):
         return m.get(f"{arch}.{key}", default)

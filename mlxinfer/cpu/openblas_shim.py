@@ -7,7 +7,7 @@ exports `cblas_sgemm` and sends single-row products to sgemv. It is compiled onc
 with the system C compiler, into <prefix>/lib next to where the mkl wheel puts
 libmkl_rt; blas.py finds it there at import.
 
-    python -m mlxinfer.openblas_shim          # build (the Makefile's set-up runs this)
+    python -m mlxinfer.cpu.openblas_shim          # build (the Makefile's set-up runs this)
 
 Why bother when MKL is there: on the AMD EPYC this project is measured on, MKL takes
 slower code paths than on Intel CPUs; OpenBLAS ran the embedded model's float32
@@ -23,6 +23,7 @@ import sys
 import tempfile
 
 from .blas import shim_path
+
 SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "sgemm_openblas.c")
 
 
@@ -43,7 +44,7 @@ def openblas_library() -> str | None:
 
 def build(out: str | None = None, compiler: str | None = None) -> str:
     """Compile the shim against scipy-openblas32; returns its path. Raises MlxinferError (one line)."""
-    from .errors import MlxinferError
+    from ..errors import MlxinferError
 
     if not sys.platform.startswith("linux"):
         raise MlxinferError(f"the OpenBLAS shim is for Linux; on {sys.platform} MLX's own BLAS is used")
@@ -72,7 +73,7 @@ def build(out: str | None = None, compiler: str | None = None) -> str:
 
 
 def main() -> int:
-    from .errors import MlxinferError
+    from ..errors import MlxinferError
 
     try:
         path = build()

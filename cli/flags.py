@@ -1,0 +1,81 @@
+"""The CLI's flags and the library's parameter names, in one place.
+
+The library's errors name its parameters (`max_tokens must be at least 1, got 0`) and list them
+in `MlxinferError.params`; `error_line` puts the flag a terminal user typed in their place
+(`--max-tokens must be at least 1, got 0`). A command whose flag differs for one parameter
+(count's MODEL argument, --seed-range for seeds) says so with `use(...)` before it calls the
+library.
+"""
+
+from __future__ import annotations
+
+import re
+
+FLAGS = {
+    "source": "--model",
+    "compute_dtype": "--compute-dtype",
+    "prompt": "--prompt",
+    "system": "--system",
+    "chat=False": "--no-chat",
+    "temperature": "--temp",
+    "top_p": "--top-p",
+    "top_k": "--top-k",
+    "min_p": "--min-p",
+    "repetition_penalty": "--repetition-penalty",
+    "presence_penalty": "--presence-penalty",
+    "frequency_penalty": "--frequency-penalty",
+    "order": "--order",
+    "temperatures": "--temps",
+    "k": "-k",
+    "explain_sampler": "--explain",
+    "max_tokens": "--max-tokens",
+    "seed": "--seed",
+    "seeds": "--seeds",
+    "batch_size": "--batch-size",
+    "logprobs": "--logprobs",
+    "json_schema": "--json-schema",
+    "tool": "--tool",
+    "explain_mask": "--explain-mask",
+    "context": "--context",
+    "answer_tokens": "--answer-tokens",
+    "flops": "--flops",
+    "bandwidth": "--bandwidth",
+    "bandwidth_gb_s": "--bandwidth",
+    "prompt_tokens": "--prompt-tokens",
+    "gen_tokens": "--gen-tokens",
+    "repeats": "--repeats",
+    "bits": "--bits",
+    "group_size": "--group-size",
+    "head_bits": "--head-bits",
+    "embed_bits": "--embed-bits",
+    "dtype": "--dtype",
+    "force": "--force",
+    "max_shard_bytes": "--max-shard-size",
+    "out": "OUT",
+    "window": "--window",
+    "text": "--text",
+    "candidates": "CANDIDATES",
+}
+_overrides: dict[str, str] = {}
+
+
+def use(**flags: str) -> None:
+    """This command names these parameters differently, e.g. use(source="MODEL")."""
+    _overrides.update(flags)
+
+
+def flag(param: str) -> str:
+    return _overrides.get(param) or FLAGS.get(param, param)
+
+
+def named(text: str, *params: str) -> str:
+    """`text` with the first mention of each parameter replaced by its flag, on one line."""
+    for param in params:
+        pattern = re.compile(rf"(?<![\w-]){re.escape(param)}(?![\w-])")
+        text = pattern.sub(flag(param).replace("\\", r"\\"), text, count=1)
+    return " ".join(text.split())
+
+
+def error_line(e) -> str:
+    """An MlxinferError's message in the CLI's words."""
+    return named(str(e), *getattr(e, "params", ()))

@@ -1,0 +1,316 @@
+"""`count`: parameters, bytes and operations per token, worked out from config.json alone,
+then checked against what the checkpoint actually stores (safetensors or GGUF headers,
+read by `stored`).
+
+Pure Python on purpose: no mlx, mlx-lm, transformers or numpy, so it starts fast and
+never loads (or downloads) a weight. huggingface_hub is imported only for a hub repo id.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import replace
+from pathlib import Path
+
+from ..errors import MlxinferError
+from ..formats import gguf, safetensors, sources
+from ..formats.config import KNOWN_DTYPES, ModelConfig
+from ..views import CountReport
+from .layout import Weight, layer_weights, model_weights
+from .stored import stored_gguf, stored_safetensors
+
+
+def count(
+    source: str | Path | None = None,
+    context: int | None = None,
+    answer_tokens: int | None = None,
+    flops: float | str | None = None,
+    bandwidth: float | str | None = None,
+) -> CountReport:
+    """Count a model from its config (local dir, config .json, .gguf, hub repo id, or None: the embedded GGUF)."""
+    for name, v in (("context", context), ("answer_tokens", answer_tokens)):
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
+            raise MlxinferError(f"{name} must be a whole number of tokens, 1 or more; got {v!r}", name)
+    if answer_tokens is not None and context is None:
+        raise MlxinferError("answer_tokens needs context: the prompt's length in tokens", "answer_tokens", "context")
+    flops = None if flops is None else parse_rate(flops, "flops")
+    bandwidth = None if bandwidth is None else parse_rate(bandwidth, "bandwidth")
+
+    name, kind, cfg, files, header, notes = _open(source)
+    if files and not cfg.tie_word_embeddings_given:
+        cfg = replace(
+            cfg, tie_word_embeddings=not any(t["name"] == "lm_head.weight" for f in files for t in f["tensors"])
+        )
+        notes.append(
+            "config.json does not say whether the tables are tied; the stored tensors decide: "
+            + ("tied" if cfg.tie_word_embeddings else "not tied")
+        )
+    weights = model_weights(cfg)
+    r = _table(name, kind, cfg, weights, notes)
+    if header:
+        r.quantization, r.stored = _gguf_quant(header), stored_gguf(header, r.total)
+        notes.append(
+            f"GGUF: the bytes in {cfg.dtype} are what the model would take unquantized; "
+            "the tensor table gives the bytes actually stored"
+        )
+    else:
+        r.quantization = _mlx_quant(cfg, weights)
+        if files:
+            predicted = (r.quantization or {}).get("bytes", r.bytes)
+            r.stored = stored_safetensors(files, cfg, [w.name for w in weights], r.total, predicted)
+    _work(r, cfg, context, answer_tokens, flops, bandwidth)
+    return r
+
+
+def _open(source) -> tuple[str, str, ModelConfig, list[dict] | None, gguf.GGUFHeader | None, list[str]]:
+    """-> (name, kind: config | gguf | hub, config, safetensors tables or None, GGUF header or None, notes)."""
+    src = sources.resolve(source, weights=False)
+    if src.kind == "gguf":
+        h = gguf.read_header(src.path, tokenizer=False)
+        return src.name, "gguf", gguf.config_from_header(h), None, h, []
+    if src.kind == "hub":
+        files, notes = sources.hub_headers(src.name)
+        return src.name, "hub", ModelConfig.from_file(sources.hub_config(src.name)), files, None, notes
+    if src.kind == "config":  # a config file alone: nothing stored to compare with
+        return src.name, "config", ModelConfig.from_file(src.path), None, None, []
+    return src.name, "config", ModelConfig.from_file(src.path), safetensors.local_files(src.path), None, []
+
+
+def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes: list[str]) -> CountReport:
+    by_part: dict[str, int] = {}
+    for w in weights:
+        by_part[w.part] = by_part.get(w.part, 0) + w.params
+    L, D, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
+    layer0 = layer_weights(cfg, 0)
+    att, mlp, norms = (sum(w.params for w in layer0 if w.part == p) for p in ("attention", "mlp", "norms"))
+    layer, total = att + mlp + norms, sum(w.params for w in weights)
+    emb, out = by_part["embedding"], by_part.get("output", 0)
+    rows = [_row("embedding table", f"{V:,} x {D:,}", emb), _row("per layer:"), _row("attention", indent=1)]
+    rows += _grouped([w for w in layer0 if w.part == "attention"])
+    rows += [_row("attention subtotal", "", att, 2), _row("MLP", indent=1)]
+    rows += _grouped([w for w in layer0 if w.part == "mlp"])
+    rows += [
+        _row("MLP subtotal", "", mlp, 2),
+        _row("two norms", f"2 x {D:,}", norms, 1),
+        _row("layer total", "", layer, 1),
+        _row(f"{L} layers", f"{L} x {layer:,}", L * layer),
+        _row("final norm", "", by_part["final_norm"]),
+        _row("output table", "the embedding table, used again" if cfg.tie_word_embeddings else f"{D:,} x {V:,}", out),
+        _row("TOTAL", "", total),
+    ]
+    nbytes = KNOWN_DTYPES[cfg.dtype]
+    shares = {
+        "mlp_of_layer": mlp / layer,
+        "attention_of_layer": att / layer,
+        "layers_of_model": L * layer / total,
+        "vocab_tables_of_model": (emb + out) / total,
+    }
+    return CountReport(
+        name,
+        kind,
+        cfg.to_dict(),
+        rows,
+        emb,
+        att,
+        mlp,
+        norms,
+        layer,
+        L,
+        L * layer,
+        by_part["final_norm"],
+        out,
+        total,
+        cfg.dtype,
+        nbytes,
+        total * nbytes,
+        shares,
+        {},
+        notes=notes,
+    )
+
+
+def _row(label: str, formula: str = "", params: int | None = None, indent: int = 0) -> dict:
+    return {"label": label, "formula": formula, "params": params, "indent": indent}
+
+
+def _grouped(weights: list[Weight]) -> list[dict]:
+    """One row per label, in order: the two Qwen3 head norms or the three biases share a row."""
+    rows: dict[str, dict] = {}
+    for w in weights:
+        rows.setdefault(w.label, _row(w.label, w.formula, 0, 2))["params"] += w.params
+    return list(rows.values())
+
+
+def _work(r: CountReport, cfg: ModelConfig, context, answer_tokens, flops, bandwidth) -> None:
+    """Operations per token (2 per parameter used in arithmetic), attention, and time on a machine."""
+    V, D, L = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
+    # the lookup is free; the scores always cost a V x D matmul, on the shared table when tied
+    used = r.total - r.embedding + (V * D if cfg.tie_word_embeddings else 0)
+    weights_ops = 2 * used
+    per_token = L * 2 * 2 * cfg.num_attention_heads * cfg.head_dim  # q.k and the value mix, per layer
+    r.operations = {
+        "parameters_in_arithmetic": used,
+        "weights_per_token": weights_ops,
+        "attention_per_earlier_token": per_token,
+        "crossover_context": weights_ops / per_token,
+        "rule": "2 operations (a multiply and an add) per parameter used in arithmetic: every parameter except "
+        "the embedding lookup, plus the output table's matmul (vocab x hidden), which a tied model "
+        "runs on the shared table; attention adds layers x 2 x 2 x (heads x head_dim) per earlier token",
+    }
+    if context is not None:
+        att = per_token * context
+        r.context = {
+            "tokens": context,
+            "attention_ops": att,
+            "share_of_weights": att / weights_ops,
+            "total_ops": weights_ops + att,
+            "beyond_max_context": context > cfg.max_position_embeddings,
+        }
+    if answer_tokens is not None:  # pass k (k = 0 .. M-1) attends to context + k tokens
+        M, N = answer_tokens, context
+        positions = M * N + M * (M - 1) // 2
+        r.answer = {
+            "prompt_tokens": N,
+            "answer_tokens": M,
+            "passes": M,
+            "layer_runs": M * L,
+            "weights_ops": M * weights_ops,
+            "attended_tokens": positions,
+            "average_attended": positions / M,
+            "attention_ops": per_token * positions,
+            "total_ops": M * weights_ops + per_token * positions,
+        }
+    q = r.quantization
+    model_bytes = q["bytes"] if q else r.bytes
+    emb_bytes = q["embedding_bytes"] if q else r.embedding * r.bytes_per_parameter
+    read = model_bytes if cfg.tie_word_embeddings else model_bytes - emb_bytes + emb_bytes // V  # one row
+    kv = 2 * L * cfg.num_key_value_heads * cfg.head_dim * r.bytes_per_parameter  # per token of context
+    r.operations.update(weight_bytes_read_per_token=read, kv_cache_bytes_per_context_token=kv)
+    if flops is None and bandwidth is None:
+        return
+    ops, nbytes = weights_ops + per_token * (context or 0), read + kv * (context or 0)
+    hw = {
+        "flops": flops,
+        "bandwidth": bandwidth,
+        "context": context or 0,
+        "ops": ops,
+        "bytes_read": nbytes,
+        "ops_per_byte": ops / nbytes,
+        "compute_s": flops and ops / flops,
+        "memory_s": bandwidth and nbytes / bandwidth,
+        "binds": None,
+    }
+    if flops and bandwidth:
+        hw["machine_ops_per_byte"] = flops / bandwidth
+        hw["binds"] = "memory" if hw["memory_s"] >= hw["compute_s"] else "compute"
+    if r.answer:
+        a = r.answer
+        hw["answer_compute_s"] = flops and a["total_ops"] / flops
+        hw["answer_memory_s"] = bandwidth and (a["passes"] * read + kv * a["attended_tokens"]) / bandwidth
+    r.hardware = hw
+
+
+def _quant_setting(q: dict, module: str, in_dim: int) -> tuple[int, int, str] | None:
+    """(bits, group_size, mode) for one Linear/Embedding, or None: mlx-lm leaves it in float."""
+    over = q.get(module, True)
+    if over is False:
+        return None
+    s = over if isinstance(over, dict) else q
+    bits, group = int(s.get("bits", q["bits"])), int(s.get("group_size", q["group_size"]))
+    return None if in_dim % group else (bits, group, s.get("mode", q.get("mode", "affine")))
+
+
+def _mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
+    """MLX quantization: packed bits plus, per group, a scale and a bias (affine, 16-bit each) or one
+    8-bit scale (mxfp4/mxfp8/nvfp4). Linear and Embedding weights only; norms and biases stay float."""
+    q = cfg.quantization
+    if not q:
+        return None
+    fb = KNOWN_DTYPES[cfg.dtype]
+    total_bytes = emb_bytes = qparams = qbits = 0
+    settings: dict[str, int] = {}
+    for w in weights:
+        s = _quant_setting(q, w.name.removesuffix(".weight"), w.shape[-1]) if len(w.shape) == 2 else None
+        if s is None:
+            nbytes = w.params * fb
+        else:
+            bits, group, mode = s
+            per_group = 2 * fb if mode == "affine" else 1  # scale + bias, or one 8-bit scale
+            nbytes = w.params * bits // 8 + w.params // group * per_group
+            qparams += w.params
+            qbits += 8 * nbytes
+            key = f"{bits}-bit, group {group}" + ("" if mode == "affine" else f", {mode}")
+            settings[key] = settings.get(key, 0) + w.params
+        total_bytes += nbytes
+        emb_bytes += nbytes if w.part == "embedding" else 0
+    total = sum(w.params for w in weights)
+    return {
+        "kind": "mlx",
+        "bits": q["bits"],
+        "group_size": q["group_size"],
+        "mode": q.get("mode", "affine"),
+        "overrides": sum(1 for v in q.values() if isinstance(v, (dict, bool))),
+        "settings": settings,
+        "quantized_parameters": qparams,
+        "float_parameters": total - qparams,
+        "bits_per_quantized_weight": qbits / qparams if qparams else None,
+        "bits_per_parameter": 8 * total_bytes / total,
+        "bytes": total_bytes,
+        "embedding_bytes": emb_bytes,
+    }
+
+
+def _gguf_quant(h: gguf.GGUFHeader) -> dict:
+    """GGUF: the tensor table gives each tensor's ggml type and stored bytes."""
+    types: dict[str, dict] = {}
+    for t in h.tensors:
+        d = types.setdefault(t.type_name, {"tensors": 0, "parameters": 0, "bytes": 0})
+        d.update(tensors=d["tensors"] + 1, parameters=d["parameters"] + t.n_elements, bytes=d["bytes"] + t.nbytes)
+        d["bits_per_weight"] = 8 * d["bytes"] / d["parameters"]
+    nbytes, params = sum(t.nbytes for t in h.tensors), sum(t.n_elements for t in h.tensors)
+    emb = next((t.nbytes for t in h.tensors if t.name == "token_embd.weight"), 0)
+    return {
+        "kind": "gguf",
+        "types": types,
+        "bytes": nbytes,
+        "embedding_bytes": emb,
+        "bits_per_parameter": 8 * nbytes / params if params else None,
+    }
+
+
+# ---- rates -----------------------------------------------------------------------------------------------
+
+_PREFIX = {
+    "": 1,
+    "k": 1e3,
+    "K": 1e3,
+    "M": 1e6,
+    "G": 1e9,
+    "T": 1e12,
+    "P": 1e15,
+    "Ki": 2**10,
+    "Mi": 2**20,
+    "Gi": 2**30,
+    "Ti": 2**40,
+}
+_UNITS = {"flops": ("", "flop/s", "flops", "op/s", "ops", "flop"), "bandwidth": ("", "b/s", "bps", "b")}
+_RATE = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(Ki|Mi|Gi|Ti|[kKMGTP])?\s*([A-Za-z/]*)\s*")
+
+
+def parse_rate(value: float | int | str, kind: str) -> float:
+    """'989T', '989 TFLOP/s', '3.35TB/s', '400GB/s', '1.2e12' or a plain number -> per second.
+    Prefixes are decimal (T = 10^12), Ki/Mi/Gi/Ti binary; bandwidth is in bytes per second."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        x = float(value)
+    else:
+        m = _RATE.fullmatch(str(value))
+        if not m or m.group(3).lower() not in _UNITS[kind]:
+            example = "989T or 989TFLOP/s" if kind == "flops" else "3.35TB/s or 400GB/s"
+            raise MlxinferError(
+                f"cannot read {kind} {value!r}; write a number with an optional prefix, like {example}", kind
+            )
+        x = float(m.group(1)) * _PREFIX[m.group(2) or ""]
+    if not (x > 0 and math.isfinite(x)):
+        raise MlxinferError(f"{kind} must be a positive number per second; got {value!r}", kind)
+    return x

