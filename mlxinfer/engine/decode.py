@@ -27,7 +27,7 @@ import mlx.core as mx
 
 from ..errors import MlxinferError
 from ..model.cache import fork, keep_rows
-from ..sampler import Sampler, make_logits_processors
+from ..sampler import Sampler, cut_tail, draw, make_logits_processors
 from ..settings import SamplerSettings
 from ..views import Alternative, Stats, Step
 
@@ -119,26 +119,48 @@ class _Row:
             for process in self.processors:
                 logits = process(self.history, logits)
         logprobs = logits - mx.logsumexp(logits, keepdims=True)  # generate_step's expression: same bits
-        key = None
-        if self.key is not None:
-            self.key, key = mx.random.split(self.key)
-        return self.sampler.draw(logprobs, key), logprobs
+        return self.sampler.draw(logprobs, self.next_key()), logprobs
+
+    def next_key(self) -> mx.array | None:
+        """The key of this row's next draw: its chain split once, as MLX's global stream would be."""
+        if self.key is None:
+            return None
+        self.key, key = mx.random.split(self.key)
+        return key
 
 
 def _choose_all(rows: list[_Row], logits: mx.array, fed: list[mx.array], n_alternatives: int):
-    """One draw per row: tokens (A,), their log-probabilities (A,), and the best alternatives."""
-    tokens, chosen, alternatives = [], [], []
-    for i, row in enumerate(rows):
-        x = logits if logits.shape[0] == 1 else logits[i : i + 1]
-        token, logprobs = row.choose(x, fed[i])
-        tokens.append(token)
-        chosen.append(mx.take_along_axis(logprobs, token[:, None], axis=-1).reshape(1))
-        if n_alternatives:
-            top = mx.argpartition(-logprobs[0], kth=n_alternatives - 1)[:n_alternatives]
-            alternatives.append((top, logprobs[0][top]))
-    y = tokens[0] if len(tokens) == 1 else mx.concatenate(tokens)
-    lp = chosen[0] if len(chosen) == 1 else mx.concatenate(chosen)
-    return y, lp, alternatives
+    """One draw per row: tokens (A,), their log-probabilities (A,), and the best alternatives.
+
+    Rows that share their settings and have nothing to adjust (no penalties, no mask) are
+    normalised and cut in one op over (A, V): the same bits per row as one row at a time
+    (checked by the tests), fewer dispatches. The draw stays one call per row, with the row's key.
+    """
+    if (
+        len(rows) > 1
+        and all(not r.processors and r.key is not None for r in rows)
+        and all(r.spec.settings == rows[0].spec.settings for r in rows)
+    ):
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
+        logprobs = mx.broadcast_to(logprobs, (len(rows), logprobs.shape[-1]))
+        kept = cut_tail(logprobs, rows[0].spec.settings)
+        y = mx.concatenate(
+            [draw(kept[i : i + 1], row.spec.settings.temperature, row.next_key()) for i, row in enumerate(rows)]
+        )
+    else:
+        tokens, rows_logprobs = [], []
+        for i, row in enumerate(rows):
+            token, row_logprobs = row.choose(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i])
+            tokens.append(token)
+            rows_logprobs.append(row_logprobs)
+        y = mx.concatenate(tokens)
+        logprobs = mx.concatenate(rows_logprobs)
+    chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[:, 0]  # (A,)
+    alternatives = []
+    if n_alternatives:
+        top = mx.argpartition(-logprobs, kth=n_alternatives - 1, axis=-1)[:, :n_alternatives]  # (A, K)
+        alternatives = [(top[i], mx.take_along_axis(logprobs[i], top[i], axis=-1)) for i in range(len(rows))]
+    return y, chosen, alternatives
 
 
 def decode(
@@ -182,14 +204,15 @@ def decode(
                 keep.append(p)
                 continue
             row.detok.finalize()
-            yield i, Step(None, row.detok.last_segment, 0.0, finish_reason=reason)
+            stop = token if token in row.stop_ids else None
+            yield i, Step(None, row.detok.last_segment, 0.0, finish_reason=reason, stop_token=stop)
         if queued is None or not keep:
             break
         y, lp, alts = queued
         if len(keep) < len(active):  # finished rows leave the batch
             index = mx.array(keep, dtype=mx.int32)
             cache = keep_rows(cache, keep)
-            y, lp, alts = y[index], lp[index], [alts[p] for p in keep]
+            y, lp, alts = y[index], lp[index], [alts[p] for p in keep] if alts else alts
         active = [active[p] for p in keep]
 
 
