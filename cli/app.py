@@ -59,11 +59,12 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from cli.commands import bench, convert, count, generate, info, quality, quantize, sample, topk
+    from cli.commands import bench, convert, count, generate, info, quality, quantize, sample, sweep, topk
 
     app.command("count")(count.count_command)
     app.command("topk")(topk.topk)
     app.command("sample")(sample.sample)
+    app.command("sweep")(sweep.sweep)
     app.command("generate")(generate.generate)
     app.command("quantize")(quantize.quantize_command)
     app.command("convert")(convert.convert_command)

@@ -94,7 +94,7 @@ def progress_bar(total: int, description: str, enabled: bool = True):
     progress = Progress(console=Console(stderr=True), transient=True, disable=not enabled)
     task = progress.add_task(description, total=total)
 
-    def update(done: int, _total: int) -> None:
-        progress.update(task, completed=done)
+    def update(done: int, total: int) -> None:
+        progress.update(task, completed=done, total=total)
 
     return progress, update

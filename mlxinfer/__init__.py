@@ -31,6 +31,8 @@ _LAZY = {
     "stream_generate": ("engine.generate", "stream_generate"),
     "sample": ("engine.experiments", "sample"),
     "prefill": ("engine.decode", "prefill"),
+    "sweep": ("engine.sweep", "sweep"),
+    "settings_grid": ("engine.sweep", "settings_grid"),
     "encode_prompt": ("tokenizer", "encode_prompt"),
     "system_info": ("model.compute", "system_info"),
     "ModelConfig": ("formats.config", "ModelConfig"),

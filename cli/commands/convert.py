@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import typer
 
+from cli import flags
 from cli.common import JsonOption, print_json
 
 
@@ -21,6 +22,8 @@ def convert_command(
     """Convert a GGUF file to safetensors, keeping Q4_0/Q4_1/Q8_0 exactly as MLX affine weights (group 32)."""
     from cli.commands.quantize import render_summary
     from quant.export import convert_gguf
+
+    flags.use(out="OUT")
 
     summary = convert_gguf(gguf, out, force=force, max_shard_bytes=max_shard_size)
     if json_out:

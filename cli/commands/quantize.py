@@ -51,7 +51,7 @@ def quantize_command(
     """Quantize a model to MLX affine weights (or dequantize it with --bits 16), as mlx-lm's convert does."""
     from quant.export import quantize
 
-    flags.use(source="SRC")
+    flags.use(source="SRC", out="OUT")
     summary = quantize(
         src,
         out,

@@ -1,0 +1,130 @@
+"""A sweep's results file: JSON Lines, a header line that says which experiment it holds, then
+one line per completion, appended and flushed a batch at a time.
+
+What survives: a batch's lines go out in one write and are synced before the next batch starts,
+so an interruption (Ctrl-C, kill) loses at most the batch in flight. SIGTERM is turned into the
+same clean stop as Ctrl-C while a sweep runs; a line torn by a harder kill (a power cut, kill -9
+in the middle of a write) is cut off when the file is next opened to resume, so every line a
+reader sees parses. A file that holds another experiment (another model, prompt set, settings,
+token budget or chat setup) is refused, never overwritten.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from ..errors import MlxinferError
+
+FORMAT = "mlxinfer-sweep/1"
+
+
+def record_key(record: dict) -> tuple[int, int, int]:
+    return record["prompt_index"], record["settings_index"], record["seed"]
+
+
+class ResultsFile:
+    """Open (or create) `path` for the experiment `header` describes; `done` holds what it already has."""
+
+    def __init__(self, path: str | os.PathLike, header: dict, resume: bool, param: str = "out"):
+        self.path = Path(path).expanduser()
+        self.header = {"format": FORMAT, **header}
+        self.done: dict[tuple[int, int, int], dict] = {}
+        exists = self.path.is_file() and self.path.stat().st_size > 0
+        if self.path.exists() and not self.path.is_file():
+            raise MlxinferError(f"{param} {self.path} is not a file; choose a .jsonl path", param)
+        if exists and not resume:
+            raise MlxinferError(
+                f"{param} {self.path} already holds results; pass resume to continue that sweep, "
+                f"or choose another {param}",
+                param,
+                "resume",
+            )
+        if exists:
+            self._read(param)
+        else:
+            self._write_lines([self.header], create=True, param=param)
+
+    def _read(self, param: str) -> None:
+        data = self.path.read_bytes()
+        end = data.rfind(b"\n") + 1
+        lines = data[:end].splitlines()
+        try:
+            stored = json.loads(lines[0]) if lines else None
+        except ValueError:
+            stored = None
+        if not isinstance(stored, dict) or stored.get("format") != FORMAT:
+            raise MlxinferError(f"{param} {self.path} is not a sweep results file; choose another {param}", param)
+        differs = [k for k in self.header if k != "seeds" and stored.get(k) != self.header[k]]
+        if differs:
+            raise MlxinferError(
+                f"{param} {self.path} holds another sweep (its {differs[0]} differs); "
+                f"choose another {param} or the same options",
+                param,
+            )
+        for n, line in enumerate(lines[1:], start=2):
+            try:
+                record = json.loads(line)
+                self.done[record_key(record)] = record
+            except (ValueError, KeyError, TypeError):
+                raise MlxinferError(
+                    f"{param} {self.path}: line {n} is not a completion record; the file was edited by hand", param
+                ) from None
+        if end < len(data):  # a line torn by a kill in the middle of a write: the batch it belonged to is redone
+            with open(self.path, "r+b") as f:
+                f.truncate(end)
+
+    def append(self, records: list[dict]) -> None:
+        """All of a batch's lines in one write, synced: a reader never sees half a batch's line."""
+        self._write_lines(records)
+        for r in records:
+            self.done[record_key(r)] = r
+
+    def _write_lines(self, rows: list[dict], create: bool = False, param: str = "out") -> None:
+        data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in rows).encode()
+        flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
+        try:
+            fd = os.open(self.path, flags, 0o644)
+        except OSError as e:
+            raise MlxinferError(
+                f"{param} {self.path} cannot be written ({e.strerror}); choose another {param}", param
+            ) from None
+        try:
+            os.write(fd, data)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def write_whole(path: str | os.PathLike, header: dict, records: list[dict]) -> None:
+    """The merged results of several ranks: written beside the target, then renamed over it."""
+    path = Path(path).expanduser()
+    tmp = path.with_name(f".{path.name}.merging-{os.getpid()}")
+    lines = [{"format": FORMAT, **header}, *records]
+    try:
+        tmp.write_text("".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in lines))
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@contextmanager
+def stop_cleanly_on_sigterm():
+    """While a sweep runs, SIGTERM stops it the way Ctrl-C does (KeyboardInterrupt), so the batch in
+    flight is dropped and nothing after the last synced batch is written."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)

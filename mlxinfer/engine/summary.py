@@ -1,0 +1,79 @@
+"""What a sweep's completions say, per cell (one prompt under one setting): each answer's count and
+share with a 95% Wilson interval, beside the model's own probability of the answer's first token
+under those settings; and a chi-square test of the first tokens drawn against those probabilities.
+
+The expected share of an answer is the probability of its first token: different answers can share
+a first token (then they share that expectation), and the test is over first tokens, where the model
+gives exact probabilities. No mlx here; scipy gives the chi-square tail.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter, defaultdict
+
+from ..views import AnswerRow, CellSummary
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% point
+MIN_EXPECTED = 5  # first tokens expected fewer times than this are pooled into one bin
+
+
+def wilson(count: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson's score interval for a share count / n (Wilson 1927): good at small n and near 0 or 1."""
+    if n == 0:
+        return 0.0, 1.0
+    p = count / n
+    center = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return max(0.0, center - half), min(1.0, center + half)
+
+
+def first_token_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[float, int, float] | None:
+    """Pearson's chi-square of observed first tokens against the model's probabilities: (statistic, degrees
+    of freedom, p-value). Tokens expected fewer than MIN_EXPECTED times, and every token never drawn, are
+    pooled into one bin; None when fewer than two bins remain."""
+    from scipy.stats import chi2
+
+    n = sum(counts.values())
+    bins, pooled_observed, pooled_expected = [], 0, n * max(0.0, 1.0 - sum(probs.values()))
+    for token, observed in counts.items():
+        expected = n * probs[token]
+        if expected >= MIN_EXPECTED:
+            bins.append((observed, expected))
+        else:
+            pooled_observed += observed
+            pooled_expected += expected
+    if pooled_expected > 0 or pooled_observed:
+        bins.append((pooled_observed, pooled_expected))
+    bins = [(o, e) for o, e in bins if e > 0]
+    if len(bins) < 2:
+        return None
+    statistic = sum((o - e) ** 2 / e for o, e in bins)
+    dof = len(bins) - 1
+    return statistic, dof, float(chi2.sf(statistic, dof))
+
+
+def summarize(records: list[dict], prompts: list[str], settings: list[dict], decode) -> list[CellSummary]:
+    """One CellSummary per (prompt, settings) that has completions, in grid order."""
+    cells: dict[tuple[int, int], list[dict]] = defaultdict(list)
+    for r in records:
+        cells[r["prompt_index"], r["settings_index"]].append(r)
+    out = []
+    for (p, s), rows in sorted(cells.items()):
+        n = len(rows)
+        probs = {r["first_token"]: r["first_token_prob"] for r in rows}
+        by_answer: dict[str, Counter] = defaultdict(Counter)
+        for r in rows:
+            by_answer[r["text"].strip()][r["first_token"]] += 1
+        answers = []
+        for answer, firsts in sorted(by_answer.items(), key=lambda a: (-sum(a[1].values()), a[0])):
+            count = sum(firsts.values())
+            token = firsts.most_common(1)[0][0]
+            low, high = wilson(count, n)
+            answers.append(AnswerRow(answer, count, count / n, low, high, token, decode(token), probs[token]))
+        cell = CellSummary(p, prompts[p], s, settings[s], n, answers)
+        test = first_token_test(Counter(r["first_token"] for r in rows), probs)
+        if test is not None:
+            cell.chi_square, cell.dof, cell.p_value = test
+        out.append(cell)
+    return out

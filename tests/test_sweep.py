@@ -1,0 +1,248 @@
+"""Sweeps: the grid's records equal `sample`'s, the results file survives kills and refuses other
+experiments, two ranks under mlx.launch give one process's completions, and bad input is one line."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, assert_one_line_error, invoke_cli
+
+import mlxinfer
+from mlxinfer.engine.summary import wilson
+
+PROMPTS = ["Name one herb.", "Name one fruit."]
+
+
+@pytest.fixture(scope="module")
+def tiny(checkpoint_dir):
+    """A 4-bit tiny checkpoint, weights as stored: each row's bits do not depend on its batch."""
+    path = checkpoint_dir("llama", 4, 64)
+    return str(path), mlxinfer.load(path, compute_dtype="bfloat16")
+
+
+def cli_sweep(path, out, *extra, seeds="12", batch="4"):
+    return [
+        "sweep",
+        "-m",
+        path,
+        "--compute-dtype",
+        "bfloat16",
+        "-p",
+        PROMPTS[0],
+        "-p",
+        PROMPTS[1],
+        "--temps",
+        "0.8,1.3",
+        "--seeds",
+        seeds,
+        "--max-tokens",
+        "6",
+        "--batch-size",
+        batch,
+        "--out",
+        str(out),
+        *extra,
+    ]
+
+
+def read_records(path):
+    lines = path.read_text().splitlines()
+    header, records = json.loads(lines[0]), [json.loads(line) for line in lines[1:]]
+    return header, records
+
+
+def completions(records):
+    return sorted((r["prompt_index"], r["settings_index"], r["seed"], r["text"], tuple(r["tokens"])) for r in records)
+
+
+def test_the_grid_gives_samples_records_and_a_summary_that_adds_up(tiny):
+    _, (model, tok) = tiny
+    grid = mlxinfer.settings_grid([0.8, 1.3], top_p=[1.0, 0.9])
+    assert len(grid) == 4 and {"temperature": 1.3, "top_p": 0.9} in grid
+    report = mlxinfer.sweep(model, tok, PROMPTS, settings=grid, seeds="3:11", max_tokens=6, batch_size=3)
+    assert report.completions == report.new_completions == 2 * 4 * 8 and report.ranks == 1
+    for p, prompt in enumerate(PROMPTS):
+        for s, settings in enumerate(grid):
+            sampled = mlxinfer.sample(model, tok, prompt, seeds="3:11", settings=settings, max_tokens=6, batch_size=8)
+            mine = [r for r in report.records if (r.prompt_index, r.settings_index) == (p, s)]
+            assert [(r.seed, r.text, r.tokens) for r in mine] == [
+                (c.seed, c.text, c.tokens) for c in sampled.completions
+            ]
+    for cell in report.cells:
+        assert cell.draws == 8 == sum(a.count for a in cell.answers)
+        for a in cell.answers:
+            assert a.share == a.count / 8 and a.share_low <= a.share <= a.share_high
+            assert (a.share_low, a.share_high) == pytest.approx(wilson(a.count, 8))
+        if cell.p_value is not None:
+            assert 0.0 <= cell.p_value <= 1.0 and cell.dof >= 1
+
+
+def test_first_token_probability_is_the_samplers(tiny):
+    """The expected share next to each answer: its first token's probability after temperature and cut,
+    as the sampler's own explanation of the first step gives it."""
+    _, (model, tok) = tiny
+    settings = {"temperature": 1.3, "top_p": 0.9}
+    report = mlxinfer.sweep(model, tok, PROMPTS[:1], settings=[settings], seeds=6, max_tokens=2)
+    ids = mlxinfer.encode_prompt(tok, PROMPTS[0])
+    resolved = mlxinfer.SamplerSettings(**{**mlxinfer.SamplerSettings().to_dict(), **report.records[0].settings})
+    ex = mlxinfer.explain(mlxinfer.prefill(model, ids).logits, resolved, k=model.config.vocab_size)
+    final = {row.id: row.final_prob for row in ex.rows}
+    for r in report.records:
+        assert r.first_token_prob == pytest.approx(final[r.first_token], rel=1e-5)
+        assert r.first_token == (r.tokens[0] if r.tokens else r.first_token)
+
+
+def test_wilson_interval_against_published_values():
+    """Wilson (1927) / Newcombe (1998) table 1: 81 of 263 gives 0.2553-0.3662; 0 of 10 gives 0-0.2775."""
+    assert wilson(81, 263) == pytest.approx((0.2553, 0.3662), abs=5e-5)
+    low, high = wilson(0, 10)
+    assert low == 0.0 and high == pytest.approx(0.2775, abs=5e-5)
+
+
+def test_chi_square_p_value_by_hand():
+    """Observed 30/10 against expected 0.5/0.5 of 40: statistic (30-20)^2/20 * 2 = 10, one dof, p = erfc(sqrt(5))."""
+    from mlxinfer.engine.summary import first_token_test
+
+    statistic, dof, p = first_token_test({1: 30, 2: 10}, {1: 0.5, 2: 0.5})
+    assert (statistic, dof) == (pytest.approx(10.0), 1)
+    assert p == pytest.approx(math.erfc(math.sqrt(5.0)), rel=1e-9)
+
+
+# ----------------------------------------------------------------------------- the results file
+def test_killed_sweep_resumes_to_exactly_an_uninterrupted_run(tiny, tmp_path):
+    path, _ = tiny
+    whole = tmp_path / "whole.jsonl"
+    assert invoke_cli(*cli_sweep(path, whole, "--json")).returncode == 0
+    _, expected = read_records(whole)
+    assert len(expected) == 2 * 2 * 12
+
+    out = tmp_path / "killed.jsonl"
+    args = [sys.executable, "-m", "mlxinfer", *cli_sweep(path, out, "--json", batch="2")]
+    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not out.exists() or out.read_text().count("\n") < 5):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    _, partial = read_records(out)  # every line parses
+    assert 4 <= len(partial) < len(expected)
+    with open(out, "a") as f:  # and a line torn in the middle of a write, as a kill -9 mid-write leaves one
+        f.write('{"prompt_index": 1, "settings_index": 0, "se')
+
+    resumed = invoke_cli(*cli_sweep(path, out, "--resume", "--json"))
+    assert resumed.returncode == 0, resumed.stderr
+    report = json.loads(resumed.stdout)
+    assert report["resumed"] == len(partial) and report["new_completions"] == len(expected) - len(partial)
+    header, records = read_records(out)
+    assert completions(records) == completions(expected)  # nothing lost, nothing twice
+    assert len({(r["prompt_index"], r["settings_index"], r["seed"]) for r in records}) == len(records)
+
+
+def test_sigterm_stops_after_the_last_whole_batch(tiny, tmp_path):
+    path, _ = tiny
+    out = tmp_path / "term.jsonl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxinfer", *cli_sweep(path, out, seeds="40", batch="2")],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    deadline = time.time() + 120
+    while time.time() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1].startswith("interrupted:") and "--resume" in err
+    text = out.read_text()
+    assert text.endswith("\n")
+    _, records = read_records(out)
+    assert len(records) % 2 == 0  # whole batches of two only
+
+
+def test_another_experiments_file_is_refused_and_left_alone(tiny, tmp_path):
+    path, _ = tiny
+    out = tmp_path / "mine.jsonl"
+    assert invoke_cli(*cli_sweep(path, out, seeds="2")).returncode == 0
+    before = out.read_bytes()
+    other = [a if a != "0.8,1.3" else "0.5" for a in cli_sweep(path, out, "--resume", seeds="2")]
+    assert_one_line_error(invoke_cli(*other), "--out", "holds another sweep", "settings")
+    assert_one_line_error(invoke_cli(*cli_sweep(path, out, seeds="2")), "already holds results", "--resume")
+    assert out.read_bytes() == before
+    more = invoke_cli(*cli_sweep(path, out, "--resume", "--json", seeds="4"))  # more seeds extend the same sweep
+    assert json.loads(more.stdout)["new_completions"] == 2 * 2 * 2
+
+
+@pytest.mark.parametrize(
+    "args,fragments",
+    [
+        (["--prompts", "EMPTY"], ["--prompts", "holds no prompt"]),
+        (["--prompts", "LATIN1"], ["--prompts", "not UTF-8"]),
+        (["-p", "hi", "--temps", ""], ["--temps is empty", "no cells"]),
+        (["-p", "hi", "--top-p", ""], ["--top-p is empty"]),
+        (["-p", "hi", "--batch-size", "0"], ["--batch-size must be"]),
+        (["-p", "hi", "--temps", "0.5,-1"], ["--temp must be >= 0"]),
+        (["-p", "hi", "--seed-range", "4:4"], ["--seed-range 4:4 is empty"]),
+        ([], ["--prompt", "--prompts"]),
+    ],
+)
+def test_bad_sweep_input(tiny, tmp_path, args, fragments):
+    path, _ = tiny
+    (tmp_path / "EMPTY").write_text("\n  \n")
+    (tmp_path / "LATIN1").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
+    args = [str(tmp_path / a) if a in ("EMPTY", "LATIN1") else a for a in args]
+    seeds = [] if "--seed-range" in args else ["--seeds", "2"]
+    out = tmp_path / "never.jsonl"
+    r = invoke_cli("sweep", "-m", path, *seeds, "--out", str(out), *args)
+    assert_one_line_error(r, *fragments)
+    assert not out.exists()
+
+
+# ----------------------------------------------------------------------------- across processes
+def test_two_ranks_give_one_processs_completions(tiny, tmp_path):
+    """mlx.launch --backend ring -n 2 on 127.0.0.1: each rank takes every other seed of each cell and
+    rank 0 gathers them over mx.distributed into one results file."""
+    path, _ = tiny
+    single = tmp_path / "single.jsonl"
+    assert invoke_cli(*cli_sweep(path, single, seeds="10")).returncode == 0
+    launch = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
+    out = tmp_path / "two.jsonl"
+    port = str(random.randint(20000, 60000))
+    done = subprocess.run(
+        [
+            launch,
+            "--backend",
+            "ring",
+            "-n",
+            "2",
+            "--hosts",
+            "127.0.0.1",
+            "--starting-port",
+            port,
+            "--cwd",
+            str(ROOT),
+            "--python",
+            sys.executable,
+            "--",
+            "-m",
+            "mlxinfer",
+            *cli_sweep(path, out, "--json", seeds="10"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)  # rank 0 alone prints
+    assert report["ranks"] == 2 and report["completions"] == report["new_completions"] == 2 * 2 * 10
+    assert completions(read_records(out)[1]) == completions(read_records(single)[1])
+    assert not list(tmp_path.glob("two.jsonl.rank*"))  # the parts are merged and gone
