@@ -25,6 +25,7 @@ from typing import Any, Callable, Iterator, Optional
 
 import mlx.core as mx
 
+from ..cpu import kernels
 from ..errors import MlxinferError
 from ..model.cache import fork, keep_rows
 from ..sampler import Sampler, cut_tail, draw, make_logits_processors
@@ -129,21 +130,33 @@ class _Row:
         return key
 
 
-def _choose_all(rows: list[_Row], logits: mx.array, fed: list[mx.array], n_alternatives: int):
+def _choose_all(
+    rows: list[_Row], logits: mx.array, fed: list[mx.array], n_alternatives: int, fast: bool, step_logprobs: bool
+):
     """One draw per row: tokens (A,), their log-probabilities (A,), and the best alternatives.
 
     Rows that share their settings and have nothing to adjust (no penalties, no mask) are
     normalised and cut in one op over (A, V): the same bits per row as one row at a time
     (checked by the tests), fewer dispatches. The draw stays one call per row, with the row's key.
+    On the float32 CPU path (`fast`), when no one reads the tokens' logprobs (an experiment's rows),
+    the normalisation is skipped: a draw does not depend on a shift of its row, and MLX's CPU exp
+    over 49k scores a row was a sixth of a 64-row step. The draw's bits then differ from mlx-lm's in
+    the last place, as the float32 path's scores already do.
     """
+    settings = rows[0].spec.settings
     if (
         len(rows) > 1
         and all(not r.processors and r.key is not None for r in rows)
-        and all(r.spec.settings == rows[0].spec.settings for r in rows)
+        and all(r.spec.settings == settings for r in rows)
     ):
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
+        if fast and not step_logprobs and not settings.cuts_tail:
+            logprobs = logits
+        elif fast:
+            logprobs = logits - kernels.logsumexp(logits)
+        else:
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
         logprobs = mx.broadcast_to(logprobs, (len(rows), logprobs.shape[-1]))
-        kept = cut_tail(logprobs, rows[0].spec.settings)
+        kept = cut_tail(logprobs, settings)
         y = mx.concatenate(
             [draw(kept[i : i + 1], row.spec.settings.temperature, row.next_key()) for i, row in enumerate(rows)]
         )
@@ -155,6 +168,8 @@ def _choose_all(rows: list[_Row], logits: mx.array, fed: list[mx.array], n_alter
             rows_logprobs.append(row_logprobs)
         y = mx.concatenate(tokens)
         logprobs = mx.concatenate(rows_logprobs)
+    if not step_logprobs:
+        return y, mx.zeros(y.shape), []
     chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[:, 0]  # (A,)
     alternatives = []
     if n_alternatives:
@@ -164,24 +179,32 @@ def _choose_all(rows: list[_Row], logits: mx.array, fed: list[mx.array], n_alter
 
 
 def decode(
-    model, tokenizer, prefilled: Prefilled, specs: list[RowSpec], *, logprobs: int = 0
+    model, tokenizer, prefilled: Prefilled, specs: list[RowSpec], *, logprobs: int = 0, step_logprobs: bool = True
 ) -> Iterator[tuple[int, Step]]:
     """Yield (row index, Step) as tokens arrive; every row ends with a Step whose token is None and
-    whose finish_reason is set ("stop": an end-of-turn token or a finished grammar; "length")."""
+    whose finish_reason is set ("stop": an end-of-turn token or a finished grammar; "length").
+    step_logprobs=False: the Steps' logprob is 0.0 (experiments read only the tokens), which lets the
+    float32 CPU path skip the normalisation (see _choose_all)."""
+    fast = model.info.cpu_kernels
     history = mx.array(prefilled.ids[:-1], dtype=mx.int32)
     stop_ids = set(tokenizer.eos_token_ids)
     rows = [_Row(spec, history, tokenizer, stop_ids) for spec in specs]
     cache = fork(prefilled.cache, len(rows))
     active = list(range(len(rows)))  # row index at each batch position
     last = mx.array(prefilled.ids[-1:], dtype=mx.int32)
-    y, lp, alts = _choose_all(rows, prefilled.logits, [last] * len(rows), logprobs)
+    y, lp, alts = _choose_all(rows, prefilled.logits, [last] * len(rows), logprobs, fast, step_logprobs)
     mx.async_eval(y, lp, alts)
     while active:
         queued = None
         if any(rows[i].generated + 1 < rows[i].spec.max_tokens for i in active):
             logits = model(y[:, None], cache=cache)[:, -1, :]  # (A, V)
             queued = _choose_all(
-                [rows[i] for i in active], logits, [y[p : p + 1] for p in range(len(active))], logprobs
+                [rows[i] for i in active],
+                logits,
+                [y[p : p + 1] for p in range(len(active))],
+                logprobs,
+                fast,
+                step_logprobs,
             )
             mx.async_eval(*queued)
         tokens, chosen = y.tolist(), lp.tolist()
@@ -230,6 +253,7 @@ def run(
     *,
     batch_size: Optional[int] = None,
     logprobs: int = 0,
+    step_logprobs: bool = True,
     stats: Optional[Stats] = None,
 ) -> Iterator[tuple[int, Step]]:
     """Prefill `ids` once, then decode the rows `batch_size` at a time (all at once by default),
@@ -244,7 +268,9 @@ def run(
     shared = prefill(model, ids)
     first, first_tokens = None, 0
     for g in range(0, len(specs), size):
-        for i, step in decode(model, tokenizer, shared, specs[g : g + size], logprobs=logprobs):
+        for i, step in decode(
+            model, tokenizer, shared, specs[g : g + size], logprobs=logprobs, step_logprobs=step_logprobs
+        ):
             if first is None:
                 first = time.perf_counter()
                 stats.prefill_seconds = first - start

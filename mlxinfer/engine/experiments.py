@@ -17,6 +17,7 @@ from ..errors import MlxinferError
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import Completion, SampleReport, Stats, Tally
+from . import ranks
 from .decode import RowSpec, check_context, check_max_tokens, run
 
 DEFAULT_BATCH = 32
@@ -85,20 +86,25 @@ def sample(
     resolved, note = resolve_settings(settings, model.info.generation_config)
     ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
     check_context(model, len(ids), max_tokens)
-    specs = [RowSpec(seed, resolved, max_tokens) for seed in seed_ids]
+    group = ranks.group()
+    mine = ranks.share(seed_ids, group)  # under mlx.launch each rank draws every N-th seed
+    specs = [RowSpec(seed, resolved, max_tokens) for seed in mine]
     texts: list[list[str]] = [[] for _ in specs]
     tokens: list[list[int]] = [[] for _ in specs]
     completions: list[Optional[Completion]] = [None] * len(specs)
     done = 0
-    for i, step in run(model, tokenizer, ids, specs, batch_size=size, stats=Stats()):
+    for i, step in run(model, tokenizer, ids, specs, batch_size=size, step_logprobs=False, stats=Stats()):
         texts[i].append(step.text)
         if step.token is not None:
             tokens[i].append(step.token)
             continue
-        completions[i] = Completion(seed_ids[i], "".join(texts[i]), tokens[i], step.finish_reason)
+        completions[i] = Completion(mine[i], "".join(texts[i]), tokens[i], step.finish_reason)
         done += 1
         if progress:
             progress(done, len(specs))
+    if group.size() > 1:
+        everything = {c["seed"]: Completion(**c) for c in ranks.gather([c.to_dict() for c in completions], group)}
+        completions = [everything[seed] for seed in seed_ids]
     report = SampleReport(
         model.info.name,
         prompt if isinstance(prompt, str) else "",

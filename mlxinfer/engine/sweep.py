@@ -28,6 +28,7 @@ from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import SweepRecord, SweepReport
+from . import ranks as rank_group
 from . import results
 from .decode import Prefilled, RowSpec, check_context, check_max_tokens, decode, prefill
 from .experiments import check_batch_size, seed_list
@@ -137,7 +138,7 @@ def sweep(
         "system": system,
         "thinking": thinking,
     }
-    group = mx.distributed.init()
+    group = rank_group.group()
     rank, ranks = group.rank(), group.size()
 
     done: dict = {}
@@ -184,12 +185,12 @@ def sweep(
     seconds = time.perf_counter() - start
 
     mine = list(done.values()) + new
-    everything = _gather(mine, group) if ranks > 1 else mine
+    everything = rank_group.gather(mine, group)
     merged = sorted({results.record_key(r): r for r in everything}.values(), key=results.record_key)
     if ranks > 1 and out is not None:
         if rank == 0:
             results.write_whole(out, header, merged)
-        group_barrier(group)
+        rank_group.barrier(group)
         Path(part.path).unlink(missing_ok=True)
     counts = [len(new), tokens]
     if ranks > 1:  # the whole experiment's figures: sums over ranks, the slowest rank's time
@@ -221,7 +222,7 @@ def _run_batch(model, tokenizer, prefilled, seeds, settings, max_tokens, probs, 
     tokens: list[list[int]] = [[] for _ in specs]
     finish: list[Any] = [None] * len(specs)
     firsts: list[Any] = [None] * len(specs)
-    for i, step in decode(model, tokenizer, prefilled, specs):
+    for i, step in decode(model, tokenizer, prefilled, specs, step_logprobs=False):
         texts[i].append(step.text)
         if step.token is not None:
             tokens[i].append(step.token)
@@ -246,21 +247,3 @@ def _run_batch(model, tokenizer, prefilled, seeds, settings, max_tokens, probs, 
         ).to_dict()
         for i, seed in enumerate(seeds)
     ]
-
-
-def _gather(records: list[dict], group) -> list[dict]:
-    """Every rank's records, on every rank: JSON bytes padded to the longest and all_gathered."""
-    import json
-
-    import numpy as np
-
-    payload = json.dumps(records, allow_nan=False).encode()
-    lengths = mx.distributed.all_gather(mx.array([len(payload)], dtype=mx.int32), group=group).tolist()
-    buffer = np.zeros((1, max(lengths)), np.uint8)
-    buffer[0, : len(payload)] = np.frombuffer(payload, np.uint8)
-    gathered = np.array(mx.distributed.all_gather(mx.array(buffer), group=group))
-    return [r for i, n in enumerate(lengths) for r in json.loads(gathered[i, :n].tobytes())]
-
-
-def group_barrier(group) -> None:
-    mx.eval(mx.distributed.all_sum(mx.array([1.0]), group=group))
