@@ -98,3 +98,10 @@ def progress_bar(total: int, description: str, enabled: bool = True):
         progress.update(task, completed=done, total=total)
 
     return progress, update
+
+
+def other_rank() -> bool:
+    """True on ranks 1.. under mlx.launch: rank 0 prints for every rank, the others stay quiet."""
+    from mlxinfer.engine.ranks import group
+
+    return group().rank() > 0

@@ -208,6 +208,19 @@ class AnswerRow(View):
 
 
 @dataclass
+class FirstTokenRow(View):
+    """One first token of a cell's completions: observed share against the model's probability."""
+
+    token: int
+    text: str
+    count: int
+    share: float
+    share_low: float  # 95% Wilson interval
+    share_high: float
+    prob: float  # the model's probability of it as the first draw under the cell's settings
+
+
+@dataclass
 class CellSummary(View):
     """One prompt under one setting: what came out, how often, against what the model predicts."""
 
@@ -217,6 +230,7 @@ class CellSummary(View):
     settings: dict
     draws: int
     answers: list[AnswerRow] = field(default_factory=list)
+    first_tokens: list[FirstTokenRow] = field(default_factory=list)
     chi_square: float | None = None  # first tokens observed vs the model's probabilities
     dof: int | None = None
     p_value: float | None = None

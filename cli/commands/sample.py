@@ -22,6 +22,7 @@ from cli.common import (
     ThinkingOption,
     TopKOption,
     TopPOption,
+    other_rank,
     print_json,
     progress_bar,
     sampling,
@@ -62,7 +63,8 @@ def sample(
     check_batch_size(batch_size)
     settings = sampling(temp, top_p, top_k, min_p, order=order)
     m, tok = mlxinfer.load(model, compute_dtype)
-    bar, update = progress_bar(len(seed_ids), "sampling", enabled=len(seed_ids) > 1 and not (json_out or csv_out))
+    quiet = json_out or csv_out or len(seed_ids) == 1 or other_rank()
+    bar, update = progress_bar(len(seed_ids), "sampling", enabled=not quiet)
     with bar:
         report = mlxinfer.sample(
             m,
@@ -77,6 +79,8 @@ def sample(
             system=system,
             progress=update,
         )
+    if other_rank():
+        return  # under mlx.launch rank 0 prints for every rank
     if json_out:
         print_json(report.to_dict())
     elif csv_out:

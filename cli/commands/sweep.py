@@ -16,6 +16,7 @@ from cli.common import (
     ThinkingOption,
     parse_numbers,
     print_json,
+    other_rank,
     progress_bar,
 )
 
@@ -67,7 +68,7 @@ def sweep(
     for cell in grid:
         mlxinfer.settings.user_settings(cell)  # bad values fail before the model loads
     m, tok = mlxinfer.load(model, compute_dtype)
-    quiet = json_out or _rank() > 0
+    quiet = json_out or other_rank()
     bar, update = progress_bar(1, "sweeping", enabled=not quiet)
     try:
         with bar:
@@ -90,18 +91,12 @@ def sweep(
         kept = f"every finished batch is in {out}; the same command with --resume continues" if out else "no --out"
         typer.echo(f"interrupted: {kept}", err=True)
         raise typer.Exit(130) from None
-    if _rank() > 0:
+    if other_rank():
         return  # rank 0 prints for every rank
     if json_out:
         print_json({k: v for k, v in report.to_dict().items() if k != "records"})
     else:
         render(report)
-
-
-def _rank() -> int:
-    import mlx.core as mx
-
-    return mx.distributed.init().rank()
 
 
 def render(report) -> None:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from collections import Counter, defaultdict
 
-from ..views import AnswerRow, CellSummary
+from ..views import AnswerRow, CellSummary, FirstTokenRow
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% point
 MIN_EXPECTED = 5  # first tokens expected fewer times than this are pooled into one bin
@@ -71,8 +71,10 @@ def summarize(records: list[dict], prompts: list[str], settings: list[dict], dec
             token = firsts.most_common(1)[0][0]
             low, high = wilson(count, n)
             answers.append(AnswerRow(answer, count, count / n, low, high, token, decode(token), probs[token]))
-        cell = CellSummary(p, prompts[p], s, settings[s], n, answers)
-        test = first_token_test(Counter(r["first_token"] for r in rows), probs)
+        firsts = Counter(r["first_token"] for r in rows)
+        first_rows = [FirstTokenRow(t, decode(t), k, k / n, *wilson(k, n), probs[t]) for t, k in firsts.most_common()]
+        cell = CellSummary(p, prompts[p], s, settings[s], n, answers, first_rows)
+        test = first_token_test(firsts, probs)
         if test is not None:
             cell.chi_square, cell.dof, cell.p_value = test
         out.append(cell)
