@@ -156,6 +156,8 @@ class Completion(View):
     text: str
     tokens: list[int]
     finish_reason: str
+    valid: bool | None = None  # with json_schema or tool: complete JSON of the schema's shape
+    parsed: Any = None
 
 
 @dataclass

@@ -47,12 +47,19 @@ def sample(
     chat: bool = ChatOption,
     thinking: bool = ThinkingOption,
     system: Optional[str] = SystemOption,
+    json_schema: Optional[str] = typer.Option(
+        None, "--json-schema", help="Every seed writes JSON of this schema (a file or inline JSON)."
+    ),
+    tool: Optional[str] = typer.Option(
+        None, "--tool", help="Every seed writes this tool's input (a file or inline JSON)."
+    ),
     json_out: bool = JsonOption,
     csv_out: bool = typer.Option(False, "--csv", help="Print seed,text rows as CSV."),
 ):
     """The lesson's seeded experiment: same scores every run, a different draw per seed."""
     import mlxinfer
     from mlxinfer.engine.experiments import check_batch_size, seed_list
+    from mlxinfer.engine.schema import Constraint
     from mlxinfer.errors import MlxinferError
 
     if (seeds is None) == (seed_range is None):
@@ -62,6 +69,7 @@ def sample(
     seed_ids = seed_list(seeds if seeds is not None else seed_range)
     check_batch_size(batch_size)
     settings = sampling(temp, top_p, top_k, min_p, order=order)
+    Constraint.read(json_schema, tool)  # a bad schema fails before the model loads
     m, tok = mlxinfer.load(model, compute_dtype)
     quiet = json_out or csv_out or len(seed_ids) == 1 or other_rank()
     bar, update = progress_bar(len(seed_ids), "sampling", enabled=not quiet)
@@ -77,6 +85,8 @@ def sample(
             chat=chat,
             thinking=thinking,
             system=system,
+            json_schema=json_schema,
+            tool=tool,
             progress=update,
         )
     if other_rank():
@@ -100,7 +110,8 @@ def render(report) -> None:
     console.print(f"[bold]{report.model}[/bold]  prompt: {len(report.prompt_ids)} tokens", highlight=False)
     console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
     for c in report.completions:
-        console.print(f"seed {c.seed:>4}: {c.text!r}", highlight=False)
+        mark = "" if c.valid is None else ("  (valid)" if c.valid else "  (cut: not valid JSON)")
+        console.print(f"seed {c.seed:>4}: {c.text!r}{mark}", highlight=False)
     t = Table(title=f"{len(report.completions)} draws")
     t.add_column("answer")
     t.add_column("count", justify="right")

@@ -19,6 +19,8 @@ from ..tokenizer import encode_prompt
 from ..views import Completion, SampleReport, Stats, Tally
 from . import ranks
 from .decode import RowSpec, check_context, check_max_tokens, run
+from .constrain import finish
+from .schema import Constraint, tool_system
 
 DEFAULT_BATCH = 32
 
@@ -72,23 +74,30 @@ def sample(
     chat: bool = True,
     system: Optional[str] = None,
     thinking: bool = False,
+    json_schema: dict | str | None = None,
+    tool: dict | str | None = None,
     progress: Optional[Callable[[int, int], None]] = None,
 ) -> SampleReport:
     """One completion per seed, then a tally of the distinct answers.
 
     seeds: N (0..N-1), 'A:B', or a list. settings: a SamplerSettings, a dict of the fields you
     set (the rest from generation_config.json), or None. batch_size: rows per forward pass
-    (default 32; 1 runs the seeds one at a time).
+    (default 32; 1 runs the seeds one at a time). json_schema / tool: every row writes JSON of
+    that shape through its own grammar mask; each completion says whether it came out complete.
     """
     seed_ids = seed_list(seeds)
     check_max_tokens(max_tokens)
     size = check_batch_size(batch_size)
+    constraint = Constraint.read(json_schema, tool)
+    if constraint is not None and constraint.tool is not None and system is None:
+        system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
     ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
     check_context(model, len(ids), max_tokens)
     group = ranks.group()
     mine = ranks.share(seed_ids, group)  # under mlx.launch each rank draws every N-th seed
-    specs = [RowSpec(seed, resolved, max_tokens) for seed in mine]
+    vocab = model.config.vocab_size
+    specs = [RowSpec(seed, resolved, max_tokens, constraint and constraint.mask(tokenizer, vocab)) for seed in mine]
     texts: list[list[str]] = [[] for _ in specs]
     tokens: list[list[int]] = [[] for _ in specs]
     completions: list[Optional[Completion]] = [None] * len(specs)
@@ -99,6 +108,10 @@ def sample(
             tokens[i].append(step.token)
             continue
         completions[i] = Completion(mine[i], "".join(texts[i]), tokens[i], step.finish_reason)
+        if constraint is not None:
+            checked = finish(specs[i].mask, completions[i].text, tokens[i], step.finish_reason)
+            completions[i].valid, completions[i].parsed = checked.valid, checked.parsed
+            completions[i].finish_reason = checked.finish_reason
         done += 1
         if progress:
             progress(done, len(specs))
