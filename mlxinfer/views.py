@@ -44,6 +44,7 @@ class CountReport(View):
     quantization: dict | None = None  # MLX config block or GGUF tensor types
     stored: dict | None = None  # what the safetensors / GGUF headers say
     notes: list[str] = field(default_factory=list)
+    experts: dict | None = None  # a mixture of experts: all stored, k of n active per token
 
 
 # ----------------------------------------------------------------------------- one forward pass
