@@ -93,7 +93,9 @@ def render(report) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{report.model}[/bold]  prompt: {len(report.prompt_ids)} tokens", highlight=False)
+    console.print(
+        f"[bold]{report.model}[/bold] ({report.definition})  prompt: {len(report.prompt_ids)} tokens", highlight=False
+    )
     console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
     for c in report.completions:
         console.print(f"seed {c.seed:>4}: {c.text!r}", highlight=False)

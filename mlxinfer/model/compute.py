@@ -22,7 +22,8 @@ RAM_FRACTION = 3  # float32 weights must fit in under 1/RAM_FRACTION of physical
 AUTO_RULE = (
     "auto: float32 if the default device is the CPU, a fast BLAS is active and the float32 "
     f"weights take under 1/{RAM_FRACTION} of physical RAM; otherwise the weights stay as loaded "
-    "(GPU: always as loaded)"
+    "(GPU: always as loaded); a mixture of experts stored in bf16 takes float32 on the CPU, whose "
+    "gather matmul computes only in float32"
 )
 
 
@@ -86,17 +87,51 @@ def choose_compute_dtype(requested: str, model_bytes_float32: int) -> str:
     return auto_rule(model_bytes_float32=model_bytes_float32, **current_facts())[0]
 
 
+def is_quantized(module) -> bool:
+    """An MLX-quantized leaf: QuantizedLinear/Embedding, mlx-lm's QuantizedSwitchLinear, our QuantizedExperts."""
+    return hasattr(module, "bits") and hasattr(module, "group_size") and "scales" in module
+
+
+def choose_for(model, requested: str) -> str:
+    """choose_compute_dtype for a loaded model. One more rule: MLX's CPU back end multiplies stacked
+    experts (gather_mm) only in float32, so a mixture of experts whose experts are stored in bf16/f16
+    cannot run as stored on the CPU: `auto` takes float32, `bfloat16` is an error that says so."""
+    dtype = choose_compute_dtype(requested, float32_nbytes(model))
+    path = half_precision_experts_on_cpu(model) if dtype == "bfloat16" else None
+    if path is None:
+        return dtype
+    if requested == "auto":
+        return "float32"
+    from ..errors import MlxinferError
+
+    raise MlxinferError(
+        f"{path} holds unquantized experts, which MLX's CPU back end multiplies only in float32; "
+        "use compute_dtype 'float32' or 'auto', or a quantized checkpoint",
+        "compute_dtype",
+    )
+
+
+def half_precision_experts_on_cpu(model) -> str | None:
+    """The first stacked-experts module with bf16/f16 weights, when the default device is the CPU."""
+    import mlx.core as mx
+
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return None
+    for path, m in model.named_modules():
+        if type(m).__name__ in ("Experts", "SwitchLinear") and m.weight.dtype != mx.float32:
+            return path
+    return None
+
+
 def unpacked_parameter_count(model) -> int:
     """Unique parameters, quantized weights counted unpacked (scales and biases not counted)."""
-    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
     total = 0
     quantized = set()
     for path, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            w = module.weight
-            total += w.shape[0] * (w.shape[1] * 32 // module.bits)
+        if is_quantized(module):
+            total += module.weight.size * 32 // module.bits  # packed uint32 words hold 32 / bits values
             quantized.add(path)
     for name, p in tree_flatten(model.parameters()):
         owner, _, part = name.rpartition(".")
@@ -112,7 +147,8 @@ def float32_nbytes(model) -> int:
 
 
 def to_float32(model):
-    """In place: quantized Linear/Embedding -> float32 nn.Linear/nn.Embedding, other floats upcast; evaluated.
+    """In place: every quantized module -> its float32 counterpart (nn.Linear, nn.Embedding, stacked
+    experts), other floats upcast; evaluated.
 
     Returns the model. Every matmul of the forward pass then goes through `cblas_sgemm`
     (the tied output table too: nn.Embedding.as_linear is a plain matmul). On a CPU device
@@ -122,6 +158,16 @@ def to_float32(model):
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten, tree_map, tree_map_with_path
+
+    for path, m in model.named_modules():
+        if is_quantized(m) and not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            if not hasattr(m, "dequantized") and type(m).__name__ != "QuantizedSwitchLinear":
+                from ..errors import MlxinferError
+
+                raise MlxinferError(
+                    f"the float32 path cannot dequantize {path} ({type(m).__name__}); use compute_dtype='bfloat16'",
+                    "compute_dtype",
+                )
 
     def convert(_path, m):
         if isinstance(m, nn.QuantizedLinear):
@@ -133,6 +179,16 @@ def to_float32(model):
         if isinstance(m, nn.QuantizedEmbedding):
             new = nn.Embedding(1, 1)
             new.weight = dequantize_module(m)
+            return new
+        if is_quantized(m) and hasattr(m, "dequantized"):  # our stacked experts (moe.py)
+            return m.dequantized()
+        if is_quantized(m):  # mlx-lm's stacked experts
+            from mlx_lm.models.switch_layers import SwitchLinear
+
+            new = SwitchLinear(1, 1, 1, bias="bias" in m)
+            new.weight = dequantize_module(m)
+            if "bias" in m:
+                new.bias = m.bias.astype(mx.float32)
             return new
         return m
 
@@ -183,11 +239,10 @@ def dequantize_module(m, dtype=None):
 
 def weights_kind(model) -> str:
     """How the model's weights are stored now: 'float32', 'bfloat16', '4-bit (scales float16)', ..."""
-    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
     for _, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if is_quantized(module):
             return f"{module.bits}-bit quantized (activations {str(module.scales.dtype).split('.')[-1]})"
     dtypes = sorted({str(p.dtype).split(".")[-1] for _, p in tree_flatten(model.parameters())})
     return "/".join(dtypes)
