@@ -94,7 +94,7 @@ def render(report) -> None:
 
     console = Console()
     console.print(
-        f"[bold]{report.model}[/bold] ({report.definition})  prompt: {len(report.prompt_ids)} tokens", highlight=False
+        f"[bold]{report.model}[/bold] on {report.definition}  prompt: {len(report.prompt_ids)} tokens", highlight=False
     )
     console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
     for c in report.completions:

@@ -79,10 +79,8 @@ def render(table) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(
-        f"[bold]{table.model}[/bold] ({table.definition})  prompt: {len(table.prompt_ids)} tokens", highlight=False
-    )
-    console.print(f"scores in one pass: {table.n_scores:,}", highlight=False)
+    console.print(f"[bold]{table.model}[/bold]  prompt: {len(table.prompt_ids)} tokens", highlight=False)
+    console.print(f"scores in one pass of {table.definition}: {table.n_scores:,}", highlight=False)
     t = Table(show_footer=True)
     t.add_column("#", justify="right", footer="")
     t.add_column("token", footer="top rows hold")

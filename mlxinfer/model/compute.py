@@ -22,8 +22,7 @@ RAM_FRACTION = 3  # float32 weights must fit in under 1/RAM_FRACTION of physical
 AUTO_RULE = (
     "auto: float32 if the default device is the CPU, a fast BLAS is active and the float32 "
     f"weights take under 1/{RAM_FRACTION} of physical RAM; otherwise the weights stay as loaded "
-    "(GPU: always as loaded); a mixture of experts stored in bf16 takes float32 on the CPU, whose "
-    "gather matmul computes only in float32"
+    "(GPU: always as loaded)"
 )
 
 
@@ -92,35 +91,19 @@ def is_quantized(module) -> bool:
     return hasattr(module, "bits") and hasattr(module, "group_size") and "scales" in module
 
 
-def choose_for(model, requested: str) -> str:
-    """choose_compute_dtype for a loaded model. One more rule: MLX's CPU back end multiplies stacked
-    experts (gather_mm) only in float32, so a mixture of experts whose experts are stored in bf16/f16
-    cannot run as stored on the CPU: `auto` takes float32, `bfloat16` is an error that says so."""
-    dtype = choose_compute_dtype(requested, float32_nbytes(model))
-    path = half_precision_experts_on_cpu(model) if dtype == "bfloat16" else None
-    if path is None:
-        return dtype
-    if requested == "auto":
-        return "float32"
-    from ..errors import MlxinferError
-
-    raise MlxinferError(
-        f"{path} holds unquantized experts, which MLX's CPU back end multiplies only in float32; "
-        "use compute_dtype 'float32' or 'auto', or a quantized checkpoint",
-        "compute_dtype",
-    )
-
-
-def half_precision_experts_on_cpu(model) -> str | None:
-    """The first stacked-experts module with bf16/f16 weights, when the default device is the CPU."""
+def experts_to_float32_on_cpu(model) -> bool:
+    """MLX's CPU back end multiplies stacked experts (gather_mm) only in float32: there, stacked float
+    experts stored in bf16/f16 are upcast (exactly) so that the model runs at all. True if any were."""
     import mlx.core as mx
 
     if mx.default_device().type != mx.DeviceType.cpu:
-        return None
-    for path, m in model.named_modules():
+        return False
+    upcast = False
+    for _, m in model.named_modules():
         if type(m).__name__ in ("Experts", "SwitchLinear") and m.weight.dtype != mx.float32:
-            return path
-    return None
+            m.weight = m.weight.astype(mx.float32)
+            upcast = True
+    return upcast
 
 
 def unpacked_parameter_count(model) -> int:
@@ -211,10 +194,14 @@ def to_float32(model):
 
 
 def apply(model, dtype: str):
-    """Apply a choose_compute_dtype result in place: float32 converts, bfloat16 leaves the weights as loaded."""
+    """Apply a choose_compute_dtype result in place: float32 converts, bfloat16 leaves the weights as loaded
+    (on the CPU, bf16 stacked experts excepted: see experts_to_float32_on_cpu)."""
     if dtype == "float32":
         return to_float32(model)
-    model.info = replace(model.info, compute_dtype="bfloat16", weights=weights_kind(model))
+    kind = weights_kind(model)
+    if experts_to_float32_on_cpu(model):
+        kind += " (stacked experts float32: MLX's CPU gather matmul computes only in float32)"
+    model.info = replace(model.info, compute_dtype="bfloat16", weights=kind)
     return model
 
 

@@ -62,7 +62,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto"):
         eos = (generation_config or {}).get("eos_token_id")
         tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
     check_vocabulary(model, tokenizer, src.name)
-    compute.apply(model, compute.choose_for(model, compute_dtype))
+    compute.apply(model, compute.choose_compute_dtype(compute_dtype, compute.float32_nbytes(model)))
     return model, tokenizer
 
 

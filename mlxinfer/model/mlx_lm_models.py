@@ -37,6 +37,12 @@ def class_module(cfg: ModelConfig, where: str) -> ModuleType:
     """mlx-lm's module for this model type (Model and ModelArgs), or a one-line error naming it."""
     from mlx_lm import utils
 
+    if cfg.raw.get("model_file"):
+        raise MlxinferError(
+            f"{where} asks to run the model's own code ({cfg.raw['model_file']!r}); mlxinfer never runs code "
+            "from a model's repository",
+            "source",
+        )
     name = utils.MODEL_REMAPPING.get(cfg.model_type, cfg.model_type)
     remap = getattr(utils, "MODEL_ARCHITECTURE_REMAPPING", {})
     architectures = cfg.raw.get("architectures") or ()
@@ -84,6 +90,12 @@ def build(module: ModuleType, cfg: ModelConfig, weights: dict[str, mx.array], wh
             raise MlxinferError(
                 f"{where} lacks the tensor {e.args[0]!r} that mlx-lm's {name} class needs; "
                 "the weights are incomplete or belong to another model",
+                "source",
+            ) from None
+        except (ValueError, IndexError, TypeError) as e:
+            raise MlxinferError(
+                f"{where}: mlx-lm's {name} class cannot read these weights ({_first(e)}); "
+                "they are incomplete or belong to another model",
                 "source",
             ) from None
     quantize_like(model, weights, cfg.quantization)

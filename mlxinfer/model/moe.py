@@ -35,7 +35,8 @@ class Experts(nn.Module):
         return mx.gather_mm(x, self.weight.swapaxes(-1, -2), rhs_indices=experts, sorted_indices=sorted_experts)
 
     def to_quantized(self, group_size: int = 64, bits: int = 4, mode: str = "affine") -> "QuantizedExperts":
-        return QuantizedExperts(*mx.quantize(self.weight, group_size, bits, mode=mode), group_size, bits, mode)
+        weight, scales, *biases = mx.quantize(self.weight, group_size, bits, mode=mode)  # no biases but affine
+        return QuantizedExperts(weight, scales, biases[0] if biases else None, group_size, bits, mode)
 
 
 class QuantizedExperts(nn.Module):
@@ -143,9 +144,11 @@ def stack_experts(weights: dict[str, mx.array], cfg: ModelConfig) -> dict[str, m
         groups.setdefault((layer, proj, part), {})[int(e)] = weights.pop(name)
     for (layer, proj, part), by_expert in groups.items():
         missing = next((e for e in range(cfg.num_experts) if e not in by_expert), None)
-        if missing is not None:
+        beyond = max(by_expert)
+        if missing is not None or beyond >= cfg.num_experts:
+            which, verb = (missing, "lack") if missing is not None else (beyond, "have")
             raise MlxinferError(
-                f"the weights lack '{layer}.experts.{missing}.{proj}.{part}' ({cfg.num_experts} experts in "
+                f"the weights {verb} '{layer}.experts.{which}.{proj}.{part}' ({cfg.num_experts} experts in "
                 "config.json); the checkpoint is incomplete or belongs to another model",
                 "source",
             )
