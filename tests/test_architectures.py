@@ -222,6 +222,13 @@ def test_unknown_model_type_is_one_line(mlx_lm_dir, tmp_path):
     assert counted.total == mlxinfer.count(mlx_lm_dir("mistral")).total
 
 
+def test_a_config_asking_for_its_own_code_is_refused(mlx_lm_dir, tmp_path):
+    """mlx-lm runs a repository's model_file only with trust_remote_code; mlxinfer never does."""
+    bad = _copy(mlx_lm_dir("mistral"), tmp_path / "custom", model_file="modeling_custom.py")
+    (bad / "modeling_custom.py").write_text("raise SystemExit('this must never run')\n")
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "modeling_custom.py", "never runs code")
+
+
 def test_weights_that_do_not_match_the_class_name_the_first_tensor(mlx_lm_dir, tmp_path):
     # Mistral's weights under Phi-3's class: separate q/k/v where Phi-3 has one qkv_proj
     bad = _copy(mlx_lm_dir("mistral"), tmp_path / "bad", model_type="phi3")

@@ -18,7 +18,7 @@ from ..formats import gguf, safetensors, sources
 from ..formats.config import KNOWN_DTYPES, ModelConfig
 from ..views import CountReport
 from .headers import header_weights, no_formula
-from .layout import Weight, model_weights, stacked_name
+from .layout import NUMBERS, Weight, model_weights, stacked_name
 from .stored import stored_gguf, stored_safetensors
 
 
@@ -105,7 +105,12 @@ def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes:
     layer, total = att + mlp + norms, sum(w.params for w in weights)
     layers = sum(by_part.get(p, 0) for p in ("attention", "mlp", "norms"))
     emb, out = by_part.get("embedding", 0), by_part.get("output", 0)
-    norm_label = next((w.label for w in layer0 if w.part == "norms"), "norms")
+    layer_norms = [w for w in layer0 if w.part == "norms"]
+    if len({w.label for w in layer_norms}) == 1:  # "two norms", "2 x 2,048"
+        norm_label, norm_formula = layer_norms[0].label, layer_norms[0].formula
+    else:  # from the headers: one tensor each
+        norm_label = f"{NUMBERS.get(len(layer_norms), len(layer_norms))} norms"
+        norm_formula = " + ".join(w.formula for w in layer_norms)
     alike = layers == L * layer
     rows = [_row("embedding table", f"{V:,} x {D:,}", emb), _row(f"per layer{'' if alike else f' ({shown})'}:")]
     rows += [_row("attention", indent=1)]
@@ -117,7 +122,7 @@ def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes:
     rows += _grouped([w for w in layer0 if w.part == "mlp"])
     rows += [
         _row("MLP subtotal", "", mlp, 2),
-        _row(norm_label, " + ".join(sorted({w.formula for w in layer0 if w.part == "norms"})), norms, 1),
+        _row(norm_label, norm_formula, norms, 1),
         _row("layer total", "", layer, 1),
         _row(
             f"{L} layers",

@@ -1,4 +1,6 @@
-"""The model's shape, read from config.json (or GGUF metadata).
+"""The model's shape, read from config.json (or GGUF metadata), checked against its model type's
+Architecture (architectures.py); a type described nowhere here gets a lenient config instead, for
+mlx-lm's class to run and `count` to count from the file headers.
 
 No mlx import here: `count` reads configs without loading a framework.
 """
