@@ -27,6 +27,7 @@ _LAZY = {
     "next_token_scores": ("engine.tables", "next_token_scores"),
     "table_from_scores": ("engine.tables", "table_from_scores"),
     "explain": ("engine.tables", "explain"),
+    "expert_routing": ("engine.tables", "expert_routing"),
     "generate": ("engine.generate", "generate"),
     "stream_generate": ("engine.generate", "stream_generate"),
     "sample": ("engine.experiments", "sample"),

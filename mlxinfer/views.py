@@ -44,6 +44,7 @@ class CountReport(View):
     quantization: dict | None = None  # MLX config block or GGUF tensor types
     stored: dict | None = None  # what the safetensors / GGUF headers say
     notes: list[str] = field(default_factory=list)
+    experts: dict | None = None  # a mixture of experts: all stored, k of n active per token
 
 
 # ----------------------------------------------------------------------------- one forward pass
@@ -81,6 +82,15 @@ class Explanation(View):
 
 
 @dataclass
+class ExpertChoice(View):
+    """In one layer with a mixture of experts: the experts the last token's router chose, best first."""
+
+    layer: int
+    experts: list[int]
+    weights: list[float]  # the router's weights for them (rescaled to sum to 1 where the model does so)
+
+
+@dataclass
 class NextTokenTable(View):
     """The lesson's table: the top-k next tokens by score, their probability at each temperature."""
 
@@ -93,6 +103,8 @@ class NextTokenTable(View):
     mass: list[float]  # probability the k rows hold, per temperature
     settings_note: str = ""  # with an explanation: where the sampler's settings came from
     explanation: Explanation | None = None
+    definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
+    routing: list[ExpertChoice] | None = None  # with an explanation, for our mixture-of-experts definition
 
 
 # ----------------------------------------------------------------------------- generation
@@ -147,6 +159,7 @@ class Generation(View):
     tool: str | None = None
     grammar_seconds: dict | None = None  # token table build, schema compile, and per step: mask, wait for it
     mask_steps: list[dict] | None = None  # explain_mask: what the grammar allowed at each step
+    definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
 
 
 # ----------------------------------------------------------------------------- experiments
@@ -177,6 +190,7 @@ class SampleReport(View):
     completions: list[Completion] = field(default_factory=list)
     tally: list[Tally] = field(default_factory=list)
     batch_size: int = 1
+    definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
 
 
 # ----------------------------------------------------------------------------- sweeps

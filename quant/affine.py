@@ -18,10 +18,8 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from mlxinfer.model.compute import dequantize as dequantize_tensor  # noqa: F401  (part of quant's API)
-from mlxinfer.model.compute import dequantize_module
+from mlxinfer.model.compute import dequantize_module, is_quantized
 
-QUANTIZED = (nn.QuantizedLinear, nn.QuantizedEmbedding)
-TABLES = (nn.Linear, nn.Embedding) + QUANTIZED  # the modules a policy decides about
 DTYPES = {
     "bf16": "bfloat16",
     "bfloat16": "bfloat16",
@@ -40,15 +38,21 @@ def quantize_tensor(w: mx.array, group_size: int, bits: int) -> tuple[mx.array, 
 
 
 def module_weight(module: nn.Module, dtype=mx.float32) -> mx.array:
-    """A Linear/Embedding's weight in float (dequantized if quantized)."""
-    if isinstance(module, QUANTIZED):
+    """A Linear/Embedding's (or stacked experts') weight in float (dequantized if quantized)."""
+    if is_quantized(module):
         return dequantize_module(module, dtype)
     return module.weight.astype(dtype)
 
 
+def is_table(module: nn.Module) -> bool:
+    """What a policy decides about: every module nn.quantize would quantize (Linear, Embedding, stacked
+    experts: whatever has `to_quantized` and a weight), and those already quantized."""
+    return is_quantized(module) or (hasattr(module, "to_quantized") and "weight" in module)
+
+
 def tables(model: nn.Module) -> dict[str, nn.Module]:
-    """{module path: module} for every Linear and Embedding (quantized or not), in model order."""
-    found = [(path, m) for path, m in model.named_modules() if isinstance(m, TABLES)]
+    """{module path: module} for every Linear, Embedding and stacked experts (quantized or not), in model order."""
+    found = [(path, m) for path, m in model.named_modules() if is_table(m)]
     return dict(sorted(found, key=lambda pm: _natural(pm[0])))
 
 
@@ -61,12 +65,12 @@ def _natural(path: str) -> tuple:
 
 def input_size(module: nn.Module) -> int:
     w = module.weight
-    return w.shape[-1] * 32 // module.bits if isinstance(module, QUANTIZED) else w.shape[-1]
+    return w.shape[-1] * 32 // module.bits if is_quantized(module) else w.shape[-1]
 
 
 def setting_of(module: nn.Module) -> tuple[int, int] | None:
     """(group_size, bits) of a quantized module; None if float."""
-    return (module.group_size, module.bits) if isinstance(module, QUANTIZED) else None
+    return (module.group_size, module.bits) if is_quantized(module) else None
 
 
 def float_tensors(model: nn.Module, dtype) -> dict[str, mx.array]:

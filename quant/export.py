@@ -53,6 +53,8 @@ def quantize(
     tables = affine.tables(model)
     modules = {p: affine.input_size(m) for p, m in tables.items()}
     settings = policy.settings(modules, cfg.tie_word_embeddings)  # group sizes checked here, still nothing written
+    if policy.quantized and hasattr(model, "quant_predicate"):
+        settings = _architecture_settings(settings, model.quant_predicate, tables)
 
     floats = affine.float_tensors(model, dt)
     tensors = {}
@@ -126,6 +128,20 @@ def load(source):
     """mlxinfer.load with the weights exactly as stored (quantized stays quantized): never a compute-dtype
     conversion. None or 'embedded' is the embedded default model."""
     return _load(None if is_embedded(source) else source, compute_dtype="bfloat16")
+
+
+def _architecture_settings(settings: dict, predicate, tables: dict) -> dict:
+    """What the architecture's class asks beyond the policy, as mlx-lm's convert applies it (Qwen3-MoE:
+    routers at 8 bits, group 64): a dict is that module's setting, False leaves it in float."""
+    out = dict(settings)
+    for path, module in tables.items():
+        said = predicate(path, module)
+        if isinstance(said, dict):
+            out[path] = (said.get("group_size", 64), said.get("bits", 4))
+        elif said is False:
+            out[path] = None
+    check_divides(out, {p: affine.input_size(m) for p, m in tables.items()})
+    return out
 
 
 def _check_out(out, force: bool) -> Path:

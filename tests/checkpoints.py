@@ -130,9 +130,91 @@ def write_checkpoint(out: Path, arch: str, seed: int = 0, dtype=mx.bfloat16, **o
     return out
 
 
-def quantized_copy(src: Path, out: Path, bits: int, group_size: int) -> Path:
-    """mlx-lm's own conversion, exactly what mlx-community publishes."""
+def quantized_copy(src: Path, out: Path, bits: int, group_size: int, dtype: str | None = None) -> Path:
+    """mlx-lm's own conversion, exactly what mlx-community publishes (dtype: of scales and floats)."""
+    import contextlib
+    import io
+
     from mlx_lm.convert import convert
 
-    convert(str(src), str(out), quantize=True, q_bits=bits, q_group_size=group_size)
+    with contextlib.redirect_stdout(io.StringIO()):  # its progress lines
+        convert(str(src), str(out), quantize=True, q_bits=bits, q_group_size=group_size, dtype=dtype)
+    return out
+
+
+# ---- architectures model.py does not define: written by mlx-lm's own classes -------------------------------
+
+# tiny configs on BASE; qwen3_moe is ours, written here too so that mlx-lm's class makes the file
+MLX_LM_ARCHS = {
+    "gemma3_text": {
+        "model_type": "gemma3_text",
+        "head_dim": 32,
+        "query_pre_attn_scalar": 32,
+        "sliding_window": 8,  # short, so that prompts run past it and the rotating cache rotates
+        "sliding_window_pattern": 2,  # layer 0 slides, layer 1 sees everything
+        "rope_local_base_freq": 10000.0,
+        "rope_theta": 1000000.0,
+    },
+    "mistral": {"model_type": "mistral", "tie_word_embeddings": False, "sliding_window": None},
+    "phi3": {"model_type": "phi3", "tie_word_embeddings": False},
+    "mixtral": {
+        "model_type": "mixtral",
+        "intermediate_size": 128,
+        "num_local_experts": 4,
+        "num_experts_per_tok": 2,
+        "tie_word_embeddings": False,
+    },
+    "olmo2": {"model_type": "olmo2", "tie_word_embeddings": False},
+    "qwen3_moe": {
+        "model_type": "qwen3_moe",
+        "head_dim": 32,
+        "num_experts": 8,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+        "norm_topk_prob": True,
+        "tie_word_embeddings": False,
+        "rope_theta": 1000000.0,
+    },
+}
+
+
+def mlx_lm_config(arch: str, **overrides) -> dict:
+    return {**BASE, **MLX_LM_ARCHS[arch], **overrides}
+
+
+def mlx_lm_model(cfg: dict):
+    """mlx-lm's own class for this config, as mlx_lm.load picks it (mistral runs on its llama)."""
+    import importlib
+
+    from mlx_lm.utils import MODEL_REMAPPING
+
+    module = importlib.import_module(f"mlx_lm.models.{MODEL_REMAPPING.get(cfg['model_type'], cfg['model_type'])}")
+    return module.Model(module.ModelArgs.from_dict(cfg))
+
+
+def write_mlx_lm_checkpoint(out: Path, arch: str, seed: int = 0, **overrides) -> Path:
+    """A tiny random checkpoint for mlx-lm's class, in the mlx-community layout: config.json,
+    model.safetensors (bf16, mlx-lm's tensor names), tokenizer files and generation_config.json."""
+    from mlx.utils import tree_flatten
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = mlx_lm_config(arch, **overrides)
+    model = mlx_lm_model(cfg)
+    rng = np.random.default_rng(seed)
+    one = 0.0 if arch.startswith("gemma") else 1.0  # Gemma's RMSNorm scales by 1 + weight
+    weights = {}
+    for name, p in tree_flatten(model.parameters()):
+        if arch == "gemma3_text" and name.startswith("lm_head."):
+            continue  # Gemma 3 stores no output table: the embedding table serves both ends
+        if "norm" in name.rsplit(".", 2)[-2]:
+            value = one + 0.1 * rng.standard_normal(p.shape)
+        else:
+            value = rng.standard_normal(p.shape) / np.sqrt(p.shape[-1])
+        weights[name] = mx.array(value.astype(np.float32)).astype(mx.bfloat16)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    (out / "generation_config.json").write_text(json.dumps({"temperature": 0.7, "top_p": 0.9, "eos_token_id": 2}))
+    mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
+    write_tokenizer(out)
     return out

@@ -49,6 +49,28 @@ def checkpoint_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def mlx_lm_dir(tmp_path_factory):
+    """mlx_lm_dir(arch, variant="bf16") -> Path: a tiny checkpoint written with mlx-lm's own class for
+    `arch` (checkpoints.MLX_LM_ARCHS); "4bit" is mlx-lm's convert of it (bf16 scales, as mlx-community
+    publishes), "4bit-f32" the same with float32 scales (float32 activations as stored)."""
+    root = tmp_path_factory.mktemp("mlx_lm_checkpoints")
+    made: dict[tuple, Path] = {}
+
+    def get(arch: str, variant: str = "bf16") -> Path:
+        key = (arch, variant)
+        if key not in made:
+            out = root / f"{arch}-{variant}"
+            if variant == "bf16":
+                made[key] = checkpoints.write_mlx_lm_checkpoint(out, arch)
+            else:
+                dtype = "float32" if variant == "4bit-f32" else None
+                made[key] = checkpoints.quantized_copy(get(arch), out, 4, 64, dtype=dtype)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct as stored (4-bit GGUF), loaded once: (model, tokenizer)."""
     return mlxinfer.load(None, compute_dtype="bfloat16")

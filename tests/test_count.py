@@ -432,7 +432,8 @@ def test_count_imports_no_framework():
     """Neither the API nor the command imports mlx, mlx-lm, transformers (nor numpy, nor torch)."""
     heavy = "{'mlx', 'mlx_lm', 'transformers', 'torch', 'numpy'}"
     check = f"bad = sorted(m for m in sys.modules if m.split('.')[0] in {heavy}); assert not bad, bad"
-    api = f"import sys; from mlxinfer.counting import count; count({str(QWEN3_06B)!r}); count(None); {check}"
+    counts = f"count({str(QWEN3_06B)!r}); count({str(CONFIGS / 'qwen3-30b-a3b.json')!r}); count(None)"  # MoE too
+    api = f"import sys; from mlxinfer.counting import count; {counts}; {check}"
     cli = (
         f"import sys; sys.argv = ['mlxinfer', 'count', {str(LLAMA_8B)!r}, '--context', '100']\n"
         "from cli.app import main\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"

@@ -252,7 +252,9 @@ def test_generate_streams_the_text_then_one_stats_line(embedded_fast):
     import re
 
     note, stats = out.stderr.strip().splitlines()
-    assert note.startswith("[SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default)] sampling: temperature 0.0")
+    assert note.startswith(
+        "[SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default) on mlxinfer llama] sampling: temperature 0.0"
+    )
     assert re.fullmatch(
         r"prompt 39 tokens at [\d.]+ tok/s \| generated 23 tokens at [\d.]+ tok/s \| "
         r"peak memory \d+ MB \| finish: stop",

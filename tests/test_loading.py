@@ -196,7 +196,7 @@ def _edit_config(**fields):
     "change,fragments",
     [
         (lambda d: (d / "config.json").unlink(), ["config.json"]),
-        (_edit_config(model_type="mamba"), ["unknown architecture", "mamba", "llama"]),
+        (_edit_config(model_type="not_a_model"), ["unknown architecture", "not_a_model", "mlx-lm"]),
         (_edit_config(intermediate_size=320), ["shape", "mlp"]),
         (_edit_config(vocab_size=200), ["shape", "embed_tokens"]),
         (lambda d: (d / "config.json").write_text("{not json"), ["not valid JSON"]),

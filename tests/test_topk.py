@@ -113,7 +113,7 @@ def test_the_table_make_run_prints(herb_table):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default)  prompt: 44 tokens")
-    assert lines[1] == "scores in one pass: 49,152"
+    assert lines[1] == "scores in one pass of mlxinfer llama: 49,152"  # which definition ran
     header = next(line for line in lines if "p @ T=0.5" in line)
     assert ["#", "token", "id", "score", "p @ T=0.5", "p @ T=1", "p @ T=1.5"] == [
         c.strip() for c in header.strip("┃").split("┃")

@@ -64,6 +64,9 @@ def render(r) -> str:
         f"vocabulary {c['vocab_size']:,}, {r.dtype}, {tied}",
         "",
     ]
+    if r.experts:
+        e = r.experts
+        out[1] += f"; {e['experts_per_token']} of {e['num_experts']} experts per token"
     out += _block([(x["indent"], x["label"], x["formula"], _n(x["params"]), "") for x in r.rows])
     out += _section(
         "Bytes and shares",
@@ -87,7 +90,7 @@ def render(r) -> str:
             ),
         ],
     )
-    out += _operations(r)
+    out += _experts(r) + _operations(r)
     out += _hardware(r) + _quantization(r) + _stored(r)
     if r.notes:
         out += [""] + [_wrap(f"note: {n}") for n in r.notes]
@@ -98,10 +101,27 @@ def _wrap(text: str) -> str:
     return textwrap.fill(text, 100, subsequent_indent="  ")
 
 
+def _experts(r) -> list[str]:
+    e = r.experts
+    if not e:
+        return []
+    n, k, layers = e["num_experts"], e["experts_per_token"], e["layers_with_experts"]
+    rows = [
+        (0, "all experts", f"{layers} layers x {n} x {e['per_expert']:,}", _n(e["experts_total"]), ""),
+        (0, "everything else", "embedding, attention, routers, norms, output", _n(r.total - e["experts_total"]), ""),
+        (0, "active experts", f"{layers} layers x {k} x {e['per_expert']:,}", _n(e["experts_active"]), ""),
+        (0, "active per token", "everything else + active experts", _n(e["active"]), _words(e["active"])),
+        (0, "active share", f"{e['active']:,} / {r.total:,}", _pct(e["active_share"]), ""),
+    ]
+    return _section("Mixture of experts: what one token runs", rows) + [_wrap(f"rule: {e['rule']}")]
+
+
 def _operations(r) -> list[str]:
     o, c = r.operations, r.config
     rows = [
-        (0, "all parameters", "", _n(r.total), ""),
+        (0, "all parameters", "", _n(r.total), "")
+        if not r.experts
+        else (0, "active parameters", "the router's k experts only", _n(r.experts["active"]), ""),
         (0, "minus the embedding table", "", f"- {r.embedding:,}", "a lookup, no arithmetic"),
     ]
     if c["tie_word_embeddings"]:
@@ -118,14 +138,17 @@ def _operations(r) -> list[str]:
             _n(o["attention_per_earlier_token"]),
             "q.k, then the value mix",
         ),
-        (
-            0,
-            "crossover context",
-            f"{o['weights_per_token']:,} / {o['attention_per_earlier_token']:,}",
-            f"{o['crossover_context']:,.0f}",
-            "tokens: beyond it, attention outweighs the weights",
-        ),
     ]
+    if o["crossover_context"] is not None:
+        rows.append(
+            (
+                0,
+                "crossover context",
+                f"{o['weights_per_token']:,} / {o['attention_per_earlier_token']:,}",
+                f"{o['crossover_context']:,.0f}",
+                "tokens: beyond it, attention outweighs the weights",
+            )
+        )
     out = _section("Operations per token", rows) + [_wrap(f"rule: {o['rule']}")]
     if r.context:
         x = r.context

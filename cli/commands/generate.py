@@ -95,7 +95,7 @@ def generate(
         explain_mask=explain_mask,
     )
     if not json_out:
-        print(f"[{m.info.name}] {stream.note}", file=sys.stderr)
+        print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
     for step in stream:
         if not json_out:
             sys.stdout.write(step.text)

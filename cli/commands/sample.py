@@ -107,7 +107,9 @@ def render(report) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{report.model}[/bold]  prompt: {len(report.prompt_ids)} tokens", highlight=False)
+    console.print(
+        f"[bold]{report.model}[/bold] on {report.definition}  prompt: {len(report.prompt_ids)} tokens", highlight=False
+    )
     console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
     for c in report.completions:
         mark = "" if c.valid is None else ("  (valid)" if c.valid else "  (cut: not valid JSON)")

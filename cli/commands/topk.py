@@ -80,7 +80,7 @@ def render(table) -> None:
 
     console = Console()
     console.print(f"[bold]{table.model}[/bold]  prompt: {len(table.prompt_ids)} tokens", highlight=False)
-    console.print(f"scores in one pass: {table.n_scores:,}", highlight=False)
+    console.print(f"scores in one pass of {table.definition}: {table.n_scores:,}", highlight=False)
     t = Table(show_footer=True)
     t.add_column("#", justify="right", footer="")
     t.add_column("token", footer="top rows hold")
@@ -93,6 +93,19 @@ def render(table) -> None:
     console.print(t)
     if table.explanation is not None:
         render_explain(console, table.explanation, table.settings_note)
+    if table.routing:
+        render_routing(console, table.routing)
+
+
+def render_routing(console, routing) -> None:
+    from rich.table import Table
+
+    t = Table(title="experts the last token chose (router weight)")
+    t.add_column("layer", justify="right")
+    t.add_column("experts")
+    for r in routing:
+        t.add_row(str(r.layer), "  ".join(f"{e} ({w:.2f})" for e, w in zip(r.experts, r.weights)))
+    console.print(t)
 
 
 def render_explain(console, ex, note: str) -> None:

@@ -17,7 +17,8 @@ from ..errors import MlxinferError
 from ..formats import gguf, safetensors, sources
 from ..formats.config import KNOWN_DTYPES, ModelConfig
 from ..views import CountReport
-from .layout import Weight, layer_weights, model_weights
+from .headers import header_weights, no_formula
+from .layout import NUMBERS, Weight, model_weights, stacked_name
 from .stored import stored_gguf, stored_safetensors
 
 
@@ -39,15 +40,22 @@ def count(
 
     name, kind, cfg, files, header, notes = _open(source)
     if files and not cfg.tie_word_embeddings_given:
-        cfg = replace(
-            cfg, tie_word_embeddings=not any(t["name"] == "lm_head.weight" for f in files for t in f["tensors"])
-        )
+        stored = {stacked_name(t["name"]) for f in files for t in f["tensors"]}
+        cfg = replace(cfg, tie_word_embeddings="lm_head.weight" not in stored)
         notes.append(
             "config.json does not say whether the tables are tied; the stored tensors decide: "
             + ("tied" if cfg.tie_word_embeddings else "not tied")
         )
-    weights = model_weights(cfg)
+    if cfg.described:
+        weights = model_weights(cfg)
+    else:
+        weights = header_weights(cfg, files)
+        notes.insert(
+            0, no_formula(cfg.model_type) + ": counted from the safetensors headers (quantized weights unpacked)"
+        )
     r = _table(name, kind, cfg, weights, notes)
+    if cfg.num_experts:
+        r.experts = _experts(cfg, weights, r.total)
     if header:
         r.quantization, r.stored = _gguf_quant(header), stored_gguf(header, r.total)
         notes.append(
@@ -59,7 +67,7 @@ def count(
         if files:
             predicted = (r.quantization or {}).get("bytes", r.bytes)
             r.stored = stored_safetensors(files, cfg, [w.name for w in weights], r.total, predicted)
-    _work(r, cfg, context, answer_tokens, flops, bandwidth)
+    _work(r, cfg, weights, context, answer_tokens, flops, bandwidth)
     return r
 
 
@@ -71,39 +79,66 @@ def _open(source) -> tuple[str, str, ModelConfig, list[dict] | None, gguf.GGUFHe
         return src.name, "gguf", gguf.config_from_header(h), None, h, []
     if src.kind == "hub":
         files, notes = sources.hub_headers(src.name)
-        return src.name, "hub", ModelConfig.from_file(sources.hub_config(src.name)), files, None, notes
+        return (
+            src.name,
+            "hub",
+            ModelConfig.from_file(sources.hub_config(src.name), undescribed=True),
+            files,
+            None,
+            notes,
+        )
     if src.kind == "config":  # a config file alone: nothing stored to compare with
-        return src.name, "config", ModelConfig.from_file(src.path), None, None, []
-    return src.name, "config", ModelConfig.from_file(src.path), safetensors.local_files(src.path), None, []
+        return src.name, "config", ModelConfig.from_file(src.path, undescribed=True), None, None, []
+    cfg = ModelConfig.from_file(src.path, undescribed=True)
+    return src.name, "config", cfg, safetensors.local_files(src.path), None, []
 
 
 def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes: list[str]) -> CountReport:
+    """The lesson's table. One layer is shown tensor by tensor: the first with experts, if any."""
     by_part: dict[str, int] = {}
     for w in weights:
         by_part[w.part] = by_part.get(w.part, 0) + w.params
     L, D, V = cfg.num_hidden_layers, cfg.hidden_size, cfg.vocab_size
-    layer0 = layer_weights(cfg, 0)
+    shown = cfg.moe_layers[0] if cfg.moe_layers else 0
+    layer0 = [w for w in weights if w.layer == shown]
     att, mlp, norms = (sum(w.params for w in layer0 if w.part == p) for p in ("attention", "mlp", "norms"))
     layer, total = att + mlp + norms, sum(w.params for w in weights)
-    emb, out = by_part["embedding"], by_part.get("output", 0)
-    rows = [_row("embedding table", f"{V:,} x {D:,}", emb), _row("per layer:"), _row("attention", indent=1)]
+    layers = sum(by_part.get(p, 0) for p in ("attention", "mlp", "norms"))
+    emb, out = by_part.get("embedding", 0), by_part.get("output", 0)
+    layer_norms = [w for w in layer0 if w.part == "norms"]
+    if len({w.label for w in layer_norms}) == 1:  # "two norms", "2 x 2,048"
+        norm_label, norm_formula = layer_norms[0].label, layer_norms[0].formula
+    else:  # from the headers: one tensor each
+        norm_label = f"{NUMBERS.get(len(layer_norms), len(layer_norms))} norms"
+        norm_formula = " + ".join(w.formula for w in layer_norms)
+    alike = layers == L * layer
+    rows = [_row("embedding table", f"{V:,} x {D:,}", emb), _row(f"per layer{'' if alike else f' ({shown})'}:")]
+    rows += [_row("attention", indent=1)]
     rows += _grouped([w for w in layer0 if w.part == "attention"])
-    rows += [_row("attention subtotal", "", att, 2), _row("MLP", indent=1)]
+    rows += [
+        _row("attention subtotal", "", att, 2),
+        _row("MLP" + (" (mixture of experts)" if shown in cfg.moe_layers else ""), indent=1),
+    ]
     rows += _grouped([w for w in layer0 if w.part == "mlp"])
     rows += [
         _row("MLP subtotal", "", mlp, 2),
-        _row("two norms", f"2 x {D:,}", norms, 1),
+        _row(norm_label, norm_formula, norms, 1),
         _row("layer total", "", layer, 1),
-        _row(f"{L} layers", f"{L} x {layer:,}", L * layer),
-        _row("final norm", "", by_part["final_norm"]),
+        _row(
+            f"{L} layers",
+            f"{L} x {layer:,}" if alike else f"{len(cfg.moe_layers)} with experts, the rest dense",
+            layers,
+        ),
+        _row("final norm", "", by_part.get("final_norm", 0)),
+        *([_row("other tensors", "outside the layers", by_part["other"])] if "other" in by_part else []),
         _row("output table", "the embedding table, used again" if cfg.tie_word_embeddings else f"{D:,} x {V:,}", out),
         _row("TOTAL", "", total),
     ]
     nbytes = KNOWN_DTYPES[cfg.dtype]
     shares = {
-        "mlp_of_layer": mlp / layer,
-        "attention_of_layer": att / layer,
-        "layers_of_model": L * layer / total,
+        "mlp_of_layer": mlp / layer if layer else 0.0,
+        "attention_of_layer": att / layer if layer else 0.0,
+        "layers_of_model": layers / total,
         "vocab_tables_of_model": (emb + out) / total,
     }
     return CountReport(
@@ -117,8 +152,8 @@ def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes:
         norms,
         layer,
         L,
-        L * layer,
-        by_part["final_norm"],
+        layers,
+        by_part.get("final_norm", 0),
         out,
         total,
         cfg.dtype,
@@ -128,6 +163,28 @@ def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes:
         {},
         notes=notes,
     )
+
+
+def _experts(cfg: ModelConfig, weights: list[Weight], total: int) -> dict:
+    """A mixture of experts: all the parameters are stored, but a token runs only k of n experts."""
+    n, k = cfg.num_experts, cfg.num_experts_per_tok
+    stacked = sum(w.params for w in weights if w.experts)
+    active = sum(w.active(k) for w in weights)
+    return {
+        "num_experts": n,
+        "experts_per_token": k,
+        "layers_with_experts": len(cfg.moe_layers),
+        "expert_width": cfg.moe_intermediate_size,
+        "per_expert": stacked // n // len(cfg.moe_layers),  # one expert's MLP in one layer
+        "routers": sum(w.params for w in weights if w.label == "router"),
+        "experts_total": stacked,
+        "experts_active": stacked // n * k,
+        "active": active,
+        "inactive": total - active,
+        "active_share": active / total,
+        "rule": f"active per token: every parameter outside the experts (embedding, attention, norms, routers, "
+        f"output table) plus {k} of the {n} experts in each of the {len(cfg.moe_layers)} layers that have them",
+    }
 
 
 def _row(label: str, formula: str = "", params: int | None = None, indent: int = 0) -> dict:
@@ -142,21 +199,24 @@ def _grouped(weights: list[Weight]) -> list[dict]:
     return list(rows.values())
 
 
-def _work(r: CountReport, cfg: ModelConfig, context, answer_tokens, flops, bandwidth) -> None:
+def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answer_tokens, flops, bandwidth) -> None:
     """Operations per token (2 per parameter used in arithmetic), attention, and time on a machine."""
     V, D, L = cfg.vocab_size, cfg.hidden_size, cfg.num_hidden_layers
-    # the lookup is free; the scores always cost a V x D matmul, on the shared table when tied
-    used = r.total - r.embedding + (V * D if cfg.tie_word_embeddings else 0)
+    # the lookup is free; the scores always cost a V x D matmul, on the shared table when tied;
+    # with experts, a token runs only the k its router picks in each layer
+    active = r.experts["active"] if r.experts else r.total
+    used = active - r.embedding + (V * D if cfg.tie_word_embeddings else 0)
     weights_ops = 2 * used
     per_token = L * 2 * 2 * cfg.num_attention_heads * cfg.head_dim  # q.k and the value mix, per layer
     r.operations = {
         "parameters_in_arithmetic": used,
         "weights_per_token": weights_ops,
         "attention_per_earlier_token": per_token,
-        "crossover_context": weights_ops / per_token,
+        "crossover_context": weights_ops / per_token if per_token else None,
         "rule": "2 operations (a multiply and an add) per parameter used in arithmetic: every parameter except "
         "the embedding lookup, plus the output table's matmul (vocab x hidden), which a tied model "
-        "runs on the shared table; attention adds layers x 2 x 2 x (heads x head_dim) per earlier token",
+        "runs on the shared table; attention adds layers x 2 x 2 x (heads x head_dim) per earlier token"
+        + ("; of the experts, only the k a token's router picks count" if r.experts else ""),
     }
     if context is not None:
         att = per_token * context
@@ -185,6 +245,10 @@ def _work(r: CountReport, cfg: ModelConfig, context, answer_tokens, flops, bandw
     model_bytes = q["bytes"] if q else r.bytes
     emb_bytes = q["embedding_bytes"] if q else r.embedding * r.bytes_per_parameter
     read = model_bytes if cfg.tie_word_embeddings else model_bytes - emb_bytes + emb_bytes // V  # one row
+    if r.experts:  # one token reads only its k experts' weights in each layer
+        n, k = cfg.num_experts, cfg.num_experts_per_tok
+        expert_bytes = (q or {}).get("expert_bytes", r.experts["experts_total"] * r.bytes_per_parameter)
+        read -= expert_bytes - expert_bytes // n * k
     kv = 2 * L * cfg.num_key_value_heads * cfg.head_dim * r.bytes_per_parameter  # per token of context
     r.operations.update(weight_bytes_read_per_token=read, kv_cache_bytes_per_context_token=kv)
     if flops is None and bandwidth is None:
@@ -223,15 +287,16 @@ def _quant_setting(q: dict, module: str, in_dim: int) -> tuple[int, int, str] | 
 
 def _mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
     """MLX quantization: packed bits plus, per group, a scale and a bias (affine, 16-bit each) or one
-    8-bit scale (mxfp4/mxfp8/nvfp4). Linear and Embedding weights only; norms and biases stay float."""
+    8-bit scale (mxfp4/mxfp8/nvfp4). Matrices only (Linear, Embedding, stacked experts); norms and
+    biases stay float."""
     q = cfg.quantization
     if not q:
         return None
     fb = KNOWN_DTYPES[cfg.dtype]
-    total_bytes = emb_bytes = qparams = qbits = 0
+    total_bytes = emb_bytes = expert_bytes = qparams = qbits = 0
     settings: dict[str, int] = {}
     for w in weights:
-        s = _quant_setting(q, w.name.removesuffix(".weight"), w.shape[-1]) if len(w.shape) == 2 else None
+        s = _quant_setting(q, w.name.removesuffix(".weight"), w.shape[-1]) if len(w.shape) >= 2 else None
         if s is None:
             nbytes = w.params * fb
         else:
@@ -244,6 +309,7 @@ def _mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
             settings[key] = settings.get(key, 0) + w.params
         total_bytes += nbytes
         emb_bytes += nbytes if w.part == "embedding" else 0
+        expert_bytes += nbytes if w.experts else 0
     total = sum(w.params for w in weights)
     return {
         "kind": "mlx",
@@ -258,6 +324,7 @@ def _mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
         "bits_per_parameter": 8 * total_bytes / total,
         "bytes": total_bytes,
         "embedding_bytes": emb_bytes,
+        "expert_bytes": expert_bytes,
     }
 
 

@@ -5,12 +5,17 @@ from __future__ import annotations
 
 from ..formats import gguf
 from ..formats.config import ModelConfig
+from .layout import stacked_name
 
 
 def stored_safetensors(files: list[dict], cfg: ModelConfig, names: list[str], total: int, predicted: int) -> dict:
     """The stored tensors against `names`, the tensors the config implies (in order)."""
     expected = dict.fromkeys(names)
-    stored = {t["name"]: t for f in files for t in f["tensors"]}
+    stored: dict[str, dict] = {}
+    for t in (t for f in files for t in f["tensors"]):  # Hugging Face's per-expert tensors, gathered
+        entry = stored.setdefault(stacked_name(t["name"]), {"params": 0, "bytes": 0})
+        entry["params"] += t["params"]
+        entry["bytes"] += t["bytes"]
     quant = {n for n in stored if n.endswith((".scales", ".biases")) and n.rsplit(".", 1)[0] + ".weight" in expected}
     extra = {n: stored[n]["params"] for n in stored if n not in expected and n not in quant}
     missing = [n for n in expected if n not in stored]

@@ -126,6 +126,7 @@ def sample(
         note,
         completions,
         batch_size=size,
+        definition=model.info.definition,
     )
     report.tally = tally(report.completions)
     return report

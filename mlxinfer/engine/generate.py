@@ -59,6 +59,7 @@ class GenerationStream:
                 self.note,
                 self.spec.seed,
                 step.finish_reason,
+                definition=self.model.info.definition,
             )
             if self.constraint is not None:
                 self.constraint.check(result, self.spec.mask)

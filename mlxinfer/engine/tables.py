@@ -17,7 +17,7 @@ from ..errors import MlxinferError
 from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
-from ..views import ExplainRow, Explanation, NextTokenTable, TokenRow
+from ..views import ExpertChoice, ExplainRow, Explanation, NextTokenTable, TokenRow
 from .decode import check_context
 
 
@@ -120,7 +120,19 @@ def next_token_table(
 
     table = table_from_scores(scores, temperatures, k, decode)
     table.model, table.prompt, table.prompt_ids = model.info.name, prompt if isinstance(prompt, str) else "", ids
+    table.definition = model.info.definition
     if resolved is not None:
         table.explanation = explain(scores, resolved[0], k, decode)
         table.settings_note = resolved[1]
+        table.routing = expert_routing(model, ids)
     return table
+
+
+def expert_routing(model, ids: list[int]) -> list[ExpertChoice] | None:
+    """For a mixture of experts run by our own definition: in each layer with experts, the experts the
+    router chose for the last token and their weights. None for any other model."""
+    if not getattr(model.config, "num_experts", 0) or not hasattr(model, "run_layers"):
+        return None
+    from ..model.moe import last_token_routing
+
+    return [ExpertChoice(i, e, w) for i, e, w in last_token_routing(model, mx.array(ids)[None])]

@@ -1,4 +1,6 @@
-"""The model's shape, read from config.json (or GGUF metadata).
+"""The model's shape, read from config.json (or GGUF metadata), checked against its model type's
+Architecture (architectures.py); a type described nowhere here gets a lenient config instead, for
+mlx-lm's class to run and `count` to count from the file headers.
 
 No mlx import here: `count` reads configs without loading a framework.
 """
@@ -11,29 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MlxinferError
-
-
-@dataclass(frozen=True)
-class Architecture:
-    """What an architecture adds to the plain Llama block. The model definition (model.py) and
-    `count` (counting.py) both read these, through ModelConfig, so they cannot drift apart.
-    None: as config.json's `attention_bias` says (Hugging Face's rule for that family)."""
-
-    qkv_bias: bool | None  # q/k/v projections carry biases
-    o_bias: bool | None  # the attention's output projection carries a bias
-    qk_norm: bool  # an RMSNorm over each query and key head before RoPE
-    context: int  # max_position_embeddings when config.json does not say
-
-
-ARCHITECTURES = {
-    "llama": Architecture(qkv_bias=None, o_bias=None, qk_norm=False, context=2048),
-    "qwen2": Architecture(qkv_bias=True, o_bias=False, qk_norm=False, context=32768),
-    "qwen3": Architecture(qkv_bias=None, o_bias=None, qk_norm=True, context=32768),
-}
-SUPPORTED = tuple(ARCHITECTURES)
+from .architectures import ARCHITECTURES, Architecture
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 KNOWN_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
+SUPPORTED = tuple(ARCHITECTURES)
 
 
 @dataclass(frozen=True)
@@ -58,22 +42,39 @@ class ModelConfig:
     qk_norm: bool = False  # Qwen3: RMSNorm on each query/key head before RoPE
     dtype: str = "float32"  # the checkpoint's stored float type
     quantization: dict | None = None  # MLX affine block: bits, group_size, per-module overrides
+    # a mixture of experts (0 experts: dense): each token's MLP is k of n expert MLPs, picked by a router
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0  # one expert's MLP width
+    norm_topk_prob: bool = False  # the k chosen experts' weights rescaled to sum to 1
+    moe_layers: tuple[int, ...] = ()  # the layers whose MLP is the mixture; the others are dense
+    described: bool = True  # False: no Architecture for it here (mlx-lm's class runs it; count reads headers)
     raw: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def architecture(self) -> Architecture | None:
+        return ARCHITECTURES.get(self.model_type)
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d.pop("raw")
         d.pop("tie_word_embeddings_given")
+        d["moe_layers"] = list(self.moe_layers)
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "config.json") -> "ModelConfig":
+    def from_dict(cls, d: dict[str, Any], where: str = "config.json", undescribed: bool = False) -> "ModelConfig":
+        """A config.json read and checked against its Architecture. undescribed=True: a model_type
+        with no Architecture here gives a lenient config (the fields the engine reads, 0 where
+        missing) instead of an error; the caller decides what can run it."""
         if not isinstance(d, dict):
             raise MlxinferError(f"{where} is not a JSON object; point at a model's config.json")
         model_type = d.get("model_type")
         if model_type is None:
             raise MlxinferError(f"{where} has no 'model_type'; add one of: {', '.join(SUPPORTED)}")
         if model_type not in ARCHITECTURES:
+            if undescribed and isinstance(model_type, str):
+                return cls._undescribed(d, where)
             raise MlxinferError(f"unknown architecture '{model_type}' in {where}; supported: {', '.join(SUPPORTED)}")
         arch = ARCHITECTURES[model_type]
         for name in REQUIRED:
@@ -86,7 +87,7 @@ class ModelConfig:
             raise MlxinferError(
                 f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )
-        if d.get("head_dim"):
+        if d.get("head_dim") and arch.config_head_dim:
             head_dim = _positive_int(d, "head_dim", where)
         else:
             if ints["hidden_size"] % heads:
@@ -95,17 +96,9 @@ class ModelConfig:
                     " add an explicit head_dim"
                 )
             head_dim = ints["hidden_size"] // heads
-        dtype = d.get("torch_dtype") or d.get("dtype") or "float32"
-        if dtype not in KNOWN_DTYPES:
-            raise MlxinferError(f"{where}: unsupported dtype '{dtype}'; use one of {', '.join(KNOWN_DTYPES)}")
-        quant = d.get("quantization")
-        if quant is None and "bits" in (d.get("quantization_config") or {}):
-            quant = d["quantization_config"]  # the copy mlx-lm writes for transformers
-        if quant is not None and not (isinstance(quant, dict) and "bits" in quant and "group_size" in quant):
-            raise MlxinferError(f"{where}: 'quantization' needs 'bits' and 'group_size'")
         attention_bias = bool(d.get("attention_bias", False))
         rope_scaling = d.get("rope_scaling")
-        if rope_scaling is not None:
+        if rope_scaling is not None and arch.ours:
             kind = rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
             if kind not in ("default", "linear", "llama3"):
                 raise MlxinferError(
@@ -119,20 +112,48 @@ class ModelConfig:
             rope_theta=float(d.get("rope_theta", 10000.0)),
             rope_scaling=rope_scaling,
             max_position_embeddings=int(d.get("max_position_embeddings") or arch.context),
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", False)),
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", arch.tied)),
             tie_word_embeddings_given="tie_word_embeddings" in d,
             qkv_bias=attention_bias if arch.qkv_bias is None else arch.qkv_bias,
             o_bias=attention_bias if arch.o_bias is None else arch.o_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)) and model_type == "llama",
+            mlp_bias=bool(d.get("mlp_bias", False)) if arch.mlp_bias is None else arch.mlp_bias,
             qk_norm=arch.qk_norm,
-            dtype=dtype,
-            quantization=quant,
+            dtype=_dtype(d, where),
+            quantization=_quantization(d, where),
             raw=dict(d),
+            **_experts(d, arch, ints["num_hidden_layers"], where),
             **ints,
         )
 
     @classmethod
-    def from_file(cls, path: str | Path) -> "ModelConfig":
+    def _undescribed(cls, d: dict, where: str) -> "ModelConfig":
+        text = d.get("text_config") if isinstance(d.get("text_config"), dict) else {}
+
+        def number(name: str) -> int:
+            v = d.get(name, text.get(name))
+            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+
+        heads = number("num_attention_heads")
+        return cls(
+            model_type=d["model_type"],
+            vocab_size=number("vocab_size"),
+            hidden_size=number("hidden_size"),
+            intermediate_size=number("intermediate_size"),
+            num_hidden_layers=number("num_hidden_layers"),
+            num_attention_heads=heads,
+            num_key_value_heads=number("num_key_value_heads") or heads,
+            head_dim=number("head_dim") or (number("hidden_size") // heads if heads else 0),
+            max_position_embeddings=number("max_position_embeddings") or 4096,
+            tie_word_embeddings=bool(d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
+            tie_word_embeddings_given=False,
+            dtype=_dtype(d, where),
+            quantization=_quantization(d, where),
+            described=False,
+            raw=dict(d),
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path, undescribed: bool = False) -> "ModelConfig":
         path = Path(path)
         if path.is_dir():
             path = path / "config.json"
@@ -142,7 +163,44 @@ class ModelConfig:
             data = json.loads(path.read_text())
         except (json.JSONDecodeError, UnicodeDecodeError) as e:
             raise MlxinferError(f"{path} is not valid JSON ({e.__class__.__name__}: {e}); re-download it") from None
-        return cls.from_dict(data, where=str(path))
+        return cls.from_dict(data, where=str(path), undescribed=undescribed)
+
+
+def _experts(d: dict, arch: Architecture, layers: int, where: str) -> dict:
+    """The mixture-of-experts fields, for an architecture that has one."""
+    if not arch.moe:
+        return {}
+    for name in (arch.experts, "num_experts_per_tok", arch.expert_width):
+        if name not in d:
+            raise MlxinferError(f"{where} is missing the field '{name}' that {d['model_type']} needs; add it")
+    n, k = _positive_int(d, arch.experts, where), _positive_int(d, "num_experts_per_tok", where)
+    if k > n:
+        raise MlxinferError(f"{where}: num_experts_per_tok {k} is more than the {n} experts ({arch.experts})")
+    step = int(d.get("decoder_sparse_step") or 1)  # qwen3_moe: every step-th layer is sparse ...
+    dense = set(d.get("mlp_only_layers") or [])  # ... except these
+    return {
+        "num_experts": n,
+        "num_experts_per_tok": k,
+        "moe_intermediate_size": _positive_int(d, arch.expert_width, where),
+        "norm_topk_prob": bool(d.get("norm_topk_prob", False)),
+        "moe_layers": tuple(i for i in range(layers) if i not in dense and (i + 1) % step == 0),
+    }
+
+
+def _dtype(d: dict, where: str) -> str:
+    dtype = d.get("torch_dtype") or d.get("dtype") or "float32"
+    if dtype not in KNOWN_DTYPES:
+        raise MlxinferError(f"{where}: unsupported dtype '{dtype}'; use one of {', '.join(KNOWN_DTYPES)}")
+    return dtype
+
+
+def _quantization(d: dict, where: str) -> dict | None:
+    quant = d.get("quantization")
+    if quant is None and "bits" in (d.get("quantization_config") or {}):
+        quant = d["quantization_config"]  # the copy mlx-lm writes for transformers
+    if quant is not None and not (isinstance(quant, dict) and "bits" in quant and "group_size" in quant):
+        raise MlxinferError(f"{where}: 'quantization' needs 'bits' and 'group_size'")
+    return quant
 
 
 def _positive_int(d: dict, name: str, where: str) -> int:

@@ -86,17 +86,35 @@ def choose_compute_dtype(requested: str, model_bytes_float32: int) -> str:
     return auto_rule(model_bytes_float32=model_bytes_float32, **current_facts())[0]
 
 
+def is_quantized(module) -> bool:
+    """An MLX-quantized leaf: QuantizedLinear/Embedding, mlx-lm's QuantizedSwitchLinear, our QuantizedExperts."""
+    return hasattr(module, "bits") and hasattr(module, "group_size") and "scales" in module
+
+
+def experts_to_float32_on_cpu(model) -> bool:
+    """MLX's CPU back end multiplies stacked experts (gather_mm) only in float32: there, stacked float
+    experts stored in bf16/f16 are upcast (exactly) so that the model runs at all. True if any were."""
+    import mlx.core as mx
+
+    if mx.default_device().type != mx.DeviceType.cpu:
+        return False
+    upcast = False
+    for _, m in model.named_modules():
+        if type(m).__name__ in ("Experts", "SwitchLinear") and m.weight.dtype != mx.float32:
+            m.weight = m.weight.astype(mx.float32)
+            upcast = True
+    return upcast
+
+
 def unpacked_parameter_count(model) -> int:
     """Unique parameters, quantized weights counted unpacked (scales and biases not counted)."""
-    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
     total = 0
     quantized = set()
     for path, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
-            w = module.weight
-            total += w.shape[0] * (w.shape[1] * 32 // module.bits)
+        if is_quantized(module):
+            total += module.weight.size * 32 // module.bits  # packed uint32 words hold 32 / bits values
             quantized.add(path)
     for name, p in tree_flatten(model.parameters()):
         owner, _, part = name.rpartition(".")
@@ -112,7 +130,8 @@ def float32_nbytes(model) -> int:
 
 
 def to_float32(model):
-    """In place: quantized Linear/Embedding -> float32 nn.Linear/nn.Embedding, other floats upcast; evaluated.
+    """In place: every quantized module -> its float32 counterpart (nn.Linear, nn.Embedding, stacked
+    experts), other floats upcast; evaluated.
 
     Returns the model. Every matmul of the forward pass then goes through `cblas_sgemm`
     (the tied output table too: nn.Embedding.as_linear is a plain matmul). On a CPU device
@@ -122,6 +141,16 @@ def to_float32(model):
     import mlx.core as mx
     import mlx.nn as nn
     from mlx.utils import tree_flatten, tree_map, tree_map_with_path
+
+    for path, m in model.named_modules():
+        if is_quantized(m) and not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+            if not hasattr(m, "dequantized") and type(m).__name__ != "QuantizedSwitchLinear":
+                from ..errors import MlxinferError
+
+                raise MlxinferError(
+                    f"the float32 path cannot dequantize {path} ({type(m).__name__}); use compute_dtype='bfloat16'",
+                    "compute_dtype",
+                )
 
     def convert(_path, m):
         if isinstance(m, nn.QuantizedLinear):
@@ -133,6 +162,16 @@ def to_float32(model):
         if isinstance(m, nn.QuantizedEmbedding):
             new = nn.Embedding(1, 1)
             new.weight = dequantize_module(m)
+            return new
+        if is_quantized(m) and hasattr(m, "dequantized"):  # our stacked experts (moe.py)
+            return m.dequantized()
+        if is_quantized(m):  # mlx-lm's stacked experts
+            from mlx_lm.models.switch_layers import SwitchLinear
+
+            new = SwitchLinear(1, 1, 1, bias="bias" in m)
+            new.weight = dequantize_module(m)
+            if "bias" in m:
+                new.bias = m.bias.astype(mx.float32)
             return new
         return m
 
@@ -155,10 +194,14 @@ def to_float32(model):
 
 
 def apply(model, dtype: str):
-    """Apply a choose_compute_dtype result in place: float32 converts, bfloat16 leaves the weights as loaded."""
+    """Apply a choose_compute_dtype result in place: float32 converts, bfloat16 leaves the weights as loaded
+    (on the CPU, bf16 stacked experts excepted: see experts_to_float32_on_cpu)."""
     if dtype == "float32":
         return to_float32(model)
-    model.info = replace(model.info, compute_dtype="bfloat16", weights=weights_kind(model))
+    kind = weights_kind(model)
+    if experts_to_float32_on_cpu(model):
+        kind += " (stacked experts float32: MLX's CPU gather matmul computes only in float32)"
+    model.info = replace(model.info, compute_dtype="bfloat16", weights=kind)
     return model
 
 
@@ -183,11 +226,10 @@ def dequantize_module(m, dtype=None):
 
 def weights_kind(model) -> str:
     """How the model's weights are stored now: 'float32', 'bfloat16', '4-bit (scales float16)', ..."""
-    import mlx.nn as nn
     from mlx.utils import tree_flatten
 
     for _, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if is_quantized(module):
             return f"{module.bits}-bit quantized (activations {str(module.scales.dtype).split('.')[-1]})"
     dtypes = sorted({str(p.dtype).split(".")[-1] for _, p in tree_flatten(model.parameters())})
     return "/".join(dtypes)

@@ -9,9 +9,10 @@ from ..errors import MlxinferError
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig
 from ..tokenizer import load_tokenizer, tokenizer_from_gguf
-from . import compute
+from . import compute, mlx_lm_models
 from .info import ModelInfo
 from .model import Model
+from .moe import stack_experts
 from .weights import fill, quantize_like, read_gguf, read_safetensors, untie
 
 
@@ -22,7 +23,8 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto"):
     compute_dtype: "bfloat16" keeps the weights as stored (quantized stays quantized, like
     mlx_lm.load); "float32" dequantizes/upcasts them once so every matmul goes through BLAS;
     "auto" picks float32 on a CPU with a fast BLAS when it fits in memory (see compute.py).
-    The model's `info` (a ModelInfo) says where it came from, which definition runs it, its
+    The model's `info` (a ModelInfo) says where it came from, which definition runs it ("mlxinfer
+    qwen3", or "mlx-lm gemma3_text" for an architecture model.py does not define), its
     generation_config.json and how its weights are held.
     """
     compute.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
@@ -31,6 +33,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto"):
         raise MlxinferError(
             f"{src.path} is a config file alone; point at the model directory that holds it with its weights", "source"
         )
+    foreign = None  # mlx-lm's module for an architecture model.py does not define
     if src.kind == "gguf":
         header = gguf.read_header(src.path)
         cfg = gguf.config_from_header(header)
@@ -38,17 +41,27 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto"):
         tokenizer = tokenizer_from_gguf(header)
         generation_config = None
     else:
-        cfg = ModelConfig.from_file(src.path / "config.json")
+        cfg = ModelConfig.from_file(src.path / "config.json", undescribed=True)
+        if not (cfg.architecture and cfg.architecture.ours):  # an unknown type fails before any weight is read
+            foreign = mlx_lm_models.class_module(cfg, str(src.path / "config.json"))
         weights = read_safetensors(src.path)
         generation_config = read_generation_config(src.path)
+    if foreign is None:
+        if cfg.num_experts:
+            weights = stack_experts(weights, cfg)
+        cfg = untie(cfg, weights)
+        model = Model(cfg)
+        quantize_like(model, weights, cfg.quantization)
+        fill(model, weights, str(src.path))
+        model.info = ModelInfo(src.name, f"mlxinfer {cfg.model_type}", src, generation_config)
+    else:
+        model, cfg = mlx_lm_models.build(foreign, cfg, weights, str(src.path))
+        info = ModelInfo(src.name, mlx_lm_models.definition(foreign, cfg.model_type), src, generation_config)
+        mlx_lm_models.serve(model, cfg, info)
+    if src.kind != "gguf":  # after the weights are checked: a mismatch is named before any tokenizer error
         eos = (generation_config or {}).get("eos_token_id")
         tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
-    cfg = untie(cfg, weights)
-    model = Model(cfg)
-    quantize_like(model, weights, cfg.quantization)
-    fill(model, weights, str(src.path))
     check_vocabulary(model, tokenizer, src.name)
-    model.info = ModelInfo(src.name, f"mlxinfer {cfg.model_type}", src, generation_config)
     compute.apply(model, compute.choose_compute_dtype(compute_dtype, compute.float32_nbytes(model)))
     return model, tokenizer
 

@@ -1,8 +1,10 @@
 """The forward pass: token ids -> embedding lookup -> run_layers -> logits_from_hidden.
 
-One definition serves Llama (Llama 3.x, SmolLM2), Qwen2 (q/k/v biases) and Qwen3 (per-head
-q/k RMSNorm before RoPE). Module names are Hugging Face's (`model.layers.0.self_attn.q_proj`),
-as in the checkpoints and in mlx-lm, so weights load by name with no renaming.
+One definition serves Llama (Llama 3.x, SmolLM2), Qwen2 (q/k/v biases), Qwen3 (per-head
+q/k RMSNorm before RoPE) and Qwen3-MoE (Qwen3 with a mixture of experts for the MLP: moe.py).
+Every other architecture runs on mlx-lm's own class (mlx_lm_models.py). Module names are Hugging
+Face's (`model.layers.0.self_attn.q_proj`), as in the checkpoints and in mlx-lm, so weights load by
+name with no renaming.
 Shapes: B batch, L positions, D hidden size, H query heads, K key/value heads, E head size,
 V vocabulary.
 """
@@ -20,6 +22,7 @@ from ..cpu import kernels
 from ..formats.config import ModelConfig
 from .cache import KVCache
 from .info import ModelInfo
+from .moe import ROUTER_QUANTIZATION, SparseMoE
 
 
 class RoPE(nn.Module):
@@ -122,14 +125,15 @@ class MLP(nn.Module):
 
 
 class Block(nn.Module):
-    """h = h + attn(norm(h)), then h = h + mlp(norm(h)); the norms keep Hugging Face's names."""
+    """h = h + attn(norm(h)), then h = h + mlp(norm(h)); the norms keep Hugging Face's names.
+    In a mixture-of-experts layer the MLP is k of n expert MLPs, picked per token (moe.py)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, i: int):
         super().__init__()
         self.input_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
-        self.mlp = MLP(cfg)
+        self.mlp = SparseMoE(cfg) if i in cfg.moe_layers else MLP(cfg)
 
     def __call__(self, h: mx.array, mask, cache: KVCache | None) -> mx.array:
         h = h + self.self_attn(self.input_layernorm(h), mask, cache)
@@ -143,7 +147,7 @@ class Decoder(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
-        self.layers = [Block(cfg) for _ in range(cfg.num_hidden_layers)]
+        self.layers = [Block(cfg, i) for i in range(cfg.num_hidden_layers)]
         self.norm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
 
 
@@ -183,11 +187,16 @@ class Model(nn.Module):
         table = self.model.layers[0].self_attn.rope.make_table()  # every layer rotates alike: one table
         for layer in self.model.layers:
             layer.self_attn.rope.use_table(table)
-            layer.mlp.activation = kernels.swiglu
+            (layer.mlp.switch_mlp if isinstance(layer.mlp, SparseMoE) else layer.mlp).activation = kernels.swiglu
 
     @property
     def layers(self) -> list[Block]:
         return self.model.layers
+
+    @property
+    def quant_predicate(self):
+        """What `quantize` does beyond its policy, as mlx-lm's classes say it: routers stay at 8 bits."""
+        return lambda path, _module: ROUTER_QUANTIZATION if path.endswith("mlp.gate") else True
 
     def make_cache(self) -> list[KVCache]:
         return [KVCache() for _ in self.model.layers]

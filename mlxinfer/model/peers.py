@@ -14,7 +14,10 @@ from mlx.utils import tree_flatten
 
 
 def mlx_lm_twin(model) -> nn.Module:
-    """mlx-lm's Llama/Qwen2/Qwen3 model holding exactly our tensors (quantized modules alike)."""
+    """mlx-lm's Llama/Qwen2/Qwen3/Qwen3-MoE model holding exactly our tensors (quantized modules alike).
+    A model loaded through mlx-lm's own class (definition "mlx-lm ...") is its own twin."""
+    if not model.info.definition.startswith("mlxinfer "):
+        return model
     cfg = model.config
     arch = importlib.import_module(f"mlx_lm.models.{cfg.model_type}")
     args = arch.ModelArgs.from_dict(
