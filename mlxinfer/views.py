@@ -44,6 +44,7 @@ class CountReport(View):
     quantization: dict | None = None  # MLX config block or GGUF tensor types
     stored: dict | None = None  # what the safetensors / GGUF headers say
     notes: list[str] = field(default_factory=list)
+    ranks: dict | None = None  # --ranks N: memory per rank when the model is split across N (counting/split.py)
 
 
 # ----------------------------------------------------------------------------- one forward pass
