@@ -91,10 +91,12 @@ def unpacked_parameter_count(model) -> int:
     import mlx.nn as nn
     from mlx.utils import tree_flatten
 
+    from .shard import QUANTIZED as SHARDED_QUANTIZED
+
     total = 0
     quantized = set()
     for path, module in model.named_modules():
-        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        if isinstance(module, (nn.QuantizedLinear, nn.QuantizedEmbedding, *SHARDED_QUANTIZED)):
             w = module.weight
             total += w.shape[0] * (w.shape[1] * 32 // module.bits)
             quantized.add(path)
@@ -123,7 +125,11 @@ def to_float32(model):
     import mlx.nn as nn
     from mlx.utils import tree_flatten, tree_map, tree_map_with_path
 
+    from . import shard
+
     def convert(_path, m):
+        if isinstance(m, shard.QUANTIZED):  # a rank's slice of a split layer (model/shard.py)
+            return shard.float32_twin(m, dequantize_module(m))
         if isinstance(m, nn.QuantizedLinear):
             new = nn.Linear(1, 1, bias="bias" in m)
             new.weight = dequantize_module(m)
