@@ -94,6 +94,7 @@ class NextTokenTable(View):
     mass: list[float]  # probability the k rows hold, per temperature
     settings_note: str = ""  # with an explanation: where the sampler's settings came from
     explanation: Explanation | None = None
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
 
 
 # ----------------------------------------------------------------------------- generation
@@ -148,6 +149,7 @@ class Generation(View):
     tool: str | None = None
     grammar_seconds: dict | None = None  # token table build, schema compile, and per step: mask, wait for it
     mask_steps: list[dict] | None = None  # explain_mask: what the grammar allowed at each step
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
 
 
 # ----------------------------------------------------------------------------- experiments
@@ -176,6 +178,7 @@ class SampleReport(View):
     completions: list[Completion] = field(default_factory=list)
     tally: list[Tally] = field(default_factory=list)
     batch_size: int = 1
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -252,3 +255,4 @@ class SweepReport(View):
     batch_size: int
     cells: list[CellSummary] = field(default_factory=list)
     records: list[SweepRecord] = field(default_factory=list, repr=False)
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)

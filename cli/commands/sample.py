@@ -17,15 +17,18 @@ from cli.common import (
     ModelOption,
     OrderOption,
     PromptOption,
+    ShardModelOption,
     SystemOption,
     TempOption,
     ThinkingOption,
     TopKOption,
     TopPOption,
+    load_model,
     other_rank,
     print_json,
     progress_bar,
     sampling,
+    sharding_line,
 )
 
 
@@ -49,8 +52,12 @@ def sample(
     system: Optional[str] = SystemOption,
     json_out: bool = JsonOption,
     csv_out: bool = typer.Option(False, "--csv", help="Print seed,text rows as CSV."),
+    shard_model: bool = ShardModelOption,
 ):
-    """The lesson's seeded experiment: same scores every run, a different draw per seed."""
+    """The lesson's seeded experiment: same scores every run, a different draw per seed.
+
+    Under mlx.launch the seeds are shared among the ranks, or with --shard-model the model is split
+    across them (tensor parallelism) and every rank runs every seed."""
     import mlxinfer
     from mlxinfer.engine.experiments import check_batch_size, seed_list
     from mlxinfer.errors import MlxinferError
@@ -62,7 +69,7 @@ def sample(
     seed_ids = seed_list(seeds if seeds is not None else seed_range)
     check_batch_size(batch_size)
     settings = sampling(temp, top_p, top_k, min_p, order=order)
-    m, tok = mlxinfer.load(model, compute_dtype)
+    m, tok = load_model(model, compute_dtype, shard=shard_model)
     quiet = json_out or csv_out or len(seed_ids) == 1 or other_rank()
     bar, update = progress_bar(len(seed_ids), "sampling", enabled=not quiet)
     with bar:
@@ -99,6 +106,8 @@ def render(report) -> None:
     console = Console()
     console.print(f"[bold]{report.model}[/bold]  prompt: {len(report.prompt_ids)} tokens", highlight=False)
     console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
+    if report.sharding:
+        console.print(f"[dim]{sharding_line(report.sharding)}[/dim]", highlight=False)
     for c in report.completions:
         console.print(f"seed {c.seed:>4}: {c.text!r}", highlight=False)
     t = Table(title=f"{len(report.completions)} draws")

@@ -59,6 +59,7 @@ class GenerationStream:
                 self.note,
                 self.spec.seed,
                 step.finish_reason,
+                sharding=self.model.info.sharding,
             )
             if self.constraint is not None:
                 self.constraint.check(result, self.spec.mask)
