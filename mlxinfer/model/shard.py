@@ -59,6 +59,11 @@ def shard(model, group) -> dict:
 def shard_layers(model, group) -> split.SplitPlan:
     """Our Model: every layer cut by the plan for group.size() ranks, this rank's share evaluated."""
     cfg = model.config
+    if not all(hasattr(x.mlp, "down_proj") for x in model.layers):
+        raise MlxinferError(
+            f"{model.info.definition}: its MLP (a mixture of experts) has no tensor-parallel split yet; "
+            "run it on one rank"
+        )
     groups = {  # the quantization group sizes of the matrices cut by columns, over every layer
         "o_proj": math.lcm(*(getattr(x.self_attn.o_proj, "group_size", 1) for x in model.layers)),
         "down_proj": math.lcm(*(getattr(x.mlp.down_proj, "group_size", 1) for x in model.layers)),
@@ -91,7 +96,7 @@ def _cut(a: mx.array, start: int, stop: int, axis: int) -> mx.array:
 def rows(layer: nn.Module, span: tuple[int, int], group) -> nn.Module:
     """All-to-sharded: the output rows [start, stop) of a Linear or QuantizedLinear (and its bias)."""
     a, b = span
-    bias = layer["bias"][a:b] if "bias" in layer else None
+    bias = _cut(layer["bias"], a, b, 0) if "bias" in layer else None
     if isinstance(layer, nn.QuantizedLinear):
         parts = {k: _cut(layer[k], a, b, 0) for k in ("weight", "scales", "biases") if k in layer}
         return _build(QuantizedAllToShardedLinear, group, parts, bias, layer)
