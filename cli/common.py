@@ -100,6 +100,44 @@ def progress_bar(total: int, description: str, enabled: bool = True):
     return progress, update
 
 
+ShardModelOption = typer.Option(
+    False,
+    "--shard-model",
+    help="Under mlx.launch: split the model across the ranks (for a model too big for one) and run "
+    "every seed on all of them, instead of sharing the seeds out.",
+)
+
+
+def load_model(model, compute_dtype: str, shard: bool = True):
+    """mlxinfer.load; under mlx.launch with several ranks (and `shard`) the model is split across them."""
+    import mlxinfer
+    from mlxinfer.engine.ranks import group
+
+    ranks = group() if shard else None
+    return mlxinfer.load(model, compute_dtype, group=ranks if ranks is not None and ranks.size() > 1 else None)
+
+
+def sharding_line(sharding: dict | None) -> str:
+    """How the model is split, in one line ('' on one process)."""
+    if not sharding:
+        return ""
+
+    def span(name: str, r: dict) -> str:
+        a, b = r[name]
+        return f"{a}" if b - a == 1 else f"{a}-{b - 1}"
+
+    parts = []
+    for r in sharding["shares"]:
+        where = (
+            f"query heads {span('q_heads', r)} (KV {span('kv_heads', r)}), MLP {span('mlp_columns', r)}, "
+            if "q_heads" in r
+            else ""
+        )
+        parts.append(f"rank {r['rank']}: {where}{r['weight_bytes'] / 1e6:,.1f} MB")
+    whole = sharding["one_process_weight_bytes"] / 1e6
+    return f"split across {sharding['ranks']} ranks: " + "; ".join(parts) + f" (one process: {whole:,.1f} MB)"
+
+
 def other_rank() -> bool:
     """True on ranks 1.. under mlx.launch: rank 0 prints for every rank, the others stay quiet."""
     from mlxinfer.engine.ranks import group

@@ -41,6 +41,7 @@ FLAGS = {
     "tool": "--tool",
     "explain_mask": "--explain-mask",
     "context": "--context",
+    "ranks": "--ranks",
     "answer_tokens": "--answer-tokens",
     "flops": "--flops",
     "bandwidth": "--bandwidth",

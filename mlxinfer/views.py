@@ -45,6 +45,7 @@ class CountReport(View):
     stored: dict | None = None  # what the safetensors / GGUF headers say
     notes: list[str] = field(default_factory=list)
     experts: dict | None = None  # a mixture of experts: all stored, k of n active per token
+    ranks: dict | None = None  # --ranks N: memory per rank when the model is split across N (counting/split.py)
 
 
 # ----------------------------------------------------------------------------- one forward pass
@@ -105,6 +106,7 @@ class NextTokenTable(View):
     explanation: Explanation | None = None
     definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
     routing: list[ExpertChoice] | None = None  # with an explanation, for our mixture-of-experts definition
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
 
 
 # ----------------------------------------------------------------------------- generation
@@ -160,6 +162,7 @@ class Generation(View):
     grammar_seconds: dict | None = None  # token table build, schema compile, and per step: mask, wait for it
     mask_steps: list[dict] | None = None  # explain_mask: what the grammar allowed at each step
     definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
 
 
 # ----------------------------------------------------------------------------- experiments
@@ -191,6 +194,7 @@ class SampleReport(View):
     tally: list[Tally] = field(default_factory=list)
     batch_size: int = 1
     definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -267,3 +271,4 @@ class SweepReport(View):
     batch_size: int
     cells: list[CellSummary] = field(default_factory=list)
     records: list[SweepRecord] = field(default_factory=list, repr=False)
+    sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)

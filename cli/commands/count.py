@@ -33,11 +33,18 @@ def count_command(
     bandwidth: Optional[str] = typer.Option(
         None, "--bandwidth", help=f"Memory bandwidth, bytes per second: 3.35TB/s (H100), 400GB/s. {RATE_HELP}"
     ),
+    ranks: Optional[int] = typer.Option(
+        None,
+        "--ranks",
+        help="Memory per rank when the model is split across N ranks (mlx.launch -n N): weights, and the "
+        "KV cache at --context tokens (default: the model's whole context).",
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Count parameters, bytes and operations per token from config.json; check them against the files.
 
     Example: mlxinfer count Qwen/Qwen3-0.6B --context 12060 --answer-tokens 300 --flops 989T --bandwidth 3.35TB/s
+    Before buying a second Mac: mlxinfer count MODEL --ranks 2 --context 32768
     """
     import mlxinfer
     from mlxinfer.errors import MlxinferError
@@ -47,7 +54,12 @@ def count_command(
     if model:
         flags.use(source="MODEL")
     report = mlxinfer.count(
-        model or model_option, context=context, answer_tokens=answer_tokens, flops=flops, bandwidth=bandwidth
+        model or model_option,
+        context=context,
+        answer_tokens=answer_tokens,
+        flops=flops,
+        bandwidth=bandwidth,
+        ranks=ranks,
     )
     if as_json:
         print_json(report.to_dict())
@@ -91,7 +103,7 @@ def render(r) -> str:
         ],
     )
     out += _experts(r) + _operations(r)
-    out += _hardware(r) + _quantization(r) + _stored(r)
+    out += _hardware(r) + _quantization(r) + _stored(r) + _ranks(r)
     if r.notes:
         out += [""] + [_wrap(f"note: {n}") for n in r.notes]
     return "\n".join(out)
@@ -318,6 +330,34 @@ def _stored(r) -> list[str]:
             (0, "difference (the header)", "", _n(s["header_bytes"]), "bytes"),
         ]
     return _section("As stored", rows) + [_wrap(f"- {n}") for n in s["notes"]]
+
+
+def _ranks(r) -> list[str]:
+    x = r.ranks
+    if not x:
+        return []
+    one, c = x["one_process"], x["communication"]
+    rows = []
+    for s in x["per_rank"]:
+        (qa, qb), (ka, kb), (ma, mb) = s["q_heads"], s["kv_heads"], s["mlp_columns"]
+        rows += [
+            (0, f"rank {s['rank']}", f"{qb - qa} query heads, {kb - ka} KV, {mb - ma:,} MLP columns", "", ""),
+            (1, "weights", "", _n(s["weight_bytes"]), _gb(s["weight_bytes"])),
+            (1, f"KV cache at {x['context']:,} tokens", "", _n(s["kv_cache_bytes"]), _gb(s["kv_cache_bytes"])),
+            (1, "total", "", _n(s["total_bytes"]), _gb(s["total_bytes"])),
+        ]
+    rows += [
+        (0, "one process, for comparison", "weights + KV cache", _n(one["total_bytes"]), _gb(one["total_bytes"])),
+        (0, "held whole on every rank", "embedding, output table, norms", _n(x["replicated_bytes"]), "bytes"),
+        (
+            0,
+            "communication per token",
+            f"{c['all_sums_per_token']} all_sums of {c['values_per_all_sum']:,} values",
+            _n(c["bytes_summed_per_token"]),
+            f"bytes; a ring sends {c['bytes_sent_per_rank_per_token']:,} per rank",
+        ),
+    ]
+    return _section(f"Split across {x['ranks']} ranks (tensor parallel)", rows)
 
 
 # ---- layout ----------------------------------------------------------------------------------------------

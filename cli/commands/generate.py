@@ -25,8 +25,11 @@ from cli.common import (
     ThinkingOption,
     TopKOption,
     TopPOption,
+    load_model,
+    other_rank,
     print_json,
     sampling,
+    sharding_line,
 )
 
 
@@ -72,13 +75,16 @@ def generate(
     With --json-schema or --tool a grammar mask sets every token that would break the schema to
     -inf before the draw: the output is compact JSON of the schema's shape; the values are the
     model's choice. If --max-tokens cuts it, the JSON is not valid: a warning and exit code 1.
+
+    Under mlx.launch the model is split across the ranks (tensor parallelism); rank 0 prints.
     """
     import mlxinfer
     from mlxinfer.engine.schema import Constraint
 
     settings = sampling(temp, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, order)
     Constraint.read(json_schema, tool, explain_mask)  # a bad schema fails before the model loads
-    m, tok = mlxinfer.load(model, compute_dtype)
+    m, tok = load_model(model, compute_dtype)
+    quiet = other_rank()  # under mlx.launch rank 0 prints for every rank
     stream = mlxinfer.stream_generate(
         m,
         tok,
@@ -94,13 +100,17 @@ def generate(
         thinking=thinking,
         explain_mask=explain_mask,
     )
-    if not json_out:
+    if not json_out and not quiet:
         print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
+        if m.info.sharding:
+            print(sharding_line(m.info.sharding), file=sys.stderr)
     for step in stream:
-        if not json_out:
+        if not json_out and not quiet:
             sys.stdout.write(step.text)
             sys.stdout.flush()
     result = stream.result
+    if quiet:
+        raise typer.Exit(1 if result.valid is False else 0)
     if json_out:
         print_json(result.to_dict())
     else:

@@ -17,15 +17,18 @@ from cli.common import (
     ModelOption,
     OrderOption,
     PromptOption,
+    ShardModelOption,
     SystemOption,
     TempOption,
     ThinkingOption,
     TopKOption,
     TopPOption,
+    load_model,
     other_rank,
     print_json,
     progress_bar,
     sampling,
+    sharding_line,
 )
 
 
@@ -55,8 +58,12 @@ def sample(
     ),
     json_out: bool = JsonOption,
     csv_out: bool = typer.Option(False, "--csv", help="Print seed,text rows as CSV."),
+    shard_model: bool = ShardModelOption,
 ):
-    """The lesson's seeded experiment: same scores every run, a different draw per seed."""
+    """The lesson's seeded experiment: same scores every run, a different draw per seed.
+
+    Under mlx.launch the seeds are shared among the ranks, or with --shard-model the model is split
+    across them (tensor parallelism) and every rank runs every seed."""
     import mlxinfer
     from mlxinfer.engine.experiments import check_batch_size, seed_list
     from mlxinfer.engine.schema import Constraint
@@ -70,7 +77,7 @@ def sample(
     check_batch_size(batch_size)
     settings = sampling(temp, top_p, top_k, min_p, order=order)
     Constraint.read(json_schema, tool)  # a bad schema fails before the model loads
-    m, tok = mlxinfer.load(model, compute_dtype)
+    m, tok = load_model(model, compute_dtype, shard=shard_model)
     quiet = json_out or csv_out or len(seed_ids) == 1 or other_rank()
     bar, update = progress_bar(len(seed_ids), "sampling", enabled=not quiet)
     with bar:
@@ -111,6 +118,8 @@ def render(report) -> None:
         f"[bold]{report.model}[/bold] on {report.definition}  prompt: {len(report.prompt_ids)} tokens", highlight=False
     )
     console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
+    if report.sharding:
+        console.print(f"[dim]{sharding_line(report.sharding)}[/dim]", highlight=False)
     for c in report.completions:
         mark = "" if c.valid is None else ("  (valid)" if c.valid else "  (cut: not valid JSON)")
         console.print(f"seed {c.seed:>4}: {c.text!r}{mark}", highlight=False)

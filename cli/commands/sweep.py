@@ -12,12 +12,15 @@ from cli.common import (
     ComputeOption,
     JsonOption,
     ModelOption,
+    ShardModelOption,
     SystemOption,
     ThinkingOption,
+    load_model,
     parse_numbers,
     print_json,
     other_rank,
     progress_bar,
+    sharding_line,
 )
 
 
@@ -45,9 +48,11 @@ def sweep(
     thinking: bool = ThinkingOption,
     system: Optional[str] = SystemOption,
     json_out: bool = JsonOption,
+    shard_model: bool = ShardModelOption,
 ):
     """Draw one completion per prompt, setting and seed; tally each cell's answers against the model's
-    own probability of their first token. Under mlx.launch the seeds are shared among the ranks."""
+    own probability of their first token. Under mlx.launch the seeds are shared among the ranks, or
+    with --shard-model the model is split across them and rank 0 writes --out."""
     import mlxinfer
     from mlxinfer.engine.sweep import prompts_from_file, settings_grid
     from mlxinfer.errors import MlxinferError
@@ -67,7 +72,7 @@ def sweep(
     )
     for cell in grid:
         mlxinfer.settings.user_settings(cell)  # bad values fail before the model loads
-    m, tok = mlxinfer.load(model, compute_dtype)
+    m, tok = load_model(model, compute_dtype, shard=shard_model)
     quiet = json_out or other_rank()
     bar, update = progress_bar(1, "sweeping", enabled=not quiet)
     try:
@@ -111,6 +116,8 @@ def render(report) -> None:
         f"{report.batch_size}, {report.tokens_per_s:.1f} tok/s)",
         highlight=False,
     )
+    if report.sharding:
+        console.print(f"[dim]{sharding_line(report.sharding)}[/dim]", highlight=False)
     for cell in report.cells:
         settings = ", ".join(f"{k} {cell.settings[k]}" for k in ("temperature", "top_p", "top_k", "min_p"))
         test = (

@@ -19,9 +19,12 @@ from cli.common import (
     ThinkingOption,
     TopKOption,
     TopPOption,
+    load_model,
+    other_rank,
     parse_numbers,
     print_json,
     sampling,
+    sharding_line,
 )
 
 
@@ -49,13 +52,15 @@ def topk(
     ),
     json_out: bool = JsonOption,
 ):
-    """Score every vocabulary token for the next position; show the top k with probabilities."""
+    """Score every vocabulary token for the next position; show the top k with probabilities.
+
+    Under mlx.launch the model is split across the ranks (tensor parallelism); rank 0 prints."""
     import mlxinfer
     from mlxinfer.settings import check_temperature
 
     temperatures = [check_temperature(t, "temperatures") for t in parse_numbers(temps, "--temps")]
     settings = sampling(temp, top_p, top_k, min_p, order=order)
-    m, tok = mlxinfer.load(model, compute_dtype)
+    m, tok = load_model(model, compute_dtype)
     table = mlxinfer.next_token_table(
         m,
         tok,
@@ -68,6 +73,8 @@ def topk(
         thinking=thinking,
         system=system,
     )
+    if other_rank():
+        return  # under mlx.launch rank 0 prints for every rank
     if json_out:
         print_json(table.to_dict())
     else:
@@ -81,6 +88,8 @@ def render(table) -> None:
     console = Console()
     console.print(f"[bold]{table.model}[/bold]  prompt: {len(table.prompt_ids)} tokens", highlight=False)
     console.print(f"scores in one pass of {table.definition}: {table.n_scores:,}", highlight=False)
+    if table.sharding:
+        console.print(f"[dim]{sharding_line(table.sharding)}[/dim]", highlight=False)
     t = Table(show_footer=True)
     t.add_column("#", justify="right", footer="")
     t.add_column("token", footer="top rows hold")

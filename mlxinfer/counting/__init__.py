@@ -20,6 +20,7 @@ from ..views import CountReport
 from .headers import header_weights, no_formula
 from .layout import NUMBERS, Weight, model_weights, stacked_name
 from .stored import stored_gguf, stored_safetensors
+from . import split
 
 
 def count(
@@ -28,8 +29,12 @@ def count(
     answer_tokens: int | None = None,
     flops: float | str | None = None,
     bandwidth: float | str | None = None,
+    ranks: int | None = None,
 ) -> CountReport:
-    """Count a model from its config (local dir, config .json, .gguf, hub repo id, or None: the embedded GGUF)."""
+    """Count a model from its config (local dir, config .json, .gguf, hub repo id, or None: the embedded GGUF).
+
+    ranks: also the memory each of N ranks holds when the model is split across them (weights, and the
+    KV cache at `context` tokens or the model's whole context); see counting/split.py."""
     for name, v in (("context", context), ("answer_tokens", answer_tokens)):
         if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
             raise MlxinferError(f"{name} must be a whole number of tokens, 1 or more; got {v!r}", name)
@@ -68,7 +73,44 @@ def count(
             predicted = (r.quantization or {}).get("bytes", r.bytes)
             r.stored = stored_safetensors(files, cfg, [w.name for w in weights], r.total, predicted)
     _work(r, cfg, weights, context, answer_tokens, flops, bandwidth)
+    if ranks is not None:
+        r.ranks = _per_rank(cfg, ranks, weights, files, header, context or cfg.max_position_embeddings, r)
     return r
+
+
+def _per_rank(cfg, ranks, weights, files, header, context, r) -> dict:
+    """Each rank's share of the stored tensors (the files' tables when there are files, else the config's
+    tensors at the config's quantization) and of the KV cache."""
+    if not (cfg.architecture and cfg.architecture.ours) or cfg.num_experts:
+        raise MlxinferError(
+            f"ranks: the split across ranks is worked out for mlxinfer's dense definitions (llama, qwen2, qwen3), "
+            f"not {cfg.model_type}; leave ranks out",
+            "ranks",
+        )
+    plan = split.plan(cfg, ranks, split.column_groups(cfg, files, header))
+    if header is not None:
+        tensors = [(t.name, t.nbytes) for t in header.tensors]
+    elif files:
+        tied = cfg.tie_word_embeddings
+        tensors = [
+            (t["name"], t["bytes"])
+            for f in files
+            for t in f["tensors"]
+            if not (tied and t["name"].startswith("lm_head."))
+        ]
+    else:
+        tensors = [(w.name, _stored_bytes(cfg, w)) for w in weights]
+    return split.per_rank(cfg, plan, tensors, r.bytes_per_parameter, context)
+
+
+def _stored_bytes(cfg: ModelConfig, w: Weight) -> int:
+    """One tensor's bytes at the config's dtype and quantization (packed bits, a scale and a bias per group)."""
+    fb = KNOWN_DTYPES[cfg.dtype]
+    s = _quant_setting(cfg.quantization, w.name.removesuffix(".weight"), w.shape[-1]) if cfg.quantization else None
+    if s is None or len(w.shape) != 2:
+        return w.params * fb
+    bits, group, mode = s
+    return w.params * bits // 8 + w.params // group * (2 * fb if mode == "affine" else 1)
 
 
 def _open(source) -> tuple[str, str, ModelConfig, list[dict] | None, gguf.GGUFHeader | None, list[str]]:

@@ -94,8 +94,8 @@ def sample(
     resolved, note = resolve_settings(settings, model.info.generation_config)
     ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
     check_context(model, len(ids), max_tokens)
-    group = ranks.group()
-    mine = ranks.share(seed_ids, group)  # under mlx.launch each rank draws every N-th seed
+    group = ranks.seed_group(model)
+    mine = ranks.share(seed_ids, group)  # under mlx.launch each rank draws every N-th seed (all: a split model)
     vocab = model.config.vocab_size
     specs = [RowSpec(seed, resolved, max_tokens, constraint and constraint.mask(tokenizer, vocab)) for seed in mine]
     texts: list[list[str]] = [[] for _ in specs]
@@ -127,6 +127,7 @@ def sample(
         completions,
         batch_size=size,
         definition=model.info.definition,
+        sharding=model.info.sharding,
     )
     report.tally = tally(report.completions)
     return report

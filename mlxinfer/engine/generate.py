@@ -60,6 +60,7 @@ class GenerationStream:
                 self.spec.seed,
                 step.finish_reason,
                 definition=self.model.info.definition,
+                sharding=self.model.info.sharding,
             )
             if self.constraint is not None:
                 self.constraint.check(result, self.spec.mask)

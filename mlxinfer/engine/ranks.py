@@ -1,6 +1,9 @@
 """Several processes on MLX's own distributed layer (`mx.distributed`, started by `mlx.launch`):
-the group this process belongs to, and the two collectives the experiments need. Outside
-mlx.launch the group has one rank and these cost nothing."""
+the group this process belongs to, and the collectives the experiments need. Outside
+mlx.launch the group has one rank and these cost nothing.
+
+Ranks either share out the seeds (each runs the whole model) or, when the model is split across
+them (`load(..., group=...)`, `--shard-model`), run every seed together: `seed_group` says which."""
 
 from __future__ import annotations
 
@@ -10,8 +13,43 @@ import mlx.core as mx
 
 
 def group():
-    """This process's group (a single rank when not launched by mlx.launch)."""
-    return mx.distributed.init()
+    """This process's group (a single rank when not launched by mlx.launch); a rank that cannot reach
+    the others gives up with one line (model/distributed.py)."""
+    from ..model.distributed import connect
+
+    return connect()
+
+
+class _Alone:
+    """A group of one: what the seeds see when every rank runs all of them."""
+
+    def rank(self) -> int:
+        return 0
+
+    def size(self) -> int:
+        return 1
+
+
+def seed_group(model):
+    """The ranks the seeds are shared among: all of them, unless the model is split across them,
+    when every rank takes part in every forward pass and so runs every seed."""
+    return _Alone() if getattr(model.info, "sharding", None) else group()
+
+
+def from_rank0(rows: list, group, failure: Exception | None = None) -> list:
+    """Rank 0's JSON-able rows, on every rank. If rank 0 failed (`failure`, an MlxinferError), every
+    rank raises its message, so that none waits for a rank that stopped."""
+    from ..errors import MlxinferError
+
+    if group.size() > 1:
+        mine = {"rows": rows, "error": None if failure is None else [str(failure), *failure.params]}
+        sent = gather([mine] if group.rank() == 0 else [], group)[0]
+        if sent["error"] is not None and failure is None:
+            failure = MlxinferError(*sent["error"])
+        rows = sent["rows"]
+    if failure is not None:
+        raise failure
+    return list(rows)
 
 
 def share(items: list, group) -> list:

@@ -10,7 +10,9 @@ Under `mlx.launch` (MLX's own distributed layer: ring over TCP, MPI, JACCL) each
 deterministic share of every cell's seeds (the k-th seed of a cell goes to rank k mod N), keeps
 its own part file for resuming, and rank 0 gathers the records over `mx.distributed` into the one
 results file and summary. One process or N give the same completions where a row's draws do not
-depend on its batch (the weights as stored, on the CPU; see experiments.py).
+depend on its batch (the weights as stored, on the CPU; see experiments.py). When the model is
+split across the ranks instead (`load(..., group=...)`), every rank runs every seed in step and
+rank 0 alone keeps the results file.
 """
 
 from __future__ import annotations
@@ -138,16 +140,26 @@ def sweep(
         "system": system,
         "thinking": thinking,
     }
-    group = rank_group.group()
+    group = rank_group.seed_group(model)
     rank, ranks = group.rank(), group.size()
+    everyone = rank_group.group()
+    split = model.info.sharding is not None  # the model is split across the ranks: all run every seed
+    lead = not split or everyone.rank() == 0  # ... and rank 0 alone keeps the results file
 
     done: dict = {}
     if ranks > 1 and out is not None and resume and Path(out).expanduser().is_file():
         done.update(results.ResultsFile(out, header, resume=True).done)  # what an earlier run merged
-    part = None
-    if out is not None:
-        part = results.ResultsFile(out if ranks == 1 else f"{out}.rank{rank}of{ranks}", header, resume)
-        done.update(part.done)
+    part, failure = None, None
+    try:
+        if out is not None and lead:
+            part = results.ResultsFile(out if ranks == 1 else f"{out}.rank{rank}of{ranks}", header, resume)
+            done.update(part.done)
+    except MlxinferError as e:
+        if not split:
+            raise
+        failure = e
+    if split:  # rank 0's file decides which seeds are left, for every rank
+        done = {results.record_key(r): r for r in rank_group.from_rank0(list(done.values()), everyone, failure)}
 
     pending = [
         (p, s, seed)
@@ -200,7 +212,7 @@ def sweep(
         model.info.name,
         model.info.definition,
         None if out is None else str(out),
-        ranks,
+        everyone.size() if split else ranks,
         len(merged),
         counts[0],
         len(merged) - counts[0],
@@ -209,6 +221,7 @@ def sweep(
         counts[1] / max(seconds, 1e-9),
         size,
         records=[SweepRecord(**r) for r in merged],
+        sharding=model.info.sharding,
     )
     report.cells = summarize(merged, texts, [s.to_dict() for s in resolved], lambda t: tokenizer.decode([t]))
     return report

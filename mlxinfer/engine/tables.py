@@ -121,6 +121,7 @@ def next_token_table(
     table = table_from_scores(scores, temperatures, k, decode)
     table.model, table.prompt, table.prompt_ids = model.info.name, prompt if isinstance(prompt, str) else "", ids
     table.definition = model.info.definition
+    table.sharding = model.info.sharding
     if resolved is not None:
         table.explanation = explain(scores, resolved[0], k, decode)
         table.settings_note = resolved[1]

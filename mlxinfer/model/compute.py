@@ -142,8 +142,11 @@ def to_float32(model):
     import mlx.nn as nn
     from mlx.utils import tree_flatten, tree_map, tree_map_with_path
 
+    from . import shard
+
     for path, m in model.named_modules():
-        if is_quantized(m) and not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)):
+        quantized = (nn.QuantizedLinear, nn.QuantizedEmbedding, *shard.QUANTIZED)
+        if is_quantized(m) and not isinstance(m, quantized):
             if not hasattr(m, "dequantized") and type(m).__name__ != "QuantizedSwitchLinear":
                 from ..errors import MlxinferError
 
@@ -153,6 +156,8 @@ def to_float32(model):
                 )
 
     def convert(_path, m):
+        if isinstance(m, shard.QUANTIZED):  # a rank's slice of a split layer (model/shard.py)
+            return shard.float32_twin(m, dequantize_module(m))
         if isinstance(m, nn.QuantizedLinear):
             new = nn.Linear(1, 1, bias="bias" in m)
             new.weight = dequantize_module(m)

@@ -18,6 +18,7 @@ class ModelInfo:
     compute_dtype: str = "bfloat16"  # "float32" (dequantized for BLAS) or "bfloat16" (weights as stored)
     weights: str = ""  # how they are held now: "4-bit quantized (activations float16)", "float32"
     cpu_kernels: bool = False  # the float32 CPU path's RoPE table and polynomial exp
+    sharding: dict | None = None  # split across ranks (model/distributed.py): the plan, each rank's bytes
 
     @classmethod
     def unnamed(cls, definition: str) -> "ModelInfo":

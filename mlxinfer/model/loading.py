@@ -9,14 +9,14 @@ from ..errors import MlxinferError
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig
 from ..tokenizer import load_tokenizer, tokenizer_from_gguf
-from . import compute, mlx_lm_models
+from . import compute, distributed, mlx_lm_models
 from .info import ModelInfo
 from .model import Model
 from .moe import stack_experts
 from .weights import fill, quantize_like, read_gguf, read_safetensors, untie
 
 
-def load(source: str | Path | None = None, compute_dtype: str = "auto"):
+def load(source: str | Path | None = None, compute_dtype: str = "auto", group=None):
     """Load a model and its tokenizer: a local directory, a .gguf, a hub repo id, or None (or
     "embedded") for the embedded model.
 
@@ -26,8 +26,15 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto"):
     The model's `info` (a ModelInfo) says where it came from, which definition runs it ("mlxinfer
     qwen3", or "mlx-lm gemma3_text" for an architecture model.py does not define), its
     generation_config.json and how its weights are held.
+
+    group: an `mx.distributed` group of several ranks (under mlx.launch) to split the model across
+    by tensor parallelism; each rank keeps its share (model/distributed.py, model/shard.py) and
+    `info.sharding` says how. None or a single rank: the whole model.
     """
     compute.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
+    sharded = group is not None and group.size() > 1
+    if sharded:  # the same model on every rank, and a split that works, before any weight is read
+        distributed.preflight(source, group)
     src = sources.resolve(source)
     if src.kind == "config":
         raise MlxinferError(
@@ -52,16 +59,19 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto"):
         cfg = untie(cfg, weights)
         model = Model(cfg)
         quantize_like(model, weights, cfg.quantization)
-        fill(model, weights, str(src.path))
+        fill(model, weights, str(src.path), evaluate=not sharded)
         model.info = ModelInfo(src.name, f"mlxinfer {cfg.model_type}", src, generation_config)
     else:
-        model, cfg = mlx_lm_models.build(foreign, cfg, weights, str(src.path))
+        model, cfg = mlx_lm_models.build(foreign, cfg, weights, str(src.path), evaluate=not sharded)
         info = ModelInfo(src.name, mlx_lm_models.definition(foreign, cfg.model_type), src, generation_config)
         mlx_lm_models.serve(model, cfg, info)
     if src.kind != "gguf":  # after the weights are checked: a mismatch is named before any tokenizer error
         eos = (generation_config or {}).get("eos_token_id")
         tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
     check_vocabulary(model, tokenizer, src.name)
+    if sharded:
+        weights.clear()  # the model holds the only references: a full tensor is freed once sliced
+        return distributed.finish(model, group, compute_dtype), tokenizer
     compute.apply(model, compute.choose_compute_dtype(compute_dtype, compute.float32_nbytes(model)))
     return model, tokenizer
 

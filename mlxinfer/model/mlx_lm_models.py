@@ -71,8 +71,9 @@ def definition(module: ModuleType, model_type: str) -> str:
     return f"mlx-lm {name}" + ("" if name == model_type else f" ({model_type})")
 
 
-def build(module: ModuleType, cfg: ModelConfig, weights: dict[str, mx.array], where: str):
-    """(mlx-lm's model holding `weights`, evaluated, and the config it runs with)."""
+def build(module: ModuleType, cfg: ModelConfig, weights: dict[str, mx.array], where: str, evaluate: bool = True):
+    """(mlx-lm's model holding `weights`, evaluated unless `evaluate` is False (a model to be split
+    across ranks stays lazy until each rank has cut its share), and the config it runs with)."""
     name = module.__name__.rpartition(".")[2]
     try:
         args = module.ModelArgs.from_dict(cfg.raw)
@@ -99,7 +100,7 @@ def build(module: ModuleType, cfg: ModelConfig, weights: dict[str, mx.array], wh
                 "source",
             ) from None
     quantize_like(model, weights, cfg.quantization)
-    fill(model, weights, where)
+    fill(model, weights, where, evaluate=evaluate)
     model.eval()
     return model, _served_config(cfg, args, model)
 

@@ -189,6 +189,13 @@ class Model(nn.Module):
             layer.self_attn.rope.use_table(table)
             (layer.mlp.switch_mlp if isinstance(layer.mlp, SparseMoE) else layer.mlp).activation = kernels.swiglu
 
+    def shard(self, group=None):
+        """Tensor parallelism across `group`'s ranks, in place (model/shard.py): this rank keeps its
+        query heads with their KV heads and its MLP columns; mlx-lm's models have the same method."""
+        from .shard import shard_layers
+
+        return shard_layers(self, group or mx.distributed.init())
+
     @property
     def layers(self) -> list[Block]:
         return self.model.layers

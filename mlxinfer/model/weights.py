@@ -137,8 +137,9 @@ def quantize_like(model: nn.Module, weights: dict[str, mx.array], block: dict | 
     nn.quantize(model, class_predicate=predicate)
 
 
-def fill(model: nn.Module, weights: dict[str, mx.array], where: str) -> None:
-    """Load `weights` into `model`, every tensor present and of the shape the config implies; evaluated."""
+def fill(model: nn.Module, weights: dict[str, mx.array], where: str, evaluate: bool = True) -> None:
+    """Load `weights` into `model`, every tensor present and of the shape the config implies; evaluated
+    unless `evaluate=False` (a sharded load slices the lazy tensors first and reads only its share)."""
     expected = dict(tree_flatten(model.parameters()))
     missing = sorted(set(expected) - set(weights))
     if missing:
@@ -160,7 +161,8 @@ def fill(model: nn.Module, weights: dict[str, mx.array], where: str) -> None:
                 "source",
             )
     model.load_weights(list(weights.items()), strict=True)
-    mx.eval(model.parameters())
+    if evaluate:
+        mx.eval(model.parameters())
 
 
 def untie(cfg: ModelConfig, weights: dict[str, mx.array]) -> ModelConfig:
