@@ -36,6 +36,7 @@ CONTROL, USER_DEFINED = 3, 4
 
 def _quiet_transformers() -> None:
     """transformers warns about lengths we check ourselves (against the model's context)."""
+    import mlx_lm  # noqa: F401  (first: it turns off transformers' "PyTorch was not found" advice on stderr)
     from transformers.utils import logging
 
     logging.set_verbosity_error()
@@ -51,29 +52,53 @@ def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
         raise MlxinferError(f"no tokenizer files in {directory}; add tokenizer.json (and tokenizer_config.json)")
     try:
         return mlx_lm_load_tokenizer(directory, {"trust_remote_code": False}, eos_token_ids=eos_token_ids)
-    except (OSError, ValueError) as e:
-        raise MlxinferError(f"the tokenizer in {directory} could not be loaded ({str(e).splitlines()[0]})") from None
+    except Exception as e:  # transformers/tokenizers parsing the checkpoint's files: their problem, one line
+        raise MlxinferError(f"the tokenizer in {directory} could not be loaded ({_first_line(e)})") from None
 
 
 def tokenizer_from_gguf(header: GGUFHeader):
     """Rebuild the tokenizer stored in a GGUF file's metadata (BPE vocabularies of the gpt2 kind)."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     _quiet_transformers()
 
     m = header.metadata
     kind, pre = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.pre", "default")
     if kind != "gpt2":
-        raise MlxinferError(f"{header.path}: GGUF tokenizer model '{kind}' is not supported (only BPE 'gpt2')")
-    if pre not in _PRE:
         raise MlxinferError(
-            f"{header.path}: GGUF pre-tokenizer '{pre}' is not supported; supported: {', '.join(sorted(_PRE))}"
+            f"{header.path}: GGUF tokenizer model {str(kind)[:40]!r} is not supported (only BPE 'gpt2')"
         )
-    tokens = m["tokenizer.ggml.tokens"]
-    types = m.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    merges = [tuple(line.split(" ", 1)) for line in m.get("tokenizer.ggml.merges", [])]
+    if not isinstance(pre, str) or pre not in _PRE:
+        raise MlxinferError(
+            f"{header.path}: GGUF pre-tokenizer {str(pre)[:40]!r} is not supported; "
+            f"supported: {', '.join(sorted(_PRE))}"
+        )
+    tokens = m.get("tokenizer.ggml.tokens")
+    types = m.get("tokenizer.ggml.token_type", [1] * len(tokens) if isinstance(tokens, list) else None)
+    merges = m.get("tokenizer.ggml.merges", [])
+    template = m.get("tokenizer.chat_template")
+    broken = (
+        "the vocabulary (tokenizer.ggml.tokens)"
+        if not _all(tokens, str) or not tokens
+        else "tokenizer.ggml.token_type"
+        if not _all(types, int)
+        else "tokenizer.ggml.merges"
+        if not _all(merges, str) or not all(" " in line for line in merges)
+        else "tokenizer.chat_template"
+        if template is not None and not isinstance(template, str)
+        else None
+    )
+    if broken:
+        raise MlxinferError(f"{header.path}: GGUF metadata lacks a usable {broken}; use a GGUF file with its tokenizer")
+    try:
+        return _gguf_tokenizer(m, tokens, types, [tuple(line.split(" ", 1)) for line in merges], pre, template)
+    except Exception as e:  # tokenizers/transformers refusing the metadata: the file's problem, one line
+        raise MlxinferError(f"{header.path}: the tokenizer in its metadata is broken ({_first_line(e)})") from None
+
+
+def _gguf_tokenizer(m: dict, tokens: list, types: list, merges: list, pre: str, template: str | None):
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe"))
     tok = Tokenizer(bpe)
     split_digits, words = _PRE[pre]
@@ -93,7 +118,7 @@ def tokenizer_from_gguf(header: GGUFHeader):
 
     def special(key):
         i = m.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[i] if i is not None and i < len(tokens) else None
+        return tokens[i] if _token_id(i, len(tokens)) else None
 
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -101,18 +126,40 @@ def tokenizer_from_gguf(header: GGUFHeader):
         eos_token=special("eos"),
         unk_token=special("unknown"),
         pad_token=special("padding"),
-        chat_template=m.get("tokenizer.chat_template"),
+        chat_template=template,
         add_bos_token=bool(m.get("tokenizer.ggml.add_bos_token", False)),
     )
-    eos = [m[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in m]
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+    eos = [m[k] for k in keys if _token_id(m.get(k), len(tokens))]
     return TokenizerWrapper(hf, BPEStreamingDetokenizer, eos_token_ids=eos)
 
 
+def _all(values, kind) -> bool:
+    return isinstance(values, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
+
+
+def _token_id(i, n: int) -> bool:
+    return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def encode_prompt(
-    tokenizer, prompt: str | list[int], *, chat: bool = True, system: str | None = None, thinking: bool = False
+    tokenizer,
+    prompt: str | list[int],
+    *,
+    chat: bool = True,
+    system: str | None = None,
+    thinking: bool = False,
+    raw_special_tokens: bool = False,
 ) -> list[int]:
     """The token ids the model reads: the prompt wrapped in the chat template, or plain text.
-    Token ids (a list of ints) are taken as they are, checked against the vocabulary."""
+    Token ids (a list of ints) are taken as they are, checked against the vocabulary.
+
+    A special token's name in the prompt or system text (`<|im_end|>`) is encoded as plain text,
+    so that only the template emits control tokens; raw_special_tokens=True parses it instead."""
     if isinstance(prompt, (list, tuple)):
         return _checked_ids(tokenizer, prompt)
     if not isinstance(prompt, str):

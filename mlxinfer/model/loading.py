@@ -12,7 +12,7 @@ from ..tokenizer import load_tokenizer, tokenizer_from_gguf
 from . import compute
 from .info import ModelInfo
 from .model import Model
-from .weights import fill, quantize_like, read_gguf, read_safetensors, untie
+from .weights import check_layers, fill, quantize_like, read_gguf, read_safetensors, untie
 
 
 def load(source: str | Path | None = None, compute_dtype: str = "auto"):
@@ -44,6 +44,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto"):
         eos = (generation_config or {}).get("eos_token_id")
         tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
     cfg = untie(cfg, weights)
+    check_layers(cfg, weights, str(src.path))
     model = Model(cfg)
     quantize_like(model, weights, cfg.quantization)
     fill(model, weights, str(src.path))
