@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlxinfer.errors import MlxinferError
 from mlxinfer.formats.sources import is_embedded
 from mlxinfer.model.compute import to_float32, unpacked_parameter_count
+from mlxinfer.model.finite import check_scores
 
 from . import affine
 from .export import load, source_bytes
@@ -158,6 +159,7 @@ def evaluate(
 def _log_probs(model: nn.Module, window: list[int]) -> mx.array:
     """(len - 1, V) float32 log-probabilities of the next token at every position but the last."""
     logits = model(mx.array([window]))[0, :-1].astype(mx.float32)
+    check_scores(model, window, logits)  # NaN or inf: an error naming the first bad layer, not a NaN report
     lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     mx.eval(lp)
     return lp

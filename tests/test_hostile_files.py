@@ -195,6 +195,34 @@ def test_gguf_tokenizer_metadata(spec, tmp_path, change, fragment):
     assert_one_line_error(invoke_cli("topk", "-m", path, "-p", "hi"), fragment)
 
 
+# ---------------------------------------------------------------------------------------------- NaN
+def _fill_ff(s):
+    for t in s.tensors:
+        t.data = b"\xff" * len(t.data)  # F32 and the Q8_0 scales (f16) decode to NaN
+
+
+def test_gguf_data_of_0xff_is_an_error_not_a_table(spec, tmp_path):
+    """Was: exit 0 and NaN scores (`--json` printed a bare NaN)."""
+    path = _written(spec, tmp_path, _fill_ff)
+    for args in (["topk", "--json"], ["generate", "--max-tokens", "3"]):
+        result = invoke_cli(*args, "-m", path, "-p", "hi")
+        assert_one_line_error(result, "NaN or inf from the embedding (model.embed_tokens)", "--debug")
+    detailed = invoke_cli("--debug", "topk", "-m", path, "-p", "hi")
+    assert detailed.returncode == 2 and detailed.stdout == ""
+    lines = detailed.stderr.splitlines()
+    assert lines[0].startswith("error: ") and "--debug" not in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["the", "layer", "layer", "the"]  # embedding, 2 layers, output
+
+
+def test_nan_in_one_layer_is_named(checkpoint_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    weights = mx.load(str(bad / "model.safetensors"))
+    weights["model.layers.1.mlp.up_proj.weight"] = mx.full((256, 128), float("inf"), dtype=mx.bfloat16)
+    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "from layer 1 (model.layers.1) on")
+
+
 # ---------------------------------------------------------------------------------------------- safetensors
 def _edit_header(directory, edit):
     header, data = hostile.read_safetensors(directory / "model.safetensors")

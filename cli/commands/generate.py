@@ -94,10 +94,10 @@ def generate(
         thinking=thinking,
         explain_mask=explain_mask,
     )
-    if not json_out:
-        print(f"[{m.info.name}] {stream.note}", file=sys.stderr)
-    for step in stream:
+    for i, step in enumerate(stream):
         if not json_out:
+            if i == 0:  # once the prefill has worked: an error before it stays the one line on stderr
+                print(f"[{m.info.name}] {stream.note}", file=sys.stderr)
             sys.stdout.write(step.text)
             sys.stdout.flush()
     result = stream.result

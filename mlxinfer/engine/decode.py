@@ -27,6 +27,7 @@ import mlx.core as mx
 
 from ..errors import MlxinferError
 from ..model.cache import fork, keep_rows
+from ..model.finite import check_scores
 from ..sampler import Sampler, make_logits_processors
 from ..settings import SamplerSettings
 from ..views import Alternative, Stats, Step
@@ -95,6 +96,7 @@ def prefill(
     if logits is None:  # the last prompt token runs alone, as in mlx-lm's generate_step
         logits = model(mx.array(ids[-1:])[None], cache=cache)[:, -1, :]
         mx.eval(logits)
+    check_scores(model, ids, logits)
     return Prefilled(list(ids), cache, logits)
 
 

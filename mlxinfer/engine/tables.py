@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Sequence
 import mlx.core as mx
 
 from ..errors import MlxinferError
+from ..model.finite import check_scores
 from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
@@ -29,9 +30,12 @@ def next_token_scores(model, ids: list[int]) -> mx.array:
     """
     check_context(model, len(ids))
     if not hasattr(model, "run_layers"):
-        return model(mx.array(ids)[None])[0, -1].astype(mx.float32)
-    h = model.run_layers(model.embed(mx.array(ids)[None]))  # (1, L, D)
-    return model.logits_from_hidden(h[:, -1:, :])[0, -1].astype(mx.float32)
+        scores = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+    else:
+        h = model.run_layers(model.embed(mx.array(ids)[None]))  # (1, L, D)
+        scores = model.logits_from_hidden(h[:, -1:, :])[0, -1].astype(mx.float32)
+    check_scores(model, ids, scores)  # NaN or inf: an error naming the first bad layer, never a table
+    return scores
 
 
 def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[float]:
