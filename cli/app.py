@@ -91,6 +91,9 @@ _register()
 
 
 def main() -> None:
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     app()
 
 

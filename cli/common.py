@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -29,13 +30,21 @@ ThinkingOption = typer.Option(
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=_jsonable) + "\n")
+    """Strict JSON: a number that is not finite (a masked token's log-probability, -inf) is null, and
+    json.dumps refuses anything else that JSON cannot hold rather than print a bare NaN."""
+    sys.stdout.write(json.dumps(_finite(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
 
-def _jsonable(obj: Any):
+def _finite(obj: Any):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
     if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+        return _finite(obj.to_dict())
+    return obj
 
 
 def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
