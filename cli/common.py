@@ -24,6 +24,12 @@ ComputeOption = typer.Option(
 PromptOption = typer.Option(..., "--prompt", "-p", help="The text the model reads.")
 SystemOption = typer.Option(None, "--system", help="A system message for the chat template.")
 ChatOption = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template.")
+RawSpecialOption = typer.Option(
+    False,
+    "--raw-special-tokens",
+    help="Read special tokens' names in --prompt/--system (e.g. <|im_end|>) as control tokens; "
+    "by default they are plain text, so only the chat template emits control tokens.",
+)
 ThinkingOption = typer.Option(
     False, "--thinking/--no-thinking", help="Qwen3's thinking switch (the lessons use it off)."
 )

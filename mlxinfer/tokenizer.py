@@ -5,10 +5,16 @@ A model directory's tokenizer loads through mlx-lm's tokenizer utilities
 vocabulary, merges, special tokens and chat template in metadata; we rebuild a
 Hugging Face `tokenizers` BPE from them. Chat templates render in transformers'
 sandboxed Jinja environment.
+
+User text is plain text: a special token's name typed in a prompt or system message (`<|im_end|>`)
+is encoded as the characters it is made of, so only the chat template emits control tokens;
+`raw_special_tokens=True` parses them as the tokenizer would.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 from pathlib import Path
 
 from .errors import MlxinferError
@@ -170,19 +176,77 @@ def encode_prompt(
         except UnicodeEncodeError:
             raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
     if not chat:
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(prompt) if raw_special_tokens else _plain(tokenizer, prompt, True)
     if getattr(tokenizer, "chat_template", None) is None:
         raise MlxinferError(
             "this model has no chat template; pass chat=False to feed the prompt as plain text", "chat=False"
         )
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    text = _render(tokenizer, messages, thinking)
+    specials = _special_tokens(tokenizer)
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
+    if raw_special_tokens or not specials or not any(pattern.search(m["content"]) for m in messages):
+        return tokenizer.encode(text, add_special_tokens=False)
+    return _encode_as_text(tokenizer, messages, thinking, text, specials, pattern)
+
+
+def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
     try:
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
         )
     except Exception as e:  # a template error is the checkpoint's problem, not a bug here
-        raise MlxinferError(f"the model's chat template failed to render ({e}); try chat=False", "chat=False") from None
-    return tokenizer.encode(text, add_special_tokens=False)
+        raise MlxinferError(
+            f"the model's chat template failed to render ({_first_line(e)}); try chat=False", "chat=False"
+        ) from None
+    if not isinstance(text, str):
+        raise MlxinferError("the model's chat template did not render text; try chat=False", "chat=False")
+    return text
+
+
+def _special_tokens(tokenizer) -> dict[str, int]:
+    """The tokenizer's special (control) tokens by text: what the template may emit and user text may not."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    added = getattr(hf, "added_tokens_decoder", None) or {}
+    return {t.content: i for i, t in added.items() if getattr(t, "special", False) and t.content}
+
+
+def _plain(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """`text` encoded with every special token's name taken as the characters it is made of."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
+    backend = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "backend_tokenizer", None)
+    if backend is not None:
+        backend.encode_special_tokens = False  # transformers leaves its switch set for the next caller
+    return list(ids)
+
+
+def _encode_as_text(tokenizer, messages, thinking, text, specials: dict[str, int], pattern) -> list[int]:
+    """Render again with each special token in the messages hidden behind a mark, split the result at
+    the special tokens the template emitted (the only ones left), and encode the text between them
+    (the marks put back) with special tokens taken as plain text."""
+    nonce, found = secrets.token_hex(4), []
+
+    def hide(m: re.Match) -> str:
+        found.append(m.group())
+        return f"\ue000{nonce}:{len(found) - 1}\ue001"
+
+    skeleton = _render(tokenizer, [{**m, "content": pattern.sub(hide, m["content"])} for m in messages], thinking)
+    mark = re.compile(f"\ue000{nonce}:(\\d+)\ue001")
+
+    def restore(piece: str) -> str:
+        return mark.sub(lambda m: found[int(m.group(1))], piece)
+
+    if restore(skeleton) != text:
+        raise MlxinferError(
+            "the prompt or system text holds the name of a special token, which this chat template "
+            "transforms; remove it, or pass raw_special_tokens=True to send it as a control token",
+            "raw_special_tokens",
+        )
+    ids, at = [], 0
+    for m in pattern.finditer(skeleton):
+        ids += _plain(tokenizer, restore(skeleton[at : m.start()]), False) + [specials[m.group()]]
+        at = m.end()
+    return ids + _plain(tokenizer, restore(skeleton[at:]), False)
 
 
 def _checked_ids(tokenizer, ids) -> list[int]:

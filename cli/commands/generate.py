@@ -22,6 +22,7 @@ from cli.common import (
     RepetitionOption,
     SystemOption,
     TempOption,
+    RawSpecialOption,
     ThinkingOption,
     TopKOption,
     TopPOption,
@@ -47,6 +48,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed the draws; the same seed repeats the text."),
     chat: bool = ChatOption,
     thinking: bool = ThinkingOption,
+    raw_special_tokens: bool = RawSpecialOption,
     logprobs: int = typer.Option(0, "--logprobs", help="Show each token's logprob and the K best alternatives."),
     json_schema: Optional[str] = typer.Option(
         None,
@@ -92,6 +94,7 @@ def generate(
         chat=chat,
         system=system,
         thinking=thinking,
+        raw_special_tokens=raw_special_tokens,
         explain_mask=explain_mask,
     )
     for i, step in enumerate(stream):

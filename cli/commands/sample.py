@@ -19,6 +19,7 @@ from cli.common import (
     PromptOption,
     SystemOption,
     TempOption,
+    RawSpecialOption,
     ThinkingOption,
     TopKOption,
     TopPOption,
@@ -45,6 +46,7 @@ def sample(
     ),
     chat: bool = ChatOption,
     thinking: bool = ThinkingOption,
+    raw_special_tokens: bool = RawSpecialOption,
     system: Optional[str] = SystemOption,
     json_out: bool = JsonOption,
     csv_out: bool = typer.Option(False, "--csv", help="Print seed,text rows as CSV."),
@@ -74,6 +76,7 @@ def sample(
             batch_size=batch_size,
             chat=chat,
             thinking=thinking,
+            raw_special_tokens=raw_special_tokens,
             system=system,
             progress=update,
         )

@@ -72,18 +72,21 @@ def sample(
     system: Optional[str] = None,
     thinking: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
+    raw_special_tokens: bool = False,
 ) -> SampleReport:
     """One completion per seed, then a tally of the distinct answers.
 
     seeds: N (0..N-1), 'A:B', or a list. settings: a SamplerSettings, a dict of the fields you
     set (the rest from generation_config.json), or None. batch_size: rows per forward pass
-    (default 32; 1 runs the seeds one at a time).
+    (default 32; 1 runs the seeds one at a time). raw_special_tokens: see encode_prompt.
     """
     seed_ids = seed_list(seeds)
     check_max_tokens(max_tokens)
     size = check_batch_size(batch_size)
     resolved, note = resolve_settings(settings, model.info.generation_config)
-    ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
+    ids = encode_prompt(
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
+    )
     check_context(model, len(ids), max_tokens)
     specs = [RowSpec(seed, resolved, max_tokens) for seed in seed_ids]
     texts: list[list[str]] = [[] for _ in specs]

@@ -105,18 +105,21 @@ def next_token_table(
     chat: bool = True,
     system: str | None = None,
     thinking: bool = False,
+    raw_special_tokens: bool = False,
 ) -> NextTokenTable:
     """The lesson's table for one prompt (text, or token ids as they are).
 
     With `settings` (a SamplerSettings, or a dict of the fields you set: the rest come from the
     model's generation_config.json) or `explain_sampler=True`, the table also explains one step
-    of the sampler: which tokens survive its cut.
+    of the sampler: which tokens survive its cut. raw_special_tokens: see encode_prompt.
     """
     temperatures = check_table_args(temperatures, k, model.config.vocab_size)
     resolved = None
     if settings is not None or explain_sampler:
         resolved = resolve_settings(settings, model.info.generation_config)
-    ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
+    ids = encode_prompt(
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
+    )
     scores = next_token_scores(model, ids)
 
     def decode(i: int) -> str:
