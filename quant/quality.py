@@ -100,11 +100,16 @@ def evaluate(
     path = Path(text) if text else TEXT
     if not path.is_file():
         raise MlxinferError(f"text: no file at {path}", "text")
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"cannot be read ({e.strerror})"
+        raise MlxinferError(f"text {path} {why}; pass a UTF-8 text file", "text") from None
     sources = [reference, *candidates]
     labels = names or [_label(s) for s in sources]
 
     ref_model, ref_tok = load(reference)
-    ids = ref_tok.encode(path.read_text(encoding="utf-8"))
+    ids = ref_tok.encode(content)
     if max_tokens is not None:
         ids = ids[:max_tokens]
     windows = [ids[i : i + window] for i in range(0, len(ids), window)]
@@ -127,7 +132,7 @@ def evaluate(
     rows = []
     for source, label in zip(candidates, labels[1:]):
         model, tok = load(source)
-        if tok.encode(path.read_text(encoding="utf-8"))[: len(ids)] != ids:
+        if tok.encode(content)[: len(ids)] != ids:
             raise MlxinferError(
                 f"{label} tokenizes the text differently from the reference; compare models that share a tokenizer"
             )
