@@ -63,8 +63,8 @@ def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
             try:
                 out.append(kind(part))
             except ValueError:
-                example = "0.5,1.0,1.5" if kind is float else "32,64,128"
-                raise MlxinferError(f"{option} takes numbers like {example}; got '{part}'") from None
+                example = "numbers like 0.5,1.0,1.5" if kind is float else "whole numbers like 32,64,128"
+                raise MlxinferError(f"{option} takes {example}; got '{part}'") from None
     return tuple(out)
 
 
@@ -106,7 +106,8 @@ def progress_bar(total: int, description: str, enabled: bool = True):
     from rich.console import Console
     from rich.progress import Progress
 
-    progress = Progress(console=Console(stderr=True), transient=True, disable=not enabled)
+    console = Console(stderr=True)  # not at a terminal: no bar, so an error stays the one line on stderr
+    progress = Progress(console=console, transient=True, disable=not enabled or not console.is_terminal)
     task = progress.add_task(description, total=total)
 
     def update(done: int, _total: int) -> None:

@@ -125,3 +125,22 @@ def test_quality_text_that_is_not_utf8(checkpoint_dir, tmp_path):
     bad.write_bytes(b"\xff\xfe\x00 not text")
     path = str(checkpoint_dir("llama"))
     assert_one_line_error(invoke_cli("quality", path, path, "--text", str(bad)), "--text", "not UTF-8")
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--gen-tokens", "0"], "error: --gen-tokens must be at least 2, got 0\n"),
+        (["--repeats", "0"], "error: --repeats must be at least 1, got 0\n"),
+        (["--prompt-tokens", "a,b"], "error: --prompt-tokens takes whole numbers like 32,64,128; got 'a'\n"),
+    ],
+)
+def test_bench_errors_are_exactly_one_line(checkpoint_dir, args, message):
+    """Was: range errors began with a blank line; --prompt-tokens a,b asked for numbers like 0.5."""
+    result = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "bench", "-m", str(checkpoint_dir("llama")), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert (result.returncode, result.stdout, result.stderr) == (2, "", message)
