@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, assert_one_line_error, invoke_cli
+from conftest import ROOT, assert_one_line_error, invoke_cli, run_cli
 
 import mlxinfer
 from mlxinfer.tokenizer import encode_prompt
@@ -44,6 +44,18 @@ def test_temp_and_temps_share_one_rule(checkpoint_dir, flag, value):
     """Was: --temps nan printed NaN probabilities and --temps inf was accepted while --temp refused both."""
     result = invoke_cli("topk", "-m", str(checkpoint_dir("llama")), "-p", "hi", f"{flag}={value}", "--json")
     assert_one_line_error(result, f"{flag} must be >= 0", value)
+
+
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["generate", "--logprobs", "100000"], "--logprobs must be at most the vocabulary size 384"),  # MLX ValueError
+        (["sample", "--seeds", "1000000000"], "--seeds must be at least 1 and at most 100,000"),  # a hang
+        (["sample", "--seed-range", "0:99999999999999999999"], "at most 100,000 seeds"),  # OverflowError
+    ],
+)
+def test_counts_that_would_not_fit(checkpoint_dir, args, fragment):
+    assert_one_line_error(run_cli(*args, "-m", str(checkpoint_dir("llama")), "-p", "hi", timeout=60), fragment)
 
 
 # ---------------------------------------------------------------------------------------------- prompts

@@ -20,6 +20,7 @@ from ..views import Completion, SampleReport, Stats, Tally
 from .decode import RowSpec, check_context, check_max_tokens, run
 
 DEFAULT_BATCH = 32
+MAX_SEEDS = 100_000  # a list of seeds is built before the first draw: bound it
 
 
 def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
@@ -27,8 +28,8 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
     if isinstance(seeds, bool):
         raise MlxinferError(f"seeds must be a count, 'A:B' or a list of seeds, got {seeds!r}", "seeds")
     if isinstance(seeds, int):
-        if seeds < 1:
-            raise MlxinferError(f"seeds must be at least 1, got {seeds}", "seeds")
+        if not 1 <= seeds <= MAX_SEEDS:
+            raise MlxinferError(f"seeds must be at least 1 and at most {MAX_SEEDS:,}, got {seeds}", "seeds")
         return list(range(seeds))
     if isinstance(seeds, str):
         try:
@@ -37,10 +38,14 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
             raise MlxinferError(f"seeds takes A:B with whole numbers, got '{seeds}'", "seeds") from None
         if a < 0 or b <= a:
             raise MlxinferError(f"seeds {seeds} is empty or reversed; use A:B with 0 <= A < B", "seeds")
+        if b - a > MAX_SEEDS or b > 2**63:
+            raise MlxinferError(f"seeds {seeds}: at most {MAX_SEEDS:,} seeds, each below 2**63", "seeds")
         return list(range(a, b))
     out = list(seeds)
-    if not out or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in out):
-        raise MlxinferError("seeds must be whole numbers >= 0, at least one", "seeds")
+    if not out or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in out):
+        raise MlxinferError("seeds must be whole numbers from 0 to 2**63 - 1, at least one", "seeds")
+    if len(out) > MAX_SEEDS:
+        raise MlxinferError(f"seeds: at most {MAX_SEEDS:,}, got {len(out):,}", "seeds")
     return out
 
 

@@ -101,6 +101,10 @@ def stream_generate(
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
+    if logprobs > model.config.vocab_size:
+        raise MlxinferError(
+            f"logprobs must be at most the vocabulary size {model.config.vocab_size:,}, got {logprobs:,}", "logprobs"
+        )
     ids = encode_prompt(
         tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
     )

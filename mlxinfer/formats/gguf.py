@@ -183,7 +183,7 @@ def _tensor_info(r: _Reader, path: Path) -> GGUFTensor:
     if type_id not in GGML_TYPES:
         raise MlxinferError(f"{path}: tensor {name} has unknown ggml type {type_id}")
     type_name, block, block_bytes = GGML_TYPES[type_id]
-    if min(dims) < 1 or dims[0] % block:
+    if min(dims) < 1 or max(dims) >= 2**31 or dims[0] % block:  # MLX's shapes are int32
         raise MlxinferError(
             f"{path} has a corrupt header (tensor {name!r} has dimensions {dims}, which {type_name} cannot store)"
         )

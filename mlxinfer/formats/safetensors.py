@@ -82,8 +82,8 @@ def file_entry(name: str, header: dict, file_bytes: int | None, head: int | None
             continue
         try:
             shape, dtype, (start, end) = t["shape"], t["dtype"], t["data_offsets"]
-            if not all(type(x) is int and x >= 0 for x in (*shape, start, end)):
-                raise ValueError
+            if not all(type(x) is int and x >= 0 for x in (start, end, *shape)) or max(shape, default=0) >= 2**31:
+                raise ValueError  # a dimension must fit MLX's int32 shapes (it wraps silently otherwise)
             n = math.prod(shape)
         except (KeyError, TypeError, ValueError):
             raise MlxinferError(f"{where} has a corrupt safetensors header (entry {tname!r})") from None
