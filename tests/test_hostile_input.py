@@ -58,6 +58,24 @@ def test_counts_that_would_not_fit(checkpoint_dir, args, fragment):
     assert_one_line_error(run_cli(*args, "-m", str(checkpoint_dir("llama")), "-p", "hi", timeout=60), fragment)
 
 
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["topk", "--temps", "1e-45"], "--temps must be >= 0 (0 = greedy, else at least 1e-06"),
+        (["topk", "--temp", "1e-300", "--explain"], "--temp must be >= 0 (0 = greedy, else at least 1e-06"),
+        (["generate", "--repetition-penalty", "1e-45"], "--repetition-penalty must be in [1e-06, 1e+06]"),
+    ],
+)
+def test_temperatures_too_small_for_float32(checkpoint_dir, args, fragment):
+    """Found by the fuzzer. Was: a positive temperature whose reciprocal overflows float32 (or a repetition
+    penalty that divides scores into inf) gave NaN probabilities: `nan` in the table, null in --json."""
+    assert_one_line_error(invoke_cli(*args, "-m", str(checkpoint_dir("llama")), "-p", "hi"), fragment)
+    ok = strict_json(
+        invoke_cli("topk", "-m", str(checkpoint_dir("llama")), "-p", "hi", "--temps", "1e-6", "--json").stdout
+    )
+    assert ok["rows"][0]["probs"] == [1.0]
+
+
 # ---------------------------------------------------------------------------------------------- prompts
 def test_prompt_that_is_not_utf8_is_one_line(checkpoint_dir):
     """Bytes that are not UTF-8 reach Python as lone surrogates; they are refused after the model loads."""
