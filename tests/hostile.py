@@ -56,19 +56,25 @@ class GGUFSpec:
     def tensor(self, name: str) -> Tensor:
         return next(t for t in self.tensors if t.name == name)
 
-    def to_bytes(self) -> bytes:
-        out = bytearray(b"GGUF" + struct.pack("<IQQ", self.version, len(self.tensors), len(self.metadata)))
-        for key, kind, value in self.metadata:
-            out += _string(key) + (value if kind == RAW else struct.pack("<I", kind) + _value(kind, value))
+    def offsets(self) -> list[int]:
+        """Each tensor's offset in the data section: as set, or after the previous one, aligned."""
         offsets, at = [], 0
         for t in self.tensors:
             at = -(-at // self.alignment) * self.alignment
             offsets.append(at if t.offset is None else t.offset)
             at = max(at, offsets[-1]) + len(t.data)
+        return offsets
+
+    def to_bytes(self) -> bytes:
+        out = bytearray(b"GGUF" + struct.pack("<IQQ", self.version, len(self.tensors), len(self.metadata)))
+        for key, kind, value in self.metadata:
+            out += _string(key) + (value if kind == RAW else struct.pack("<I", kind) + _value(kind, value))
+        offsets = self.offsets()
         for t, offset in zip(self.tensors, offsets):
             out += _string(t.name) + struct.pack("<I", len(t.dims)) + b"".join(struct.pack("<Q", d) for d in t.dims)
-            out += struct.pack("<IQ", t.type_id, offset)
+            out += struct.pack("<IQ", t.type_id, offset % 2**64)
         start = -(-len(out) // self.alignment) * self.alignment
+        self.header_size = start
         data = bytearray()
         for t, offset in zip(self.tensors, offsets):
             end = offset + len(t.data)
