@@ -195,6 +195,17 @@ def test_gguf_tokenizer_metadata(spec, tmp_path, change, fragment):
     assert_one_line_error(invoke_cli("topk", "-m", path, "-p", "hi"), fragment)
 
 
+@pytest.mark.parametrize(
+    "value", [(hostile.F64, 0.5), (hostile.ARRAY, (hostile.F64, [0.5, 1.5]))], ids=["scalar", "array"]
+)
+def test_gguf_float64_metadata(spec, tmp_path, value):
+    """Found by the fuzzer: MLX's GGUF reader dies with SIGSEGV on any FLOAT64 metadata value (a type the
+    format defines). The loader refuses such a file before mx.load; count, which never calls it, reads it."""
+    path = _written(spec, tmp_path, lambda s: s.set_meta("general.some_ratio", *value))
+    assert_one_line_error(run_cli("topk", "-m", path, "-p", "hi"), "'general.some_ratio' is a FLOAT64 value")
+    assert invoke_cli("count", path).returncode == 0
+
+
 # ---------------------------------------------------------------------------------------------- NaN
 def _fill_ff(s):
     for t in s.tensors:

@@ -40,7 +40,7 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 LOADABLE = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+_STRING, _ARRAY, _FLOAT64 = 8, 9, 12
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NESTING = 4  # arrays of arrays: GGUF files use one level; a deeper one is a corrupt header
 
@@ -69,6 +69,7 @@ class GGUFHeader:
     tensors: list[GGUFTensor] = field(default_factory=list)
     data_offset: int = 0
     file_size: int = 0
+    float64_keys: list[str] = field(default_factory=list)  # metadata holding FLOAT64: mx.load crashes on it
 
     @property
     def architecture(self) -> str:
@@ -78,6 +79,7 @@ class GGUFHeader:
 class _Reader:
     def __init__(self, f: BinaryIO, path: Path, size: int):
         self.f, self.path, self.size = f, path, size
+        self.key, self.float64_keys = "", []
 
     def read(self, n: int) -> bytes:
         if n > self.size - self.f.tell():  # checked first: read(n) would allocate n bytes
@@ -100,6 +102,8 @@ class _Reader:
 
     def _array_head(self, depth: int) -> tuple[int, int]:
         item_type = self.scalar(4)
+        if item_type == _FLOAT64:
+            self.float64_keys.append(self.key)
         if depth >= MAX_NESTING or item_type not in (*_SCALARS, _STRING, _ARRAY):
             raise MlxinferError(f"{self.path} has a corrupt header (an array of unknown type {item_type})")
         width = struct.calcsize(_SCALARS[item_type]) if item_type in _SCALARS else 8  # a string: its length
@@ -122,6 +126,8 @@ class _Reader:
         return 1
 
     def value(self, t: int, depth: int = 0):
+        if t == _FLOAT64:
+            self.float64_keys.append(self.key)
         if t in _SCALARS:
             return self.scalar(t)
         if t == _STRING:
@@ -157,7 +163,7 @@ def read_header(path: str | Path, tokenizer: bool = True) -> GGUFHeader:
         n_kv = r.count("metadata entries", 12)  # each: a key and a type
         metadata = {}
         for _ in range(n_kv):
-            key = r.string()
+            key = r.key = r.string()
             kind = r.scalar(4)
             if not tokenizer and key.startswith("tokenizer.ggml.") and kind == _ARRAY:
                 metadata[key] = r.skip(kind)
@@ -168,7 +174,7 @@ def read_header(path: str | Path, tokenizer: bool = True) -> GGUFHeader:
         if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
             raise MlxinferError(f"{path} has a corrupt header (general.alignment {alignment!r} is not a power of 2)")
         data_offset = -(-f.tell() // alignment) * alignment
-    header = GGUFHeader(path, version, metadata, tensors, data_offset, size)
+    header = GGUFHeader(path, version, metadata, tensors, data_offset, size, sorted(set(r.float64_keys)))
     _check_layout(header, alignment)
     return header
 

@@ -81,6 +81,12 @@ def read_gguf(header: GGUFHeader, cfg: ModelConfig) -> dict[str, mx.array]:
             f"{', '.join(sorted(LOADABLE))} (re-quantize with one of those)",
             "source",
         )
+    if header.float64_keys:  # MLX 0.32's GGUF reader dies with SIGSEGV on a FLOAT64 value
+        raise MlxinferError(
+            f"{header.path}: metadata {header.float64_keys[0]!r} is a FLOAT64 value, which MLX's GGUF reader "
+            "cannot read (it crashes); store it as FLOAT32 or remove it (gguf-py's gguf_new_metadata)",
+            "source",
+        )
     for t in header.tensors:  # every name placed before a byte is read
         if not _IGNORED.search(t.name):
             gguf_to_hf(t.name)
