@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import struct
 import subprocess
@@ -199,15 +200,16 @@ def arguments(kind: str, case, bases: Bases, work: Path) -> list[str]:
         "quantize": [str(bases.llama), str(work / "out")],
         "quality": [str(bases.llama), str(bases.llama)],
     }.get(command, ["-m", str(bases.llama)])
-    given = {flag for group in options for flag, _ in group}
-    for group in options:
-        for flag, value in group:
-            if value == "BYTES":
-                (work / "text.txt").write_bytes(blob)
-                value = str(work / "text.txt")
-            args += [flag] if value is None else [flag, value]
+    given = {flag for flag, _ in options}
+    for flag, value in options:
+        if value == "BYTES":
+            (work / "text.txt").write_bytes(blob)
+            value = str(work / "text.txt")
+        args += [flag, value]
     if command in ("topk", "generate", "sample") and "-p" not in given:
         args += ["-p", "hi"]
+    if command == "sample" and not given & {"--seeds", "--seed-range"}:
+        args += ["--seeds", "2"]
     if command in ("generate", "sample", "quality") and "--max-tokens" not in given:
         args += ["--max-tokens", "8"]
     return args + list(flags)
@@ -255,13 +257,23 @@ def judge(out: Outcome, stdout: str, work: Path) -> str | None:
         return f"not one line: {len(lines)} lines on stderr, first {lines[:1]}"
     if rc in (0, 1) and "--json" in out.args:
         try:
-            json.loads(stdout, parse_constant=_refuse)
+            data = json.loads(stdout, parse_constant=_refuse)
         except ValueError as e:
             return f"not strict JSON on stdout: {e}"
+        if out.args[0] == "topk" and not _probabilities(data):
+            return "topk printed probabilities that are not numbers in [0, 1] (NaN shown as null?)"
+    if rc == 0 and out.args[0] == "topk" and "--json" not in out.args and re.search(r"\bnan\b", stdout):
+        return "topk printed nan in its table"
     left = [p.name for p in work.iterdir() if ".partial-" in p.name or ".old-" in p.name]
     if left:
         return f"left behind: {left}"
     return None
+
+
+def _probabilities(table: dict) -> bool:
+    """A next-token table's probabilities are numbers in [0, 1]: NaN scores must be an error, not a null."""
+    values = [p for row in table["rows"] for p in row["probs"]] + table["mass"]
+    return all(isinstance(p, float | int) and 0 <= p <= 1 + 1e-6 for p in values)
 
 
 def _refuse(name):

@@ -201,7 +201,7 @@ schema_case = st.tuples(
 
 # ---------------------------------------------------------------------------------------------- options
 def _opt(flag: str, values=number_text):
-    return st.lists(st.tuples(st.just(flag), values), max_size=1)
+    return (flag, values)
 
 
 _SAMPLING = ["--temp", "--top-p", "--top-k", "--min-p"]
@@ -251,10 +251,21 @@ COMMANDS = {
     ],
     "quality": [_opt("--max-tokens", small_count), _opt("--window", small_count), _opt("--text", st.just("BYTES"))],
 }
+
+
+def _options(command: str):
+    """One to three of the command's options, each with a drawn value (the rest keep their defaults, so
+    that one odd value at a time reaches the code behind the option parser)."""
+    choices = COMMANDS[command] + (_COMMON if command in ("topk", "generate", "sample") else [])
+    return st.lists(st.sampled_from(range(len(choices))), min_size=1, max_size=3, unique=True).flatmap(
+        lambda picked: st.tuples(*(st.tuples(st.just(choices[i][0]), choices[i][1]) for i in picked))
+    )
+
+
 cli_case = st.sampled_from(sorted(COMMANDS)).flatmap(
     lambda command: st.tuples(
         st.just(command),
-        st.tuples(*COMMANDS[command], *(_COMMON if command in ("topk", "generate", "sample") else [])),
+        _options(command),
         st.lists(st.sampled_from(FLAGS[command]), max_size=3, unique=True),
         st.binary(max_size=64) | st.text(max_size=200).map(str.encode),
     )
