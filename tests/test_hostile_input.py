@@ -76,6 +76,15 @@ def test_temperatures_too_small_for_float32(checkpoint_dir, args, fragment):
     assert ok["rows"][0]["probs"] == [1.0]
 
 
+def test_sample_rows_that_stop_before_the_others(checkpoint_dir):
+    """Found by the fuzzer (`sample --temp 214 --seeds 100`): when some rows of a batch drew an end of
+    turn and others went on, the loop indexed the empty list of alternatives (no --logprobs): IndexError."""
+    model, tokenizer = mlxinfer.load(checkpoint_dir("llama"), compute_dtype="float32")
+    report = mlxinfer.sample(model, tokenizer, "hi", seeds=100, settings={"temperature": 214.0}, max_tokens=8)
+    assert {c.finish_reason for c in report.completions} == {"stop", "length"}  # rows left the batch early
+    assert sum(t.count for t in report.tally) == 100
+
+
 # ---------------------------------------------------------------------------------------------- prompts
 def test_prompt_that_is_not_utf8_is_one_line(checkpoint_dir):
     """Bytes that are not UTF-8 reach Python as lone surrogates; they are refused after the model loads."""

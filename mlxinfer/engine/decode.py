@@ -191,7 +191,7 @@ def decode(
         if len(keep) < len(active):  # finished rows leave the batch
             index = mx.array(keep, dtype=mx.int32)
             cache = keep_rows(cache, keep)
-            y, lp, alts = y[index], lp[index], [alts[p] for p in keep]
+            y, lp, alts = y[index], lp[index], [alts[p] for p in keep] if alts else alts
         active = [active[p] for p in keep]
 
 
