@@ -206,6 +206,19 @@ def test_gguf_float64_metadata(spec, tmp_path, value):
     assert invoke_cli("count", path).returncode == 0
 
 
+def test_metadata_of_an_unexpected_type_found_by_the_fuzzer(spec, checkpoint_dir, tmp_path):
+    """Both were TypeError tracebacks: a GGUF whose tokenizer.ggml.tokens is a number (count needs no
+    vocabulary list; topk does), and a config.json whose quantization_config is a number (not MLX's block)."""
+    path = _written(spec, tmp_path, lambda s: s.set_meta("tokenizer.ggml.tokens", hostile.F32, 0.5))
+    assert invoke_cli("count", path).returncode == 0
+    assert_one_line_error(invoke_cli("topk", "-m", path, "-p", "hi"), "tokenizer.ggml.tokens")
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "quantization_config": 3}))
+    assert invoke_cli("count", str(bad)).returncode == 0
+
+
 # ---------------------------------------------------------------------------------------------- NaN
 def _fill_ff(s):
     for t in s.tensors:

@@ -113,7 +113,7 @@ class ModelConfig:
         if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
             raise MlxinferError(f"{where}: unsupported dtype '{dtype}'; use one of {', '.join(KNOWN_DTYPES)}")
         quant = d.get("quantization")
-        if quant is None and "bits" in (d.get("quantization_config") or {}):
+        if quant is None and isinstance(d.get("quantization_config"), dict) and "bits" in d["quantization_config"]:
             quant = d["quantization_config"]  # the copy mlx-lm writes for transformers
         if quant is not None:
             _check_quantization(quant, where)

@@ -238,7 +238,7 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     names = {t.name for t in header.tensors}
     embed = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     tokens = m.get("tokenizer.ggml.tokens", [])  # a count when read with tokenizer=False
-    n_tokens = tokens if isinstance(tokens, int) else len(tokens)
+    n_tokens = len(tokens) if isinstance(tokens, list) else tokens if type(tokens) is int else 0
     vocab = get("vocab_size") or n_tokens or (embed.shape[0] if embed else None)
     heads = get("attention.head_count")
     d = {
