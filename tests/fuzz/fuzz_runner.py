@@ -36,15 +36,20 @@ LAUNCH = (
 
 @dataclass
 class Bases:
-    """The valid inputs every mutation starts from: tiny llama checkpoints (bf16, 4-bit) and its GGUF."""
+    """The valid inputs every mutation starts from: tiny llama checkpoints (bf16, 4-bit) and its GGUF with
+    its matrices in Q8_0 (the mutations' reference), Q4_1 (the embedded model's type) or F16."""
 
     llama: Path
     llama4: Path
-    gguf: hostile.GGUFSpec = field(repr=False)
+    ggufs: dict[str, hostile.GGUFSpec] = field(repr=False)
 
     @classmethod
     def make(cls, llama: Path, llama4: Path) -> "Bases":
-        return cls(Path(llama), Path(llama4), hostile.tiny_gguf(Path(llama)))
+        return cls(Path(llama), Path(llama4), {k: hostile.tiny_gguf(Path(llama), k) for k in ("Q8_0", "Q4_1", "F16")})
+
+    @property
+    def gguf(self) -> hostile.GGUFSpec:
+        return self.ggufs["Q8_0"]
 
     def safetensors_names(self) -> list[str]:
         return sorted(hostile.read_safetensors(self.llama4 / "model.safetensors")[0])
@@ -57,6 +62,7 @@ def cases(bases: Bases) -> dict[str, st.SearchStrategy]:
         "gguf": st.tuples(
             strategies.gguf_mutations(meta_keys, len(bases.gguf.tensors)),
             st.sampled_from(["count", "topk", "topk", "convert"]),
+            st.sampled_from(["Q8_0", "Q4_1", "F16"]),
         ),
         "safetensors": st.tuples(
             strategies.safetensors_mutations(bases.safetensors_names()), st.sampled_from(["count", "topk"])
@@ -85,8 +91,8 @@ def draw(strategy: st.SearchStrategy, n: int, seed_value: int) -> list:
 
 # ---------------------------------------------------------------------------------------------- files
 def _gguf(bases: Bases, case, work: Path) -> Path:
-    (ops, byte_ops), _ = case
-    spec = bases.gguf.copy()
+    (ops, byte_ops), _, base = case
+    spec = bases.ggufs[base].copy()
     auto = spec.offsets()
     for op in ops:
         kind, *args = op
@@ -180,7 +186,7 @@ def arguments(kind: str, case, bases: Bases, work: Path) -> list[str]:
     """Write the case's files under `work`; return the command line after `python -m mlxinfer`."""
     if kind in ("gguf", "safetensors", "config"):
         path = str({"gguf": _gguf, "safetensors": _safetensors, "config": _config}[kind](bases, case, work))
-        command = case[-1]
+        command = case[1]
         if command == "count":
             return ["count", path, "--json"]
         if command == "convert":
