@@ -8,7 +8,7 @@ from __future__ import annotations
 import fuzz_runner
 import pytest
 
-# cases per kind: about 20 s here on two cores (the subprocesses run two at a time)
+# cases per kind: 5-15 s here on two shared cores (the subprocesses run two at a time)
 PER_KIND = {"gguf": 6, "safetensors": 4, "config": 6, "schema": 4, "cli": 8}
 SEED = 17  # fixed: `make test` runs the same cases every time; the long run draws new ones
 
