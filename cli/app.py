@@ -3,7 +3,8 @@
 Each command parses its options, calls one library function and renders the result; none
 imports mlx (the library does, when a command runs). Bad input is one line on stderr and exit
 code 2: the library's MlxinferError with its parameter names swapped for our flags
-(cli/flags.py), and Click's own usage errors (a missing option, `--max-tokens abc`).
+(cli/flags.py), and Click's own usage errors (a missing option, `--max-tokens abc`). `mlxinfer --debug
+COMMAND ...` adds the error's detail (e.g. each layer's NaN/inf counts) on the lines after it.
 """
 
 from __future__ import annotations
@@ -18,13 +19,20 @@ from cli import flags
 from mlxinfer.errors import MlxinferError
 
 
+_debug = {"on": False}
+
+
 class _Commands(TyperGroup):
     def invoke(self, ctx):
         flags._overrides.clear()
         try:
             return super().invoke(ctx)
         except MlxinferError as e:
-            typer.echo(f"error: {flags.error_line(e)}", err=True)
+            more = " (mlxinfer --debug ... shows more)" if e.detail and not _debug["on"] else ""
+            typer.echo(f"error: {flags.error_line(e)}{more}", err=True)
+            if _debug["on"]:
+                for line in e.detail:
+                    typer.echo(f"  {line}", err=True)
             raise typer.Exit(2) from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
@@ -73,10 +81,20 @@ def _register() -> None:
     app.command("info")(info.info)
 
 
+@app.callback()
+def _options(
+    debug: bool = typer.Option(False, "--debug", help="On an error, also print its detail (lines after the first)."),
+):
+    _debug["on"] = debug
+
+
 _register()
 
 
 def main() -> None:
+    for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a crash
+        if hasattr(stream, "reconfigure"):
+            stream.reconfigure(errors="backslashreplace")
     app()
 
 

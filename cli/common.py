@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import sys
 from typing import Any
 
@@ -23,19 +24,33 @@ ComputeOption = typer.Option(
 PromptOption = typer.Option(..., "--prompt", "-p", help="The text the model reads.")
 SystemOption = typer.Option(None, "--system", help="A system message for the chat template.")
 ChatOption = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template.")
+RawSpecialOption = typer.Option(
+    False,
+    "--raw-special-tokens",
+    help="Read special tokens' names in --prompt/--system (e.g. <|im_end|>) as control tokens; "
+    "by default they are plain text, so only the chat template emits control tokens.",
+)
 ThinkingOption = typer.Option(
     False, "--thinking/--no-thinking", help="Qwen3's thinking switch (the lessons use it off)."
 )
 
 
 def print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, ensure_ascii=False, default=_jsonable) + "\n")
+    """Strict JSON: a number that is not finite (a masked token's log-probability, -inf) is null, and
+    json.dumps refuses anything else that JSON cannot hold rather than print a bare NaN."""
+    sys.stdout.write(json.dumps(_finite(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
 
 
-def _jsonable(obj: Any):
+def _finite(obj: Any):
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
     if hasattr(obj, "to_dict"):
-        return obj.to_dict()
-    raise TypeError(f"{type(obj).__name__} is not JSON serialisable")
+        return _finite(obj.to_dict())
+    return obj
 
 
 def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
@@ -48,8 +63,8 @@ def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
             try:
                 out.append(kind(part))
             except ValueError:
-                example = "0.5,1.0,1.5" if kind is float else "32,64,128"
-                raise MlxinferError(f"{option} takes numbers like {example}; got '{part}'") from None
+                example = "numbers like 0.5,1.0,1.5" if kind is float else "whole numbers like 32,64,128"
+                raise MlxinferError(f"{option} takes {example}; got '{part}'") from None
     return tuple(out)
 
 
@@ -91,7 +106,8 @@ def progress_bar(total: int, description: str, enabled: bool = True):
     from rich.console import Console
     from rich.progress import Progress
 
-    progress = Progress(console=Console(stderr=True), transient=True, disable=not enabled)
+    console = Console(stderr=True)  # not at a terminal: no bar, so an error stays the one line on stderr
+    progress = Progress(console=console, transient=True, disable=not enabled or not console.is_terminal)
     task = progress.add_task(description, total=total)
 
     def update(done: int, total: int) -> None:

@@ -17,6 +17,7 @@ FLAGS = {
     "prompt": "--prompt",
     "system": "--system",
     "chat=False": "--no-chat",
+    "raw_special_tokens": "--raw-special-tokens",
     "temperature": "--temp",
     "top_p": "--top-p",
     "top_k": "--top-k",

@@ -19,3 +19,4 @@ class MlxinferError(Exception):
     def __init__(self, message: str, *params: str):
         super().__init__(message)
         self.params = params
+        self.detail: list[str] = []  # more lines for whoever asks (the CLI's --debug)

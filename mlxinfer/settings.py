@@ -64,13 +64,17 @@ def _int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool)
 
 
+# A positive temperature under this divides float32 scores into inf and the softmax into NaN (1e-6 is
+# already greedy in all but exact ties); a repetition penalty outside [TINY, 1/TINY] does the same.
+TINY = 1e-6
+
 _RULES = (  # (setting, test, what it must be: the fix)
-    ("temperature", lambda v: _num(v) and v >= 0, ">= 0 (0 = greedy; e.g. 0.7)"),
+    ("temperature", lambda v: _num(v) and (v == 0 or v >= TINY), ">= 0 (0 = greedy, else at least 1e-06; e.g. 0.7)"),
     ("top_p", lambda v: _num(v) and 0 < v <= 1, "in (0, 1] (1 = off; e.g. 0.9)"),
     ("top_k", lambda v: _int(v) and v >= 0, "a whole number >= 0 (0 = off; e.g. 20)"),
     ("min_p", lambda v: _num(v) and 0 <= v < 1, "in [0, 1) (0 = off; e.g. 0.05)"),
     ("min_tokens_to_keep", lambda v: _int(v) and v >= 1, "a whole number >= 1"),
-    ("repetition_penalty", lambda v: _num(v) and v > 0, "> 0 (1 = off; e.g. 1.1)"),
+    ("repetition_penalty", lambda v: _num(v) and TINY <= v <= 1 / TINY, "in [1e-06, 1e+06] (1 = off; e.g. 1.1)"),
     ("presence_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2] as in OpenAI's API (0 = off)"),
     ("frequency_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2] as in OpenAI's API (0 = off)"),
     (
@@ -89,7 +93,7 @@ _RULES = (  # (setting, test, what it must be: the fix)
 
 def check_temperature(value: Any, name: str = "temperature") -> float:
     """One temperature, by SamplerSettings' rule: finite and >= 0."""
-    if not (_num(value) and value >= 0):
+    if not _RULES[0][1](value):
         raise MlxinferError(f"{name} must be {_RULES[0][2]}, got {value!r}", name)
     return float(value)
 

@@ -5,10 +5,16 @@ A model directory's tokenizer loads through mlx-lm's tokenizer utilities
 vocabulary, merges, special tokens and chat template in metadata; we rebuild a
 Hugging Face `tokenizers` BPE from them. Chat templates render in transformers'
 sandboxed Jinja environment.
+
+User text is plain text: a special token's name typed in a prompt or system message (`<|im_end|>`)
+is encoded as the characters it is made of, so only the chat template emits control tokens;
+`raw_special_tokens=True` parses them as the tokenizer would.
 """
 
 from __future__ import annotations
 
+import re
+import secrets
 from pathlib import Path
 
 from .errors import MlxinferError
@@ -36,6 +42,7 @@ CONTROL, USER_DEFINED = 3, 4
 
 def _quiet_transformers() -> None:
     """transformers warns about lengths we check ourselves (against the model's context)."""
+    import mlx_lm  # noqa: F401  (first: it turns off transformers' "PyTorch was not found" advice on stderr)
     from transformers.utils import logging
 
     logging.set_verbosity_error()
@@ -51,29 +58,53 @@ def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
         raise MlxinferError(f"no tokenizer files in {directory}; add tokenizer.json (and tokenizer_config.json)")
     try:
         return mlx_lm_load_tokenizer(directory, {"trust_remote_code": False}, eos_token_ids=eos_token_ids)
-    except (OSError, ValueError) as e:
-        raise MlxinferError(f"the tokenizer in {directory} could not be loaded ({str(e).splitlines()[0]})") from None
+    except Exception as e:  # transformers/tokenizers parsing the checkpoint's files: their problem, one line
+        raise MlxinferError(f"the tokenizer in {directory} could not be loaded ({_first_line(e)})") from None
 
 
 def tokenizer_from_gguf(header: GGUFHeader):
     """Rebuild the tokenizer stored in a GGUF file's metadata (BPE vocabularies of the gpt2 kind)."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
     _quiet_transformers()
 
     m = header.metadata
     kind, pre = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.pre", "default")
     if kind != "gpt2":
-        raise MlxinferError(f"{header.path}: GGUF tokenizer model '{kind}' is not supported (only BPE 'gpt2')")
-    if pre not in _PRE:
         raise MlxinferError(
-            f"{header.path}: GGUF pre-tokenizer '{pre}' is not supported; supported: {', '.join(sorted(_PRE))}"
+            f"{header.path}: GGUF tokenizer model {str(kind)[:40]!r} is not supported (only BPE 'gpt2')"
         )
-    tokens = m["tokenizer.ggml.tokens"]
-    types = m.get("tokenizer.ggml.token_type", [1] * len(tokens))
-    merges = [tuple(line.split(" ", 1)) for line in m.get("tokenizer.ggml.merges", [])]
+    if not isinstance(pre, str) or pre not in _PRE:
+        raise MlxinferError(
+            f"{header.path}: GGUF pre-tokenizer {str(pre)[:40]!r} is not supported; "
+            f"supported: {', '.join(sorted(_PRE))}"
+        )
+    tokens = m.get("tokenizer.ggml.tokens")
+    types = m.get("tokenizer.ggml.token_type", [1] * len(tokens) if isinstance(tokens, list) else None)
+    merges = m.get("tokenizer.ggml.merges", [])
+    template = m.get("tokenizer.chat_template")
+    broken = (
+        "the vocabulary (tokenizer.ggml.tokens)"
+        if not _all(tokens, str) or not tokens
+        else "tokenizer.ggml.token_type"
+        if not _all(types, int)
+        else "tokenizer.ggml.merges"
+        if not _all(merges, str) or not all(" " in line for line in merges)
+        else "tokenizer.chat_template"
+        if template is not None and not isinstance(template, str)
+        else None
+    )
+    if broken:
+        raise MlxinferError(f"{header.path}: GGUF metadata lacks a usable {broken}; use a GGUF file with its tokenizer")
+    try:
+        return _gguf_tokenizer(m, tokens, types, [tuple(line.split(" ", 1)) for line in merges], pre, template)
+    except Exception as e:  # tokenizers/transformers refusing the metadata: the file's problem, one line
+        raise MlxinferError(f"{header.path}: the tokenizer in its metadata is broken ({_first_line(e)})") from None
+
+
+def _gguf_tokenizer(m: dict, tokens: list, types: list, merges: list, pre: str, template: str | None):
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
     bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe"))
     tok = Tokenizer(bpe)
     split_digits, words = _PRE[pre]
@@ -93,7 +124,7 @@ def tokenizer_from_gguf(header: GGUFHeader):
 
     def special(key):
         i = m.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[i] if i is not None and i < len(tokens) else None
+        return tokens[i] if _token_id(i, len(tokens)) else None
 
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
@@ -101,18 +132,40 @@ def tokenizer_from_gguf(header: GGUFHeader):
         eos_token=special("eos"),
         unk_token=special("unknown"),
         pad_token=special("padding"),
-        chat_template=m.get("tokenizer.chat_template"),
+        chat_template=template,
         add_bos_token=bool(m.get("tokenizer.ggml.add_bos_token", False)),
     )
-    eos = [m[k] for k in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id") if k in m]
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+    eos = [m[k] for k in keys if _token_id(m.get(k), len(tokens))]
     return TokenizerWrapper(hf, BPEStreamingDetokenizer, eos_token_ids=eos)
 
 
+def _all(values, kind) -> bool:
+    return isinstance(values, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
+
+
+def _token_id(i, n: int) -> bool:
+    return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+
+
+def _first_line(e: Exception) -> str:
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+
+
 def encode_prompt(
-    tokenizer, prompt: str | list[int], *, chat: bool = True, system: str | None = None, thinking: bool = False
+    tokenizer,
+    prompt: str | list[int],
+    *,
+    chat: bool = True,
+    system: str | None = None,
+    thinking: bool = False,
+    raw_special_tokens: bool = False,
 ) -> list[int]:
     """The token ids the model reads: the prompt wrapped in the chat template, or plain text.
-    Token ids (a list of ints) are taken as they are, checked against the vocabulary."""
+    Token ids (a list of ints) are taken as they are, checked against the vocabulary.
+
+    A special token's name in the prompt or system text (`<|im_end|>`) is encoded as plain text,
+    so that only the template emits control tokens; raw_special_tokens=True parses it instead."""
     if isinstance(prompt, (list, tuple)):
         return _checked_ids(tokenizer, prompt)
     if not isinstance(prompt, str):
@@ -123,19 +176,77 @@ def encode_prompt(
         except UnicodeEncodeError:
             raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
     if not chat:
-        return tokenizer.encode(prompt)
+        return tokenizer.encode(prompt) if raw_special_tokens else _plain(tokenizer, prompt, True)
     if getattr(tokenizer, "chat_template", None) is None:
         raise MlxinferError(
             "this model has no chat template; pass chat=False to feed the prompt as plain text", "chat=False"
         )
     messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    text = _render(tokenizer, messages, thinking)
+    specials = _special_tokens(tokenizer)
+    pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
+    if raw_special_tokens or not specials or not any(pattern.search(m["content"]) for m in messages):
+        return tokenizer.encode(text, add_special_tokens=False)
+    return _encode_as_text(tokenizer, messages, thinking, text, specials, pattern)
+
+
+def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
     try:
         text = tokenizer.apply_chat_template(
             messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
         )
     except Exception as e:  # a template error is the checkpoint's problem, not a bug here
-        raise MlxinferError(f"the model's chat template failed to render ({e}); try chat=False", "chat=False") from None
-    return tokenizer.encode(text, add_special_tokens=False)
+        raise MlxinferError(
+            f"the model's chat template failed to render ({_first_line(e)}); try chat=False", "chat=False"
+        ) from None
+    if not isinstance(text, str):
+        raise MlxinferError("the model's chat template did not render text; try chat=False", "chat=False")
+    return text
+
+
+def _special_tokens(tokenizer) -> dict[str, int]:
+    """The tokenizer's special (control) tokens by text: what the template may emit and user text may not."""
+    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    added = getattr(hf, "added_tokens_decoder", None) or {}
+    return {t.content: i for i, t in added.items() if getattr(t, "special", False) and t.content}
+
+
+def _plain(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """`text` encoded with every special token's name taken as the characters it is made of."""
+    ids = tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
+    backend = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "backend_tokenizer", None)
+    if backend is not None:
+        backend.encode_special_tokens = False  # transformers leaves its switch set for the next caller
+    return list(ids)
+
+
+def _encode_as_text(tokenizer, messages, thinking, text, specials: dict[str, int], pattern) -> list[int]:
+    """Render again with each special token in the messages hidden behind a mark, split the result at
+    the special tokens the template emitted (the only ones left), and encode the text between them
+    (the marks put back) with special tokens taken as plain text."""
+    nonce, found = secrets.token_hex(4), []
+
+    def hide(m: re.Match) -> str:
+        found.append(m.group())
+        return f"\ue000{nonce}:{len(found) - 1}\ue001"
+
+    skeleton = _render(tokenizer, [{**m, "content": pattern.sub(hide, m["content"])} for m in messages], thinking)
+    mark = re.compile(f"\ue000{nonce}:(\\d+)\ue001")
+
+    def restore(piece: str) -> str:
+        return mark.sub(lambda m: found[int(m.group(1))], piece)
+
+    if restore(skeleton) != text:
+        raise MlxinferError(
+            "the prompt or system text holds the name of a special token, which this chat template "
+            "transforms; remove it, or pass raw_special_tokens=True to send it as a control token",
+            "raw_special_tokens",
+        )
+    ids, at = [], 0
+    for m in pattern.finditer(skeleton):
+        ids += _plain(tokenizer, restore(skeleton[at : m.start()]), False) + [specials[m.group()]]
+        at = m.end()
+    return ids + _plain(tokenizer, restore(skeleton[at:]), False)
 
 
 def _checked_ids(tokenizer, ids) -> list[int]:

@@ -27,6 +27,7 @@ import mlx.nn as nn
 from mlxinfer.errors import MlxinferError
 from mlxinfer.formats.sources import is_embedded
 from mlxinfer.model.compute import to_float32, unpacked_parameter_count
+from mlxinfer.model.finite import check_scores
 
 from . import affine
 from .export import load, source_bytes
@@ -99,11 +100,16 @@ def evaluate(
     path = Path(text) if text else TEXT
     if not path.is_file():
         raise MlxinferError(f"text: no file at {path}", "text")
+    try:
+        content = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"cannot be read ({e.strerror})"
+        raise MlxinferError(f"text {path} {why}; pass a UTF-8 text file", "text") from None
     sources = [reference, *candidates]
     labels = names or [_label(s) for s in sources]
 
     ref_model, ref_tok = load(reference)
-    ids = ref_tok.encode(path.read_text(encoding="utf-8"))
+    ids = ref_tok.encode(content)
     if max_tokens is not None:
         ids = ids[:max_tokens]
     windows = [ids[i : i + window] for i in range(0, len(ids), window)]
@@ -126,7 +132,7 @@ def evaluate(
     rows = []
     for source, label in zip(candidates, labels[1:]):
         model, tok = load(source)
-        if tok.encode(path.read_text(encoding="utf-8"))[: len(ids)] != ids:
+        if tok.encode(content)[: len(ids)] != ids:
             raise MlxinferError(
                 f"{label} tokenizes the text differently from the reference; compare models that share a tokenizer"
             )
@@ -158,6 +164,7 @@ def evaluate(
 def _log_probs(model: nn.Module, window: list[int]) -> mx.array:
     """(len - 1, V) float32 log-probabilities of the next token at every position but the last."""
     logits = model(mx.array([window]))[0, :-1].astype(mx.float32)
+    check_scores(model, window, logits)  # NaN or inf: an error naming the first bad layer, not a NaN report
     lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
     mx.eval(lp)
     return lp

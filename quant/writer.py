@@ -5,7 +5,9 @@ model.safetensors (or model-0000k-of-0000n.safetensors shards with model.safeten
 the tensors exceed the shard size), tokenizer files, generation_config.json.
 
 Everything is written into a temporary directory next to OUT and renamed into place at the end, so a
-failure leaves no half-written OUT; an existing non-empty OUT is refused unless `force`.
+failure leaves no half-written OUT; an existing non-empty OUT is refused unless `force`. The temporary
+directory is removed on an error, Ctrl-C, SIGTERM or SIGHUP, and by the next run if a SIGKILL left it
+(mlxinfer/atomic.py).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
+from mlxinfer import atomic
 from mlxinfer.errors import MlxinferError
 
 DEFAULT_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
@@ -77,34 +80,53 @@ def check_output(out: Path, force: bool) -> None:
 
 @contextmanager
 def staged(out: Path, force: bool) -> Iterator[Path]:
-    """Yield a temporary directory next to OUT; on success it replaces OUT, on any failure it is removed."""
+    """Yield a temporary directory next to OUT; on success it replaces OUT, on any failure (or SIGTERM) it
+    is removed. An OSError (a read-only place, a path under a file, a full disk) is a one-line error."""
     out = Path(out).absolute()
     check_output(out, force)
     created = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.partial-", dir=out.parent))
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 is for secrets; a model directory is ordinary
-    try:
-        yield tmp
-        check_output(out, force)  # nothing appeared meanwhile
-        old = None
-        if out.exists():
-            old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.rename(out, old / "x")
+    with atomic.cleanup_on_signals():
         try:
-            os.rename(tmp, out)
-        except BaseException:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            atomic.remove_stale(out)
+            tmp = Path(tempfile.mkdtemp(prefix=atomic.prefix(out), dir=out.parent))
+        except OSError as e:
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            raise _cannot_write(out, e) from None
+        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 is for secrets; a model directory is ordinary
+        try:
+            yield tmp
+            check_output(out, force)  # nothing appeared meanwhile
+            old = None
+            if out.exists():
+                old = Path(tempfile.mkdtemp(prefix=atomic.prefix(out, "old"), dir=out.parent))
+                os.rename(out, old / "x")
+            try:
+                os.rename(tmp, out)
+            except BaseException:
+                if old is not None:
+                    os.rename(old / "x", out)
+                    old.rmdir()
+                raise
             if old is not None:
-                os.rename(old / "x", out)
-                old.rmdir()
+                shutil.rmtree(old, ignore_errors=True)
+        except BaseException as e:
+            shutil.rmtree(tmp, ignore_errors=True)
+            if created is not None:
+                shutil.rmtree(created, ignore_errors=True)
+            if isinstance(e, OSError):
+                raise _cannot_write(out, e) from None
             raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if created is not None:
-            shutil.rmtree(created, ignore_errors=True)
-        raise
+
+
+def _cannot_write(out: Path, e: OSError) -> MlxinferError:
+    blocker = next((p for p in out.parents if p.exists() and not p.is_dir()), None)
+    if blocker is not None:
+        why = f"{blocker} is a file, not a directory"
+    else:
+        why = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename and str(e.filename) != str(out) else "")
+    return MlxinferError(f"cannot write out {out}: {why}; choose a place you can write to", "out")
 
 
 def _umask() -> int:
@@ -131,7 +153,10 @@ def save_weights(
     names = ["model.safetensors"] if n == 1 else [f"model-{i + 1:05d}-of-{n:05d}.safetensors" for i in range(n)]
     weight_map = {}
     for fname, shard in zip(names, shards):
-        mx.save_safetensors(str(directory / fname), shard, metadata={"format": "mlx"})
+        try:
+            mx.save_safetensors(str(directory / fname), shard, metadata={"format": "mlx"})
+        except (RuntimeError, ValueError) as e:  # mlx's way of saying the file could not be written
+            raise OSError(0, str(e).splitlines()[0] if str(e) else "write failed", str(directory / fname)) from None
         weight_map.update({k: fname for k in shard})
     if n > 1:
         index = {

@@ -13,6 +13,7 @@ from conftest import assert_one_line_error, run_cli
 
 import mlxinfer
 import quant
+from mlxinfer.errors import MlxinferError
 from mlxinfer.model.weights import unpermute_rows
 from quant import writer
 from quant.affine import dequantize_tensor, module_weight, quantize_tensor, tables
@@ -433,13 +434,13 @@ def test_failure_leaves_nothing_half_written(checkpoint_dir, tmp_path, monkeypat
 
     monkeypatch.setattr(writer, "save_config", broken)
     out = tmp_path / "new" / "out"
-    with pytest.raises(OSError):
+    with pytest.raises(MlxinferError, match="cannot write out .*disk full"):  # one line, not an OSError
         quantize(checkpoint_dir("llama"), out)
     assert not (tmp_path / "new").exists()  # the parent it created is gone too
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")
-    with pytest.raises(OSError):
+    with pytest.raises(MlxinferError, match="disk full"):
         quantize(checkpoint_dir("llama"), existing, force=True)
     assert [p.name for p in existing.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]

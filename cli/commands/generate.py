@@ -22,6 +22,7 @@ from cli.common import (
     RepetitionOption,
     SystemOption,
     TempOption,
+    RawSpecialOption,
     ThinkingOption,
     TopKOption,
     TopPOption,
@@ -50,6 +51,7 @@ def generate(
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed the draws; the same seed repeats the text."),
     chat: bool = ChatOption,
     thinking: bool = ThinkingOption,
+    raw_special_tokens: bool = RawSpecialOption,
     logprobs: int = typer.Option(0, "--logprobs", help="Show each token's logprob and the K best alternatives."),
     json_schema: Optional[str] = typer.Option(
         None,
@@ -98,14 +100,15 @@ def generate(
         chat=chat,
         system=system,
         thinking=thinking,
+        raw_special_tokens=raw_special_tokens,
         explain_mask=explain_mask,
     )
-    if not json_out and not quiet:
-        print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
-        if m.info.sharding:
-            print(sharding_line(m.info.sharding), file=sys.stderr)
-    for step in stream:
+    for i, step in enumerate(stream):
         if not json_out and not quiet:
+            if i == 0:  # once the prefill has worked: an error before it stays the one line on stderr
+                print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
+                if m.info.sharding:
+                    print(sharding_line(m.info.sharding), file=sys.stderr)
             sys.stdout.write(step.text)
             sys.stdout.flush()
     result = stream.result

@@ -20,6 +20,7 @@ from cli.common import (
     ShardModelOption,
     SystemOption,
     TempOption,
+    RawSpecialOption,
     ThinkingOption,
     TopKOption,
     TopPOption,
@@ -49,6 +50,7 @@ def sample(
     ),
     chat: bool = ChatOption,
     thinking: bool = ThinkingOption,
+    raw_special_tokens: bool = RawSpecialOption,
     system: Optional[str] = SystemOption,
     json_schema: Optional[str] = typer.Option(
         None, "--json-schema", help="Every seed writes JSON of this schema (a file or inline JSON)."
@@ -91,6 +93,7 @@ def sample(
             batch_size=batch_size,
             chat=chat,
             thinking=thinking,
+            raw_special_tokens=raw_special_tokens,
             system=system,
             json_schema=json_schema,
             tool=tool,

@@ -11,6 +11,7 @@ from cli.common import (
     ChatOption,
     ComputeOption,
     JsonOption,
+    RawSpecialOption,
     ModelOption,
     ShardModelOption,
     SystemOption,
@@ -47,6 +48,7 @@ def sweep(
     chat: bool = ChatOption,
     thinking: bool = ThinkingOption,
     system: Optional[str] = SystemOption,
+    raw_special_tokens: bool = RawSpecialOption,
     json_out: bool = JsonOption,
     shard_model: bool = ShardModelOption,
 ):
@@ -90,6 +92,7 @@ def sweep(
                 thinking=thinking,
                 out=out,
                 resume=resume,
+                raw_special_tokens=raw_special_tokens,
                 progress=update,
             )
     except KeyboardInterrupt:

@@ -16,6 +16,7 @@ from cli.common import (
     PromptOption,
     SystemOption,
     TempOption,
+    RawSpecialOption,
     ThinkingOption,
     TopKOption,
     TopPOption,
@@ -41,6 +42,7 @@ def topk(
     k: int = typer.Option(6, "-k", help="How many tokens to list, by score."),
     chat: bool = ChatOption,
     thinking: bool = ThinkingOption,
+    raw_special_tokens: bool = RawSpecialOption,
     system: Optional[str] = SystemOption,
     temp: Optional[float] = TempOption,
     top_p: Optional[float] = TopPOption,
@@ -71,6 +73,7 @@ def topk(
         explain_sampler=explain,
         chat=chat,
         thinking=thinking,
+        raw_special_tokens=raw_special_tokens,
         system=system,
     )
     if other_rank():

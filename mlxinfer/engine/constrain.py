@@ -128,9 +128,21 @@ def compile_schema(tokenizer, schema: dict, where: str = "json_schema", param: s
     matcher = LLMatcher(table.ll, grammar, log_level=0)
     if matcher.is_error():
         raise MlxinferError(f"{where} cannot be compiled: {_one_line(matcher.get_error())}", param)
+    probe = matcher.deep_copy()  # what the grammar forces from the start: an endless prefix fails here
+    forced = probe.compute_ff_tokens()
+    if probe.is_error() or (forced and not probe.consume_tokens(forced)) or probe.is_error():
+        raise _too_complex(where, param, probe.get_error())
     compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher)
     _GRAMMARS[key] = compiled
     return compiled
+
+
+def _too_complex(where: str, param: str | None, error: str) -> MlxinferError:
+    return MlxinferError(
+        f"{where} is beyond the grammar engine ({_one_line(error.split('<state>')[0], 160)}); a schema whose required "
+        "properties refer back to themselves has no finite JSON: make the recursion optional or simplify it",
+        *([param] if param else []),
+    )
 
 
 # ----------------------------------------------------------------------------- the mask
@@ -222,8 +234,15 @@ class GrammarMask:
     # -- feeding the matcher
     def _consume(self, token: int) -> None:
         if not self.matcher.consume_token(int(token)):
+            self._schema_error()
             raise RuntimeError(f"the grammar refused token {token} that the mask allowed: {self.matcher.get_error()}")
         self.tokens.append(int(token))
+
+    def _schema_error(self) -> None:
+        """The parser gave up on the schema's size mid-way (llguidance's item limits): the schema's fault."""
+        error = self.matcher.get_error()
+        if "parser error" in error:
+            raise _too_complex("the schema", None, error)
 
     def advance(self, generated: list[int]) -> None:
         """Feed the tokens of `generated` (all tokens drawn so far) that the matcher has not seen."""
@@ -240,6 +259,7 @@ class GrammarMask:
 
         fill_next_token_bitmask(self.matcher, self._bitmask)  # drops the GIL
         if self.matcher.is_error():
+            self._schema_error()
             raise RuntimeError(f"grammar error: {self.matcher.get_error()}")
         return allowed_from_bitmask(self._bitmask, self.table.n_vocab, self.vocab_size)
 

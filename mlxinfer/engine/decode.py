@@ -28,6 +28,7 @@ import mlx.core as mx
 from ..cpu import kernels
 from ..errors import MlxinferError
 from ..model.cache import fork, keep_rows
+from ..model.finite import check_scores
 from ..sampler import Sampler, cut_tail, draw, make_logits_processors
 from ..settings import SamplerSettings
 from ..views import Alternative, Stats, Step
@@ -96,6 +97,7 @@ def prefill(
     if logits is None:  # the last prompt token runs alone, as in mlx-lm's generate_step
         logits = model(mx.array(ids[-1:])[None], cache=cache)[:, -1, :]
         mx.eval(logits)
+    check_scores(model, ids, logits)
     return Prefilled(list(ids), cache, logits)
 
 

@@ -23,6 +23,7 @@ from .constrain import finish
 from .schema import Constraint, tool_system
 
 DEFAULT_BATCH = 32
+MAX_SEEDS = 100_000  # a list of seeds is built before the first draw: bound it
 
 
 def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
@@ -30,8 +31,8 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
     if isinstance(seeds, bool):
         raise MlxinferError(f"seeds must be a count, 'A:B' or a list of seeds, got {seeds!r}", "seeds")
     if isinstance(seeds, int):
-        if seeds < 1:
-            raise MlxinferError(f"seeds must be at least 1, got {seeds}", "seeds")
+        if not 1 <= seeds <= MAX_SEEDS:
+            raise MlxinferError(f"seeds must be at least 1 and at most {MAX_SEEDS:,}, got {seeds}", "seeds")
         return list(range(seeds))
     if isinstance(seeds, str):
         try:
@@ -40,10 +41,14 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
             raise MlxinferError(f"seeds takes A:B with whole numbers, got '{seeds}'", "seeds") from None
         if a < 0 or b <= a:
             raise MlxinferError(f"seeds {seeds} is empty or reversed; use A:B with 0 <= A < B", "seeds")
+        if b - a > MAX_SEEDS or b > 2**63:
+            raise MlxinferError(f"seeds {seeds}: at most {MAX_SEEDS:,} seeds, each below 2**63", "seeds")
         return list(range(a, b))
     out = list(seeds)
-    if not out or any(isinstance(s, bool) or not isinstance(s, int) or s < 0 for s in out):
-        raise MlxinferError("seeds must be whole numbers >= 0, at least one", "seeds")
+    if not out or any(isinstance(s, bool) or not isinstance(s, int) or not 0 <= s < 2**63 for s in out):
+        raise MlxinferError("seeds must be whole numbers from 0 to 2**63 - 1, at least one", "seeds")
+    if len(out) > MAX_SEEDS:
+        raise MlxinferError(f"seeds: at most {MAX_SEEDS:,}, got {len(out):,}", "seeds")
     return out
 
 
@@ -77,6 +82,7 @@ def sample(
     json_schema: dict | str | None = None,
     tool: dict | str | None = None,
     progress: Optional[Callable[[int, int], None]] = None,
+    raw_special_tokens: bool = False,
 ) -> SampleReport:
     """One completion per seed, then a tally of the distinct answers.
 
@@ -84,6 +90,7 @@ def sample(
     set (the rest from generation_config.json), or None. batch_size: rows per forward pass
     (default 32; 1 runs the seeds one at a time). json_schema / tool: every row writes JSON of
     that shape through its own grammar mask; each completion says whether it came out complete.
+    raw_special_tokens: see encode_prompt.
     """
     seed_ids = seed_list(seeds)
     check_max_tokens(max_tokens)
@@ -92,7 +99,9 @@ def sample(
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
-    ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
+    ids = encode_prompt(
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
+    )
     check_context(model, len(ids), max_tokens)
     group = ranks.seed_group(model)
     mine = ranks.share(seed_ids, group)  # under mlx.launch each rank draws every N-th seed (all: a split model)

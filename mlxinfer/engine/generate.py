@@ -84,13 +84,15 @@ def stream_generate(
     system: Optional[str] = None,
     thinking: bool = False,
     explain_mask: bool = False,
+    raw_special_tokens: bool = False,
 ) -> GenerationStream:
     """Check every argument (one MlxinferError naming the parameter), then return the stream.
 
     seed: draws from `mx.random.key(seed)`'s chain, which is what mlx-lm draws after
     `mx.random.seed(seed)`; None draws from MLX's global stream. json_schema: a JSON Schema
     whose top level is an object; tool: a tool definition in Anthropic's format (name,
-    description, input_schema); either as a dict, inline JSON text or a file path.
+    description, input_schema); either as a dict, inline JSON text or a file path. raw_special_tokens:
+    special tokens' names in the prompt and system text are control tokens, not text (see encode_prompt).
     """
     check_max_tokens(max_tokens)
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
@@ -101,7 +103,13 @@ def stream_generate(
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
-    ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
+    if logprobs > model.config.vocab_size:
+        raise MlxinferError(
+            f"logprobs must be at most the vocabulary size {model.config.vocab_size:,}, got {logprobs:,}", "logprobs"
+        )
+    ids = encode_prompt(
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
+    )
     check_context(model, len(ids), max_tokens)
     mask = constraint.mask(tokenizer, model.config.vocab_size) if constraint is not None else None
     return GenerationStream(
@@ -130,6 +138,7 @@ def generate(
     system: Optional[str] = None,
     thinking: bool = False,
     explain_mask: bool = False,
+    raw_special_tokens: bool = False,
 ) -> Generation:
     """The whole generation at once: text, tokens, steps, stats, finish reason, and with json_schema
     or tool the parsed JSON and whether it is valid. The arguments are stream_generate's."""
@@ -147,6 +156,7 @@ def generate(
         system=system,
         thinking=thinking,
         explain_mask=explain_mask,
+        raw_special_tokens=raw_special_tokens,
     )
     for _ in stream:
         pass

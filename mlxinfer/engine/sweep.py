@@ -106,6 +106,7 @@ def sweep(
     chat: bool = True,
     system: Optional[str] = None,
     thinking: bool = False,
+    raw_special_tokens: bool = False,
     out: str | Path | None = None,
     resume: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
@@ -115,6 +116,7 @@ def sweep(
     settings: each a SamplerSettings or a dict of the fields set (the rest from generation_config.json);
     `settings_grid` builds the product of value lists. out: a .jsonl results file, appended per batch;
     resume=True skips the completions it already holds (it must be the same experiment).
+    raw_special_tokens: see encode_prompt.
     """
     prompts = list(prompts)
     if not prompts:
@@ -125,7 +127,10 @@ def sweep(
     check_max_tokens(max_tokens)
     size = check_batch_size(batch_size)
     resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
-    ids = [encode_prompt(tokenizer, p, chat=chat, system=system, thinking=thinking) for p in prompts]
+    ids = [
+        encode_prompt(tokenizer, p, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens)
+        for p in prompts
+    ]
     for prompt_ids in ids:
         check_context(model, len(prompt_ids), max_tokens)
     texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]

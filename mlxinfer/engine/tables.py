@@ -14,6 +14,7 @@ from typing import Callable, Mapping, Sequence
 import mlx.core as mx
 
 from ..errors import MlxinferError
+from ..model.finite import check_scores
 from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
@@ -29,9 +30,12 @@ def next_token_scores(model, ids: list[int]) -> mx.array:
     """
     check_context(model, len(ids))
     if not hasattr(model, "run_layers"):
-        return model(mx.array(ids)[None])[0, -1].astype(mx.float32)
-    h = model.run_layers(model.embed(mx.array(ids)[None]))  # (1, L, D)
-    return model.logits_from_hidden(h[:, -1:, :])[0, -1].astype(mx.float32)
+        scores = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
+    else:
+        h = model.run_layers(model.embed(mx.array(ids)[None]))  # (1, L, D)
+        scores = model.logits_from_hidden(h[:, -1:, :])[0, -1].astype(mx.float32)
+    check_scores(model, ids, scores)  # NaN or inf: an error naming the first bad layer, never a table
+    return scores
 
 
 def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[float]:
@@ -101,18 +105,21 @@ def next_token_table(
     chat: bool = True,
     system: str | None = None,
     thinking: bool = False,
+    raw_special_tokens: bool = False,
 ) -> NextTokenTable:
     """The lesson's table for one prompt (text, or token ids as they are).
 
     With `settings` (a SamplerSettings, or a dict of the fields you set: the rest come from the
     model's generation_config.json) or `explain_sampler=True`, the table also explains one step
-    of the sampler: which tokens survive its cut.
+    of the sampler: which tokens survive its cut. raw_special_tokens: see encode_prompt.
     """
     temperatures = check_table_args(temperatures, k, model.config.vocab_size)
     resolved = None
     if settings is not None or explain_sampler:
         resolved = resolve_settings(settings, model.info.generation_config)
-    ids = encode_prompt(tokenizer, prompt, chat=chat, system=system, thinking=thinking)
+    ids = encode_prompt(
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
+    )
     scores = next_token_scores(model, ids)
 
     def decode(i: int) -> str:

@@ -8,6 +8,7 @@ No mlx import here: `count` reads configs without loading a framework.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,19 @@ from .architectures import ARCHITECTURES, Architecture
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 KNOWN_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
 SUPPORTED = tuple(ARCHITECTURES)
+# Far beyond any released model, and checked before anything is built from a config: a size read from a
+# file must not make a loop or an allocation without end (the loader then checks each against the tensors)
+LIMITS = {
+    "vocab_size": 1 << 24,
+    "hidden_size": 1 << 20,
+    "intermediate_size": 1 << 20,
+    "num_hidden_layers": 1 << 12,
+    "num_attention_heads": 1 << 14,
+    "num_key_value_heads": 1 << 14,
+    "head_dim": 1 << 16,
+    "max_position_embeddings": 1 << 40,
+}
+QUANT_BITS, QUANT_GROUPS = (1, 2, 3, 4, 5, 6, 8), (32, 64, 128)  # what mx.quantize takes
 
 
 @dataclass(frozen=True)
@@ -72,10 +86,12 @@ class ModelConfig:
         model_type = d.get("model_type")
         if model_type is None:
             raise MlxinferError(f"{where} has no 'model_type'; add one of: {', '.join(SUPPORTED)}")
-        if model_type not in ARCHITECTURES:
+        if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
             if undescribed and isinstance(model_type, str):
                 return cls._undescribed(d, where)
-            raise MlxinferError(f"unknown architecture '{model_type}' in {where}; supported: {', '.join(SUPPORTED)}")
+            raise MlxinferError(
+                f"unknown architecture {_short(model_type)} in {where}; supported: {', '.join(SUPPORTED)}"
+            )
         arch = ARCHITECTURES[model_type]
         for name in REQUIRED:
             if name not in d:
@@ -98,20 +114,20 @@ class ModelConfig:
             head_dim = ints["hidden_size"] // heads
         attention_bias = bool(d.get("attention_bias", False))
         rope_scaling = d.get("rope_scaling")
-        if rope_scaling is not None and arch.ours:
-            kind = rope_scaling.get("rope_type") or rope_scaling.get("type") or "default"
-            if kind not in ("default", "linear", "llama3"):
-                raise MlxinferError(
-                    f"{where}: rope_scaling type '{kind}' is not supported; supported: default, linear, llama3"
-                )
+        if rope_scaling is not None and arch.ours:  # mlx-lm's classes read their own kinds (yarn, ...)
+            _check_rope_scaling(rope_scaling, where)
         return cls(
             model_type=model_type,
             num_key_value_heads=kv_heads,
             head_dim=head_dim,
-            rms_norm_eps=float(d.get("rms_norm_eps", 1e-6)),
-            rope_theta=float(d.get("rope_theta", 10000.0)),
+            rms_norm_eps=_number(d, "rms_norm_eps", 1e-6, where, 0.0, 1.0),
+            rope_theta=_number(d, "rope_theta", 10000.0, where, 0.0, 1e30),
             rope_scaling=rope_scaling,
-            max_position_embeddings=int(d.get("max_position_embeddings") or arch.context),
+            max_position_embeddings=_positive_int(
+                {"max_position_embeddings": d.get("max_position_embeddings") or arch.context},
+                "max_position_embeddings",
+                where,
+            ),
             tie_word_embeddings=bool(d.get("tie_word_embeddings", arch.tied)),
             tie_word_embeddings_given="tie_word_embeddings" in d,
             qkv_bias=attention_bias if arch.qkv_bias is None else arch.qkv_bias,
@@ -131,7 +147,7 @@ class ModelConfig:
 
         def number(name: str) -> int:
             v = d.get(name, text.get(name))
-            return v if isinstance(v, int) and not isinstance(v, bool) and v > 0 else 0
+            return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= LIMITS.get(name, 1 << 40) else 0
 
         heads = number("num_attention_heads")
         return cls(
@@ -161,8 +177,10 @@ class ModelConfig:
             raise MlxinferError(f"no config.json at {path.parent}; point at a model directory that has one")
         try:
             data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
             raise MlxinferError(f"{path} is not valid JSON ({e.__class__.__name__}: {e}); re-download it") from None
+        except OSError as e:
+            raise MlxinferError(f"{path} cannot be read ({e.strerror or e}); check the path") from None
         return cls.from_dict(data, where=str(path), undescribed=undescribed)
 
 
@@ -176,8 +194,11 @@ def _experts(d: dict, arch: Architecture, layers: int, where: str) -> dict:
     n, k = _positive_int(d, arch.experts, where), _positive_int(d, "num_experts_per_tok", where)
     if k > n:
         raise MlxinferError(f"{where}: num_experts_per_tok {k} is more than the {n} experts ({arch.experts})")
-    step = int(d.get("decoder_sparse_step") or 1)  # qwen3_moe: every step-th layer is sparse ...
-    dense = set(d.get("mlp_only_layers") or [])  # ... except these
+    step = _positive_int(d, "decoder_sparse_step", where) if d.get("decoder_sparse_step") else 1
+    dense = d.get("mlp_only_layers") or []  # qwen3_moe: every step-th layer is sparse, except these
+    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+        raise MlxinferError(f"{where}: 'mlp_only_layers' must be a list of layer numbers, got {_short(dense)}")
+    dense = set(dense)
     return {
         "num_experts": n,
         "num_experts_per_tok": k,
@@ -189,22 +210,70 @@ def _experts(d: dict, arch: Architecture, layers: int, where: str) -> dict:
 
 def _dtype(d: dict, where: str) -> str:
     dtype = d.get("torch_dtype") or d.get("dtype") or "float32"
-    if dtype not in KNOWN_DTYPES:
-        raise MlxinferError(f"{where}: unsupported dtype '{dtype}'; use one of {', '.join(KNOWN_DTYPES)}")
+    if not isinstance(dtype, str) or dtype not in KNOWN_DTYPES:
+        raise MlxinferError(f"{where}: unsupported dtype {_short(dtype)}; use one of {', '.join(KNOWN_DTYPES)}")
     return dtype
 
 
 def _quantization(d: dict, where: str) -> dict | None:
     quant = d.get("quantization")
-    if quant is None and "bits" in (d.get("quantization_config") or {}):
+    if quant is None and isinstance(d.get("quantization_config"), dict) and "bits" in d["quantization_config"]:
         quant = d["quantization_config"]  # the copy mlx-lm writes for transformers
-    if quant is not None and not (isinstance(quant, dict) and "bits" in quant and "group_size" in quant):
-        raise MlxinferError(f"{where}: 'quantization' needs 'bits' and 'group_size'")
+    if quant is not None:
+        _check_quantization(quant, where)
     return quant
 
 
 def _positive_int(d: dict, name: str, where: str) -> int:
-    value = d[name]
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise MlxinferError(f"{where}: '{name}' must be a positive integer, got {value!r}")
+    value, limit = d[name], LIMITS.get(name, 1 << 40)
+    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+        raise MlxinferError(f"{where}: '{name}' must be a positive integer up to {limit:,}, got {_short(value)}")
     return value
+
+
+def _number(d: dict, name: str, default: float, where: str, low: float, high: float) -> float:
+    """A finite number in (low, high], or the default when absent."""
+    value = d.get(name, default)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not (low < value <= high and math.isfinite(value))
+    ):
+        raise MlxinferError(f"{where}: '{name}' must be a number in ({low:g}, {high:g}], got {_short(value)}")
+    return float(value)
+
+
+def _check_quantization(quant, where: str) -> None:
+    """MLX's block: global bits and group_size, then per-module overrides (a dict of both, or true/false)."""
+    bad = f"{where}: 'quantization' needs 'bits' in {QUANT_BITS} and 'group_size' in {QUANT_GROUPS}"
+    if not isinstance(quant, dict):
+        raise MlxinferError(bad)
+    for key, value in [("", quant), *((k, v) for k, v in quant.items() if isinstance(v, dict))]:
+        if value.get("bits") not in QUANT_BITS or value.get("group_size") not in QUANT_GROUPS:
+            raise MlxinferError(f"{bad}{f' (for {key!r})' if key else ''}")
+    for key in ("bits", "group_size"):
+        if isinstance(quant[key], bool):
+            raise MlxinferError(bad)
+
+
+def _check_rope_scaling(scaling, where: str) -> None:
+    if not isinstance(scaling, dict):
+        raise MlxinferError(f"{where}: rope_scaling must be an object (or null), got {_short(scaling)}")
+    kind = scaling.get("rope_type") or scaling.get("type") or "default"
+    if kind not in ("default", "linear", "llama3"):
+        raise MlxinferError(
+            f"{where}: rope_scaling type {_short(kind)} is not supported; supported: default, linear, llama3"
+        )
+    if kind == "default":
+        return
+    d = {"factor": scaling.get("factor")}
+    _number(d, "factor", None, f"{where}: rope_scaling", 0.0, 1e6)
+    if kind == "llama3":
+        low = _number(scaling, "low_freq_factor", 1.0, f"{where}: rope_scaling", 0.0, 1e6)
+        _number(scaling, "high_freq_factor", 4.0, f"{where}: rope_scaling", low, 1e6)
+        _number(scaling, "original_max_position_embeddings", 8192, f"{where}: rope_scaling", 0.0, 1 << 40)
+
+
+def _short(value, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

@@ -7,6 +7,7 @@ are read by `mx.load` in weights.py.
 
 from __future__ import annotations
 
+import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +40,9 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 LOADABLE = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
+_STRING, _ARRAY, _FLOAT64 = 8, 9, 12
+MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
+MAX_NESTING = 4  # arrays of arrays: GGUF files use one level; a deeper one is a corrupt header
 
 
 @dataclass
@@ -66,6 +69,7 @@ class GGUFHeader:
     tensors: list[GGUFTensor] = field(default_factory=list)
     data_offset: int = 0
     file_size: int = 0
+    float64_keys: list[str] = field(default_factory=list)  # metadata holding FLOAT64: mx.load crashes on it
 
     @property
     def architecture(self) -> str:
@@ -75,54 +79,66 @@ class GGUFHeader:
 class _Reader:
     def __init__(self, f: BinaryIO, path: Path, size: int):
         self.f, self.path, self.size = f, path, size
+        self.key, self.float64_keys = "", []
 
     def read(self, n: int) -> bytes:
-        b = self.f.read(n)
-        if len(b) != n:
+        if n > self.size - self.f.tell():  # checked first: read(n) would allocate n bytes
             raise MlxinferError(f"{self.path} is truncated (its header ends early); re-download the file")
-        return b
+        return self.f.read(n)
+
+    def count(self, what: str, item_bytes: int) -> int:
+        """A count read from the file, checked against the bytes left (each item needs `item_bytes`)."""
+        n = self.scalar(10)
+        if n * item_bytes > self.size - self.f.tell():
+            raise MlxinferError(f"{self.path} has a corrupt header ({n:,} {what}, more than the file can hold)")
+        return n
 
     def scalar(self, t: int):
         fmt = _SCALARS[t]
         return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
 
     def string(self) -> str:
-        n = self.scalar(10)
-        if n > self.size:
-            raise MlxinferError(f"{self.path} has a corrupt header (a string longer than the file)")
-        return self.read(n).decode("utf-8", errors="replace")
+        return self.read(self.count("string bytes", 1)).decode("utf-8", errors="replace")
 
-    def skip(self, t: int) -> int:
+    def _array_head(self, depth: int) -> tuple[int, int]:
+        item_type = self.scalar(4)
+        if item_type == _FLOAT64:
+            self.float64_keys.append(self.key)
+        if depth >= MAX_NESTING or item_type not in (*_SCALARS, _STRING, _ARRAY):
+            raise MlxinferError(f"{self.path} has a corrupt header (an array of unknown type {item_type})")
+        width = struct.calcsize(_SCALARS[item_type]) if item_type in _SCALARS else 8  # a string: its length
+        return item_type, self.count("array items", width)
+
+    def skip(self, t: int, depth: int = 0) -> int:
         """Step over a value without decoding it; returns how many items it held."""
         if t == _STRING:
-            n = self.scalar(10)
-            self.f.seek(n, 1)
+            self.f.seek(self.count("string bytes", 1), 1)
             return 1
         if t == _ARRAY:
-            item_type, count = self.scalar(4), self.scalar(10)
+            item_type, count = self._array_head(depth)
             if item_type in _SCALARS:
                 self.f.seek(struct.calcsize(_SCALARS[item_type]) * count, 1)
             else:
                 for _ in range(count):
-                    self.skip(item_type)
+                    self.skip(item_type, depth + 1)
             return count
-        self.scalar(t)
+        self.value(t)
         return 1
 
-    def value(self, t: int):
+    def value(self, t: int, depth: int = 0):
+        if t == _FLOAT64:
+            self.float64_keys.append(self.key)
         if t in _SCALARS:
             return self.scalar(t)
         if t == _STRING:
             return self.string()
         if t == _ARRAY:
-            item_type, count = self.scalar(4), self.scalar(10)
-            if count > self.size:
-                raise MlxinferError(f"{self.path} has a corrupt header (an array longer than the file)")
+            item_type, count = self._array_head(depth)
             if item_type in _SCALARS:
                 fmt = _SCALARS[item_type]
                 width = struct.calcsize(fmt)
                 return list(struct.unpack(f"<{count}{fmt[1]}", self.read(width * count)))
-            return [self.value(item_type) for _ in range(count)]
+            return [self.value(item_type, depth + 1) for _ in range(count)]
         raise MlxinferError(f"{self.path} has a corrupt header (unknown value type {t})")
 
 
@@ -143,41 +159,71 @@ def read_header(path: str | Path, tokenizer: bool = True) -> GGUFHeader:
         version = r.scalar(4)
         if version not in (2, 3):
             raise MlxinferError(f"{path} is GGUF version {version}; only versions 2 and 3 are supported")
-        n_tensors, n_kv = r.scalar(10), r.scalar(10)
+        n_tensors = r.count("tensors", 24)  # each: a name, dims, a type and an offset
+        n_kv = r.count("metadata entries", 12)  # each: a key and a type
         metadata = {}
         for _ in range(n_kv):
-            key = r.string()
+            key = r.key = r.string()
             kind = r.scalar(4)
             if not tokenizer and key.startswith("tokenizer.ggml.") and kind == _ARRAY:
                 metadata[key] = r.skip(kind)
             else:
                 metadata[key] = r.value(kind)
-        tensors = []
-        for _ in range(n_tensors):
-            name = r.string()
-            n_dims = r.scalar(4)
-            dims = [r.scalar(10) for _ in range(n_dims)]
-            type_id, offset = r.scalar(4), r.scalar(10)
-            if type_id not in GGML_TYPES:
-                raise MlxinferError(f"{path}: tensor {name} has unknown ggml type {type_id}")
-            type_name, block, block_bytes = GGML_TYPES[type_id]
-            n = 1
-            for d in dims:
-                n *= d
-            tensors.append(GGUFTensor(name, tuple(reversed(dims)), type_name, offset, n // block * block_bytes))
-        alignment = int(metadata.get("general.alignment", 32))
+        tensors = [_tensor_info(r, path) for _ in range(n_tensors)]
+        alignment = metadata.get("general.alignment", 32)
+        if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
+            raise MlxinferError(f"{path} has a corrupt header (general.alignment {alignment!r} is not a power of 2)")
         data_offset = -(-f.tell() // alignment) * alignment
-    header = GGUFHeader(path, version, metadata, tensors, data_offset, size)
-    end = max((data_offset + t.offset + t.nbytes for t in tensors), default=data_offset)
-    if end > size:
-        raise MlxinferError(
-            f"{path} is truncated: its tensors need {end:,} bytes but the file has {size:,}; re-download it"
-        )
+    header = GGUFHeader(path, version, metadata, tensors, data_offset, size, sorted(set(r.float64_keys)))
+    _check_layout(header, alignment)
     return header
+
+
+def _tensor_info(r: _Reader, path: Path) -> GGUFTensor:
+    name = r.string()
+    n_dims = r.scalar(4)
+    if not 1 <= n_dims <= MAX_DIMS:
+        raise MlxinferError(f"{path} has a corrupt header (tensor {name!r} has {n_dims} dimensions)")
+    dims = [r.scalar(10) for _ in range(n_dims)]
+    type_id, offset = r.scalar(4), r.scalar(10)
+    if type_id not in GGML_TYPES:
+        raise MlxinferError(f"{path}: tensor {name} has unknown ggml type {type_id}")
+    type_name, block, block_bytes = GGML_TYPES[type_id]
+    if min(dims) < 1 or max(dims) >= 2**31 or dims[0] % block:  # MLX's shapes are int32
+        raise MlxinferError(
+            f"{path} has a corrupt header (tensor {name!r} has dimensions {dims}, which {type_name} cannot store)"
+        )
+    n = 1
+    for d in dims:
+        n *= d
+    return GGUFTensor(name, tuple(reversed(dims)), type_name, offset, n // block * block_bytes)
+
+
+def _check_layout(h: GGUFHeader, alignment: int) -> None:
+    """Every tensor where the format puts it: named once, aligned, inside the file, not overlapping another."""
+    end, last, names = h.data_offset, None, set()
+    for t in sorted(h.tensors, key=lambda t: t.offset):
+        if t.name in names:
+            raise MlxinferError(f"{h.path} has a corrupt header (tensor {t.name!r} is listed twice)")
+        names.add(t.name)
+        if t.offset % alignment:
+            raise MlxinferError(
+                f"{h.path} has a corrupt header (tensor {t.name!r} at offset {t.offset:,} breaks the file's "
+                f"{alignment}-byte alignment); re-download it"
+            )
+        if last is not None and h.data_offset + t.offset < end:
+            raise MlxinferError(f"{h.path} has a corrupt header (tensors {last!r} and {t.name!r} overlap)")
+        end, last = h.data_offset + t.offset + t.nbytes, t.name
+        if end > h.file_size:
+            raise MlxinferError(
+                f"{h.path} is truncated: its tensors need {end:,} bytes but the file has {h.file_size:,}; "
+                "re-download it"
+            )
 
 
 # GGUF architecture -> our model_type
 _ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
+_BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 def config_from_header(header: GGUFHeader) -> ModelConfig:
@@ -192,7 +238,7 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     names = {t.name for t in header.tensors}
     embed = next((t for t in header.tensors if t.name == "token_embd.weight"), None)
     tokens = m.get("tokenizer.ggml.tokens", [])  # a count when read with tokenizer=False
-    n_tokens = tokens if isinstance(tokens, int) else len(tokens)
+    n_tokens = len(tokens) if isinstance(tokens, list) else tokens if type(tokens) is int else 0
     vocab = get("vocab_size") or n_tokens or (embed.shape[0] if embed else None)
     heads = get("attention.head_count")
     d = {
@@ -219,4 +265,16 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     missing = [k for k, v in d.items() if v is None]
     if missing:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks {', '.join(missing)}; the file is incomplete")
+    check_blocks(header, d["num_hidden_layers"], f"{arch}.block_count")
     return ModelConfig.from_dict(d, where=str(header.path))
+
+
+def check_blocks(header: GGUFHeader, n_layers, key: str) -> None:
+    """The metadata's layer count against the tensors present, before anything is built from it."""
+    present = {int(m.group(1)) for t in header.tensors if (m := _BLOCK.match(t.name))}
+    if isinstance(n_layers, int) and not isinstance(n_layers, bool) and n_layers > 0:
+        if n_layers > len(present) or any(i not in present for i in range(n_layers)):
+            raise MlxinferError(
+                f"{header.path}: {key} says {n_layers:,} layers but the file holds tensors for "
+                f"{len(present):,} (blk.N); the file is corrupt or incomplete"
+            )

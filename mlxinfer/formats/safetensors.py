@@ -28,8 +28,10 @@ DTYPES = {
     "I8": 1,
     "U8": 1,
     "BOOL": 1,
+    "U64": 8,
     "F8_E4M3": 1,
     "F8_E5M2": 1,
+    "F8_E8M0": 1,
 }
 MAX_HEADER = 100_000_000  # safetensors caps its JSON header at 100 MB
 INDEX = "model.safetensors.index.json"
@@ -44,7 +46,7 @@ def shard_names(folder: Path) -> list[str]:
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         names = sorted(set(weight_map.values()))
-    except (ValueError, KeyError, TypeError, AttributeError, UnicodeDecodeError):
+    except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError):
         raise MlxinferError(f"{index} is not a valid index (no 'weight_map'); re-download it") from None
     for name in names:
         if not isinstance(name, str) or "/" in name or not (folder / name).is_file():
@@ -65,7 +67,7 @@ def read_header(path: Path) -> dict:
             raise MlxinferError(f"{bad} (header length {n:,} in a {size:,}-byte file); re-download it")
         try:
             header = json.loads(f.read(n))
-        except (ValueError, UnicodeDecodeError):
+        except (ValueError, RecursionError):
             raise MlxinferError(f"{bad} (not JSON); re-download it") from None
     if not isinstance(header, dict):
         raise MlxinferError(f"{bad} (not a JSON object); re-download it")
@@ -73,24 +75,30 @@ def read_header(path: Path) -> dict:
 
 
 def file_entry(name: str, header: dict, file_bytes: int | None, head: int | None, where: str) -> dict:
-    """A header's tensors, each checked to fit the bytes its dtype and shape need."""
+    """A header's tensors, each checked to fit the bytes its dtype and shape need, none overlapping another."""
     tensors = []
     for tname, t in header.items():
         if tname == "__metadata__":
             continue
         try:
-            shape, dtype = [int(d) for d in t["shape"]], t["dtype"]
-            start, end = (int(x) for x in t["data_offsets"])
+            shape, dtype, (start, end) = t["shape"], t["dtype"], t["data_offsets"]
+            if not all(type(x) is int and x >= 0 for x in (start, end, *shape)) or max(shape, default=0) >= 2**31:
+                raise ValueError  # a dimension must fit MLX's int32 shapes (it wraps silently otherwise)
             n = math.prod(shape)
         except (KeyError, TypeError, ValueError):
             raise MlxinferError(f"{where} has a corrupt safetensors header (entry {tname!r})") from None
-        if (
-            not 0 <= start <= end
-            or (dtype in DTYPES and end - start != n * DTYPES[dtype])
-            or (file_bytes is not None and head + end > file_bytes)
-        ):
+        if not isinstance(dtype, str) or dtype not in DTYPES:
+            raise MlxinferError(
+                f"{where}: tensor {tname!r} has dtype {str(dtype)[:20]!r}, which safetensors does not define; "
+                "re-download it"
+            )
+        if not start <= end or end - start != n * DTYPES[dtype] or (file_bytes is not None and head + end > file_bytes):
             raise MlxinferError(f"{where} has a corrupt safetensors header ({tname} does not fit its bytes)")
         tensors.append({"name": tname, "dtype": dtype, "shape": shape, "params": n, "bytes": end - start})
+    spans = sorted((tuple(header[t["name"]]["data_offsets"]), t["name"]) for t in tensors if t["bytes"])
+    for (a, first), (b, second) in zip(spans, spans[1:]):
+        if b[0] < a[1]:
+            raise MlxinferError(f"{where} has a corrupt safetensors header ({first} and {second} share bytes)")
     return {"name": name, "file_bytes": file_bytes, "header_bytes": head, "tensors": tensors}
 
 

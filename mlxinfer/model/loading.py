@@ -13,7 +13,7 @@ from . import compute, distributed, mlx_lm_models
 from .info import ModelInfo
 from .model import Model
 from .moe import stack_experts
-from .weights import fill, quantize_like, read_gguf, read_safetensors, untie
+from .weights import check_layers, fill, quantize_like, read_gguf, read_safetensors, untie
 
 
 def load(source: str | Path | None = None, compute_dtype: str = "auto", group=None):
@@ -57,6 +57,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
         if cfg.num_experts:
             weights = stack_experts(weights, cfg)
         cfg = untie(cfg, weights)
+        check_layers(cfg, weights, str(src.path))  # before a billion blocks are built from a hostile config
         model = Model(cfg)
         quantize_like(model, weights, cfg.quantization)
         fill(model, weights, str(src.path), evaluate=not sharded)

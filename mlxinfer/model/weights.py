@@ -17,11 +17,12 @@ from mlx.utils import tree_flatten
 
 from ..errors import MlxinferError
 from ..formats import safetensors
-from ..formats.config import ModelConfig
+from ..formats.config import QUANT_BITS, QUANT_GROUPS, ModelConfig
 from ..formats.gguf import LOADABLE, GGUFHeader
 
 QUANT_PARTS = ("scales", "biases")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs)$")
+_LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 
 # llama.cpp's tensor names -> Hugging Face's
 _GGUF_NAMES = {
@@ -64,6 +65,7 @@ def read_safetensors(directory: Path) -> dict[str, mx.array]:
     weights = {}
     for name in files:
         path = directory / name
+        safetensors.read_header(path)  # every offset, dtype and size checked against the file first
         try:
             weights.update(mx.load(str(path)))
         except Exception as e:  # mlx raises RuntimeError/ValueError for a bad header or short file
@@ -79,6 +81,15 @@ def read_gguf(header: GGUFHeader, cfg: ModelConfig) -> dict[str, mx.array]:
             f"{', '.join(sorted(LOADABLE))} (re-quantize with one of those)",
             "source",
         )
+    if header.float64_keys:  # MLX 0.32's GGUF reader dies with SIGSEGV on a FLOAT64 value
+        raise MlxinferError(
+            f"{header.path}: metadata {header.float64_keys[0]!r} is a FLOAT64 value, which MLX's GGUF reader "
+            "cannot read (it crashes); store it as FLOAT32 or remove it (gguf-py's gguf_new_metadata)",
+            "source",
+        )
+    for t in header.tensors:  # every name placed before a byte is read
+        if not _IGNORED.search(t.name):
+            gguf_to_hf(t.name)
     try:
         raw = mx.load(str(header.path))
     except Exception as e:
@@ -91,8 +102,26 @@ def read_gguf(header: GGUFHeader, cfg: ModelConfig) -> dict[str, mx.array]:
                 for part in ("weight", *QUANT_PARTS, "bias"):
                     key = f"model.layers.{i}.self_attn.{proj}.{part}"
                     if key in weights:
+                        if weights[key].shape[0] % (2 * heads):
+                            raise MlxinferError(
+                                f"{header.path}: tensor '{key}' has {weights[key].shape[0]:,} rows, which "
+                                f"{heads} heads cannot share; the file is corrupt or not a {cfg.model_type}",
+                                "source",
+                            )
                         weights[key] = unpermute_rows(weights[key], heads)
     return weights
+
+
+def check_layers(cfg: ModelConfig, weights: dict, where: str) -> None:
+    """The config's layer count against the layers the weights hold, before a layer is built."""
+    present = {int(m.group(1)) for name in weights if (m := _LAYER.search(name))}
+    n = cfg.num_hidden_layers
+    if n > len(present) or any(i not in present for i in range(n)):
+        raise MlxinferError(
+            f"{where}: the config says {n:,} layers but the weights hold {len(present):,}; "
+            "the config and weights do not belong together",
+            "source",
+        )
 
 
 def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
@@ -104,10 +133,27 @@ def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
 
 def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, block: dict | None):
     """(group_size, bits) for one module, from the config block or the tensors' shapes; None if float."""
-    if f"{path}.scales" not in weights:
-        return None
+    if f"{path}.scales" not in weights or f"{path}.weight" not in weights:
+        return None  # fill() names what is missing
     packed, scales = weights[f"{path}.weight"], weights[f"{path}.scales"]
-    inferred = (in_features // scales.shape[-1], packed.shape[-1] * 32 // in_features)
+    biases = weights.get(f"{path}.biases", scales)
+    groups, words = (scales.shape[-1] if scales.ndim else 0), (packed.shape[-1] if packed.ndim else 0)
+    inferred = (in_features // groups if groups else 0, words * 32 // in_features)
+    if (
+        packed.dtype != mx.uint32
+        or scales.shape[:-1] != packed.shape[:-1]
+        or biases.shape != scales.shape
+        or groups * inferred[0] != in_features
+        or inferred[1] * in_features != words * 32
+        or inferred[0] not in QUANT_GROUPS
+        or inferred[1] not in QUANT_BITS
+    ):
+        raise MlxinferError(
+            f"{path}: the quantized tensors (weight {tuple(packed.shape)} {packed.dtype}, scales "
+            f"{tuple(scales.shape)}) are no MLX layout for {in_features:,} inputs; the weights are corrupt "
+            "or belong to another model",
+            "source",
+        )
     block = block or {}
     override = block.get(path)
     if isinstance(override, dict):

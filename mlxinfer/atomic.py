@@ -1,0 +1,106 @@
+"""Writes that are complete or absent, even when the process is stopped.
+
+A file or directory is written under a temporary name next to its final one, then renamed into
+place. The temporary name carries the writer's process id (`.OUT.partial-<pid>-<random>`), so that:
+
+- while `cleanup_on_signals()` is active, SIGTERM and SIGHUP unwind the stack like Ctrl-C does
+  (their default is to end the process on the spot, skipping every `finally`), and the writer's
+  own cleanup removes the partial;
+- a partial that survives anyway (SIGKILL, a power cut) is removed by the next writer of the same
+  name once it is stale: its process is gone, or the id now belongs to a process started after
+  the partial was made.
+
+No mlx here: the OpenBLAS shim's build uses it too.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import signal
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+KINDS = ("partial", "old")
+_PID = re.compile(r"-(\d+)-")
+
+
+def prefix(final: Path, kind: str = "partial") -> str:
+    """The temporary-name prefix for `final` (pass it to tempfile.mkdtemp/mkstemp with dir=final.parent)."""
+    return f".{Path(final).name}.{kind}-{os.getpid()}-"
+
+
+def remove_stale(final: Path) -> list[Path]:
+    """Remove the leftovers of earlier writers of `final` whose process is gone; returns what was removed."""
+    final = Path(final)
+    removed = []
+    try:
+        entries = list(final.parent.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        for kind in KINDS:
+            head = f".{final.name}.{kind}"
+            m = _PID.match(entry.name[len(head) :]) if entry.name.startswith(head) else None
+            if m and _stale(entry, int(m.group(1))):
+                if entry.is_dir() and not entry.is_symlink():
+                    shutil.rmtree(entry, ignore_errors=True)
+                else:
+                    entry.unlink(missing_ok=True)
+                removed.append(entry)
+    return removed
+
+
+def _stale(entry: Path, pid: int) -> bool:
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except (PermissionError, OverflowError, OSError):
+        return False  # alive under another user (or not a pid we can ask about): leave it
+    started = _process_start(pid)
+    try:
+        made = entry.lstat().st_mtime
+    except OSError:
+        return False
+    return started is not None and started > made + 1.0  # the id was reused by a newer process
+
+
+def _process_start(pid: int) -> float | None:
+    """When `pid` started, in seconds since the epoch (Linux /proc), or None where that is unknown."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        boot = next(line for line in Path("/proc/stat").read_text().splitlines() if line.startswith("btime"))
+        return int(boot.split()[1]) + int(fields[19]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, StopIteration, IndexError, ValueError):
+        return None
+
+
+class Terminated(SystemExit):
+    """SIGTERM or SIGHUP while a write was in progress: cleaned up, then exit 128 + signal."""
+
+
+@contextmanager
+def cleanup_on_signals() -> Iterator[None]:
+    """Inside: SIGTERM and SIGHUP raise Terminated (a SystemExit) so `finally` blocks run."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):
+        raise Terminated(128 + signum)
+
+    previous = {}
+    for sig in (signal.SIGTERM, getattr(signal, "SIGHUP", None)):
+        if sig is not None and signal.getsignal(sig) in (signal.SIG_DFL, None):
+            previous[sig] = signal.signal(sig, handler)
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)

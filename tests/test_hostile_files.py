@@ -1,0 +1,280 @@
+"""Hostile model files: every size, count and offset read from a GGUF header, a safetensors header or a
+config.json is checked against the file before anything is built from it. Each case was a crash
+(SIGFPE), a hang, a traceback or a silent wrong result; now it is one line on stderr and exit 2."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+
+import mlx.core as mx
+import pytest
+from conftest import assert_one_line_error, invoke_cli, run_cli
+
+import checkpoints
+import hostile
+
+gguf = pytest.importorskip("gguf")
+
+
+@pytest.fixture(scope="module")
+def spec(checkpoint_dir):
+    """The tiny llama as a Q8_0 GGUF, in a form whose every field a test can change."""
+    return hostile.tiny_gguf(checkpoint_dir("llama"))
+
+
+@pytest.fixture(scope="module")
+def wide_spec(tmp_path_factory):
+    """A tiny llama whose vocabulary (4,160) is over 32x its hidden size (128): the shape that, stored
+    with its dims swapped, made the loader infer a quantization group size of 0 (SIGFPE in MLX)."""
+    hf = checkpoints.write_checkpoint(tmp_path_factory.mktemp("wide") / "hf", "llama", vocab_size=4160)
+    return hostile.tiny_gguf(hf)
+
+
+def _written(spec, tmp_path, change=None, name="bad.gguf"):
+    bad = spec.copy()
+    if change is not None:
+        change(bad)
+    return str(bad.write(tmp_path / name))
+
+
+# ---------------------------------------------------------------------------------------------- crashes
+def _swap_embedding_dims(s):
+    t = s.tensor("token_embd.weight")
+    t.dims = list(reversed(t.dims))  # same byte count, rows and columns exchanged
+
+
+def test_gguf_shape_against_its_quantized_bytes(wide_spec, tmp_path):
+    """Was: SIGFPE (exit 136) in topk, convert and quantize."""
+    path = _written(wide_spec, tmp_path, _swap_embedding_dims)
+    for args in (["topk", "-m", path, "-p", "hi"], ["convert", path, str(tmp_path / "c")]):
+        assert_one_line_error(run_cli(*args), "model.embed_tokens", "no MLX layout")
+    assert not (tmp_path / "c").exists()
+
+
+def test_safetensors_scales_wider_than_their_weights(checkpoint_dir, tmp_path):
+    """Was: SIGFPE. A 4-bit checkpoint without its quantization block, one module's scales widened."""
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama", 4, 64), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    for key in ("quantization", "quantization_config"):
+        cfg.pop(key, None)
+    (bad / "config.json").write_text(json.dumps(cfg))
+    weights = mx.load(str(bad / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"
+    weights[f"{name}.scales"] = weights[f"{name}.biases"] = mx.zeros((128, 300), dtype=mx.bfloat16)
+    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    assert_one_line_error(run_cli("topk", "-m", str(bad), "-p", "hi"), name, "no MLX layout")
+
+
+# ---------------------------------------------------------------------------------------------- hangs
+def test_gguf_block_count_against_the_tensors(spec, tmp_path):
+    """Was: a hang with unbounded memory in topk and in count (which needs no MLX)."""
+    path = _written(spec, tmp_path, lambda s: s.set_meta("llama.block_count", hostile.U32, 10**9))
+    for command in (["count", path], ["topk", "-m", path, "-p", "hi"]):
+        assert_one_line_error(run_cli(*command, timeout=60), "block_count says 1,000,000,000 layers", "holds")
+
+
+@pytest.mark.parametrize("layers,fragment", [(10**9, "num_hidden_layers"), (3, "says 3 layers but the weights hold 2")])
+def test_config_layer_count_against_the_tensors(checkpoint_dir, tmp_path, layers, fragment):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "num_hidden_layers": layers}))
+    assert_one_line_error(run_cli("topk", "-m", str(bad), "-p", "hi", timeout=60), fragment)
+    if layers > 4096:
+        assert_one_line_error(run_cli("count", str(bad), timeout=60), fragment)
+
+
+# ---------------------------------------------------------------------------------------------- config.json
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        ('"max_position_embeddings": 1e400', "max_position_embeddings"),  # inf: was an OverflowError
+        ('"hidden_size": 1180591620717411303424', "hidden_size"),  # 2**70: was an MLX TypeError
+        ('"rms_norm_eps": "small"', "rms_norm_eps"),
+        ('"rope_theta": -1', "rope_theta"),
+        ('"rope_scaling": [1, 2]', "rope_scaling"),
+        ('"rope_scaling": {"rope_type": "linear"}', "factor"),
+        ('"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}', "high"),
+        ('"torch_dtype": ["bfloat16"]', "dtype"),
+        ('"model_type": ["llama"]', "unknown architecture"),
+        ('"quantization": {"bits": "4", "group_size": 64}', "quantization"),
+        ('"quantization": {"bits": 4, "group_size": 64, "lm_head": {"bits": 8}}', "lm_head"),
+        ('"quantization": {"bits": 4, "group_size": 0}', "quantization"),
+    ],
+)
+def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    text = (bad / "config.json").read_text().rstrip().rstrip("}")
+    (bad / "config.json").write_text(text + ", " + change + "}")
+    assert_one_line_error(invoke_cli("count", str(bad)), fragment)
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
+
+
+@pytest.mark.parametrize(
+    "write,fragment",
+    [
+        (lambda d: (d / "config.json").write_text("[" * 100_000), "not valid JSON"),  # was a RecursionError
+        (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json"),
+    ],
+    ids=["deeply-nested", "a-directory"],
+)
+def test_unreadable_config(checkpoint_dir, tmp_path, write, fragment):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    write(bad)
+    assert_one_line_error(invoke_cli("count", str(bad)), fragment)
+
+
+# ---------------------------------------------------------------------------------------------- GGUF headers
+def _array_count(n):
+    return struct.pack("<IIQ", hostile.ARRAY, hostile.U64, n)  # a type, then an item type and a count
+
+
+def _nested(depth):
+    return struct.pack("<I", hostile.ARRAY) + struct.pack("<IQ", hostile.ARRAY, 1) * depth + struct.pack("<IQ", 4, 0)
+
+
+def _move(name, offset):
+    def change(s):
+        s.tensor(name).offset = offset
+
+    return change
+
+
+def _tensor(which, **fields):
+    def change(s):
+        for k, v in fields.items():
+            setattr(s.tensor(which), k, v)
+
+    return change
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        (lambda s: s.set_meta("general.alignment", hostile.U32, 0), "alignment 0"),  # was ZeroDivisionError
+        (lambda s: s.set_meta("general.alignment", hostile.U32, 48), "alignment 48"),
+        (lambda s: s.set_meta("general.alignment", hostile.STRING, "32"), "alignment"),
+        (_move("blk.0.ffn_down.weight", 8), "alignment"),
+        (_move("blk.0.ffn_down.weight", 0), "overlap"),
+        (_tensor("blk.0.ffn_down.weight", name="blk.0.ffn_up.weight"), "listed twice"),
+        (_tensor("blk.0.attn_norm.weight", dims=[128, 1, 1, 1, 1, 1, 1]), "7 dimensions"),
+        (_tensor("blk.0.attn_norm.weight", dims=[128, 0]), "dimensions"),
+        (_tensor("blk.0.ffn_down.weight", dims=[250, 128]), "Q8_0 cannot store"),
+        (_tensor("blk.0.ffn_down.weight", type_id=99), "unknown ggml type 99"),
+        (_tensor("blk.0.ffn_down.weight", offset=2**62), "truncated"),
+        (lambda s: s.set_meta("x", hostile.RAW, _array_count(2**60)), "more than the file can hold"),
+        (lambda s: s.set_meta("x", hostile.RAW, _nested(50_000)), "corrupt header"),  # was a RecursionError
+        (lambda s: s.set_meta("x", hostile.RAW, struct.pack("<I", 77)), "unknown value type 77"),
+        (lambda s: s.set_meta("x", hostile.RAW, struct.pack("<IQ", hostile.STRING, 2**62)), "string bytes"),
+        (lambda s: s.set_meta("llama.block_count", hostile.STRING, "30"), "num_hidden_layers"),
+        (lambda s: s.set_meta("llama.attention.layer_norm_rms_epsilon", hostile.STRING, "x"), "rms_norm_eps"),
+    ],
+)
+def test_gguf_header_is_checked_against_the_file(spec, tmp_path, change, fragment):
+    path = _written(spec, tmp_path, change)
+    assert_one_line_error(invoke_cli("count", path), fragment)
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        (lambda s: s.drop_meta("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens"),  # was a KeyError
+        (lambda s: s.set_meta("tokenizer.ggml.tokens", hostile.ARRAY, (hostile.I32, [1, 2])), "tokens"),
+        (lambda s: s.set_meta("tokenizer.ggml.merges", hostile.ARRAY, (hostile.STRING, ["ab"])), "merges"),
+        (lambda s: s.set_meta("tokenizer.ggml.pre", hostile.ARRAY, (hostile.U8, [1])), "pre-tokenizer"),
+        (lambda s: s.set_meta("tokenizer.chat_template", hostile.U32, 7), "chat_template"),
+    ],
+)
+def test_gguf_tokenizer_metadata(spec, tmp_path, change, fragment):
+    path = _written(spec, tmp_path, change)
+    assert_one_line_error(invoke_cli("topk", "-m", path, "-p", "hi"), fragment)
+
+
+@pytest.mark.parametrize(
+    "value", [(hostile.F64, 0.5), (hostile.ARRAY, (hostile.F64, [0.5, 1.5]))], ids=["scalar", "array"]
+)
+def test_gguf_float64_metadata(spec, tmp_path, value):
+    """Found by the fuzzer: MLX's GGUF reader dies with SIGSEGV on any FLOAT64 metadata value (a type the
+    format defines). The loader refuses such a file before mx.load; count, which never calls it, reads it."""
+    path = _written(spec, tmp_path, lambda s: s.set_meta("general.some_ratio", *value))
+    assert_one_line_error(run_cli("topk", "-m", path, "-p", "hi"), "'general.some_ratio' is a FLOAT64 value")
+    assert invoke_cli("count", path).returncode == 0
+
+
+def test_metadata_of_an_unexpected_type_found_by_the_fuzzer(spec, checkpoint_dir, tmp_path):
+    """Both were TypeError tracebacks: a GGUF whose tokenizer.ggml.tokens is a number (count needs no
+    vocabulary list; topk does), and a config.json whose quantization_config is a number (not MLX's block)."""
+    path = _written(spec, tmp_path, lambda s: s.set_meta("tokenizer.ggml.tokens", hostile.F32, 0.5))
+    assert invoke_cli("count", path).returncode == 0
+    assert_one_line_error(invoke_cli("topk", "-m", path, "-p", "hi"), "tokenizer.ggml.tokens")
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**cfg, "quantization_config": 3}))
+    assert invoke_cli("count", str(bad)).returncode == 0
+
+
+# ---------------------------------------------------------------------------------------------- NaN
+def _fill_ff(s):
+    for t in s.tensors:
+        t.data = b"\xff" * len(t.data)  # F32 and the Q8_0 scales (f16) decode to NaN
+
+
+def test_gguf_data_of_0xff_is_an_error_not_a_table(spec, tmp_path):
+    """Was: exit 0 and NaN scores (`--json` printed a bare NaN)."""
+    path = _written(spec, tmp_path, _fill_ff)
+    for args in (["topk", "--json"], ["generate", "--max-tokens", "3"]):
+        result = invoke_cli(*args, "-m", path, "-p", "hi")
+        assert_one_line_error(result, "NaN or inf from the embedding (model.embed_tokens)", "--debug")
+    detailed = invoke_cli("--debug", "topk", "-m", path, "-p", "hi")
+    assert detailed.returncode == 2 and detailed.stdout == ""
+    lines = detailed.stderr.splitlines()
+    assert lines[0].startswith("error: ") and "--debug" not in lines[0]
+    assert [line.split()[0] for line in lines[1:]] == ["the", "layer", "layer", "the"]  # embedding, 2 layers, output
+
+
+def test_nan_in_one_layer_is_named(checkpoint_dir, tmp_path):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    weights = mx.load(str(bad / "model.safetensors"))
+    weights["model.layers.1.mlp.up_proj.weight"] = mx.full((256, 128), float("inf"), dtype=mx.bfloat16)
+    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "from layer 1 (model.layers.1) on")
+
+
+# ---------------------------------------------------------------------------------------------- safetensors
+def _edit_header(directory, edit):
+    header, data = hostile.read_safetensors(directory / "model.safetensors")
+    edit(header)
+    hostile.write_safetensors(directory / "model.safetensors", header, data)
+
+
+def _unknown_dtype(h):
+    h["model.norm.weight"]["dtype"] = "X99"
+
+
+def _overlap(h):
+    h["model.layers.0.mlp.up_proj.weight"]["data_offsets"] = h["model.layers.0.mlp.gate_proj.weight"]["data_offsets"]
+
+
+def _float_shape(h):
+    h["model.norm.weight"]["shape"] = [127.5, 1]
+
+
+@pytest.mark.parametrize(
+    "edit,fragment",
+    [(_unknown_dtype, "dtype 'X99'"), (_overlap, "share bytes"), (_float_shape, "entry 'model.norm.weight'")],
+    ids=["unknown-dtype", "overlap", "float-shape"],
+)
+def test_safetensors_header_is_checked(checkpoint_dir, tmp_path, edit, fragment):
+    """Was: count accepted these (and printed a negative header size); the loader then refused or misread."""
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    _edit_header(bad, edit)
+    assert_one_line_error(invoke_cli("count", str(bad)), fragment)
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
