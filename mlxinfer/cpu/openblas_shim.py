@@ -17,16 +17,12 @@ prefill ~1.5x and decode ~1.2x faster (bench/blas_matmul.py, interleaved medians
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
-import tempfile
-from pathlib import Path
 
-from .. import atomic
+from . import build as native_build
 from .blas import shim_path
 
-SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "sgemm_openblas.c")
+SOURCE = os.path.join(native_build.NATIVE, "sgemm_openblas.c")
 
 
 def openblas_library() -> str | None:
@@ -53,31 +49,10 @@ def build(out: str | None = None, compiler: str | None = None) -> str:
     target = openblas_library()
     if target is None:
         raise MlxinferError("scipy-openblas32 is not installed: pip install 'mlxinfer[openblas]'")
-    cc = compiler or os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if not cc:
-        raise MlxinferError("no C compiler found to build the OpenBLAS shim: install gcc, or set CC")
-    out = out or shim_path()
+    cc = native_build.compiler("the OpenBLAS shim", compiler)
     libdir, libname = os.path.split(target)
-    with atomic.cleanup_on_signals():  # SIGTERM, like Ctrl-C, removes the temporary file
-        try:
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            atomic.remove_stale(Path(out))
-            fd, tmp = tempfile.mkstemp(prefix=atomic.prefix(Path(out)), suffix=".so", dir=os.path.dirname(out))
-        except OSError as e:
-            raise MlxinferError(f"cannot write the OpenBLAS shim to {out} ({e.strerror or e})") from None
-        os.close(fd)
-        cmd = [cc, "-O2", "-shared", "-fPIC", SOURCE, "-o", tmp, f"-L{libdir}", f"-l:{libname}", f"-Wl,-rpath,{libdir}"]
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True)
-            if done.returncode != 0:
-                first = (done.stderr.strip().splitlines() or ["no message"])[0]
-                raise MlxinferError(f"building the OpenBLAS shim failed ({os.path.basename(cc)}: {first})")
-            os.chmod(tmp, 0o755)  # mkstemp's 0600 (+x from the linker): every user of this Python must read it
-            os.replace(tmp, out)  # complete or absent, never half-written
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
-    return out
+    flags = ["-O2", f"-L{libdir}", f"-l:{libname}", f"-Wl,-rpath,{libdir}"]
+    return native_build.compile_library(SOURCE, out or shim_path(), "the OpenBLAS shim", flags, cc)
 
 
 def main() -> int:

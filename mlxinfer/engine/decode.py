@@ -24,12 +24,14 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Optional
 
 import mlx.core as mx
+import numpy as np
 
+from .. import keychain
 from ..cpu import kernels
 from ..errors import MlxinferError
 from ..model.cache import fork, keep_rows
 from ..model.finite import check_scores
-from ..sampler import Sampler, cut_tail, draw, make_logits_processors
+from ..sampler import cut_tail, draw_rows, make_logits_processors
 from ..settings import SamplerSettings
 from ..views import Alternative, Stats, Step
 
@@ -106,30 +108,34 @@ class _Row:
 
     def __init__(self, spec: RowSpec, history: mx.array, tokenizer, stop_ids: set[int]):
         self.spec = spec
-        self.sampler = Sampler(spec.settings)
         self.processors = make_logits_processors(spec.settings) + ([spec.mask] if spec.mask is not None else [])
-        self.key = None if spec.seed is None else mx.random.key(spec.seed)
+        self.key = None if spec.seed is None else np.array(mx.random.key(spec.seed))  # (2,) uint32
         self.history = history  # every token fed so far: what penalties and the mask read
         self.detok = copy.copy(tokenizer.detokenizer)  # a streaming detokenizer of its own
         self.detok.reset()
         self.stop_ids = stop_ids | (spec.mask.stop_ids if spec.mask is not None else set())
         self.generated = 0
 
-    def choose(self, logits: mx.array, fed: mx.array) -> tuple[mx.array, mx.array]:
-        """(token (1,), log-probabilities (1, V)) from the scores (1, V) that followed the token `fed`."""
+    def scores(self, logits: mx.array, fed: mx.array) -> mx.array:
+        """Log-probabilities (1, V) from the scores (1, V) that followed the token `fed`, after this
+        row's penalties and mask."""
         if self.processors:
             self.history = mx.concatenate([self.history, fed.astype(mx.int32)])
             for process in self.processors:
                 logits = process(self.history, logits)
-        logprobs = logits - mx.logsumexp(logits, keepdims=True)  # generate_step's expression: same bits
-        return self.sampler.draw(logprobs, self.next_key()), logprobs
+        return logits - mx.logsumexp(logits, keepdims=True)  # generate_step's expression: same bits
 
-    def next_key(self) -> mx.array | None:
-        """The key of this row's next draw: its chain split once, as MLX's global stream would be."""
-        if self.key is None:
-            return None
-        self.key, key = mx.random.split(self.key)
-        return key
+
+def _next_keys(rows: list[_Row]) -> list:
+    """Each row's key for this draw (None: the global stream): every seeded chain split once,
+    as MLX's global stream would be, all rows in one numpy call (keychain.py)."""
+    seeded = [i for i, row in enumerate(rows) if row.key is not None]
+    keys = [None] * len(rows)
+    if seeded:
+        chains, subkeys = keychain.split(np.stack([rows[i].key for i in seeded]))
+        for j, i in enumerate(seeded):
+            rows[i].key, keys[i] = chains[j], subkeys[j]
+    return keys
 
 
 def _choose_all(
@@ -139,18 +145,15 @@ def _choose_all(
 
     Rows that share their settings and have nothing to adjust (no penalties, no mask) are
     normalised and cut in one op over (A, V): the same bits per row as one row at a time
-    (checked by the tests), fewer dispatches. The draw stays one call per row, with the row's key.
+    (checked by the tests), fewer dispatches. Each row draws with its own key; on a CPU all seeded
+    rows are drawn in one call (sampler.draw_rows), the tokens mx.random.categorical gives each.
     On the float32 CPU path (`fast`), when no one reads the tokens' logprobs (an experiment's rows),
     the normalisation is skipped: a draw does not depend on a shift of its row, and MLX's CPU exp
     over 49k scores a row was a sixth of a 64-row step. The draw's bits then differ from mlx-lm's in
     the last place, as the float32 path's scores already do.
     """
     settings = rows[0].spec.settings
-    if (
-        len(rows) > 1
-        and all(not r.processors and r.key is not None for r in rows)
-        and all(r.spec.settings == settings for r in rows)
-    ):
+    if len(rows) > 1 and all(not r.processors for r in rows) and all(r.spec.settings == settings for r in rows):
         if fast and not step_logprobs and not settings.cuts_tail:
             logprobs = logits
         elif fast:
@@ -159,17 +162,13 @@ def _choose_all(
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
         logprobs = mx.broadcast_to(logprobs, (len(rows), logprobs.shape[-1]))
         kept = cut_tail(logprobs, settings)
-        y = mx.concatenate(
-            [draw(kept[i : i + 1], row.spec.settings.temperature, row.next_key()) for i, row in enumerate(rows)]
-        )
     else:
-        tokens, rows_logprobs = [], []
-        for i, row in enumerate(rows):
-            token, row_logprobs = row.choose(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i])
-            tokens.append(token)
-            rows_logprobs.append(row_logprobs)
-        y = mx.concatenate(tokens)
+        rows_logprobs = [
+            row.scores(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i]) for i, row in enumerate(rows)
+        ]
+        kept = mx.concatenate([cut_tail(lp, row.spec.settings) for lp, row in zip(rows_logprobs, rows)])
         logprobs = mx.concatenate(rows_logprobs)
+    y = draw_rows(kept, [row.spec.settings.temperature for row in rows], _next_keys(rows))
     if not step_logprobs:
         return y, mx.zeros(y.shape), []
     chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[:, 0]  # (A,)

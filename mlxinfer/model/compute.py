@@ -272,6 +272,12 @@ def system_info() -> dict:
         check = {"ok": err < 1e-4, "max_relative_error": err}
     except Exception as e:
         check = {"ok": False, "error": f"{type(e).__name__}: {e}"}
+    try:
+        from ..cpu import draw
+
+        draw_status = draw.status()  # the seeded batch's draw: one kernel call, or one MLX call per row
+    except Exception as e:
+        draw_status = {"active": False, "path": None, "reason": f"{type(e).__name__}: {e}"}
     facts = current_facts()
     ram = facts["ram_bytes"]
     return {
@@ -284,6 +290,7 @@ def system_info() -> dict:
         },
         "mlx": {"version": mx.__version__, "default_device": str(mx.default_device())},
         "blas": {**status, "float32_matmul_check": check},
+        "batched_draw": draw_status,
         "compute_dtype": {
             "choices": list(CHOICES),
             "auto_rule": AUTO_RULE,
