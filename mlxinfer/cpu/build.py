@@ -45,7 +45,12 @@ def compile_library(source: str, out: str, what: str, flags: list[str], cc: str)
         link_flags = [f for f in flags if f.startswith(("-l", "-L", "-Wl,"))]
         cmd = [cc, *compile_flags, "-shared", "-fPIC", source, "-o", tmp, *link_flags]
         try:
-            done = subprocess.run(cmd, capture_output=True, text=True)
+            try:
+                done = subprocess.run(cmd, capture_output=True, text=True)
+            except OSError as e:  # CC names a program that is not there, or not executable
+                raise MlxinferError(
+                    f"cannot run {cc} to build {what} ({e.strerror or e}): install gcc, or set CC"
+                ) from None
             if done.returncode != 0:
                 first = (done.stderr.strip().splitlines() or ["no message"])[0]
                 raise MlxinferError(f"building {what} failed ({os.path.basename(cc)}: {first})")

@@ -8,9 +8,12 @@ for 64 rows), with MLX's own exp and MLX 0.32's inverse-CDF arithmetic. It is us
 is known to agree:
 
 * Linux on x86_64 (where MLX's CPU exp is the scalar code the C file copies), MLX's default
-  device a CPU, the library built (`python -m mlxinfer.cpu.draw`; the Makefile's set-up runs it);
-* and, once per process, `verify()` draws rows of random scores (float32 and bfloat16, cut tails,
-  an odd vocabulary) both ways and finds every token equal to mx.random.categorical's.
+  device a CPU, every row of the batch seeded, 8 rows or more (sampler.BATCH_DRAW_ROWS), the
+  library built (`python -m mlxinfer.cpu.draw`; the Makefile's set-up runs it);
+* the library from this version's source (an ABI number) and, if built with AVX2/FMA, a CPU that has them;
+* and, once per process, `verify()` finds its exp equal to mx.exp (bit for bit, rounding edges
+  included) and its tokens equal to mx.random.categorical's for rows of random scores (float32,
+  bfloat16, cut tails, an odd vocabulary).
 
 Anywhere else the sampler calls mx.random.categorical row by row, as before: same tokens, slower.
 `status()` says which and why (`mlxinfer info`).
@@ -61,8 +64,24 @@ def build(out: str | None = None, compiler: str | None = None) -> str:
     return native_build.compile_library(SOURCE, out or library_path(), "the draw kernel", [*FLAGS, *isa, "-lm"], cc)
 
 
+ABI = 1  # mlxinfer_draw_abi() of a library built from this version's draw_rows.c
+
+
 def _load(path: str):
+    """The library, or MlxinferError (one line) if it is from another version or needs a CPU this is not."""
+    from ..errors import MlxinferError
+
     lib = ctypes.CDLL(path)
+    try:
+        abi, needs_avx2 = lib.mlxinfer_draw_abi(), lib.mlxinfer_draw_needs_avx2()
+    except AttributeError:
+        abi, needs_avx2 = None, None
+    if abi != ABI:
+        raise MlxinferError(f"{path} is from another version of mlxinfer; rebuild it: python -m mlxinfer.cpu.draw")
+    if needs_avx2 and not {"avx2", "fma"} <= _cpu_flags():
+        raise MlxinferError(
+            f"{path} was built for a CPU with AVX2 and FMA; rebuild it here: python -m mlxinfer.cpu.draw"
+        )
     f32, i32, i64 = ctypes.POINTER(ctypes.c_float), ctypes.POINTER(ctypes.c_int32), ctypes.c_int64
     lib.mlxinfer_draw_rows.argtypes = [f32, i64, i64, f32, f32, i32]
     lib.mlxinfer_draw_rows.restype = None
@@ -100,27 +119,42 @@ def draw_rows(scaled: np.ndarray, uniforms: np.ndarray, lib=None) -> np.ndarray:
 
 
 def verify(lib) -> str | None:
-    """None if the kernel draws what mx.random.categorical draws here, else what differed."""
+    """None if the kernel computes what MLX computes here, else what differed: its exp against
+    mx.exp (random inputs and the rounding edges of exp's integer part), and its tokens against
+    mx.random.categorical for rows of random scores (float32, cut tails, bfloat16, tempered)."""
+    x = np.concatenate(
+        [
+            np.random.default_rng(0).uniform(-90.0, 0.0, 1 << 18),
+            (np.arange(-127, 1) + 0.5) / 1.442695,  # where x * log2(e) lands on k + 1/2
+        ]
+    ).astype(np.float32)
+    x = np.concatenate([x, np.nextafter(x, np.float32(-np.inf)), np.nextafter(x, np.float32(np.inf))])
+    want_exp = np.array(mx.exp(mx.array(x)))
+    if not np.array_equal(exp(x, lib).view(np.uint32), want_exp.view(np.uint32)):
+        return f"its exp differs from mx.exp's in MLX {mx.__version__}"
     vocab, rows = 4099, 12
     scores = mx.random.normal((rows, vocab), key=mx.random.key(20261201)) * 4.0  # (A, V)
-    scores = mx.concatenate(
-        [
-            scores[:4],
-            mx.where(scores[4:8] < 3.0, -mx.inf, scores[4:8]),  # cut tails: -inf everywhere but a few
-            scores[8:].astype(mx.bfloat16) * (1.0 / 0.7),  # the as-stored path's dtype, tempered
-        ]
-    )
+    batches = [
+        scores[:4],
+        mx.where(scores[4:8] < 6.0, -mx.inf, scores[4:8]),  # cut tails: ~7% of the tokens kept
+        scores[8:].astype(mx.bfloat16) * (1.0 / 0.7),  # the as-stored path's dtype, tempered
+    ]
     _, subkeys = keychain.split(np.stack([np.array(mx.random.key(s)) for s in range(rows)]))
-    want = [mx.random.categorical(scores[i : i + 1], key=mx.array(subkeys[i])).item() for i in range(rows)]
-    got = draw_rows(np.asarray(scores.astype(mx.float32)), keychain.uniform(subkeys), lib).tolist()
-    if got != want:
-        return f"its tokens differ from mx.random.categorical's in MLX {mx.__version__} ({got} vs {want})"
+    start = 0
+    for batch in batches:
+        keys = subkeys[start : start + batch.shape[0]]
+        start += batch.shape[0]
+        want = [mx.random.categorical(batch[i : i + 1], key=mx.array(k)).item() for i, k in enumerate(keys)]
+        got = draw_rows(np.asarray(batch.astype(mx.float32)), keychain.uniform(keys), lib).tolist()
+        if got != want:
+            return f"its tokens differ from mx.random.categorical's in MLX {mx.__version__} ({got} vs {want})"
     return None
 
 
 def _check() -> None:
     global _lib
-    _state["checked"] = True
+    _lib = None
+    _state.update(checked=True, active=False, path=None)
     path = library_path()
     if not (sys.platform.startswith("linux") and platform.machine() in ("x86_64", "AMD64")):
         _state["reason"] = (
@@ -130,18 +164,26 @@ def _check() -> None:
     if not os.path.isfile(path):
         _state["reason"] = f"{LIB_NAME} is not built (python -m mlxinfer.cpu.draw)"
         return
+    from ..errors import MlxinferError
+
     try:
         lib = _load(path)
-    except (OSError, AttributeError) as e:
+    except MlxinferError as e:
+        _state["reason"] = str(e)
+        return
+    except OSError as e:
         _state["reason"] = f"cannot load {path} ({e}); rebuild it: python -m mlxinfer.cpu.draw"
         return
-    with mx.stream(mx.cpu):
-        problem = verify(lib)
+    try:
+        with mx.stream(mx.cpu):
+            problem = verify(lib)
+    except Exception as e:  # never let the speed-up stop a run: the row-by-row draw is always there
+        problem = f"its check failed ({type(e).__name__}: {e})"
     if problem:
         _state["reason"] = problem
         return
     _lib = lib
-    _state.update(active=True, path=path, reason="checked against mx.random.categorical at first use")
+    _state.update(active=True, path=path, reason=f"agreed with MLX {mx.__version__}'s exp and categorical at first use")
 
 
 def available() -> bool:

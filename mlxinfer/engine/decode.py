@@ -153,7 +153,11 @@ def _choose_all(
     the last place, as the float32 path's scores already do.
     """
     settings = rows[0].spec.settings
-    if len(rows) > 1 and all(not r.processors for r in rows) and all(r.spec.settings == settings for r in rows):
+    if (
+        len(rows) > 1
+        and all(not r.processors and r.key is not None for r in rows)
+        and all(r.spec.settings == settings for r in rows)
+    ):
         if fast and not step_logprobs and not settings.cuts_tail:
             logprobs = logits
         elif fast:

@@ -17,6 +17,17 @@
 #include <math.h>
 #include <stdint.h>
 
+/* What draw.py checks before it calls anything else: the calling convention below, and whether this
+ * build uses AVX2/FMA instructions the running CPU must have (these two functions use none). */
+int mlxinfer_draw_abi(void) { return 1; }
+int mlxinfer_draw_needs_avx2(void) {
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    return 0;
+#endif
+}
+
 static inline float exp_polynomial(float x0) {
     float x = x0 * 1.442695f; /* log2(e) */
     /* MLX: floor(x + 0.5) with 0.5 a double; the same integer as floorf(x), + 1 if the fraction
