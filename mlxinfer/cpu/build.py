@@ -9,8 +9,10 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from .. import atomic
 from ..errors import MlxinferError
@@ -19,8 +21,6 @@ NATIVE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native")
 
 
 def library_path(name: str) -> str:
-    import sys
-
     return os.path.join(sys.prefix, "lib", name)
 
 
@@ -60,3 +60,14 @@ def compile_library(source: str, out: str, what: str, flags: list[str], cc: str)
             if os.path.exists(tmp):
                 os.remove(tmp)
     return out
+
+
+def main(build: Callable[[], str], built: Callable[[str], str]) -> int:
+    """`python -m mlxinfer.cpu.<module>`: build, then one line saying what was built, or one error line (exit 2)."""
+    try:
+        path = build()
+    except MlxinferError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(built(path))
+    return 0

@@ -201,16 +201,11 @@ def status() -> dict:
 
 
 def main() -> int:
-    from ..errors import MlxinferError
+    def built(path: str) -> str:
+        _check()
+        return f"built {path}: {'in use' if _state['active'] else 'not used: ' + _state['reason']}"
 
-    try:
-        path = build()
-    except MlxinferError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    _check()
-    print(f"built {path}: {'in use' if _state['active'] else 'not used: ' + _state['reason']}")
-    return 0
+    return native_build.main(build, built)
 
 
 if __name__ == "__main__":

@@ -56,15 +56,7 @@ def build(out: str | None = None, compiler: str | None = None) -> str:
 
 
 def main() -> int:
-    from ..errors import MlxinferError
-
-    try:
-        path = build()
-    except MlxinferError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"built {path} (cblas_sgemm -> {openblas_library()})")
-    return 0
+    return native_build.main(build, lambda path: f"built {path} (cblas_sgemm -> {openblas_library()})")
 
 
 if __name__ == "__main__":
