@@ -35,6 +35,8 @@ from typing import Callable
 import mlx.core as mx
 import numpy as np
 
+from . import keychain
+from .cpu import draw as cpu_draw
 from .errors import MlxinferError
 from .settings import SamplerSettings
 
@@ -239,9 +241,6 @@ def draw_rows(kept: mx.array, temperatures: list[float], subkeys: list) -> mx.ar
     (None: the global stream, drawn in row order). On a CPU, BATCH_DRAW_ROWS or more seeded rows
     are drawn in one call to the checked native kernel (cpu/draw.py) instead of one
     mx.random.categorical per row: the same tokens."""
-    from . import keychain
-    from .cpu import draw as cpu_draw
-
     n = kept.shape[0]
     if n < BATCH_DRAW_ROWS or any(k is None for k in subkeys) or not cpu_draw.available():
         keys = [None if k is None else mx.array(k) for k in subkeys]

@@ -70,17 +70,7 @@ def quantize(
     mx.eval(tensors)
     block = config_block(settings, (policy.group_size, policy.bits)) if policy.quantized else None
     config = _hf_config(model, affine.dtype_name(dtype), block)
-    parameters = unpacked_parameter_count(model)
-    files = writer.write_model_dir(
-        out,
-        tensors=tensors,
-        config=config,
-        parameters=parameters,
-        write_tokenizer=lambda d: _write_tokenizer(model, tokenizer, d),
-        generation_config=_generation_config(model),
-        force=force,
-        max_shard_bytes=max_shard_bytes,
-    )
+    parameters, files = _write(model, tokenizer, out, tensors, config, force, max_shard_bytes)
     return _summary(
         "quantize", model, out, config, tensors, parameters, files, policy.describe(cfg.tie_word_embeddings)
     )
@@ -106,6 +96,14 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
     floats = [v.dtype for k, v in tensors.items() if k.endswith(".weight") and v.dtype != mx.uint32]
     dtype = str((scales or floats)[0]).split(".")[-1]
     config = _hf_config(model, dtype, config_block(settings))
+    parameters, files = _write(model, tokenizer, out, tensors, config, force, max_shard_bytes)
+    kinds = sorted({t.type_name for t in gguf.read_header(src.path).tensors})
+    return _summary("convert", model, out, config, tensors, parameters, files, "kept as stored: " + ", ".join(kinds))
+
+
+# ---- pieces --------------------------------------------------------------------------------------------
+def _write(model, tokenizer, out, tensors: dict, config: dict, force: bool, max_shard_bytes: int):
+    """The model directory (weights, config, tokenizer, generation config): (parameters, files written)."""
     parameters = unpacked_parameter_count(model)
     files = writer.write_model_dir(
         out,
@@ -117,11 +115,7 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
         force=force,
         max_shard_bytes=max_shard_bytes,
     )
-    kinds = sorted({t.type_name for t in gguf.read_header(src.path).tensors})
-    return _summary("convert", model, out, config, tensors, parameters, files, "kept as stored: " + ", ".join(kinds))
-
-
-# ---- pieces --------------------------------------------------------------------------------------------
+    return parameters, files
 
 
 def load(source):

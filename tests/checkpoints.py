@@ -55,6 +55,21 @@ ARCHS = {
 }
 
 
+# Hugging Face module -> GGUF tensor name part in a block (llama.cpp's convert_hf_to_gguf.py), for the
+# tests that write GGUF twins of these checkpoints; written out here, not taken from mlxinfer's loader
+GGUF_PARTS = {
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
+    "post_attention_layernorm": "ffn_norm",
+}
+
+
 def write_tokenizer(out: Path, vocab_size: int = 300) -> None:
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

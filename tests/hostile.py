@@ -14,6 +14,7 @@ from copy import deepcopy
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import checkpoints
 import numpy as np
 
 # GGUF metadata value types; RAW: the value is the bytes after the key (type field included), as given
@@ -118,19 +119,6 @@ def tensor(name: str, values: np.ndarray, kind: str = "F32") -> Tensor:
     return Tensor(name, list(reversed(values.shape)), type_id, data)
 
 
-_GGUF_PARTS = {
-    "self_attn.q_proj": "attn_q",
-    "self_attn.k_proj": "attn_k",
-    "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output",
-    "mlp.gate_proj": "ffn_gate",
-    "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down",
-    "input_layernorm": "attn_norm",
-    "post_attention_layernorm": "ffn_norm",
-}
-
-
 def tiny_gguf(hf_dir: Path, kind: str = "Q8_0") -> GGUFSpec:
     """The tiny llama checkpoint in `hf_dir` as a GGUF spec: matrices stored as `kind`, norms F32, its
     tokenizer and chat template in metadata (q/k rows left as they are: the values do not matter here)."""
@@ -176,7 +164,7 @@ def tiny_gguf(hf_dir: Path, kind: str = "Q8_0") -> GGUFSpec:
             gname = top[name]
         else:
             _, _, layer, rest = name.split(".", 3)
-            gname = f"blk.{layer}.{_GGUF_PARTS[rest.rsplit('.', 1)[0]]}.weight"
+            gname = f"blk.{layer}.{checkpoints.GGUF_PARTS[rest.rsplit('.', 1)[0]]}.weight"
         spec.tensors.append(tensor(gname, value, kind if value.ndim == 2 else "F32"))
     return spec
 

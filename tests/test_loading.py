@@ -8,6 +8,7 @@ import shutil
 
 import mlx.core as mx
 import numpy as np
+import checkpoints
 import pytest
 from conftest import assert_one_line_error, invoke_cli, run_cli
 
@@ -84,17 +85,6 @@ def _write_gguf_twin(hf_dir, out):
         "model.norm.weight": "output_norm.weight",
         "lm_head.weight": "output.weight",
     }
-    parts = {
-        "self_attn.q_proj": "attn_q",
-        "self_attn.k_proj": "attn_k",
-        "self_attn.v_proj": "attn_v",
-        "self_attn.o_proj": "attn_output",
-        "mlp.gate_proj": "ffn_gate",
-        "mlp.up_proj": "ffn_up",
-        "mlp.down_proj": "ffn_down",
-        "input_layernorm": "attn_norm",
-        "post_attention_layernorm": "ffn_norm",
-    }
     w = gguf.GGUFWriter(str(out), "llama")
     w.add_block_count(cfg["num_hidden_layers"])
     w.add_context_length(cfg["max_position_embeddings"])
@@ -122,7 +112,7 @@ def _write_gguf_twin(hf_dir, out):
             value = permute(value, cfg["num_attention_heads"])
         elif module == "self_attn.k_proj":
             value = permute(value, cfg["num_key_value_heads"])
-        w.add_tensor(f"blk.{layer}.{parts[module]}.weight", value)
+        w.add_tensor(f"blk.{layer}.{checkpoints.GGUF_PARTS[module]}.weight", value)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

@@ -16,21 +16,10 @@ from pathlib import Path
 
 from ..errors import MlxinferError
 from . import safetensors
-from .sources import ModelSource
+from .sources import DESCRIBING_FILES, ModelSource
 
 PARTS = ("config and tokenizer files", "tensor table", "weight bytes (sampled)")
-DESCRIBING = (
-    "config.json",
-    "generation_config.json",
-    "tokenizer.json",
-    "tokenizer_config.json",
-    "special_tokens_map.json",
-    "chat_template.jinja",
-    "chat_template.json",
-    "vocab.json",
-    "merges.txt",
-    "tokenizer.model",
-)
+DESCRIBING = (*DESCRIBING_FILES, "tokenizer.model")  # a local directory may hold a sentencepiece model too
 SAMPLE = 1 << 16  # bytes read at each of three places in a weight file
 DIGEST = 8  # bytes kept of each sha256
 

