@@ -1,0 +1,14 @@
+"""Every default a user can see, stated once: the library's parameters and the CLI's flags read them here.
+
+A leaf module (no mlx, no other mlxinfer import), so the CLI can read it without loading a framework.
+"""
+
+BATCH_SIZE = 32  # seeds decoded together in one forward pass (sample, sweep)
+MAX_TOKENS_GENERATE = 256  # new tokens for generate / stream_generate
+MAX_TOKENS_SAMPLE = 5  # tokens per completion in seeded experiments: the lesson's five
+MAX_SEEDS = 100_000  # a list of seeds is built before the first draw: bound it
+SEED_LIMIT = 2**63  # seeds are whole numbers in [0, SEED_LIMIT)
+TOPK_TEMPERATURES = (0.5, 1.0, 1.5)  # the lesson's three temperatures
+QUALITY_WINDOW = 512  # tokens per independent window when measuring what quantization costs
+SHARD_SIZE = "5GiB"  # largest safetensors file a written checkpoint holds (mlx-lm's MAX_FILE_SIZE_GB)
+BENCH_PROMPT_TOKENS = (32, 128, 512)
