@@ -71,11 +71,6 @@ def check_context(model, n_prompt: int, extra: int = 0) -> None:
         )
 
 
-def check_max_tokens(max_tokens: int) -> None:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise MlxinferError(f"max_tokens must be a whole number, at least 1, got {max_tokens!r}", "max_tokens")
-
-
 def prefill(
     model, ids: list[int], step_size: int = 2048, progress: Optional[Callable[[int, int], None]] = None
 ) -> Prefilled:

@@ -93,7 +93,6 @@ class Constraint:
     schema: dict
     tool: dict | None
     explain: bool = False
-    compiled: Any = None  # constrain.CompiledSchema, once mask() has run
 
     @property
     def where(self) -> str:
@@ -120,34 +119,6 @@ class Constraint:
         constraint = cls(schema, tool, explain_mask)
         validate_schema(schema, constraint.where, constraint.param)
         return constraint
-
-    def mask(self, tokenizer, vocab_size: int):
-        """A new constrain.GrammarMask for one generation (the schema compiled once per tokenizer)."""
-        from .constrain import compile_schema
-
-        self.compiled = compile_schema(tokenizer, self.schema, self.where, self.param)
-        return self.compiled.mask(vocab_size, explain=self.explain)
-
-    def check(self, result, mask) -> None:
-        """Fill a Generation's JSON fields: parsed, valid, warning, and its finish reason."""
-        from .constrain import finish
-
-        r = finish(mask, result.text, result.tokens, result.finish_reason)
-        result.parsed, result.valid, result.warning, result.finish_reason = (
-            r.parsed,
-            r.valid,
-            r.warning,
-            r.finish_reason,
-        )
-        result.tool = self.tool["name"] if self.tool is not None else None
-        result.grammar_seconds = {
-            "token_table": self.compiled.table.build_seconds,
-            "compile": self.compiled.compile_seconds,
-            "mask_per_step": mask.mask_seconds,
-            "wait_per_step": mask.wait_seconds,
-        }
-        if self.explain:
-            result.mask_steps = [s.to_dict() for s in mask.explained()]
 
 
 def tool_system(tool: dict) -> str:

@@ -20,20 +20,21 @@ from __future__ import annotations
 import hashlib
 import itertools
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 import mlx.core as mx
 
+from .. import defaults
 from ..errors import MlxinferError
 from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
 from ..settings import SamplerSettings, resolve_settings
-from ..tokenizer import encode_prompt
 from ..views import SweepRecord, SweepReport
 from . import ranks as rank_group
 from . import results
-from .decode import Prefilled, RowSpec, check_context, check_max_tokens, decode, prefill
-from .experiments import check_batch_size, seed_list
+from .decode import Prefilled, RowSpec, decode, prefill
+from .request import Collector, check_batch_size, prepare, seed_list
 from .summary import summarize
 
 GRID_FIELDS = ("temperature", "top_p", "top_k", "min_p")
@@ -82,7 +83,8 @@ def first_token_probs(prefilled: Prefilled, settings: SamplerSettings) -> mx.arr
     return p / mx.sum(p)
 
 
-def _fingerprint(model) -> dict:
+def _model_identity(model) -> dict:
+    """What a results file records of the model, so that resuming with another model is refused."""
     cfg, info = model.config, model.info
     return {
         "name": info.name,
@@ -94,6 +96,44 @@ def _fingerprint(model) -> dict:
     }
 
 
+@dataclass
+class _Plan:
+    """The experiment: each prompt's ids, text and hash, the resolved settings, the seeds, the header."""
+
+    ids: list[list[int]]
+    texts: list[str]
+    hashes: list[str]
+    settings: list[SamplerSettings]
+    seeds: list[int]
+    max_tokens: int
+    header: dict
+
+
+def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw) -> _Plan:
+    prompts = list(prompts)
+    if not prompts:
+        raise MlxinferError("prompts is empty; give at least one prompt", "prompts")
+    if isinstance(settings, (SamplerSettings, Mapping)) or not list(settings):
+        raise MlxinferError("settings must be a non-empty list of settings (see settings_grid)", "settings")
+    seed_ids = seed_list(seeds)
+    options = dict(max_tokens=max_tokens, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw)
+    ids = [prepare(model, tokenizer, p, **options).ids for p in prompts]
+    resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
+    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
+    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]
+    header = {
+        "model": _model_identity(model),
+        "prompts": texts,
+        "prompt_sha256": hashes,
+        "settings": [s.to_dict() for s in resolved],
+        "max_tokens": max_tokens,
+        "chat": chat,
+        "system": system,
+        "thinking": thinking,
+    }
+    return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header)
+
+
 def sweep(
     model,
     tokenizer,
@@ -101,7 +141,7 @@ def sweep(
     *,
     settings: Sequence[SamplerSettings | Mapping[str, Any]],
     seeds: int | str | Sequence[int],
-    max_tokens: int = 5,
+    max_tokens: int = defaults.MAX_TOKENS_SAMPLE,
     batch_size: Optional[int] = None,
     chat: bool = True,
     system: Optional[str] = None,
@@ -118,98 +158,25 @@ def sweep(
     resume=True skips the completions it already holds (it must be the same experiment).
     raw_special_tokens: see encode_prompt.
     """
-    prompts = list(prompts)
-    if not prompts:
-        raise MlxinferError("prompts is empty; give at least one prompt", "prompts")
-    if isinstance(settings, (SamplerSettings, Mapping)) or not list(settings):
-        raise MlxinferError("settings must be a non-empty list of settings (see settings_grid)", "settings")
-    seed_ids = seed_list(seeds)
-    check_max_tokens(max_tokens)
+    plan = _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw_special_tokens)
     size = check_batch_size(batch_size)
-    resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
-    ids = [
-        encode_prompt(tokenizer, p, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens)
-        for p in prompts
-    ]
-    for prompt_ids in ids:
-        check_context(model, len(prompt_ids), max_tokens)
-    texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
-    hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]
-    header = {
-        "model": _fingerprint(model),
-        "prompts": texts,
-        "prompt_sha256": hashes,
-        "settings": [s.to_dict() for s in resolved],
-        "max_tokens": max_tokens,
-        "chat": chat,
-        "system": system,
-        "thinking": thinking,
-    }
     group = rank_group.seed_group(model)
     rank, ranks = group.rank(), group.size()
     everyone = rank_group.group()
     split = model.info.sharding is not None  # the model is split across the ranks: all run every seed
-    lead = not split or everyone.rank() == 0  # ... and rank 0 alone keeps the results file
-
-    done: dict = {}
-    if ranks > 1 and out is not None and resume and Path(out).expanduser().is_file():
-        done.update(results.ResultsFile(out, header, resume=True).done)  # what an earlier run merged
-    part, failure = None, None
-    try:
-        if out is not None and lead:
-            part = results.ResultsFile(out if ranks == 1 else f"{out}.rank{rank}of{ranks}", header, resume)
-            done.update(part.done)
-    except MlxinferError as e:
-        if not split:
-            raise
-        failure = e
-    if split:  # rank 0's file decides which seeds are left, for every rank
-        done = {results.record_key(r): r for r in rank_group.from_rank0(list(done.values()), everyone, failure)}
-
+    done, part = _resume(plan, out, resume, group, everyone, split)
     pending = [
         (p, s, seed)
-        for p in range(len(prompts))
-        for s in range(len(resolved))
-        for k, seed in enumerate(seed_ids)
+        for p in range(len(plan.ids))
+        for s in range(len(plan.settings))
+        for k, seed in enumerate(plan.seeds)
         if k % ranks == rank and (p, s, seed) not in done
     ]
-    new: list[dict] = []
-    tokens = 0
     start = time.perf_counter()
-    with results.stop_cleanly_on_sigterm():
-        for p in sorted({p for p, _, _ in pending}):
-            prefilled = prefill(model, ids[p])
-            for s in sorted({s for q, s, _ in pending if q == p}):
-                probs = first_token_probs(prefilled, resolved[s])
-                cell = [seed for q, t, seed in pending if (q, t) == (p, s)]
-                for g in range(0, len(cell), size):
-                    batch = _run_batch(
-                        model,
-                        tokenizer,
-                        prefilled,
-                        cell[g : g + size],
-                        resolved[s],
-                        max_tokens,
-                        probs,
-                        (p, texts[p], hashes[p], s),
-                    )
-                    tokens += sum(len(r["tokens"]) for r in batch)
-                    if part is not None:
-                        part.append(batch)
-                    new += batch
-                    if progress:
-                        progress(len(new), len(pending))
+    new = _run(model, tokenizer, plan, pending, size, part, progress)
     seconds = time.perf_counter() - start
-
-    mine = list(done.values()) + new
-    everything = rank_group.gather(mine, group)
-    merged = sorted({results.record_key(r): r for r in everything}.values(), key=results.record_key)
-    if ranks > 1 and out is not None:
-        if rank == 0:
-            results.write_whole(out, header, merged)
-        rank_group.barrier(group)
-        Path(part.path).unlink(missing_ok=True)
-    counts = [len(new), tokens]
+    merged = _gather(plan, list(done.values()) + new, out, part, group)
+    counts = [len(new), sum(len(r["tokens"]) for r in new)]
     if ranks > 1:  # the whole experiment's figures: sums over ranks, the slowest rank's time
         counts = [int(c) for c in mx.distributed.all_sum(mx.array(counts), group=group).tolist()]
         seconds = max(mx.distributed.all_gather(mx.array([seconds]), group=group).tolist())
@@ -228,40 +195,85 @@ def sweep(
         records=[SweepRecord(**r) for r in merged],
         sharding=model.info.sharding,
     )
-    report.cells = summarize(merged, texts, [s.to_dict() for s in resolved], lambda t: tokenizer.decode([t]))
+    cell_settings = [s.to_dict() for s in plan.settings]
+    report.cells = summarize(merged, plan.texts, cell_settings, lambda t: tokenizer.decode([t]))
     return report
 
 
-def _run_batch(model, tokenizer, prefilled, seeds, settings, max_tokens, probs, where) -> list[dict]:
+def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
+    """The records already done (key -> record) and this rank's results file (None: no file kept)."""
+    rank, ranks = group.rank(), group.size()
+    lead = not split or everyone.rank() == 0  # a split model: rank 0 alone keeps the results file
+    done: dict = {}
+    if ranks > 1 and out is not None and resume and Path(out).expanduser().is_file():
+        done.update(results.ResultsFile(out, plan.header, resume=True).done)  # what an earlier run merged
+    part, failure = None, None
+    try:
+        if out is not None and lead:
+            part = results.ResultsFile(out if ranks == 1 else f"{out}.rank{rank}of{ranks}", plan.header, resume)
+            done.update(part.done)
+    except MlxinferError as e:
+        if not split:
+            raise
+        failure = e
+    if split:  # rank 0's file decides which seeds are left, for every rank
+        done = {results.record_key(r): r for r in rank_group.from_rank0(list(done.values()), everyone, failure)}
+    return done, part
+
+
+def _run(model, tokenizer, plan: _Plan, pending, size, part, progress) -> list[dict]:
+    """Each prompt prefilled once, each cell's seeds `size` rows per pass; records appended per batch."""
+    new: list[dict] = []
+    with results.stop_cleanly_on_sigterm():
+        for p in sorted({p for p, _, _ in pending}):
+            prefilled = prefill(model, plan.ids[p])
+            for s in sorted({s for q, s, _ in pending if q == p}):
+                probs = first_token_probs(prefilled, plan.settings[s])
+                cell = [seed for q, t, seed in pending if (q, t) == (p, s)]
+                for g in range(0, len(cell), size):
+                    batch = _run_batch(model, tokenizer, prefilled, plan, p, s, cell[g : g + size], probs)
+                    if part is not None:
+                        part.append(batch)
+                    new += batch
+                    if progress:
+                        progress(len(new), len(pending))
+    return new
+
+
+def _gather(plan: _Plan, mine: list[dict], out, part, group) -> list[dict]:
+    """Every rank's records in key order; under mlx.launch rank 0 writes the one results file."""
+    everything = rank_group.gather(mine, group)
+    merged = sorted({results.record_key(r): r for r in everything}.values(), key=results.record_key)
+    if group.size() > 1 and out is not None:
+        if group.rank() == 0:
+            results.write_whole(out, plan.header, merged)
+        rank_group.barrier(group)
+        Path(part.path).unlink(missing_ok=True)
+    return merged
+
+
+def _run_batch(model, tokenizer, prefilled, plan: _Plan, p: int, s: int, seeds, probs) -> list[dict]:
     """One forward pass per step for these seeds; their records, in seed order."""
-    p, prompt, sha, s = where
-    specs = [RowSpec(seed, settings, max_tokens) for seed in seeds]
-    texts: list[list[str]] = [[] for _ in specs]
-    tokens: list[list[int]] = [[] for _ in specs]
-    finish: list[Any] = [None] * len(specs)
-    firsts: list[Any] = [None] * len(specs)
+    settings = plan.settings[s]
+    specs = [RowSpec(seed, settings, plan.max_tokens) for seed in seeds]
+    rows = Collector(len(specs))
     for i, step in decode(model, tokenizer, prefilled, specs, step_logprobs=False):
-        texts[i].append(step.text)
-        if step.token is not None:
-            tokens[i].append(step.token)
-        else:
-            finish[i] = step
-        if firsts[i] is None:
-            firsts[i] = step.token if step.token is not None else step.stop_token
+        rows.add(i, step)
+    firsts = [row.first_token for row in rows.rows]
     first_probs = probs[mx.array([f if f is not None else 0 for f in firsts])].tolist()
     return [
         SweepRecord(
             p,
-            prompt,
-            sha,
+            plan.texts[p],
+            plan.hashes[p],
             s,
             settings.to_dict(),
             seed,
-            "".join(texts[i]),
-            tokens[i],
-            finish[i].finish_reason,
+            row.text,
+            row.tokens,
+            row.finish_reason,
             firsts[i] if firsts[i] is not None else -1,
             first_probs[i],
         ).to_dict()
-        for i, seed in enumerate(seeds)
+        for i, (seed, row) in enumerate(zip(seeds, rows.rows))
     ]
