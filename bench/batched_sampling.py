@@ -56,10 +56,8 @@ def main() -> None:
         from mlx_lm.generate import batch_generate
         from mlx_lm.sample_utils import make_sampler
 
-        from mlxinfer.model.cache import fork
-
         def run():
-            caches = [fork(cache, 1) for _ in range(a.seeds)]
+            caches = [mlxinfer.fork_cache(cache, 1) for _ in range(a.seeds)]
             mx.random.seed(0)
             out = batch_generate(
                 twin,
@@ -81,9 +79,7 @@ def main() -> None:
     if not a.no_mlx_lm:
         from mlx_lm.models.cache import make_prompt_cache
 
-        from mlxinfer.model.peers import mlx_lm_twin
-
-        twin = mlx_lm_twin(model)
+        twin = mlxinfer.mlx_lm_twin(model)
         ids = mlxinfer.encode_prompt(tok, PROMPT)
         cache = make_prompt_cache(twin)
         twin(mx.array(ids[:-1])[None], cache=cache)

@@ -175,7 +175,7 @@ def main() -> None:
     else:
         paths.append(("float32 weights, MKL", "mkl", "float32"))
     sys.path.insert(0, str(REPO))
-    from mlxinfer.cpu.blas import find_openblas_shim  # the parent never imports mlx
+    from mlxinfer import find_openblas_shim  # the parent never imports mlx
 
     if find_openblas_shim():
         for n in (args.openblas_threads or "").split(",") if args.openblas_threads else [None]:

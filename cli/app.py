@@ -16,7 +16,7 @@ import typer
 from typer.core import TyperGroup
 
 from cli import flags
-from mlxinfer.errors import MlxinferError
+from mlxinfer import MlxinferError
 
 
 _debug = {"on": False}
@@ -81,9 +81,20 @@ def _register() -> None:
     app.command("info")(info.info)
 
 
+def _show_version(value: bool) -> None:
+    if value:
+        from importlib.metadata import version
+
+        typer.echo(f"mlxinfer {version('mlxinfer')}")
+        raise typer.Exit(0)
+
+
 @app.callback()
 def _options(
     debug: bool = typer.Option(False, "--debug", help="On an error, also print its detail (lines after the first)."),
+    version: bool = typer.Option(
+        False, "--version", callback=_show_version, is_eager=True, help="Print mlxinfer's version and exit."
+    ),
 ):
     _debug["on"] = debug
 

@@ -7,32 +7,12 @@ import math
 import sys
 from typing import Any
 
-import typer
+from cli import options
+from cli.options import GROUPS
 
-MODEL_HELP = (
-    "Model: a local directory (config.json + safetensors), a .gguf file, a Hugging Face repo id, "
-    "or nothing for the embedded SmolLM2-135M-Instruct."
-)
-ModelOption = typer.Option(None, "--model", "-m", help=MODEL_HELP)
-JsonOption = typer.Option(False, "--json", help="Print the result as JSON instead of a table.")
-ComputeOption = typer.Option(
-    "auto",
-    "--compute-dtype",
-    help="float32 (dequantize once; every matmul through BLAS), bfloat16 (weights as stored), "
-    "or auto (float32 on a CPU with a fast BLAS when it fits in a third of RAM).",
-)
-PromptOption = typer.Option(..., "--prompt", "-p", help="The text the model reads.")
-SystemOption = typer.Option(None, "--system", help="A system message for the chat template.")
-ChatOption = typer.Option(True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template.")
-RawSpecialOption = typer.Option(
-    False,
-    "--raw-special-tokens",
-    help="Read special tokens' names in --prompt/--system (e.g. <|im_end|>) as control tokens; "
-    "by default they are plain text, so only the chat template emits control tokens.",
-)
-ThinkingOption = typer.Option(
-    False, "--thinking/--no-thinking", help="Qwen3's thinking switch (the lessons use it off)."
-)
+JsonOption = GROUPS["json"][0].option
+ModelOption = GROUPS["model"][0].option
+MODEL_HELP = options.MODEL_HELP
 
 
 def print_json(data: Any) -> None:
@@ -55,7 +35,7 @@ def _finite(obj: Any):
 
 def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
     """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5); kind=int for whole numbers."""
-    from mlxinfer.errors import MlxinferError
+    from mlxinfer import MlxinferError
 
     out = []
     for value in values:
@@ -66,39 +46,6 @@ def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
                 example = "numbers like 0.5,1.0,1.5" if kind is float else "whole numbers like 32,64,128"
                 raise MlxinferError(f"{option} takes {example}; got '{part}'") from None
     return tuple(out)
-
-
-# Sampling options: None means "not set", so the model's generation_config.json can fill it.
-TempOption = typer.Option(None, "--temp", "--temperature", help="Divide scores by T before softmax; 0 = greedy.")
-TopPOption = typer.Option(None, "--top-p", help="Keep the smallest set of top tokens holding at least p (1 = off).")
-TopKOption = typer.Option(None, "--top-k", help="Keep the k most likely tokens (0 = off).")
-MinPOption = typer.Option(None, "--min-p", help="Keep tokens with at least this fraction of the top probability.")
-RepetitionOption = typer.Option(
-    None, "--repetition-penalty", help="Divide seen tokens' positive scores by this (1 = off)."
-)
-PresenceOption = typer.Option(None, "--presence-penalty", help="Subtract this from every seen token's score.")
-FrequencyOption = typer.Option(None, "--frequency-penalty", help="Subtract this times a token's count so far.")
-OrderOption = typer.Option(
-    None, "--order", help="'lesson' (temperature, then cut) or 'mlx-lm' (cut, then temperature)."
-)
-
-
-def sampling(temp, top_p, top_k, min_p, repetition=None, presence=None, frequency=None, order=None) -> dict:
-    """The sampling options the user set (None: not set), checked before any model loads."""
-    from mlxinfer.settings import user_settings
-
-    return user_settings(
-        {
-            "temperature": temp,
-            "top_p": top_p,
-            "top_k": top_k,
-            "min_p": min_p,
-            "repetition_penalty": repetition,
-            "presence_penalty": presence,
-            "frequency_penalty": frequency,
-            "order": order,
-        }
-    )
 
 
 def progress_bar(total: int, description: str, enabled: bool = True):
@@ -116,20 +63,11 @@ def progress_bar(total: int, description: str, enabled: bool = True):
     return progress, update
 
 
-ShardModelOption = typer.Option(
-    False,
-    "--shard-model",
-    help="Under mlx.launch: split the model across the ranks (for a model too big for one) and run "
-    "every seed on all of them, instead of sharing the seeds out.",
-)
-
-
 def load_model(model, compute_dtype: str, shard: bool = True):
     """mlxinfer.load; under mlx.launch with several ranks (and `shard`) the model is split across them."""
     import mlxinfer
-    from mlxinfer.engine.ranks import group
 
-    ranks = group() if shard else None
+    ranks = mlxinfer.launch_group() if shard else None
     return mlxinfer.load(model, compute_dtype, group=ranks if ranks is not None and ranks.size() > 1 else None)
 
 
@@ -156,6 +94,6 @@ def sharding_line(sharding: dict | None) -> str:
 
 def other_rank() -> bool:
     """True on ranks 1.. under mlx.launch: rank 0 prints for every rank, the others stay quiet."""
-    from mlxinfer.engine.ranks import group
+    import mlxinfer
 
-    return group().rank() > 0
+    return mlxinfer.launch_group().rank() > 0

@@ -11,35 +11,22 @@ from __future__ import annotations
 
 import re
 
+from cli.options import FLAGS_BY_PARAM
+
 FLAGS = {
+    **FLAGS_BY_PARAM,
     "source": "--model",
-    "compute_dtype": "--compute-dtype",
-    "prompt": "--prompt",
-    "system": "--system",
     "chat=False": "--no-chat",
-    "raw_special_tokens": "--raw-special-tokens",
-    "temperature": "--temp",
-    "top_p": "--top-p",
-    "top_k": "--top-k",
-    "min_p": "--min-p",
-    "repetition_penalty": "--repetition-penalty",
-    "presence_penalty": "--presence-penalty",
-    "frequency_penalty": "--frequency-penalty",
-    "order": "--order",
     "temperatures": "--temps",
     "k": "-k",
     "explain_sampler": "--explain",
     "max_tokens": "--max-tokens",
     "seed": "--seed",
-    "seeds": "--seeds",
-    "batch_size": "--batch-size",
     "prompts": "--prompt",
     "prompts_file": "--prompts",
     "out": "--out",
     "resume": "--resume",
     "logprobs": "--logprobs",
-    "json_schema": "--json-schema",
-    "tool": "--tool",
     "explain_mask": "--explain-mask",
     "context": "--context",
     "ranks": "--ranks",

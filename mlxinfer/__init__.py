@@ -10,7 +10,9 @@ The public API, in the shape of mlx-lm's (`load`, `generate`, `stream_generate`)
     mlxinfer.count("path/to/model")                      # parameters and bytes, no mlx needed
 
 Attributes load lazily so that `import mlxinfer` (and `count`) stays free of mlx until a
-function needs it. The sampler's stages are public too, in `mlxinfer.sampler`.
+function needs it. Two modules are public whole: `mlxinfer.sampler` (the sampler's stages) and
+`mlxinfer.defaults` (every default a user can see). Everything else a front end (the CLI, bench/,
+the notebooks) uses is a name here; tests/test_boundary.py holds that line.
 """
 
 from .cpu import blas as _blas
@@ -34,8 +36,22 @@ _LAZY = {
     "prefill": ("engine.decode", "prefill"),
     "sweep": ("engine.sweep", "sweep"),
     "settings_grid": ("engine.sweep", "settings_grid"),
+    "prompts_from_file": ("engine.sweep", "prompts_from_file"),
+    "seed_list": ("engine.request", "seed_list"),
+    "check_batch_size": ("engine.request", "check_batch_size"),
+    "prepare": ("engine.request", "prepare"),
+    "Constraint": ("engine.schema", "Constraint"),
+    "check_settings": ("settings", "user_settings"),
+    "check_temperature": ("settings", "check_temperature"),
+    "launch_group": ("engine.ranks", "group"),
     "encode_prompt": ("tokenizer", "encode_prompt"),
     "system_info": ("model.compute", "system_info"),
+    "benchmark": ("engine.bench", "run_bench"),
+    "mlx_lm_twin": ("model.peers", "mlx_lm_twin"),
+    "fork_cache": ("model.cache", "fork"),
+    "find_openblas_shim": ("cpu.blas", "find_openblas_shim"),
+    "defaults": ("defaults", None),
+    "sampler": ("sampler", None),
     "ModelConfig": ("formats.config", "ModelConfig"),
 }
 
@@ -47,5 +63,6 @@ def __getattr__(name):
         import importlib
 
         module, attr = _LAZY[name]
-        return getattr(importlib.import_module(f".{module}", __name__), attr)
+        found = importlib.import_module(f".{module}", __name__)
+        return found if attr is None else getattr(found, attr)
     raise AttributeError(f"module 'mlxinfer' has no attribute {name!r}")

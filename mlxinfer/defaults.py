@@ -12,3 +12,4 @@ TOPK_TEMPERATURES = (0.5, 1.0, 1.5)  # the lesson's three temperatures
 QUALITY_WINDOW = 512  # tokens per independent window when measuring what quantization costs
 SHARD_SIZE = "5GiB"  # largest safetensors file a written checkpoint holds (mlx-lm's MAX_FILE_SIZE_GB)
 BENCH_PROMPT_TOKENS = (32, 128, 512)
+GRID_FIELDS = ("temperature", "top_p", "top_k", "min_p")  # the sampler settings a sweep crosses

@@ -61,21 +61,6 @@ class QualityReport:
     def to_dict(self) -> dict:
         return asdict(self)
 
-    def markdown(self) -> str:
-        ref = self.reference
-        lines = [
-            "| model | weights | bits/weight | bytes | vs reference | mean KL (nats) | top-1 agreement | perplexity |",
-            "|---|---|---:|---:|---:|---:|---:|---:|",
-            f"| {ref.name} (reference) | {ref.weights} | {ref.bits_per_weight:.2f} | {ref.bytes:,} | 1.00x | - | - "
-            f"| {ref.perplexity:.3f} |",
-        ]
-        for c in self.candidates:
-            lines.append(
-                f"| {c.name} | {c.weights} | {c.bits_per_weight:.2f} | {c.bytes:,} | {c.bytes / ref.bytes:.2f}x "
-                f"| {c.kl_mean:.4f} | {c.top1_agreement:.1%} | {c.perplexity:.3f} |"
-            )
-        return "\n".join(lines)
-
 
 def evaluate(
     reference,

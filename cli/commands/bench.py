@@ -6,13 +6,15 @@ from typing import List, Optional
 
 import typer
 
+from mlxinfer import defaults
+
 from cli.common import JsonOption, ModelOption, parse_numbers, print_json, progress_bar
 
 
 def bench(
     model: Optional[str] = ModelOption,
     prompt_tokens: List[str] = typer.Option(
-        ["32,128,512"], "--prompt-tokens", help="Prompt lengths, e.g. '32,128,512'."
+        [",".join(map(str, defaults.BENCH_PROMPT_TOKENS))], "--prompt-tokens", help="Prompt lengths, e.g. '32,128,512'."
     ),
     gen_tokens: int = typer.Option(64, "--gen-tokens", help="Tokens to decode per run."),
     repeats: int = typer.Option(3, "--repeats", help="Interleaved repeats; figures are medians."),
@@ -25,13 +27,13 @@ def bench(
     json_out: bool = JsonOption,
 ):
     """Load, prefill, time to first token, decode and peak memory: ours, mlx-lm's, and their ratios."""
-    from mlxinfer.engine.bench import run_bench
+    from mlxinfer import benchmark
 
     lengths = parse_numbers(prompt_tokens, "--prompt-tokens", int)
     engines = 3 if fast_path else 2
     bar, update = progress_bar(repeats * len(lengths) * engines, "benchmark", enabled=not json_out)
     with bar:
-        report = run_bench(model, lengths, gen_tokens, repeats, bandwidth, fast_path, progress=update)
+        report = benchmark(model, lengths, gen_tokens, repeats, bandwidth, fast_path, progress=update)
     if json_out:
         print_json(report.to_dict())
     else:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import typer
 
+from mlxinfer import defaults
+
 from cli import flags
 from cli.common import JsonOption, print_json
 
@@ -15,13 +17,15 @@ def convert_command(
     ),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists and is not empty."),
     max_shard_size: str = typer.Option(
-        "5GiB", "--max-shard-size", help="Split the weights into shards of at most this size (with an index)."
+        defaults.SHARD_SIZE,
+        "--max-shard-size",
+        help="Split the weights into shards of at most this size (with an index).",
     ),
     json_out: bool = JsonOption,
 ):
     """Convert a GGUF file to safetensors, keeping Q4_0/Q4_1/Q8_0 exactly as MLX affine weights (group 32)."""
     from cli.commands.quantize import render_summary
-    from quant.export import convert_gguf
+    from quant import convert_gguf
 
     flags.use(out="OUT")
 

@@ -47,7 +47,7 @@ def count_command(
     Before buying a second Mac: mlxinfer count MODEL --ranks 2 --context 32768
     """
     import mlxinfer
-    from mlxinfer.errors import MlxinferError
+    from mlxinfer import MlxinferError
 
     if model and model_option and model != model_option:
         raise MlxinferError(f"two models given ({model} and --model {model_option}); pass one")

@@ -8,69 +8,25 @@ from typing import Optional
 
 import typer
 
+from mlxinfer import defaults
+
 from cli import flags
-from cli.common import (
-    ChatOption,
-    ComputeOption,
-    FrequencyOption,
-    JsonOption,
-    MinPOption,
-    ModelOption,
-    OrderOption,
-    PresenceOption,
-    PromptOption,
-    RepetitionOption,
-    SystemOption,
-    TempOption,
-    RawSpecialOption,
-    ThinkingOption,
-    TopKOption,
-    TopPOption,
-    load_model,
-    other_rank,
-    print_json,
-    sampling,
-    sharding_line,
-)
+from cli.common import load_model, other_rank, print_json, sharding_line
+from cli.options import chat_kwargs, max_tokens_option, settings, takes
 
 
+@takes("prompt", "model", "chat", "sampling", "penalties", "schema", "json")
 def generate(
-    prompt: str = PromptOption,
-    model: Optional[str] = ModelOption,
-    compute_dtype: str = ComputeOption,
-    system: Optional[str] = SystemOption,
-    max_tokens: int = typer.Option(256, "--max-tokens", help="Stop after this many new tokens."),
-    temp: Optional[float] = TempOption,
-    top_p: Optional[float] = TopPOption,
-    top_k: Optional[int] = TopKOption,
-    min_p: Optional[float] = MinPOption,
-    repetition_penalty: Optional[float] = RepetitionOption,
-    presence_penalty: Optional[float] = PresenceOption,
-    frequency_penalty: Optional[float] = FrequencyOption,
-    order: Optional[str] = OrderOption,
+    max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_GENERATE, "Stop after this many new tokens."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed the draws; the same seed repeats the text."),
-    chat: bool = ChatOption,
-    thinking: bool = ThinkingOption,
-    raw_special_tokens: bool = RawSpecialOption,
     logprobs: int = typer.Option(0, "--logprobs", help="Show each token's logprob and the K best alternatives."),
-    json_schema: Optional[str] = typer.Option(
-        None,
-        "--json-schema",
-        help="Constrain the output to this JSON Schema (a file or inline JSON; top level an object).",
-    ),
-    tool: Optional[str] = typer.Option(
-        None,
-        "--tool",
-        help="Write the input of this tool (Anthropic format: name, description, strict, input_schema; "
-        "a file or inline JSON) as compact JSON. Without --system, the system message names the tool.",
-    ),
     explain_mask: bool = typer.Option(
         False,
         "--explain-mask",
         help="With --json-schema/--tool: per step, how many tokens the grammar allows, "
         "the best allowed token and the best refused one with its score.",
     ),
-    json_out: bool = JsonOption,
+    **options,
 ):
     """Generate text: prefill the prompt into the KV cache, then one forward pass per token.
 
@@ -81,28 +37,25 @@ def generate(
     Under mlx.launch the model is split across the ranks (tensor parallelism); rank 0 prints.
     """
     import mlxinfer
-    from mlxinfer.engine.schema import Constraint
 
-    settings = sampling(temp, top_p, top_k, min_p, repetition_penalty, presence_penalty, frequency_penalty, order)
-    Constraint.read(json_schema, tool, explain_mask)  # a bad schema fails before the model loads
-    m, tok = load_model(model, compute_dtype)
+    sampling = settings(options)
+    schema = {"json_schema": options["json_schema"], "tool": options["tool"]}
+    mlxinfer.Constraint.read(**schema, explain_mask=explain_mask)  # a bad schema fails before the model loads
+    m, tok = load_model(options["model"], options["compute_dtype"])
     quiet = other_rank()  # under mlx.launch rank 0 prints for every rank
     stream = mlxinfer.stream_generate(
         m,
         tok,
-        prompt,
-        settings=settings,
+        options["prompt"],
+        settings=sampling,
         max_tokens=max_tokens,
         seed=seed,
-        json_schema=json_schema,
-        tool=tool,
         logprobs=logprobs,
-        chat=chat,
-        system=system,
-        thinking=thinking,
-        raw_special_tokens=raw_special_tokens,
         explain_mask=explain_mask,
+        **schema,
+        **chat_kwargs(options),
     )
+    json_out = options["json_out"]
     for i, step in enumerate(stream):
         if not json_out and not quiet:
             if i == 0:  # once the prefill has worked: an error before it stays the one line on stderr

@@ -6,6 +6,8 @@ from typing import Optional
 
 import typer
 
+from mlxinfer import defaults
+
 from cli import flags
 from cli.common import JsonOption, print_json
 
@@ -37,7 +39,9 @@ def quantize_command(
     ),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists and is not empty."),
     max_shard_size: str = typer.Option(
-        "5GiB", "--max-shard-size", help="Split the weights into shards of at most this size (with an index)."
+        defaults.SHARD_SIZE,
+        "--max-shard-size",
+        help="Split the weights into shards of at most this size (with an index).",
     ),
     report: bool = typer.Option(
         False, "--report", help="Then compare OUT with SRC over the shipped text (see `mlxinfer quality`)."
@@ -45,11 +49,13 @@ def quantize_command(
     max_tokens: Optional[int] = typer.Option(
         None, "--max-tokens", help="With --report: only the first N tokens of the text."
     ),
-    window: int = typer.Option(512, "--window", help="With --report: tokens per independent window of context."),
+    window: int = typer.Option(
+        defaults.QUALITY_WINDOW, "--window", help="With --report: tokens per independent window of context."
+    ),
     json_out: bool = JsonOption,
 ):
     """Quantize a model to MLX affine weights (or dequantize it with --bits 16), as mlx-lm's convert does."""
-    from quant.export import quantize
+    from quant import quantize
 
     flags.use(source="SRC", out="OUT")
     summary = quantize(
@@ -66,7 +72,7 @@ def quantize_command(
     result = {"quantize": summary}
     if report:
         from cli.commands.quality import progress_printer
-        from quant.quality import evaluate
+        from quant import evaluate
 
         result["report"] = evaluate(
             src, [out], max_tokens=max_tokens, window=window, progress=progress_printer()

@@ -6,75 +6,50 @@ from typing import List, Optional
 
 import typer
 
-from cli import flags
-from cli.common import (
-    ChatOption,
-    ComputeOption,
-    JsonOption,
-    RawSpecialOption,
-    ModelOption,
-    ShardModelOption,
-    SystemOption,
-    ThinkingOption,
-    load_model,
-    parse_numbers,
-    print_json,
-    other_rank,
-    progress_bar,
-    sharding_line,
-)
+from mlxinfer import defaults
 
+from cli.common import load_model, other_rank, parse_numbers, print_json, progress_bar, sharding_line
+from cli.options import chat_kwargs, max_tokens_option, seeds, takes
 
 SHOWN = 12  # answers per cell in the table
 
 
+@takes("model", "seeds", "chat", "json")
 def sweep(
     prompt: Optional[List[str]] = typer.Option(None, "--prompt", "-p", help="A prompt; repeat the option for more."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts", help="A UTF-8 file of prompts, one per line."),
-    model: Optional[str] = ModelOption,
-    compute_dtype: str = ComputeOption,
     temps: List[str] = typer.Option(["1.0"], "--temps", "-t", help="Temperatures: '0.5,1,1.5' or the option repeated."),
     top_p: Optional[List[str]] = typer.Option(
         None, "--top-p", help="Top-p values to cross with the rest, e.g. '0.8,0.95'."
     ),
     top_k: Optional[List[str]] = typer.Option(None, "--top-k", help="Top-k values, e.g. '0,20'."),
     min_p: Optional[List[str]] = typer.Option(None, "--min-p", help="Min-p values, e.g. '0,0.05'."),
-    seeds: Optional[int] = typer.Option(None, "--seeds", help="Seeds 0..N-1 for every cell."),
-    seed_range: Optional[str] = typer.Option(None, "--seed-range", help="Seeds A..B-1, written A:B."),
-    max_tokens: int = typer.Option(5, "--max-tokens", help="Tokens per completion (the lesson uses 5)."),
-    batch_size: int = typer.Option(32, "--batch-size", help="Seeds decoded together in one forward pass."),
+    max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per completion (the lesson uses 5)."),
     out: Optional[str] = typer.Option(None, "--out", help="Append one JSON line per completion to this file."),
     resume: bool = typer.Option(False, "--resume", help="Continue the sweep in --out: skip what it already holds."),
-    chat: bool = ChatOption,
-    thinking: bool = ThinkingOption,
-    system: Optional[str] = SystemOption,
-    raw_special_tokens: bool = RawSpecialOption,
-    json_out: bool = JsonOption,
-    shard_model: bool = ShardModelOption,
+    **options,
 ):
-    """Draw one completion per prompt, setting and seed; tally each cell's answers against the model's
-    own probability of their first token. Under mlx.launch the seeds are shared among the ranks, or
-    with --shard-model the model is split across them and rank 0 writes --out."""
+    """Draw one completion per prompt, setting and seed, and tally each cell's answers against the model's own
+    probability of their first token. Under mlx.launch the seeds are shared among the ranks, or with --shard-model
+    the model is split across them and rank 0 writes --out."""
     import mlxinfer
-    from mlxinfer.engine.sweep import prompts_from_file, settings_grid
-    from mlxinfer.errors import MlxinferError
+    from mlxinfer import MlxinferError
 
-    if (seeds is None) == (seed_range is None):
-        raise MlxinferError("give exactly one of --seeds N or --seed-range A:B")
+    seed_ids = seeds(options)
     if bool(prompt) == bool(prompts_file):
         raise MlxinferError("give prompts with --prompt (repeated) or --prompts FILE, one of the two")
-    if seed_range is not None:
-        flags.use(seeds="--seed-range")
-    prompts = list(prompt) if prompt else prompts_from_file(prompts_file)
-    grid = settings_grid(
+    prompts = list(prompt) if prompt else mlxinfer.prompts_from_file(prompts_file)
+    grid = mlxinfer.settings_grid(
         parse_numbers(temps, "--temps"),
         None if top_p is None else parse_numbers(top_p, "--top-p"),
         None if top_k is None else parse_numbers(top_k, "--top-k", int),
         None if min_p is None else parse_numbers(min_p, "--min-p"),
     )
     for cell in grid:
-        mlxinfer.settings.user_settings(cell)  # bad values fail before the model loads
-    m, tok = load_model(model, compute_dtype, shard=shard_model)
+        mlxinfer.check_settings(cell)  # bad values fail before the model loads
+    batch_size = mlxinfer.check_batch_size(options["batch_size"])
+    m, tok = load_model(options["model"], options["compute_dtype"], shard=options["shard_model"])
+    json_out = options["json_out"]
     quiet = json_out or other_rank()
     bar, update = progress_bar(1, "sweeping", enabled=not quiet)
     try:
@@ -84,16 +59,13 @@ def sweep(
                 tok,
                 prompts,
                 settings=grid,
-                seeds=seeds if seeds is not None else seed_range,
+                seeds=seed_ids,
                 max_tokens=max_tokens,
                 batch_size=batch_size,
-                chat=chat,
-                system=system,
-                thinking=thinking,
                 out=out,
                 resume=resume,
-                raw_special_tokens=raw_special_tokens,
                 progress=update,
+                **chat_kwargs(options),
             )
     except KeyboardInterrupt:
         kept = f"every finished batch is in {out}; the same command with --resume continues" if out else "no --out"
@@ -122,7 +94,7 @@ def render(report) -> None:
     if report.sharding:
         console.print(f"[dim]{sharding_line(report.sharding)}[/dim]", highlight=False)
     for cell in report.cells:
-        settings = ", ".join(f"{k} {cell.settings[k]}" for k in ("temperature", "top_p", "top_k", "min_p"))
+        settings = ", ".join(f"{k} {cell.settings[k]}" for k in defaults.GRID_FIELDS)
         test = (
             f"chi-square {cell.chi_square:.2f}, {cell.dof} dof, p = {cell.p_value:.3f}"
             if cell.p_value is not None

@@ -2,83 +2,51 @@
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import List
 
 import typer
 
-from cli.common import (
-    ChatOption,
-    ComputeOption,
-    JsonOption,
-    MinPOption,
-    ModelOption,
-    OrderOption,
-    PromptOption,
-    SystemOption,
-    TempOption,
-    RawSpecialOption,
-    ThinkingOption,
-    TopKOption,
-    TopPOption,
-    load_model,
-    other_rank,
-    parse_numbers,
-    print_json,
-    sampling,
-    sharding_line,
-)
+from mlxinfer import defaults
+
+from cli.common import load_model, other_rank, parse_numbers, print_json, sharding_line
+from cli.options import chat_kwargs, settings, takes
 
 
+@takes("prompt", "model", "chat", "sampling", "json")
 def topk(
-    prompt: str = PromptOption,
-    model: Optional[str] = ModelOption,
-    compute_dtype: str = ComputeOption,
     temps: List[str] = typer.Option(
-        ["0.5,1.0,1.5"],
+        [",".join(f"{t:g}" for t in defaults.TOPK_TEMPERATURES)],
         "--temps",
         "-t",
         help="Temperatures for the probability columns: '0.5,1,1.5' or the option repeated.",
     ),
     k: int = typer.Option(6, "-k", help="How many tokens to list, by score."),
-    chat: bool = ChatOption,
-    thinking: bool = ThinkingOption,
-    raw_special_tokens: bool = RawSpecialOption,
-    system: Optional[str] = SystemOption,
-    temp: Optional[float] = TempOption,
-    top_p: Optional[float] = TopPOption,
-    top_k: Optional[int] = TopKOption,
-    min_p: Optional[float] = MinPOption,
-    order: Optional[str] = OrderOption,
     explain: bool = typer.Option(
         False, "--explain", help="Show which tokens the sampler's cut keeps and their rescaled probabilities."
     ),
-    json_out: bool = JsonOption,
+    **options,
 ):
     """Score every vocabulary token for the next position; show the top k with probabilities.
 
     Under mlx.launch the model is split across the ranks (tensor parallelism); rank 0 prints."""
     import mlxinfer
-    from mlxinfer.settings import check_temperature
 
-    temperatures = [check_temperature(t, "temperatures") for t in parse_numbers(temps, "--temps")]
-    settings = sampling(temp, top_p, top_k, min_p, order=order)
-    m, tok = load_model(model, compute_dtype)
+    temperatures = [mlxinfer.check_temperature(t, "temperatures") for t in parse_numbers(temps, "--temps")]
+    sampling = settings(options)
+    m, tok = load_model(options["model"], options["compute_dtype"])
     table = mlxinfer.next_token_table(
         m,
         tok,
-        prompt,
+        options["prompt"],
         temperatures=temperatures,
         k=k,
-        settings=settings or None,
+        settings=sampling or None,
         explain_sampler=explain,
-        chat=chat,
-        thinking=thinking,
-        raw_special_tokens=raw_special_tokens,
-        system=system,
+        **chat_kwargs(options),
     )
     if other_rank():
         return  # under mlx.launch rank 0 prints for every rank
-    if json_out:
+    if options["json_out"]:
         print_json(table.to_dict())
     else:
         render(table)

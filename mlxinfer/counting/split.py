@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import MlxinferError
 from ..formats.config import ModelConfig
+from .quantization import quant_setting
 
 
 @dataclass(frozen=True)
@@ -121,11 +122,9 @@ def column_groups(cfg: ModelConfig, files: list[dict] | None = None, header=None
             if kind and t["shape"] and t["shape"][-1] and ins[kind] % t["shape"][-1] == 0:
                 sizes[kind].add(ins[kind] // t["shape"][-1])
     elif cfg.quantization:
-        from . import _quant_setting
-
         for i in range(cfg.num_hidden_layers):
             for kind, prefix in (("o_proj", "self_attn"), ("down_proj", "mlp")):
-                s = _quant_setting(cfg.quantization, f"model.layers.{i}.{prefix}.{kind}", ins[kind])
+                s = quant_setting(cfg.quantization, f"model.layers.{i}.{prefix}.{kind}", ins[kind])
                 if s is not None:
                     sizes[kind].add(s[1])
     return {k: math.lcm(*v) if v else 1 for k, v in sizes.items()}

@@ -37,7 +37,7 @@ from .decode import Prefilled, RowSpec, decode, prefill
 from .request import Collector, check_batch_size, prepare, seed_list
 from .summary import summarize
 
-GRID_FIELDS = ("temperature", "top_p", "top_k", "min_p")
+GRID_FIELDS = defaults.GRID_FIELDS
 
 
 def settings_grid(
