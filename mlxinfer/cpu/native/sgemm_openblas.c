@@ -1,7 +1,7 @@
 /* cblas_sgemm for MLX, served by OpenBLAS from the scipy-openblas32 wheel.
  *
  * MLX's Linux CPU wheel calls cblas_sgemm for every float32 matmul and binds the
- * symbol through the dynamic linker (mlxinfer/blas.py loads this library globally
+ * symbol through the dynamic linker (mlxinfer/cpu/blas.py loads this library globally
  * before mlx). scipy-openblas32 exports its functions as scipy_cblas_*, so this
  * file gives MLX the name it looks for. One case is routed elsewhere: a single-row
  * product (M == 1, every decode step) goes to sgemv, which OpenBLAS runs at full
