@@ -9,6 +9,7 @@ COMMAND ...` adds the error's detail (e.g. each layer's NaN/inf counts) on the l
 
 from __future__ import annotations
 
+import inspect
 import sys
 
 import click
@@ -69,16 +70,34 @@ app = typer.Typer(
 def _register() -> None:
     from cli.commands import bench, convert, count, generate, info, quality, quantize, sample, sweep, topk
 
-    app.command("count")(count.count_command)
-    app.command("topk")(topk.topk)
-    app.command("sample")(sample.sample)
-    app.command("sweep")(sweep.sweep)
-    app.command("generate")(generate.generate)
-    app.command("quantize")(quantize.quantize_command)
-    app.command("convert")(convert.convert_command)
-    app.command("quality")(quality.quality_command)
-    app.command("bench")(bench.bench)
-    app.command("info")(info.info)
+    commands = {
+        "count": count.count_command,
+        "topk": topk.topk,
+        "sample": sample.sample,
+        "sweep": sweep.sweep,
+        "generate": generate.generate,
+        "quantize": quantize.quantize_command,
+        "convert": convert.convert_command,
+        "quality": quality.quality_command,
+        "bench": bench.bench,
+        "info": info.info,
+    }
+    for name, fn in commands.items():
+        app.command(name, help=_reflow(fn.__doc__ or ""))(fn)
+
+
+def _reflow(doc: str) -> str:
+    """A docstring's paragraphs each as one line, for the terminal to wrap (typer keeps line breaks as
+    they are written). A line indented past the paragraph's first, such as an example, keeps its own line."""
+    paragraphs = inspect.cleandoc(doc).split("\n\n")
+    out = []
+    for para in paragraphs:
+        lines = para.splitlines()
+        if any(line.startswith(" ") for line in lines):
+            out.append("\n".join(lines))
+        else:
+            out.append(" ".join(line.strip() for line in lines))
+    return "\n\n".join(out)
 
 
 def _show_version(value: bool) -> None:

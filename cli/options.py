@@ -35,112 +35,96 @@ class Opt:
 
     @property
     def flag(self) -> str:
-        return self.option.param_decls[0]
+        return self.option.param_decls[0].split("/")[0]
 
 
-def _opt(param: str, annotation, default, *decls: str, **kw) -> Opt:
-    return Opt(param, annotation, typer.Option(default, *decls, **kw))
-
-
-GROUPS: dict[str, tuple[Opt, ...]] = {
-    "model": (
-        _opt("model", Optional[str], None, "--model", "-m", help=MODEL_HELP),
-        _opt("compute_dtype", str, "auto", "--compute-dtype", help=COMPUTE_HELP),
-    ),
-    "prompt": (_opt("prompt", str, ..., "--prompt", "-p", help="The text the model reads."),),
-    "chat": (
-        _opt("system", Optional[str], None, "--system", help="A system message for the chat template."),
-        _opt("chat", bool, True, "--chat/--no-chat", help="Wrap the prompt in the model's chat template."),
-        _opt(
-            "thinking",
-            bool,
-            False,
-            "--thinking/--no-thinking",
-            help="Qwen3's thinking switch (the lessons use it off).",
-        ),
-        _opt(
+_Str, _Float, _Int = Optional[str], Optional[float], Optional[int]
+_TABLE = {  # group: (parameter, type, default, flags, help); a default of None means "not set"
+    "model": [
+        ("model", _Str, None, "--model -m", MODEL_HELP),
+        ("compute_dtype", str, "auto", "--compute-dtype", COMPUTE_HELP),
+    ],
+    "prompt": [("prompt", str, ..., "--prompt -p", "The text the model reads.")],
+    "chat": [
+        ("system", _Str, None, "--system", "A system message for the chat template."),
+        ("chat", bool, True, "--chat/--no-chat", "Wrap the prompt in the model's chat template."),
+        ("thinking", bool, False, "--thinking/--no-thinking", "Qwen3's thinking switch (the lessons use it off)."),
+        (
             "raw_special_tokens",
             bool,
             False,
             "--raw-special-tokens",
-            help="Read special tokens' names in --prompt/--system (e.g. <|im_end|>) as control tokens; "
+            "Read special tokens' names in --prompt/--system (e.g. <|im_end|>) as control tokens; "
             "by default they are plain text, so only the chat template emits control tokens.",
         ),
-    ),
-    # None means "not set", so the model's generation_config.json can fill it
-    "sampling": (
-        _opt(
-            "temperature",
-            Optional[float],
-            None,
-            "--temp",
-            "--temperature",
-            help="Divide scores by T before softmax; 0 = greedy.",
-        ),
-        _opt(
-            "top_p", Optional[float], None, "--top-p", help="Keep the smallest set of top tokens holding p (1 = off)."
-        ),
-        _opt("top_k", Optional[int], None, "--top-k", help="Keep the k most likely tokens (0 = off)."),
-        _opt("min_p", Optional[float], None, "--min-p", help="Keep tokens with at least this share of the top p."),
-        _opt(
-            "order", Optional[str], None, "--order", help="'lesson' (temperature, then cut) or 'mlx-lm' (cut, then T)."
-        ),
-    ),
-    "penalties": (
-        _opt(
+    ],
+    "sampling": [  # unset: the model's generation_config.json fills them
+        ("temperature", _Float, None, "--temp --temperature", "Divide scores by T before softmax; 0 = greedy."),
+        ("top_p", _Float, None, "--top-p", "Keep the smallest set of top tokens holding at least p (1 = off)."),
+        ("top_k", _Int, None, "--top-k", "Keep the k most likely tokens (0 = off)."),
+        ("min_p", _Float, None, "--min-p", "Keep tokens with at least this fraction of the top probability."),
+        ("order", _Str, None, "--order", "'temperature-first' (the lesson's) or 'mlx-lm' (cut, then temperature)."),
+    ],
+    "penalties": [
+        (
             "repetition_penalty",
-            Optional[float],
+            _Float,
             None,
             "--repetition-penalty",
-            help="Divide seen tokens' positive scores by this (1 = off).",
+            "Divide seen tokens' positive scores by this (1 = off).",
         ),
-        _opt("presence_penalty", Optional[float], None, "--presence-penalty", help="Subtract this from seen tokens."),
-        _opt(
-            "frequency_penalty", Optional[float], None, "--frequency-penalty", help="Subtract this x a token's count."
-        ),
-    ),
-    "schema": (
-        _opt(
+        ("presence_penalty", _Float, None, "--presence-penalty", "Subtract this from every seen token's score."),
+        ("frequency_penalty", _Float, None, "--frequency-penalty", "Subtract this times a token's count so far."),
+    ],
+    "schema": [
+        (
             "json_schema",
-            Optional[str],
+            _Str,
             None,
             "--json-schema",
-            help="Constrain the output (each seed's, in sample) to this JSON Schema (a file or inline JSON; "
+            "Constrain the output (each seed's, in sample) to this JSON Schema (a file or inline JSON; "
             "top level an object).",
         ),
-        _opt(
+        (
             "tool",
-            Optional[str],
+            _Str,
             None,
             "--tool",
-            help="Write the input of this tool (Anthropic format: name, description, strict, input_schema; "
+            "Write the input of this tool (Anthropic format: name, description, strict, input_schema; "
             "a file or inline JSON) as compact JSON. Without --system, the system message names the tool.",
         ),
-    ),
-    "seeds": (
-        _opt("seeds", Optional[str], None, "--seeds", help="Seeds: N runs 0..N-1, A:B runs A..B-1."),
-        _opt("seed_range", Optional[str], None, "--seed-range", hidden=True, help="Old name: --seeds A:B."),
-        _opt(
+    ],
+    "seeds": [
+        ("seeds", _Str, None, "--seeds", "Seeds: N runs 0..N-1, A:B runs A..B-1."),
+        ("seed_range", _Str, None, "--seed-range", None),  # the old name of --seeds A:B, hidden
+        (
             "batch_size",
             int,
             defaults.BATCH_SIZE,
             "--batch-size",
-            help="Seeds decoded together in one forward pass; 1 runs them one at a time.",
+            "Seeds decoded together in one forward pass; 1 runs them one at a time.",
         ),
-        _opt(
+        (
             "shard_model",
             bool,
             False,
             "--shard-model",
-            help="Under mlx.launch: split the model across the ranks (for a model too big for one) and run "
+            "Under mlx.launch: split the model across the ranks (for a model too big for one) and run "
             "every seed on all of them, instead of sharing the seeds out.",
         ),
-    ),
-    "json": (_opt("json_out", bool, False, "--json", help="Print the result as JSON instead of a table."),),
+    ],
+    "json": [("json_out", bool, False, "--json", "Print the result as JSON instead of a table.")],
+}
+GROUPS: dict[str, list[Opt]] = {
+    group: [
+        Opt(param, kind, typer.Option(default, *flags.split(), help=help, hidden=help is None))
+        for param, kind, default, flags, help in rows
+    ]
+    for group, rows in _TABLE.items()
 }
 SAMPLING = [o.param for o in GROUPS["sampling"] + GROUPS["penalties"]]
 CHAT = [o.param for o in GROUPS["chat"]]
-FLAGS_BY_PARAM = {o.param: o.flag.split("/")[0] for group in GROUPS.values() for o in group}
+FLAGS_BY_PARAM = {o.param: o.flag for group in GROUPS.values() for o in group}
 
 
 def max_tokens_option(default: int, help: str) -> Any:

@@ -12,7 +12,7 @@ what the chain does (the next-token table, ``explain``) in engine/tables.py.
 
 Two orders of the last steps (``SamplerSettings.order``):
 
-* ``"lesson"`` (default) is the order the lesson describes: divide by the temperature
+* ``"temperature-first"`` (default) is the order the lesson describes: divide by the temperature
   first, then cut the tail of the tempered probabilities (as transformers and vLLM do).
 * ``"mlx-lm"`` reproduces ``mlx_lm.sample_utils.make_sampler``: it cuts the tail of the
   *untempered* log-probabilities (top-p, then min-p, then top-k) and applies the
@@ -188,7 +188,7 @@ def apply_min_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx
 def cut_tail(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
     """The untempered log-probabilities with every token the cut removes set to -inf.
 
-    "lesson": top-k, top-p, min-p on the *tempered* distribution, each on what the one
+    "temperature-first": top-k, top-p, min-p on the *tempered* distribution, each on what the one
     before left (so top-p counts the top-k survivors rescaled to 1); every cut keeps at
     least min_tokens_to_keep. "mlx-lm": mlx-lm's top-p, min-p, top-k on the untempered row.
     Temperature 0 keeps only the argmax.

@@ -10,7 +10,8 @@ from typing import Any, Mapping
 
 from .errors import MlxinferError
 
-ORDERS = ("lesson", "mlx-lm")
+ORDERS = ("temperature-first", "mlx-lm")
+ORDER_ALIASES = {"lesson": "temperature-first"}  # the name it had first
 SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # read from generation_config.json
 
 
@@ -26,7 +27,11 @@ class SamplerSettings:
     frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count
     logit_bias: dict[int, float] | None = None  # token id -> added to its score
     penalty_window: int | None = None  # penalties look at the last N tokens; None = all given
-    order: str = "lesson"  # or "mlx-lm"
+    order: str = "temperature-first"  # or "mlx-lm" (cut the untempered distribution, temper in the draw)
+
+    def __post_init__(self):
+        if isinstance(self.order, str) and self.order in ORDER_ALIASES:
+            object.__setattr__(self, "order", ORDER_ALIASES[self.order])
 
     @property
     def greedy(self) -> bool:
@@ -87,7 +92,7 @@ _RULES = (  # (setting, test, what it must be: the fix)
         "a map of token ids >= 0 to biases in [-100, 100]",
     ),
     ("penalty_window", lambda v: v is None or _int(v) and v >= 1, "None (all) or a whole number >= 1"),
-    ("order", lambda v: v in ORDERS, "'lesson' or 'mlx-lm'"),
+    ("order", lambda v: v in ORDERS, "'temperature-first' or 'mlx-lm'"),
 )
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from mlxinfer.errors import MlxinferError
+from mlxinfer.formats.config import QUANT_BITS, QUANT_GROUPS
 
-VALID_BITS = (2, 3, 4, 5, 6, 8)  # what mx.quantize's affine mode packs
-VALID_GROUP_SIZES = (32, 64, 128)
+VALID_BITS = QUANT_BITS  # what mx.quantize's affine mode packs (formats/config.py states it once)
+VALID_GROUP_SIZES = QUANT_GROUPS
 FLOAT_BITS = 16  # "no quantization": the weights stay in the float dtype
 EMBED, HEAD = "model.embed_tokens", "lm_head"
 

@@ -24,6 +24,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxinfer import defaults
 from mlxinfer.errors import MlxinferError
 from mlxinfer.formats.sources import is_embedded
 from mlxinfer.model.compute import to_float32, unpacked_parameter_count
@@ -33,7 +34,7 @@ from . import affine
 from .export import load, source_bytes
 
 TEXT = Path(__file__).parent / "data" / "eval.txt"
-DEFAULT_WINDOW = 512
+DEFAULT_WINDOW = defaults.QUALITY_WINDOW
 
 
 @dataclass

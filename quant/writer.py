@@ -23,10 +23,10 @@ from typing import Callable, Iterator
 
 import mlx.core as mx
 
+from mlxinfer import defaults
 from mlxinfer import atomic
 from mlxinfer.errors import MlxinferError
 
-DEFAULT_SHARD_BYTES = 5 << 30  # mlx-lm's MAX_FILE_SIZE_GB
 TOKENIZER_FILES = (
     "tokenizer.json",
     "tokenizer_config.json",
@@ -66,6 +66,9 @@ def parse_size(text: str | int) -> int:
     if n < 1:
         raise MlxinferError(f"max_shard_bytes must be positive, got {text!r}", "max_shard_bytes")
     return n
+
+
+DEFAULT_SHARD_BYTES = parse_size(defaults.SHARD_SIZE)
 
 
 def check_output(out: Path, force: bool) -> None:

@@ -43,8 +43,9 @@ def count_command(
 ) -> None:
     """Count parameters, bytes and operations per token from config.json; check them against the files.
 
-    Example: mlxinfer count Qwen/Qwen3-0.6B --context 12060 --answer-tokens 300 --flops 989T --bandwidth 3.35TB/s
-    Before buying a second Mac: mlxinfer count MODEL --ranks 2 --context 32768
+    Examples (the lesson's numbers; before buying a second Mac):
+      mlxinfer count Qwen/Qwen3-0.6B --context 12060 --answer-tokens 300 --flops 989T --bandwidth 3.35TB/s
+      mlxinfer count MODEL --ranks 2 --context 32768
     """
     import mlxinfer
     from mlxinfer import MlxinferError

@@ -17,6 +17,7 @@ from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
 
+from .. import defaults
 from ..errors import MlxinferError
 
 TEXT = (
@@ -149,7 +150,7 @@ def help_overhead() -> float:
 
 def run_bench(
     source: Optional[str] = None,
-    prompt_tokens: tuple[int, ...] = (32, 128, 512),
+    prompt_tokens: tuple[int, ...] = defaults.BENCH_PROMPT_TOKENS,
     gen_tokens: int = 64,
     repeats: int = 3,
     bandwidth_gb_s: Optional[float] = None,

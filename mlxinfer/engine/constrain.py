@@ -41,10 +41,8 @@ import mlx.core as mx
 import numpy as np
 
 from ..errors import MlxinferError
-from ..sampler import apply_mask
+from ..sampler import NEG_INF, apply_mask
 from .schema import _one_line, check_object_schema, validate_schema
-
-NEG_INF = -float("inf")
 
 
 # ----------------------------------------------------------------------------- the token table

@@ -1,0 +1,52 @@
+"""`mlxinfer serve`: an OpenAI-compatible server (mlxinfer/serve); this command only parses and calls it."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import typer
+
+from cli.common import ComputeOption, ModelOption
+
+
+def serve(
+    model: Optional[str] = ModelOption,
+    compute_dtype: str = ComputeOption,
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; beyond loopback, set --api-key."),
+    port: int = typer.Option(8080, "--port", help="TCP port."),
+    api_key: Optional[str] = typer.Option(
+        None, "--api-key", envvar="MLXINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."
+    ),
+    max_rows: int = typer.Option(32, "--max-rows", help="Rows (seeds) decoded together at most."),
+    max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting at most; past it: 429 + Retry-After."),
+    cors: Optional[list[str]] = typer.Option(
+        None, "--cors", help="An origin allowed by CORS (repeat); none by default."
+    ),
+    model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The id clients send as `model`."),
+    max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", help="Largest request body; past it: 413."),
+    template_deadline: float = typer.Option(
+        2.0, "--template-deadline", help="Seconds a chat template may take to render before the request is refused."
+    ),
+    default_max_tokens: Optional[int] = typer.Option(
+        None, "--default-max-tokens", help="Token budget when a request sets none (default: up to the context)."
+    ),
+    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
+):
+    """Serve the model over OpenAI's HTTP API: every request's seed is its own random stream."""
+    from mlxinfer.serve import serve as run
+
+    run(
+        model,
+        host=host,
+        port=port,
+        api_key=api_key,
+        compute_dtype=compute_dtype,
+        max_rows=max_rows,
+        max_queue=max_queue,
+        cors=cors,
+        model_name=model_name,
+        max_body_bytes=max_body_bytes,
+        template_deadline_s=template_deadline,
+        default_max_tokens=default_max_tokens,
+        log_level=log_level,
+    )
