@@ -24,6 +24,9 @@ def bench(
     fast_path: bool = typer.Option(
         True, "--fast/--no-fast", help="Also run our model with float32 weights (BLAS path)."
     ),
+    llama_cpp: bool = typer.Option(
+        True, "--llama-cpp/--no-llama-cpp", help="Also run llama.cpp on a GGUF model when llama_cpp is importable."
+    ),
     json_out: bool = JsonOption,
 ):
     """Load, prefill, time to first token, decode and peak memory: ours, mlx-lm's, and their ratios."""
@@ -33,7 +36,9 @@ def bench(
     engines = 3 if fast_path else 2
     bar, update = progress_bar(repeats * len(lengths) * engines, "benchmark", enabled=not json_out)
     with bar:
-        report = benchmark(model, lengths, gen_tokens, repeats, bandwidth, fast_path, progress=update)
+        report = benchmark(
+            model, lengths, gen_tokens, repeats, bandwidth, fast_path, progress=update, llama_cpp=llama_cpp
+        )
     if json_out:
         print_json(report.to_dict())
     else:

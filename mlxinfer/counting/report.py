@@ -59,7 +59,7 @@ def count(
         notes.insert(
             0, no_formula(cfg.model_type) + ": counted from the safetensors headers (quantized weights unpacked)"
         )
-    r = _table(name, kind, cfg, weights, notes)
+    r = _parameter_table(name, kind, cfg, weights, notes)
     if cfg.num_experts:
         r.experts = _experts(cfg, weights, r.total)
     if header:
@@ -136,7 +136,7 @@ def _open(source) -> tuple[str, str, ModelConfig, list[dict] | None, gguf.GGUFHe
     return src.name, "config", cfg, safetensors.local_files(src.path), None, []
 
 
-def _table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes: list[str]) -> CountReport:
+def _parameter_table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes: list[str]) -> CountReport:
     """The lesson's table. One layer is shown tensor by tensor: the first with experts, if any."""
     by_part: dict[str, int] = {}
     for w in weights:

@@ -148,6 +148,29 @@ def help_overhead() -> float:
     return statistics.median(a - b for a, b in runs)
 
 
+def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int], Iterator[int]]]:
+    """llama.cpp (llama-cpp-python) on the same GGUF file, greedy, with MLX's CPU thread count; None
+    when llama_cpp is not importable or the model is no GGUF file."""
+    import importlib.util
+    import os
+
+    if not str(path).endswith(".gguf") or importlib.util.find_spec("llama_cpp") is None:
+        return None
+    from llama_cpp import Llama
+
+    threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
+
+    def stream(ids: list[int], n: int) -> Iterator[int]:
+        llm.reset()  # no prefix reuse from the last run: every prefill starts at position 0
+        for i, token in enumerate(llm.generate(ids, top_k=1, temp=0.0, reset=True)):
+            yield token
+            if i + 1 == n:
+                break
+
+    return stream
+
+
 def run_bench(
     source: Optional[str] = None,
     prompt_tokens: tuple[int, ...] = defaults.BENCH_PROMPT_TOKENS,
@@ -156,7 +179,10 @@ def run_bench(
     bandwidth_gb_s: Optional[float] = None,
     fast_path: bool = True,
     progress: Optional[Callable[[int, int], None]] = None,
+    llama_cpp: bool = True,
 ) -> BenchReport:
+    """mlx-lm, our model on each compute path, and llama.cpp when it is importable (a GGUF source),
+    interleaved; ratios are each engine's over mlx-lm's."""
     from ..model import compute
     from ..model.loading import load
     from ..model.peers import mlx_lm_twin
@@ -171,22 +197,10 @@ def run_bench(
         raise MlxinferError(f"repeats must be at least 1, got {repeats}", "repeats")
     if bandwidth_gb_s is not None and not bandwidth_gb_s > 0:
         raise MlxinferError(f"bandwidth_gb_s must be positive (GB/s), got {bandwidth_gb_s}", "bandwidth_gb_s")
-    engines, load_s, paths = {}, {}, {}
+    engines, load_s, paths, models = {}, {}, {}, {}
     start = time.perf_counter()
     model, tokenizer = load(source, compute_dtype="bfloat16")  # the weights as stored, as mlx_lm.load keeps them
     load_s["mlxinfer"] = time.perf_counter() - start
-    start = time.perf_counter()
-    twin = mlx_lm_twin(model)
-    load_s["mlx-lm"] = load_s["mlxinfer"] + time.perf_counter() - start  # mlx-lm cannot read GGUF itself
-    engines["mlx-lm"], engines["mlxinfer"] = mlx_lm_loop(twin), ours(model, tokenizer)
-    paths["mlx-lm"] = paths["mlxinfer"] = model.info.weights
-    models = {"mlx-lm": twin, "mlxinfer": model}
-    if fast_path:
-        start = time.perf_counter()
-        fast, _ = load(source, compute_dtype="float32")
-        load_s["mlxinfer float32"] = time.perf_counter() - start
-        engines["mlxinfer float32"], paths["mlxinfer float32"] = ours(fast, tokenizer), fast.info.weights
-        models["mlxinfer float32"] = fast
     if max(prompt_tokens) + gen_tokens > model.config.max_position_embeddings:
         raise MlxinferError(
             f"prompt_tokens + gen_tokens exceed the model's context "
@@ -194,6 +208,23 @@ def run_bench(
             "prompt_tokens",
             "gen_tokens",
         )
+    start = time.perf_counter()
+    twin = mlx_lm_twin(model)
+    load_s["mlx-lm"] = load_s["mlxinfer"] + time.perf_counter() - start  # mlx-lm cannot read GGUF itself
+    engines["mlx-lm"], engines["mlxinfer"] = mlx_lm_loop(twin), ours(model, tokenizer)
+    paths["mlx-lm"] = paths["mlxinfer"] = model.info.weights
+    models.update({"mlx-lm": twin, "mlxinfer": model})
+    for dtype in ("float32",) if fast_path else ():
+        start = time.perf_counter()
+        fast, _ = load(source, compute_dtype=dtype)
+        name = f"mlxinfer {dtype}"
+        load_s[name] = time.perf_counter() - start
+        engines[name], paths[name], models[name] = ours(fast, tokenizer), fast.info.weights, fast
+    source_info = model.info.source
+    gguf = source_info.path if source_info is not None and source_info.kind == "gguf" else None
+    peer = llama_cpp_loop(gguf, max(prompt_tokens) + gen_tokens + 8) if llama_cpp and gguf else None
+    if peer is not None:
+        engines["llama.cpp"], paths["llama.cpp"], load_s["llama.cpp"] = peer, "GGUF as stored", 0.0
 
     names = list(engines)
     for name in names:  # warm-up: first calls allocate and build kernels
@@ -226,16 +257,14 @@ def run_bench(
     for name, m in models.items():
         b = bytes_per_token(m, model.config.tie_word_embeddings)
         report.roofline[name] = {"bytes_per_token": b, "max_tokens_per_s": bandwidth * 1e9 / b}
+    if peer is not None:  # llama.cpp reads the GGUF's bytes: the as-stored weights
+        report.roofline["llama.cpp"] = report.roofline["mlxinfer"]
     for n in prompt_tokens:
-        base = _median_row("mlx-lm", n, results, load_s, paths, results[("mlx-lm", n)][0].tokens)
-        for name in names:
-            row = (
-                base
-                if name == "mlx-lm"
-                else _median_row(name, n, results, load_s, paths, results[("mlx-lm", n)][0].tokens)
-            )
-            row.prefill_ratio = row.prefill_tokens_per_s / base.prefill_tokens_per_s
-            row.decode_ratio = row.decode_tokens_per_s / base.decode_tokens_per_s
+        reference = results[("mlx-lm", n)][0].tokens
+        rows = {name: _median_row(name, n, results, load_s, paths, reference) for name in names}
+        for name, row in rows.items():
+            row.prefill_ratio = row.prefill_tokens_per_s / rows["mlx-lm"].prefill_tokens_per_s
+            row.decode_ratio = row.decode_tokens_per_s / rows["mlx-lm"].decode_tokens_per_s
             row.roofline_fraction = row.decode_tokens_per_s / report.roofline[name]["max_tokens_per_s"]
             report.rows.append(row)
     report.help_seconds = help_overhead()

@@ -173,7 +173,7 @@ def sweep(
         if k % ranks == rank and (p, s, seed) not in done
     ]
     start = time.perf_counter()
-    new = _run(model, tokenizer, plan, pending, size, part, progress)
+    new = _draw_pending(model, tokenizer, plan, pending, size, part, progress)
     seconds = time.perf_counter() - start
     merged = _gather(plan, list(done.values()) + new, out, part, group)
     counts = [len(new), sum(len(r["tokens"]) for r in new)]
@@ -221,7 +221,7 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     return done, part
 
 
-def _run(model, tokenizer, plan: _Plan, pending, size, part, progress) -> list[dict]:
+def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress) -> list[dict]:
     """Each prompt prefilled once, each cell's seeds `size` rows per pass; records appended per batch."""
     new: list[dict] = []
     with results.stop_cleanly_on_sigterm():
@@ -231,7 +231,7 @@ def _run(model, tokenizer, plan: _Plan, pending, size, part, progress) -> list[d
                 probs = first_token_probs(prefilled, plan.settings[s])
                 cell = [seed for q, t, seed in pending if (q, t) == (p, s)]
                 for g in range(0, len(cell), size):
-                    batch = _run_batch(model, tokenizer, prefilled, plan, p, s, cell[g : g + size], probs)
+                    batch = _draw_batch(model, tokenizer, prefilled, plan, p, s, cell[g : g + size], probs)
                     if part is not None:
                         part.append(batch)
                     new += batch
@@ -252,7 +252,7 @@ def _gather(plan: _Plan, mine: list[dict], out, part, group) -> list[dict]:
     return merged
 
 
-def _run_batch(model, tokenizer, prefilled, plan: _Plan, p: int, s: int, seeds, probs) -> list[dict]:
+def _draw_batch(model, tokenizer, prefilled, plan: _Plan, p: int, s: int, seeds, probs) -> list[dict]:
     """One forward pass per step for these seeds; their records, in seed order."""
     settings = plan.settings[s]
     specs = [RowSpec(seed, settings, plan.max_tokens) for seed in seeds]
