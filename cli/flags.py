@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import re
 
-from cli.options import FLAGS_BY_PARAM
-
-FLAGS = {
-    **FLAGS_BY_PARAM,
+FLAGS = {  # cli/options.py adds the flags of the options it declares
     "source": "--model",
     "chat=False": "--no-chat",
     "temperatures": "--temps",

@@ -3,7 +3,7 @@
 A command lists the groups it takes (`@takes("model", "prompt", "chat", "sampling")`) and receives them as
 keyword arguments; `settings` and `chat_kwargs` turn them into the library's parameters, so a command forwards
 them in one line. Defaults come from mlxinfer.defaults; flags for error messages come from here too
-(cli/flags.py reads FLAGS_BY_PARAM).
+(this module adds them to cli/flags.py's FLAGS).
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from typing import Any, Callable, Optional, get_type_hints
 
 import typer
 
+from cli import flags
 from mlxinfer import defaults
 
 MODEL_HELP = (
@@ -124,7 +125,7 @@ GROUPS: dict[str, list[Opt]] = {
 }
 SAMPLING = [o.param for o in GROUPS["sampling"] + GROUPS["penalties"]]
 CHAT = [o.param for o in GROUPS["chat"]]
-FLAGS_BY_PARAM = {o.param: o.flag for group in GROUPS.values() for o in group}
+flags.FLAGS.update({o.param: o.flag for group in GROUPS.values() for o in group})
 
 
 def max_tokens_option(default: int, help: str) -> Any:
@@ -170,7 +171,6 @@ def chat_kwargs(options: dict) -> dict:
 def seeds(options: dict):
     """--seeds N or A:B (or the old --seed-range A:B), checked: the seed list."""
     import mlxinfer
-    from cli import flags
 
     given = [v for v in (options["seeds"], options["seed_range"]) if v is not None]
     if len(given) != 1:
