@@ -1,10 +1,12 @@
 """Tokenizers and chat templates.
 
 A model directory's tokenizer loads through mlx-lm's tokenizer utilities
-(transformers underneath, never with remote code). A GGUF file carries its
-vocabulary, merges, special tokens and chat template in metadata; we rebuild a
-Hugging Face `tokenizers` BPE from them. Chat templates render in transformers'
-sandboxed Jinja environment.
+(transformers underneath, never with remote code); chat templates render in
+transformers' sandboxed Jinja environment. A GGUF file carries its vocabulary,
+merges, special tokens and chat template in metadata; we rebuild a Hugging Face
+`tokenizers` BPE from them and serve it without transformers or mlx-lm
+(tokenizer_fast.py: the same ids, text and streamed segments, the template in the
+same Jinja sandbox), so a GGUF model starts in a fraction of the time.
 
 User text is plain text: a special token's name typed in a prompt or system message (`<|im_end|>`)
 is encoded as the characters it is made of, so only the chat template emits control tokens;
@@ -13,6 +15,7 @@ is encoded as the characters it is made of, so only the chat template emits cont
 
 from __future__ import annotations
 
+import os
 import re
 import secrets
 from pathlib import Path
@@ -62,10 +65,12 @@ def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
         raise MlxinferError(f"the tokenizer in {directory} could not be loaded ({_first_line(e)})") from None
 
 
-def tokenizer_from_gguf(header: GGUFHeader):
-    """Rebuild the tokenizer stored in a GGUF file's metadata (BPE vocabularies of the gpt2 kind)."""
-    _quiet_transformers()
+def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
+    """Rebuild the tokenizer stored in a GGUF file's metadata (BPE vocabularies of the gpt2 kind).
 
+    fast=True: a GGUFTokenizer (tokenizer_fast.py) on the `tokenizers` library alone; fast=False:
+    mlx-lm's TokenizerWrapper around transformers' PreTrainedTokenizerFast, which the fast one
+    matches id for id (and hands anything else it is asked to)."""
     m = header.metadata
     kind, pre = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.pre", "default")
     if kind != "gpt2":
@@ -94,16 +99,25 @@ def tokenizer_from_gguf(header: GGUFHeader):
     )
     if broken:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks a usable {broken}; use a GGUF file with its tokenizer")
-    try:
-        return _gguf_tokenizer(m, tokens, types, [tuple(line.split(" ", 1)) for line in merges], pre, template)
-    except Exception as e:  # tokenizers/transformers refusing the metadata: the file's problem, one line
-        raise MlxinferError(f"{header.path}: the tokenizer in its metadata is broken ({_first_line(e)})") from None
+    pairs = [tuple(line.split(" ", 1)) for line in merges]
+
+    def build(how):
+        try:
+            return how(m, tokens, types, pairs, pre, template)
+        except Exception as e:  # tokenizers/transformers refusing the metadata: the file's problem, one line
+            raise MlxinferError(f"{header.path}: the tokenizer in its metadata is broken ({_first_line(e)})") from None
+
+    if not fast:
+        return build(_gguf_tokenizer)
+    # what importing mlx-lm did for the tokenizer this replaces: transformers, when a later path
+    # imports it (llguidance's table for constrained decoding), keeps its PyTorch advice to itself
+    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
+    return build(lambda *args: _gguf_tokenizer_fast(*args, compat=lambda: build(_gguf_tokenizer)))
 
 
-def _gguf_tokenizer(m: dict, tokens: list, types: list, merges: list, pre: str, template: str | None):
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+def _gguf_backend(tokens: list, types: list, merges: list, pre: str):
+    """The `tokenizers` BPE the metadata describes: vocabulary, merges, pre-tokenizer, added tokens."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
 
     bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe"))
     tok = Tokenizer(bpe)
@@ -121,22 +135,62 @@ def _gguf_tokenizer(m: dict, tokens: list, types: list, merges: list, pre: str, 
     tok.add_special_tokens(
         [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
     )
+    return tok
+
+
+def _gguf_specials(m: dict, tokens: list) -> tuple[dict[str, str | None], list[int]]:
+    """The named special tokens (bos, eos, unk, pad) and the ids that end a turn (eos, eot)."""
 
     def special(key):
         i = m.get(f"tokenizer.ggml.{key}_token_id")
         return tokens[i] if _token_id(i, len(tokens)) else None
 
+    names = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "pad_token": "padding"}
+    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+    return {k: special(v) for k, v in names.items()}, [m[k] for k in keys if _token_id(m.get(k), len(tokens))]
+
+
+def _gguf_tokenizer_fast(m: dict, tokens: list, types: list, merges: list, pre: str, template, compat):
+    """The backend finished as PreTrainedTokenizerFast.__init__ finishes it (named special tokens the
+    vocabulary lacks added as special, the BOS post-processor), wrapped without transformers."""
+    from tokenizers import AddedToken, processors
+
+    from .tokenizer_fast import SPECIAL_NAMES, GGUFTokenizer
+
+    tok = _gguf_backend(tokens, types, merges, pre)
+    special, eos = _gguf_specials(m, tokens)
+    added = {t.content for t in tok.get_added_tokens_decoder().values()}
+    missing = []
+    for name in SPECIAL_NAMES:
+        t = special.get(name)
+        if t is not None and t not in added and t not in missing:
+            missing.append(t)
+    if missing:
+        tok.add_tokens([AddedToken(t, special=True) for t in missing])
+    bos = special["bos_token"]
+    add_bos = bool(m.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
+    single = f"{bos}:0 $A:0" if add_bos else "$A:0"
+    pair = f"{single}{f' {bos}:1' if add_bos else ''} $B:1"
+    tok.post_processor = processors.TemplateProcessing(
+        single=single, pair=pair, special_tokens=[(bos, tok.token_to_id(bos))] if add_bos else []
+    )
+    return GGUFTokenizer(tok, special, template, eos, compat)
+
+
+def _gguf_tokenizer(m: dict, tokens: list, types: list, merges: list, pre: str, template: str | None):
+    """mlx-lm's TokenizerWrapper around transformers' PreTrainedTokenizerFast (the reference)."""
+    _quiet_transformers()
+    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from transformers import PreTrainedTokenizerFast
+
+    tok = _gguf_backend(tokens, types, merges, pre)
+    special, eos = _gguf_specials(m, tokens)
     hf = PreTrainedTokenizerFast(
         tokenizer_object=tok,
-        bos_token=special("bos"),
-        eos_token=special("eos"),
-        unk_token=special("unknown"),
-        pad_token=special("padding"),
         chat_template=template,
         add_bos_token=bool(m.get("tokenizer.ggml.add_bos_token", False)),
+        **special,
     )
-    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-    eos = [m[k] for k in keys if _token_id(m.get(k), len(tokens))]
     return TokenizerWrapper(hf, BPEStreamingDetokenizer, eos_token_ids=eos)
 
 
@@ -206,15 +260,21 @@ def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
 
 def _special_tokens(tokenizer) -> dict[str, int]:
     """The tokenizer's special (control) tokens by text: what the template may emit and user text may not."""
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
-    added = getattr(hf, "added_tokens_decoder", None) or {}
+    added = _inner(tokenizer, "added_tokens_decoder") or {}
     return {t.content: i for i, t in added.items() if getattr(t, "special", False) and t.content}
+
+
+def _inner(tokenizer, name: str):
+    """`name` of the tokenizer (mlxinfer's GGUF one answers itself; mlx-lm's wrapper hands it to
+    transformers'), else of the tokenizer it wraps (`_tokenizer`), else None."""
+    value = getattr(tokenizer, name, None)
+    return value if value is not None else getattr(getattr(tokenizer, "_tokenizer", None), name, None)
 
 
 def _plain(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     """`text` encoded with every special token's name taken as the characters it is made of."""
     ids = tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)
-    backend = getattr(getattr(tokenizer, "_tokenizer", tokenizer), "backend_tokenizer", None)
+    backend = _inner(tokenizer, "backend_tokenizer")
     if backend is not None:
         backend.encode_special_tokens = False  # transformers leaves its switch set for the next caller
     return list(ids)

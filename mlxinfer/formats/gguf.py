@@ -7,11 +7,13 @@ are read by `mx.load` in weights.py.
 
 from __future__ import annotations
 
+import mmap
+import os
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 from ..errors import MlxinferError
 from .config import ModelConfig
@@ -40,6 +42,8 @@ GGML_TYPES: dict[int, tuple[str, int, int]] = {
 LOADABLE = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRUCTS = {t: struct.Struct(fmt) for t, fmt in _SCALARS.items()}
+_U64 = _STRUCTS[10]
 _STRING, _ARRAY, _FLOAT64 = 8, 9, 12
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NESTING = 4  # arrays of arrays: GGUF files use one level; a deeper one is a corrupt header
@@ -77,28 +81,62 @@ class GGUFHeader:
 
 
 class _Reader:
-    def __init__(self, f: BinaryIO, path: Path, size: int):
-        self.f, self.path, self.size = f, path, size
+    """Values read from a buffer holding the whole file (a memory map: pages are read as they are
+    touched, so the tensor data is never read here). Every size read from the file is checked
+    against the bytes left before anything is allocated or sliced; arrays are read in one step
+    (numbers) or one tight loop over the buffer (strings) rather than a file read per value."""
+
+    def __init__(self, buf, path: Path, size: int):
+        self.buf, self.path, self.size, self.pos = buf, path, size, 0
         self.key, self.float64_keys = "", []
 
+    def _truncated(self) -> MlxinferError:
+        return MlxinferError(f"{self.path} is truncated (its header ends early); re-download the file")
+
     def read(self, n: int) -> bytes:
-        if n > self.size - self.f.tell():  # checked first: read(n) would allocate n bytes
-            raise MlxinferError(f"{self.path} is truncated (its header ends early); re-download the file")
-        return self.f.read(n)
+        if n > self.size - self.pos:  # checked first: a slice past the end would come back short
+            raise self._truncated()
+        start = self.pos
+        self.pos += n
+        return self.buf[start : self.pos]
 
     def count(self, what: str, item_bytes: int) -> int:
         """A count read from the file, checked against the bytes left (each item needs `item_bytes`)."""
         n = self.scalar(10)
-        if n * item_bytes > self.size - self.f.tell():
+        if n * item_bytes > self.size - self.pos:
             raise MlxinferError(f"{self.path} has a corrupt header ({n:,} {what}, more than the file can hold)")
         return n
 
     def scalar(self, t: int):
-        fmt = _SCALARS[t]
-        return struct.unpack(fmt, self.read(struct.calcsize(fmt)))[0]
+        s = _STRUCTS[t]
+        if s.size > self.size - self.pos:
+            raise self._truncated()
+        value = s.unpack_from(self.buf, self.pos)[0]
+        self.pos += s.size
+        return value
 
     def string(self) -> str:
         return self.read(self.count("string bytes", 1)).decode("utf-8", errors="replace")
+
+    def strings(self, count: int, keep: bool = True) -> list[str] | None:
+        """`count` strings in a row (each a u64 length and its bytes), with the checks string() makes."""
+        buf, pos, size, out = self.buf, self.pos, self.size, []
+        length, append = _U64.unpack_from, out.append
+        for _ in range(count):
+            if pos + 8 > size:
+                self.pos = pos
+                raise self._truncated()
+            n = length(buf, pos)[0]
+            pos += 8
+            if n > size - pos:
+                raise MlxinferError(
+                    f"{self.path} has a corrupt header ({n:,} string bytes, more than the file can hold)"
+                )
+            if keep:
+                append(buf[pos : pos + n].decode("utf-8", errors="replace"))
+            pos += n
+        self.pos = pos
+        return out if keep else None
 
     def _array_head(self, depth: int) -> tuple[int, int]:
         item_type = self.scalar(4)
@@ -106,18 +144,20 @@ class _Reader:
             self.float64_keys.append(self.key)
         if depth >= MAX_NESTING or item_type not in (*_SCALARS, _STRING, _ARRAY):
             raise MlxinferError(f"{self.path} has a corrupt header (an array of unknown type {item_type})")
-        width = struct.calcsize(_SCALARS[item_type]) if item_type in _SCALARS else 8  # a string: its length
+        width = _STRUCTS[item_type].size if item_type in _SCALARS else 8  # a string: its length
         return item_type, self.count("array items", width)
 
     def skip(self, t: int, depth: int = 0) -> int:
         """Step over a value without decoding it; returns how many items it held."""
         if t == _STRING:
-            self.f.seek(self.count("string bytes", 1), 1)
+            self.pos += self.count("string bytes", 1)
             return 1
         if t == _ARRAY:
             item_type, count = self._array_head(depth)
             if item_type in _SCALARS:
-                self.f.seek(struct.calcsize(_SCALARS[item_type]) * count, 1)
+                self.pos += _STRUCTS[item_type].size * count  # within the file: count() checked it
+            elif item_type == _STRING:
+                self.strings(count, keep=False)
             else:
                 for _ in range(count):
                     self.skip(item_type, depth + 1)
@@ -136,8 +176,9 @@ class _Reader:
             item_type, count = self._array_head(depth)
             if item_type in _SCALARS:
                 fmt = _SCALARS[item_type]
-                width = struct.calcsize(fmt)
-                return list(struct.unpack(f"<{count}{fmt[1]}", self.read(width * count)))
+                return list(struct.unpack(f"<{count}{fmt[1]}", self.read(_STRUCTS[item_type].size * count)))
+            if item_type == _STRING:
+                return self.strings(count)
             return [self.value(item_type, depth + 1) for _ in range(count)]
         raise MlxinferError(f"{self.path} has a corrupt header (unknown value type {t})")
 
@@ -151,29 +192,40 @@ def read_header(path: str | Path, tokenizer: bool = True) -> GGUFHeader:
     path = Path(path)
     if not path.is_file():
         raise MlxinferError(f"no GGUF file at {path}; check the path")
-    size = path.stat().st_size
     with open(path, "rb") as f:
-        r = _Reader(f, path, size)
-        if f.read(4) != MAGIC:
+        size = os.fstat(f.fileno()).st_size
+        if size < len(MAGIC) or f.read(len(MAGIC)) != MAGIC:
             raise MlxinferError(f"{path} is not a GGUF file (bad magic); point at a .gguf model file")
-        version = r.scalar(4)
-        if version not in (2, 3):
-            raise MlxinferError(f"{path} is GGUF version {version}; only versions 2 and 3 are supported")
-        n_tensors = r.count("tensors", 24)  # each: a name, dims, a type and an offset
-        n_kv = r.count("metadata entries", 12)  # each: a key and a type
-        metadata = {}
-        for _ in range(n_kv):
-            key = r.key = r.string()
-            kind = r.scalar(4)
-            if not tokenizer and key.startswith("tokenizer.ggml.") and kind == _ARRAY:
-                metadata[key] = r.skip(kind)
-            else:
-                metadata[key] = r.value(kind)
-        tensors = [_tensor_info(r, path) for _ in range(n_tensors)]
-        alignment = metadata.get("general.alignment", 32)
-        if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
-            raise MlxinferError(f"{path} has a corrupt header (general.alignment {alignment!r} is not a power of 2)")
-        data_offset = -(-f.tell() // alignment) * alignment
+        try:
+            buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError):  # a file system without memory maps: read the file
+            f.seek(0)
+            return _parse(f.read(), path, size, tokenizer)
+        with buf:
+            return _parse(buf, path, size, tokenizer)
+
+
+def _parse(buf, path: Path, size: int, tokenizer: bool) -> GGUFHeader:
+    r = _Reader(buf, path, size)
+    r.pos = len(MAGIC)
+    version = r.scalar(4)
+    if version not in (2, 3):
+        raise MlxinferError(f"{path} is GGUF version {version}; only versions 2 and 3 are supported")
+    n_tensors = r.count("tensors", 24)  # each: a name, dims, a type and an offset
+    n_kv = r.count("metadata entries", 12)  # each: a key and a type
+    metadata = {}
+    for _ in range(n_kv):
+        key = r.key = r.string()
+        kind = r.scalar(4)
+        if not tokenizer and key.startswith("tokenizer.ggml.") and kind == _ARRAY:
+            metadata[key] = r.skip(kind)
+        else:
+            metadata[key] = r.value(kind)
+    tensors = [_tensor_info(r, path) for _ in range(n_tensors)]
+    alignment = metadata.get("general.alignment", 32)
+    if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
+        raise MlxinferError(f"{path} has a corrupt header (general.alignment {alignment!r} is not a power of 2)")
+    data_offset = -(-r.pos // alignment) * alignment
     header = GGUFHeader(path, version, metadata, tensors, data_offset, size, sorted(set(r.float64_keys)))
     _check_layout(header, alignment)
     return header
