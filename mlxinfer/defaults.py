@@ -13,3 +13,5 @@ QUALITY_WINDOW = 512  # tokens per independent window when measuring what quanti
 SHARD_SIZE = "5GiB"  # largest safetensors file a written checkpoint holds (mlx-lm's MAX_FILE_SIZE_GB)
 BENCH_PROMPT_TOKENS = (32, 128, 512)
 GRID_FIELDS = ("temperature", "top_p", "top_k", "min_p")  # the sampler settings a sweep crosses
+TEMPLATE_SECONDS = 2.0  # a chat template still rendering after this is refused (a loop without end)
+MAX_MESSAGES = 10_000  # chat messages in one prompt

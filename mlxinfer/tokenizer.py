@@ -18,8 +18,12 @@ from __future__ import annotations
 import os
 import re
 import secrets
+import sys
+import time
+from contextlib import contextmanager
 from pathlib import Path
 
+from . import defaults
 from .errors import MlxinferError
 from .formats.gguf import GGUFHeader
 
@@ -208,7 +212,7 @@ def _first_line(e: Exception) -> str:
 
 def encode_prompt(
     tokenizer,
-    prompt: str | list[int],
+    prompt: str | list[int] | list[dict],
     *,
     chat: bool = True,
     system: str | None = None,
@@ -216,18 +220,29 @@ def encode_prompt(
     raw_special_tokens: bool = False,
 ) -> list[int]:
     """The token ids the model reads: the prompt wrapped in the chat template, or plain text.
-    Token ids (a list of ints) are taken as they are, checked against the vocabulary.
+    Token ids (a list of ints) are taken as they are, checked against the vocabulary; a list of chat
+    messages ({"role", "content"} dicts: a conversation so far) is rendered by the template as it is,
+    with `system` first when the messages hold no system message.
 
     A special token's name in the prompt or system text (`<|im_end|>`) is encoded as plain text,
     so that only the template emits control tokens; raw_special_tokens=True parses it instead."""
-    if isinstance(prompt, (list, tuple)):
+    if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
+        messages = _checked_messages(prompt)
+        if system and not any(m["role"] == "system" for m in messages):
+            messages.insert(0, {"role": "system", "content": system})
+        if not chat:
+            raise MlxinferError("chat messages need the chat template; pass chat=True, or the text alone", "prompt")
+    elif isinstance(prompt, (list, tuple)):
         return _checked_ids(tokenizer, prompt)
-    if not isinstance(prompt, str):
-        raise MlxinferError(f"prompt must be text or a list of token ids, got {type(prompt).__name__}", "prompt")
-    for name, text in (("prompt", prompt), ("system", system or "")):
+    elif not isinstance(prompt, str):
+        raise MlxinferError(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}", "prompt")
+    else:
+        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    for m in messages:
         try:
-            text.encode("utf-8")
+            m["content"].encode("utf-8")
         except UnicodeEncodeError:
+            name = "prompt" if m is messages[-1] or m["role"] != "system" else "system"
             raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
     if not chat:
         return tokenizer.encode(prompt) if raw_special_tokens else _plain(tokenizer, prompt, True)
@@ -235,7 +250,6 @@ def encode_prompt(
         raise MlxinferError(
             "this model has no chat template; pass chat=False to feed the prompt as plain text", "chat=False"
         )
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     text = _render(tokenizer, messages, thinking)
     specials = _special_tokens(tokenizer)
     pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
@@ -244,11 +258,63 @@ def encode_prompt(
     return _encode_as_text(tokenizer, messages, thinking, text, specials, pattern)
 
 
+ROLES = ("system", "user", "assistant", "tool")
+
+
+def _checked_messages(messages) -> list[dict]:
+    """Copies of the messages, each a role this toolkit knows and text content, or a one-line error."""
+    if len(messages) > defaults.MAX_MESSAGES:
+        raise MlxinferError(f"prompt: at most {defaults.MAX_MESSAGES:,} chat messages, got {len(messages):,}", "prompt")
+    out = []
+    for i, m in enumerate(messages):
+        role, content = m.get("role"), m.get("content")
+        if role not in ROLES:
+            raise MlxinferError(f"prompt message {i}: role must be one of {', '.join(ROLES)}, got {role!r}", "prompt")
+        if not isinstance(content, str):
+            raise MlxinferError(f"prompt message {i}: content must be text, got {type(content).__name__}", "prompt")
+        out.append({"role": role, "content": content})
+    return out
+
+
+class _TemplateTimeout(Exception):
+    pass
+
+
+@contextmanager
+def _deadline(seconds: float):
+    """Stop a chat template that runs past `seconds`: Jinja compiles templates to Python code
+    (filename '<template>'), so a trace function on those frames alone sees every line they run,
+    however they loop, and costs nothing elsewhere."""
+    end = time.monotonic() + seconds
+
+    def line(frame, event, arg):
+        if time.monotonic() > end:
+            raise _TemplateTimeout
+        return line
+
+    def call(frame, event, arg):
+        return line if frame.f_code.co_filename == "<template>" else None
+
+    previous = sys.gettrace()
+    sys.settrace(call)
+    try:
+        yield
+    finally:
+        sys.settrace(previous)
+
+
 def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
     try:
-        text = tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
-        )
+        with _deadline(defaults.TEMPLATE_SECONDS):
+            text = tokenizer.apply_chat_template(
+                messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
+            )
+    except _TemplateTimeout:
+        raise MlxinferError(
+            f"the model's chat template did not finish rendering within {defaults.TEMPLATE_SECONDS:g} s (a loop "
+            "without end?); fix the template, or pass chat=False",
+            "chat=False",
+        ) from None
     except Exception as e:  # a template error is the checkpoint's problem, not a bug here
         raise MlxinferError(
             f"the model's chat template failed to render ({_first_line(e)}); try chat=False", "chat=False"
