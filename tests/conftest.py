@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import select
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,20 @@ import mlxinfer  # noqa: E402,F401  (first: it loads a fast BLAS before anything
 import checkpoints  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
+FUZZ_SEED = pytest.StashKey[int]()  # set by tests/fuzz/test_fuzz.py, printed at the end of the run
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: takes seconds (a model decoding many tokens, a subprocess, mlx.launch); `make check` skips"
+    )
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    seed = config.stash.get(FUZZ_SEED, None)
+    if seed is not None:
+        terminalreporter.write_line(f"fuzz: seed {seed} (replay: MLXINFER_FUZZ_SEED={seed} pytest tests/fuzz)")
+
 
 # (arch, bits, group size); bits None is the bf16 checkpoint
 VARIANTS = [
@@ -71,6 +86,22 @@ def mlx_lm_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def loaded(checkpoint_dir):
+    """loaded(arch, bits=None, group_size=None, compute_dtype="auto") -> (model, tokenizer) of a tiny
+    checkpoint, loaded once per session: for tests that only read the model (one that changes its
+    weights or modules loads its own)."""
+    made: dict[tuple, tuple] = {}
+
+    def get(arch: str, bits: int | None = None, group_size: int | None = None, compute_dtype: str = "auto"):
+        key = (arch, bits, group_size, compute_dtype)
+        if key not in made:
+            made[key] = mlxinfer.load(checkpoint_dir(arch, bits, group_size), compute_dtype=compute_dtype)
+        return made[key]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def embedded():
     """The embedded SmolLM2-135M-Instruct as stored (4-bit GGUF), loaded once: (model, tokenizer)."""
     return mlxinfer.load(None, compute_dtype="bfloat16")
@@ -80,6 +111,28 @@ def embedded():
 def embedded_fast():
     """The embedded model with float32 weights (the BLAS path): for tests where any one model will do."""
     return mlxinfer.load(None, compute_dtype="float32")
+
+
+HERB = "Name one herb to add to tomato soup. Answer with one word."
+HERB_SEEDS = dict(seeds=16, settings={"temperature": 1.0}, max_tokens=5, batch_size=16)
+
+
+@pytest.fixture(scope="session")
+def herb_seeds_without_the_kernel(embedded):
+    """sample(embedded as stored, HERB, **HERB_SEEDS) with each row drawn by MLX's own ops (the batched
+    draw kernel off), run once: test_experiments holds it to mlx-lm's draws, test_draw_kernel the kernel
+    to it. (report, rows the kernel drew: 0)."""
+    from mlxinfer.cpu import draw as cpu_draw
+
+    model, tokenizer = embedded
+    cpu_draw.available()  # decided now, so that what is switched off here stays off for the run
+    was, real, calls = cpu_draw._state["active"], cpu_draw.draw_rows, []
+    cpu_draw._state["active"] = False
+    cpu_draw.draw_rows = lambda scaled, uniforms, lib=None: calls.append(len(uniforms)) or real(scaled, uniforms, lib)
+    try:
+        return mlxinfer.sample(model, tokenizer, HERB, **HERB_SEEDS), sum(calls)
+    finally:
+        cpu_draw._state["active"], cpu_draw.draw_rows = was, real
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -105,6 +158,33 @@ def invoke_cli(*args: str) -> subprocess.CompletedProcess:
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
+def start_held(*args: str, at: str, target, n: int | None = None, timeout: float = 120) -> subprocess.Popen:
+    """Start `python -m mlxinfer ARGS` through tests/stop_point.py and return once it is held at a known
+    point (`at` "rename": just before TARGET is renamed into place; "synced": just after the n-th synced
+    write to TARGET), so that a signal sent now arrives there. Its stdout and stderr are pipes."""
+    r, w = os.pipe()
+    point = [str(w), at, str(target), *([str(n)] if n is not None else [])]
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "tests" / "stop_point.py"), *point, "--", *args],
+        cwd=ROOT,
+        pass_fds=(w,),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    os.close(w)
+    try:
+        ready, _, _ = select.select([r], [], [], timeout)
+        got = os.read(r, 1) if ready else b""
+    finally:
+        os.close(r)
+    if got != b"!":  # it ended (or hung) before the point: say how
+        proc.kill()
+        _, err = proc.communicate()
+        pytest.fail(f"never held at {at} {target} (exit {proc.returncode}): {err[-2000:]}")
+    return proc
 
 
 def assert_one_line_error(result: subprocess.CompletedProcess, *fragments: str) -> None:

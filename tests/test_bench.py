@@ -10,6 +10,7 @@ from conftest import assert_one_line_error, invoke_cli
 from mlxinfer.engine.bench import bytes_per_token, run_bench
 
 
+@pytest.mark.slow
 def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
     report = run_bench(
         str(checkpoint_dir("llama", 4, 64)), prompt_tokens=(4, 9), gen_tokens=3, repeats=1, bandwidth_gb_s=10.0
@@ -17,11 +18,17 @@ def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
     engines = {r.engine for r in report.rows}
     assert engines == {"mlx-lm", "mlxinfer", "mlxinfer float32"}
     assert len(report.rows) == 6
+    base = {r.prompt_tokens: r for r in report.rows if r.engine == "mlx-lm"}
+    assert sorted(base) == [4, 9]
     for r in report.rows:
         assert r.same_tokens, r  # greedy tokens equal mlx-lm's, on both of our paths
         assert r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0 and r.ttft_s > 0
-        if r.engine == "mlx-lm":
-            assert r.prefill_ratio == 1.0 and r.decode_ratio == 1.0
+        # each ratio is this row's speed over mlx-lm's row at the same prompt length (itself: 1)
+        mlx_lm = base[r.prompt_tokens]
+        assert r.prefill_ratio == pytest.approx(r.prefill_tokens_per_s / mlx_lm.prefill_tokens_per_s)
+        assert r.decode_ratio == pytest.approx(r.decode_tokens_per_s / mlx_lm.decode_tokens_per_s)
+    ours = [r for r in report.rows if r.engine != "mlx-lm"]
+    assert ours and any(r.decode_ratio != 1.0 for r in ours)  # measured, not a default left in place
     # the roofline: float32 weights are bigger than 4-bit ones, so their bound is lower
     assert report.roofline["mlxinfer float32"]["bytes_per_token"] > report.roofline["mlxinfer"]["bytes_per_token"]
     assert report.roofline["mlxinfer"]["max_tokens_per_s"] == pytest.approx(
@@ -46,6 +53,7 @@ def test_bytes_per_token_skips_the_untied_embedding(checkpoint_dir):
     assert bytes_per_token(model, tied=False) == 2 * params  # bf16
 
 
+@pytest.mark.slow
 def test_bench_cli_json_and_bad_input(checkpoint_dir):
     path = str(checkpoint_dir("qwen3"))
     out = invoke_cli(

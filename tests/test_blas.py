@@ -24,7 +24,6 @@ import mlxinfer
 from mlxinfer.cpu import blas
 from mlxinfer.errors import MlxinferError
 from mlxinfer.model.compute import (
-    RAM_FRACTION,
     auto_rule,
     choose_compute_dtype,
     float32_nbytes,
@@ -80,6 +79,7 @@ def runs(embedded, float32_model):
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_greedy_tokens_identical(runs, name, embedded):
     (q_tokens, _), (f_tokens, _) = runs[name]
@@ -87,6 +87,22 @@ def test_greedy_tokens_identical(runs, name, embedded):
     assert f_tokens == q_tokens, (tok.decode(q_tokens), tok.decode(f_tokens))
 
 
+# llama.cpp, greedy, the same GGUF and the same chat-templated prompt, gives exactly this answer
+LLAMA_CPP_FRUIT = "The fruit I'm referring to is the fruit of the blackcurrant, which is a type of citrus fruit."
+
+
+@pytest.mark.slow
+def test_greedy_fruit_answer_is_llama_cpps(runs, embedded):
+    """The 4-bit path as stored, greedy through the KV cache, says llama.cpp's answer token for token and
+    then ends its turn; the float32 path says the same (test_greedy_tokens_identical)."""
+    tok = embedded[1]
+    (q_tokens, _), _ = runs["fruit"]
+    end = next(i for i, t in enumerate(q_tokens) if t in tok.eos_token_ids)
+    assert tok.decode(q_tokens[:end]) == LLAMA_CPP_FRUIT
+    assert q_tokens[:end] == tok.encode(LLAMA_CPP_FRUIT) and end == 23
+
+
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_last_position_logits_close(runs, name):
     (_, q_logits), (_, f_logits) = runs[name]
@@ -110,6 +126,7 @@ def quantized_float32_activations():
     return model
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(PROMPTS))
 def test_4bit_weights_with_float32_activations_match_float32_path_within_1e_3(
     name, quantized_float32_activations, float32_model, embedded
@@ -181,6 +198,7 @@ def _assert_one_warning(result: subprocess.CompletedProcess, *fragments: str) ->
         assert fragment.lower() in lines[0].lower(), (fragment, lines[0])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
 @pytest.mark.parametrize("kind", ["not-a-library", "no-cblas_sgemm", "missing"])
 def test_bad_blas_path_warns_once_and_falls_back(kind, tmp_path):
@@ -212,6 +230,7 @@ def test_this_test_process_runs_on_the_fast_blas():
     assert blas.status()["active"], blas.status()
 
 
+@pytest.mark.slow
 def test_blas_none_disables_quietly():
     result, info = _info_json({"MLXINFER_BLAS": "none"})
     assert result.stderr.strip() == ""
@@ -219,6 +238,7 @@ def test_blas_none_disables_quietly():
     assert "disabled" in info["blas"]["reason"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
 def test_mlx_imported_first_is_recorded_not_fatal():
     code = "import mlx.core, json, mlxinfer; print(json.dumps(mlxinfer.cpu.blas.status()))"
@@ -251,6 +271,7 @@ fast_blas = pytest.mark.parametrize(
 )
 
 
+@pytest.mark.slow
 @fast_blas
 def test_fast_blas_reported_active(library):
     result, info = _info_json({"MLXINFER_BLAS": library})
@@ -297,6 +318,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 @fast_blas
 def test_fast_blas_float32_matmul_matches_numpy(library):
     result = subprocess.run(
@@ -320,6 +342,7 @@ def test_auto_prefers_mkl_on_intel_and_openblas_elsewhere():
     assert blas._auto_order("") == ["openblas", "mkl"]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the preload is Linux-only")
 def test_requested_library_missing_warns_once(tmp_path):
     # a virtualenv-like prefix with neither library: sys.prefix points there via a fresh interpreter flag
@@ -364,8 +387,19 @@ def test_auto_rule(device, fast, model_bytes, ram, want):
     assert why
 
 
-def test_auto_rule_threshold_is_a_third():
-    assert RAM_FRACTION == 3
+@pytest.mark.parametrize("ram", [3 * GIB, 8 * GIB, 16 * GIB, 24 * GIB, 96 * GIB, 10**10 + 1])
+def test_auto_rule_threshold_is_a_third(ram):
+    """The README's rule, read as arithmetic: float32 when its weights take under a third of physical RAM,
+    as stored from a third on (to within the one byte a whole-byte limit rounds: 10**10 + 1 is no multiple
+    of 3); the reason says 1/3."""
+    below, third = ram // 3 - 1, -(-ram // 3)  # under a third by a byte or more; a third or over
+    facts = dict(device="cpu", fast_blas=True, ram_bytes=ram)
+    assert auto_rule(model_bytes_float32=below, **facts)[0] == "float32"
+    assert auto_rule(model_bytes_float32=third, **facts)[0] == "bfloat16"
+    assert auto_rule(model_bytes_float32=2 * third, **facts)[0] == "bfloat16"
+    for size in (below, third):
+        assert "1/3 of RAM" in auto_rule(model_bytes_float32=size, **facts)[1]
+    assert "under a third of physical RAM" in " ".join((ROOT / "README.md").read_text().split())
 
 
 def test_explicit_choices_pass_through_and_bad_ones_fail():

@@ -64,6 +64,7 @@ def test_example_tool_is_the_lessons():
 
 
 # ----------------------------------------------------------------------------- the embedded model
+@pytest.mark.slow
 def test_shopping_list_greedy_and_ten_seeds(embedded_fast):
     """Put basil on the list: schema-valid JSON greedily and at temperature 1.0 for seeds 0..9;
     the same text as the CLI's `generate --tool FILE --temp 0 --json`."""
@@ -109,6 +110,7 @@ def test_shopping_list_greedy_and_ten_seeds(embedded_fast):
     assert len({c.text for c in report.completions}) > 1  # the values are the model's choice: seeds differ
 
 
+@pytest.mark.slow
 def test_a_json_schema_dict_gives_the_clis_text(embedded_fast):
     model, tok = embedded_fast
     schema = load_schema(OVEN)
@@ -134,6 +136,7 @@ def test_a_json_schema_dict_gives_the_clis_text(embedded_fast):
     assert cli["text"] == result.text and cli["parsed"] == result.parsed
 
 
+@pytest.mark.slow
 def test_array_of_numbers_on_the_embedded_model(embedded_fast):
     model, tok = embedded_fast
     schema = load_schema(OVEN)
@@ -144,13 +147,12 @@ def test_array_of_numbers_on_the_embedded_model(embedded_fast):
 
 
 # ----------------------------------------------------------------------------- random weights
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", [("llama", None, None), ("qwen3", 4, 128)])
 @pytest.mark.parametrize("schema_file", [RECIPE, OVEN])
-def test_random_weights_still_write_valid_json(checkpoint_dir, variant, schema_file):
+def test_random_weights_still_write_valid_json(loaded, variant, schema_file):
     """A tiny random model has no idea what JSON is: the mask alone gives the shape."""
-    from mlxinfer.model.loading import load
-
-    model, tok = load(checkpoint_dir(*variant))
+    model, tok = loaded(*variant)
     assert model.config.vocab_size > len(tok)  # padded rows that must never be drawn
     schema = load_schema(schema_file)
     for seed in [None, 0, 1, 2, 3, 4]:
@@ -175,6 +177,7 @@ def _ids(allowed: np.ndarray) -> list[int]:
     return np.nonzero(allowed)[0].tolist()
 
 
+@pytest.mark.slow
 def test_every_allowed_token_keeps_a_valid_prefix(embedded):
     """Checked without the grammar engine: each allowed token can still be completed to a
     document the schema accepts; known illegal tokens are refused."""
@@ -218,10 +221,8 @@ def test_every_allowed_token_keeps_a_valid_prefix(embedded):
     assert _ids(done.allowed()) == sorted(tok.eos_token_ids)
 
 
-def test_padded_rows_are_always_masked(checkpoint_dir):
-    from mlxinfer.model.loading import load
-
-    model, tok = load(checkpoint_dir("llama"))
+def test_padded_rows_are_always_masked(loaded):
+    model, tok = loaded("llama")
     compiled = compile_schema(tok, load_schema(RECIPE))
     mask = compiled.mask(model.config.vocab_size)
     logits = mx.zeros((1, model.config.vocab_size))
@@ -242,6 +243,7 @@ def test_compiled_grammars_and_token_tables_are_cached(embedded):
 
 
 # ----------------------------------------------------------------------------- the token budget
+@pytest.mark.slow
 def test_cut_json_is_flagged_never_silent(embedded_fast):
     model, tok = embedded_fast
     tool, schema = load_tool(TOOL_FILE)

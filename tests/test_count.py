@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import invoke_cli
 
 from mlxinfer.counting import count, parse_rate
 from mlxinfer.errors import MlxinferError
@@ -42,15 +43,9 @@ TINY = {
 TINY_TOTAL = 80_512
 
 
-def run_cli(*args, env=None):
-    return subprocess.run(
-        [sys.executable, "-m", "mlxinfer", "count", *map(str, args)],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+def run_cli(*args):
+    """`mlxinfer count ARGS`, in this process (test_count_imports_no_framework runs it as a process)."""
+    return invoke_cli("count", *map(str, args))
 
 
 def assert_one_line_error(p, *fragments):
@@ -428,6 +423,7 @@ def test_cli_json_has_every_figure():
     assert d["hardware"]["binds"] == "memory"
 
 
+@pytest.mark.slow
 def test_count_imports_no_framework():
     """Neither the API nor the command imports mlx, mlx-lm, transformers (nor numpy, nor torch)."""
     heavy = "{'mlx', 'mlx_lm', 'transformers', 'torch', 'numpy'}"
@@ -463,8 +459,18 @@ def test_cli_errors(tmp_path):
     assert_one_line_error(run_cli(tmp_path / "nowhere" / "config.json"), "no model at")
 
 
+@pytest.mark.slow
 def test_cli_hub_offline(tmp_path):
     env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
     env.pop("HF_HUB_CACHE", None)
     env.pop("HUGGINGFACE_HUB_CACHE", None)
-    assert_one_line_error(run_cli("Qwen/Qwen3-0.6B", env=env), "Qwen/Qwen3-0.6B", "HF_HUB_OFFLINE")
+    # a process of its own: huggingface_hub reads HF_HOME when it is first imported
+    p = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "count", "Qwen/Qwen3-0.6B"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
+    assert_one_line_error(p, "Qwen/Qwen3-0.6B", "HF_HUB_OFFLINE")

@@ -13,6 +13,7 @@ import sys
 import mlx.core as mx
 import numpy as np
 import pytest
+from conftest import HERB, HERB_SEEDS
 
 import mlxinfer
 from mlxinfer import keychain
@@ -24,8 +25,6 @@ pytestmark = pytest.mark.skipif(
     not (sys.platform.startswith("linux") and platform.machine() == "x86_64"),
     reason="the draw kernel copies MLX's Linux x86_64 CPU exp",
 )
-
-HERB = "Name one herb to add to tomato soup. Answer with one word."
 
 
 @pytest.fixture(scope="module")
@@ -66,6 +65,7 @@ def bits_equal(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))
 
 
+@pytest.mark.slow
 def test_exp_is_mlx_exp_bit_for_bit(kernel):
     """Every 211th float32 from -88.5 to 88.5, random values, the edges, and the inputs whose
     x * log2(e) lands next to k + 1/2 (where rounding x + 0.5 in float instead of double differs)."""
@@ -244,16 +244,14 @@ def test_a_compiler_that_is_not_there_is_one_line(tmp_path):
     assert not list(tmp_path.iterdir())  # nothing written
 
 
-def test_an_experiment_draws_the_same_with_and_without_the_kernel(native, embedded, monkeypatch):
+@pytest.mark.slow
+def test_an_experiment_draws_the_same_with_and_without_the_kernel(native, embedded, herb_seeds_without_the_kernel):
     """16 seeds on the 4-bit embedded model (where test_experiments finds every seed equal to mlx-lm's):
-    the kernel changes the speed, not one token."""
+    the kernel changes the speed, not one token. Without it: the shared run, drawn by MLX's own ops."""
     model, tokenizer = embedded
-    args = dict(seeds=16, settings={"temperature": 1.0}, max_tokens=5, batch_size=16)
-    with_kernel = mlxinfer.sample(model, tokenizer, HERB, **args)
+    without, kernel_rows = herb_seeds_without_the_kernel
+    assert kernel_rows == 0  # those draws did not go through the kernel
+    with_kernel = mlxinfer.sample(model, tokenizer, HERB, **HERB_SEEDS)
     assert native and native[0] == 16  # the batch's draws went through the kernel
-    calls = len(native)
-    monkeypatch.setitem(cpu_draw._state, "active", False)
-    without = mlxinfer.sample(model, tokenizer, HERB, **args)
-    assert len(native) == calls  # and these did not
     assert [c.tokens for c in with_kernel.completions] == [c.tokens for c in without.completions]
     assert len({c.text for c in with_kernel.completions}) > 4

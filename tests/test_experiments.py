@@ -44,16 +44,16 @@ def mlx_lm_texts(model, tokenizer, ids, seeds, temperature, max_tokens):
     return texts, twin
 
 
-def test_batched_seeds_equal_mlx_lm_on_the_weights_as_stored(embedded):
-    """16 seeds in one batch on the 4-bit path: every seed's text is mlx-lm's for that seed alone."""
+@pytest.mark.slow
+def test_batched_seeds_equal_mlx_lm_on_the_weights_as_stored(embedded, herb_seeds_without_the_kernel):
+    """16 seeds in one batch on the 4-bit path: every seed's text is mlx-lm's for that seed alone. (Drawn
+    by MLX's own ops; test_draw_kernel shows the batched draw kernel gives these same tokens.)"""
     from mlx_lm import generate as mlx_lm_generate
     from mlx_lm.sample_utils import make_sampler
 
     model, tokenizer = embedded  # weights as stored: MLX's CPU quantized matmul is batch-invariant
-    report = mlxinfer.sample(
-        model, tokenizer, HERB, seeds=16, settings={"temperature": 1.0}, max_tokens=5, batch_size=16
-    )
-    assert report.batch_size == 16
+    report, _ = herb_seeds_without_the_kernel  # sample(..., HERB, seeds=16, temperature 1.0, 5 tokens, batch 16)
+    assert report.batch_size == 16 and report.prompt == HERB and [c.seed for c in report.completions] == list(range(16))
     ids = report.prompt_ids
     theirs, twin = mlx_lm_texts(model, tokenizer, ids, range(16), 1.0, 5)
     for c in report.completions:
@@ -66,6 +66,7 @@ def test_batched_seeds_equal_mlx_lm_on_the_weights_as_stored(embedded):
     assert len({c.text for c in report.completions}) > 4  # real draws, not one answer
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "settings",
     [
@@ -74,10 +75,10 @@ def test_batched_seeds_equal_mlx_lm_on_the_weights_as_stored(embedded):
     ],
     ids=["temperature", "penalties"],
 )
-def test_rows_that_finish_early_leave_the_batch_without_changing_the_others(checkpoint_dir, settings):
+def test_rows_that_finish_early_leave_the_batch_without_changing_the_others(loaded, settings):
     """A 4-bit tiny model (batch-invariant matmuls): one batch of 12 equals twelve runs of one, with
     rows stopping at different steps (end-of-turn tokens drawn at random weights' whim)."""
-    model, tokenizer = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    model, tokenizer = loaded("llama", 4, 64, compute_dtype="bfloat16")
     seeds = list(range(100, 112))
     args = dict(seeds=seeds, settings=settings, max_tokens=24)
     batched = mlxinfer.sample(model, tokenizer, "hi", batch_size=12, **args)
@@ -87,6 +88,7 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_the_others(chec
     assert len(lengths) > 1, lengths  # rows did finish at different steps
 
 
+@pytest.mark.slow
 def test_float32_path_batched_against_one_at_a_time(embedded_fast):
     """On the float32 BLAS path a batch is sgemm and one row sgemv: last bits differ, so a near tie can
     flip. Reported, and most seeds agree."""
@@ -99,14 +101,15 @@ def test_float32_path_batched_against_one_at_a_time(embedded_fast):
     assert same >= 18
 
 
-def test_rows_with_their_own_budgets_and_cut(checkpoint_dir):
+@pytest.mark.slow
+def test_rows_with_their_own_budgets_and_cut(loaded):
     """The engine's rows: each its own seed and token budget, the cut done over the batch; every
     row equals its run alone, and finished rows leave the batch as the others go on."""
     from mlxinfer.engine.decode import RowSpec, run
     from mlxinfer.settings import SamplerSettings
     from mlxinfer.tokenizer import encode_prompt
 
-    model, tokenizer = mlxinfer.load(checkpoint_dir("qwen3", 4, 128), compute_dtype="bfloat16")
+    model, tokenizer = loaded("qwen3", 4, 128, compute_dtype="bfloat16")
     ids = encode_prompt(tokenizer, "Name one herb.")
     settings = SamplerSettings(temperature=1.5, top_p=0.95, min_p=0.01)
     specs = [RowSpec(seed, settings, max_tokens=3 + 2 * (seed % 5)) for seed in range(10)]
@@ -123,6 +126,7 @@ def test_rows_with_their_own_budgets_and_cut(checkpoint_dir):
     assert [len(t) for t in together] == [spec.max_tokens for spec in specs]  # random weights: no early stop
 
 
+@pytest.mark.slow
 def test_json_batched_each_row_with_its_own_grammar_mask(checkpoint_dir):
     """Eight seeds write the recipe card's JSON in one batch, each row through its own mask: all
     schema-valid, and each seed's text is generate's for that seed alone (4-bit, batch-invariant)."""

@@ -18,6 +18,7 @@ FRUIT = "Name one fruit. Answer with one word."
 LLAMA_CPP_FRUIT = "The fruit I'm referring to is the fruit of the blackcurrant, which is a type of citrus fruit."
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.7, 1.0])
 def test_seeded_draws_equal_mlx_lm(embedded_fast, temperature):
     """Ten seeds, the lesson's experiment, one at a time on the float32 path: our completions are
@@ -38,6 +39,7 @@ def test_seeded_draws_equal_mlx_lm(embedded_fast, temperature):
     assert len(report.tally) > 1  # at T >= 0.7 ten draws do not all agree on this prompt
 
 
+@pytest.mark.slow
 def test_same_seed_same_text(embedded_fast):
     model, tokenizer = embedded_fast
     a = mlxinfer.sample(model, tokenizer, FRUIT, seeds=[7, 7], settings={"temperature": 1.0}, max_tokens=4)
@@ -46,27 +48,26 @@ def test_same_seed_same_text(embedded_fast):
     assert one.tokens == a.completions[0].tokens  # generate's seed is sample's seed
 
 
-def test_greedy_equals_temperature_zero_and_top_k_one(embedded_fast):
-    model, tokenizer = embedded_fast
-    base = mlxinfer.generate(model, tokenizer, FRUIT, settings=GREEDY, max_tokens=6).tokens
-    for settings in (SamplerSettings(temperature=0.0, top_p=0.5), SamplerSettings(temperature=1.5, top_k=1)):
-        assert mlxinfer.generate(model, tokenizer, FRUIT, settings=settings, max_tokens=6, seed=3).tokens == base
-
-
-def test_finish_reasons_and_stats(embedded_fast):
+@pytest.mark.slow
+def test_finish_reasons_stats_and_greedy_settings(embedded_fast):
+    """A cut answer's finish reason and stats; token ids as the prompt give the same tokens; and greedy
+    is greedy whatever else is set: temperature 0 (with a top-p cut) and top-k 1 at temperature 1.5
+    (seeded) decode GREEDY's tokens. (The whole greedy answer, llama.cpp's, is test_blas's: there both
+    paths decode it to its end-of-turn token; the command line's is test_generate_streams_the_text...)"""
     model, tokenizer = embedded_fast
     ids = encode_prompt(tokenizer, FRUIT)
-    cut = mlxinfer.generate(model, tokenizer, FRUIT, settings=GREEDY, max_tokens=3)
+    cut = mlxinfer.generate(model, tokenizer, FRUIT, settings=GREEDY, max_tokens=6)
     assert cut.finish_reason == cut.stats.finish_reason == "length"
-    assert cut.stats.generated_tokens == 3 == len(cut.tokens) and cut.stats.prompt_tokens == len(ids)
+    assert cut.stats.generated_tokens == 6 == len(cut.tokens) and cut.stats.prompt_tokens == len(ids)
     assert cut.stats.prefill_tokens_per_s > 0 and cut.stats.decode_tokens_per_s > 0
     assert cut.stats.peak_memory_bytes > 0
-    full = mlxinfer.generate(model, tokenizer, ids, settings=GREEDY, max_tokens=40)  # token ids work too
-    assert full.finish_reason == "stop"  # the end-of-turn token, not counted as text
-    assert full.text == LLAMA_CPP_FRUIT
-    assert full.tokens == tokenizer.encode(LLAMA_CPP_FRUIT)
+    assert cut.tokens == tokenizer.encode(LLAMA_CPP_FRUIT)[:6]
+    assert mlxinfer.generate(model, tokenizer, ids, settings=GREEDY, max_tokens=6).tokens == cut.tokens  # ids too
+    for settings in (SamplerSettings(temperature=0.0, top_p=0.5), SamplerSettings(temperature=1.5, top_k=1)):
+        assert mlxinfer.generate(model, tokenizer, FRUIT, settings=settings, max_tokens=6, seed=3).tokens == cut.tokens
 
 
+@pytest.mark.slow
 def test_stream_generate_yields_what_generate_returns(embedded_fast):
     model, tokenizer = embedded_fast
     stream = mlxinfer.stream_generate(model, tokenizer, FRUIT, settings={"temperature": 0.9}, max_tokens=8, seed=5)
@@ -186,9 +187,9 @@ def test_bad_sampling_input(checkpoint_dir, args, fragments):
         (lambda m, t: mlxinfer.next_token_table(m, t, "hi", temperatures=[float("nan")]), "temperatures must be >= 0"),
     ],
 )
-def test_bad_input_in_python_names_the_parameter(checkpoint_dir, call, message):
+def test_bad_input_in_python_names_the_parameter(loaded, call, message):
     """The library's message names its parameter; the CLI's (above) names the flag."""
-    model, tokenizer = mlxinfer.load(checkpoint_dir("llama"))
+    model, tokenizer = loaded("llama")
     with pytest.raises(MlxinferError) as info:
         call(model, tokenizer)
     assert str(info.value).startswith(message) or message in str(info.value), str(info.value)
@@ -205,6 +206,7 @@ def test_prompt_longer_than_context(checkpoint_dir):
     assert_one_line_error(result, "context is 512", "lower --max-tokens to at most")
 
 
+@pytest.mark.slow
 def test_penalised_generation_equals_mlx_lm(embedded_fast):
     """The history our loop hands to the penalties is mlx-lm's: same greedy tokens with a repetition penalty."""
     from mlx_lm.generate import generate_step
@@ -245,6 +247,7 @@ def test_sample_prints_each_seed_then_the_tally(checkpoint_dir):
     assert rows == [[repr(t["answer"]), str(t["count"]), f"{t['share']:.0%}"] for t in data["tally"]]
 
 
+@pytest.mark.slow
 def test_generate_streams_the_text_then_one_stats_line(embedded_fast):
     out = invoke_cli("generate", "-p", FRUIT, "--temp", "0", "--max-tokens", "40", "--compute-dtype", "float32")
     assert out.returncode == 0, out.stderr

@@ -45,6 +45,7 @@ def _swap_embedding_dims(s):
     t.dims = list(reversed(t.dims))  # same byte count, rows and columns exchanged
 
 
+@pytest.mark.slow
 def test_gguf_shape_against_its_quantized_bytes(wide_spec, tmp_path):
     """Was: SIGFPE (exit 136) in topk, convert and quantize."""
     path = _written(wide_spec, tmp_path, _swap_embedding_dims)
@@ -53,6 +54,7 @@ def test_gguf_shape_against_its_quantized_bytes(wide_spec, tmp_path):
     assert not (tmp_path / "c").exists()
 
 
+@pytest.mark.slow
 def test_safetensors_scales_wider_than_their_weights(checkpoint_dir, tmp_path):
     """Was: SIGFPE. A 4-bit checkpoint without its quantization block, one module's scales widened."""
     bad = tmp_path / "bad"
@@ -69,6 +71,7 @@ def test_safetensors_scales_wider_than_their_weights(checkpoint_dir, tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- hangs
+@pytest.mark.slow
 def test_gguf_block_count_against_the_tensors(spec, tmp_path):
     """Was: a hang with unbounded memory in topk and in count (which needs no MLX)."""
     path = _written(spec, tmp_path, lambda s: s.set_meta("llama.block_count", hostile.U32, 10**9))
@@ -76,6 +79,7 @@ def test_gguf_block_count_against_the_tensors(spec, tmp_path):
         assert_one_line_error(run_cli(*command, timeout=60), "block_count says 1,000,000,000 layers", "holds")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("layers,fragment", [(10**9, "num_hidden_layers"), (3, "says 3 layers but the weights hold 2")])
 def test_config_layer_count_against_the_tensors(checkpoint_dir, tmp_path, layers, fragment):
     bad = tmp_path / "bad"
@@ -195,6 +199,7 @@ def test_gguf_tokenizer_metadata(spec, tmp_path, change, fragment):
     assert_one_line_error(invoke_cli("topk", "-m", path, "-p", "hi"), fragment)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "value", [(hostile.F64, 0.5), (hostile.ARRAY, (hostile.F64, [0.5, 1.5]))], ids=["scalar", "array"]
 )

@@ -46,6 +46,7 @@ def test_temp_and_temps_share_one_rule(checkpoint_dir, flag, value):
     assert_one_line_error(result, f"{flag} must be >= 0", value)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "args,fragment",
     [
@@ -76,16 +77,17 @@ def test_temperatures_too_small_for_float32(checkpoint_dir, args, fragment):
     assert ok["rows"][0]["probs"] == [1.0]
 
 
-def test_sample_rows_that_stop_before_the_others(checkpoint_dir):
+def test_sample_rows_that_stop_before_the_others(loaded):
     """Found by the fuzzer (`sample --temp 214 --seeds 100`): when some rows of a batch drew an end of
     turn and others went on, the loop indexed the empty list of alternatives (no --logprobs): IndexError."""
-    model, tokenizer = mlxinfer.load(checkpoint_dir("llama"), compute_dtype="float32")
+    model, tokenizer = loaded("llama", compute_dtype="float32")
     report = mlxinfer.sample(model, tokenizer, "hi", seeds=100, settings={"temperature": 214.0}, max_tokens=8)
     assert {c.finish_reason for c in report.completions} == {"stop", "length"}  # rows left the batch early
     assert sum(t.count for t in report.tally) == 100
 
 
 # ---------------------------------------------------------------------------------------------- prompts
+@pytest.mark.slow
 def test_prompt_that_is_not_utf8_is_one_line(checkpoint_dir):
     """Bytes that are not UTF-8 reach Python as lone surrogates; they are refused after the model loads."""
     for flag in ("-p", "--system"):
@@ -98,6 +100,7 @@ def test_prompt_that_is_not_utf8_is_one_line(checkpoint_dir):
         assert_one_line_error(done, "not valid UTF-8")
 
 
+@pytest.mark.slow
 def test_model_path_that_is_not_utf8_is_shown_not_a_crash(checkpoint_dir, tmp_path):
     """A directory name that is not UTF-8 is printed escaped. Was: UnicodeEncodeError where stdout is strict
     UTF-8 (a macOS terminal; PYTHONIOENCODING=utf-8:strict here)."""
@@ -150,11 +153,11 @@ def llama3_tokenizer(tmp_path_factory):
     return load_tokenizer(out)
 
 
-def _tokenizers(checkpoint_dir, embedded, llama3_tokenizer):
+def _tokenizers(loaded, embedded, llama3_tokenizer):
     return {
         "smollm2-gguf": (embedded[1], "chatml"),
-        "llama-chatml": (mlxinfer.load(checkpoint_dir("llama"))[1], "chatml"),
-        "qwen3": (mlxinfer.load(checkpoint_dir("qwen3"))[1], "chatml"),
+        "llama-chatml": (loaded("llama")[1], "chatml"),
+        "qwen3": (loaded("qwen3")[1], "chatml"),
         "llama3": (llama3_tokenizer, "llama3"),
     }
 
@@ -165,10 +168,10 @@ def _specials(tokenizer, ids):
 
 
 @pytest.mark.parametrize("family", ["smollm2-gguf", "llama-chatml", "qwen3", "llama3"])
-def test_user_text_cannot_open_a_turn(checkpoint_dir, embedded, llama3_tokenizer, family):
+def test_user_text_cannot_open_a_turn(loaded, embedded, llama3_tokenizer, family):
     """Was: a prompt (or system message) naming the control tokens closed its own turn and opened a
     system turn. Now only the chat template emits control tokens; the user's text is kept, as text."""
-    tokenizer, markers = _tokenizers(checkpoint_dir, embedded, llama3_tokenizer)[family]
+    tokenizer, markers = _tokenizers(loaded, embedded, llama3_tokenizer)[family]
     injection = INJECTIONS[markers]
     for where in ("prompt", "system"):
         kwargs = {"system": injection} if where == "system" else {}

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, assert_one_line_error, invoke_cli
+from conftest import assert_one_line_error, invoke_cli, start_held
 
 from mlxinfer.errors import MlxinferError
 
@@ -58,23 +58,20 @@ def test_refused_write_is_one_error_and_leaves_nothing(checkpoint_dir, tmp_path,
 
 
 # ---------------------------------------------------------------------------------------------- signals
+@pytest.mark.slow
 @pytest.mark.parametrize("sig,code", [(signal.SIGTERM, 128 + signal.SIGTERM), (signal.SIGINT, 130)])
-def test_stopped_quantize_leaves_no_partial(tmp_path, sig, code):
-    """Was: SIGTERM (unlike SIGINT) left a hidden .OUT.partial-* directory behind."""
+def test_stopped_quantize_leaves_no_partial(checkpoint_dir, tmp_path, sig, code):
+    """Was: SIGTERM (unlike SIGINT) left a hidden .OUT.partial-* directory behind. The signal arrives at a
+    known point, the latest one: every file written into the partial, just before it is renamed onto OUT."""
     out = tmp_path / "out"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxinfer", "quantize", "embedded", str(out), "--bits", "16"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while not _leftovers(tmp_path, "out") and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    assert _leftovers(tmp_path, "out"), "the partial directory never appeared"
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=120)
+    proc = start_held("quantize", str(checkpoint_dir("llama")), str(out), "--bits", "4", at="rename", target=out)
+    try:
+        (partial,) = _leftovers(tmp_path, "out")  # held inside the write: the partial is there, whole
+        assert {"config.json", "model.safetensors"} <= {p.name for p in (tmp_path / partial).iterdir()}
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
     assert proc.returncode == code, err
     assert "Traceback" not in err
     assert list(tmp_path.iterdir()) == []
@@ -137,10 +134,5 @@ def test_quality_text_that_is_not_utf8(checkpoint_dir, tmp_path):
 )
 def test_bench_errors_are_exactly_one_line(checkpoint_dir, args, message):
     """Was: range errors began with a blank line; --prompt-tokens a,b asked for numbers like 0.5."""
-    result = subprocess.run(
-        [sys.executable, "-m", "mlxinfer", "bench", "-m", str(checkpoint_dir("llama")), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-    )
+    result = invoke_cli("bench", "-m", str(checkpoint_dir("llama")), *args)
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message)

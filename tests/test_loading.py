@@ -55,6 +55,7 @@ def test_gguf_tensor_round_trip(tmp_path, qtype, tolerance):
     assert np.abs(values - src).max() <= tolerance + 2e-3
 
 
+@pytest.mark.slow
 def test_gguf_header_matches_gguf_py():
     path = embedded_model_path()
     ours = read_header(path)
@@ -148,6 +149,7 @@ def _hub_cache(tmp_path, repo_id, model_dir):
     return home
 
 
+@pytest.mark.slow
 def test_repo_id_loads_from_offline_hub_cache(tmp_path, checkpoint_dir):
     local = checkpoint_dir("qwen3")
     home = _hub_cache(tmp_path, "tiny-org/tiny-qwen3", local)
@@ -160,6 +162,7 @@ def test_repo_id_loads_from_offline_hub_cache(tmp_path, checkpoint_dir):
     assert a["model"] == "tiny-org/tiny-qwen3"
 
 
+@pytest.mark.slow
 def test_repo_id_not_cached_while_offline(tmp_path):
     env = {"HF_HOME": str(tmp_path / "empty"), "HF_HUB_OFFLINE": "1"}
     result = run_cli("topk", "--model", "nobody/missing-model", "--prompt", "hi", env=env)
@@ -208,6 +211,7 @@ def test_broken_checkpoints_give_one_line_errors(tmp_path, checkpoint_dir, chang
     assert_one_line_error(invoke_cli("topk", "--model", str(bad), "--prompt", "hi"), *fragments)
 
 
+@pytest.mark.slow
 def test_truncated_gguf(tmp_path):
     cut = tmp_path / "cut.gguf"
     with open(embedded_model_path(), "rb") as f:

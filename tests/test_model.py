@@ -79,6 +79,7 @@ def test_embedded_model_shape(embedded):
     assert len(tokenizer) == 49152
 
 
+@pytest.mark.slow
 def test_embedded_gguf_equals_mlx_lm_fed_the_same_weights(embedded):
     """Our GGUF path against mlx-lm's llama class given the same (un-permuted) tensors."""
     from mlxinfer.model.peers import mlx_lm_twin
@@ -104,29 +105,39 @@ def test_twin_equals_mlx_lm_load(checkpoint_dir, arch, bits, group_size):
     assert max_abs_diff(mlx_lm_twin(ours)(IDS), loaded(IDS)) == 0.0
 
 
-def test_embedded_greedy_matches_llama_cpp(embedded):
-    """llama.cpp, greedy, same GGUF, same chat-templated prompt, gives exactly this answer."""
-    from mlxinfer.tokenizer import encode_prompt
+# the same pass in a process of its own: its own load of the weights, its own threads and random state
+_ANOTHER_PASS = """
+import sys, mlxinfer, mlx.core as mx, numpy as np
+model, tokenizer = mlxinfer.load(None, compute_dtype="bfloat16")
+ids = mx.array([tokenizer.encode(sys.argv[1])])
+np.save(sys.argv[2], np.array(model(ids).astype(mx.float32)))
+"""
+
+
+@pytest.mark.slow
+def test_forward_is_deterministic(embedded, tmp_path):
+    """The lesson: one prompt, one machine, the pass gives the same numbers every time. Every time means
+    another run of the program too: a second process, which loads the weights again (a weight left at
+    its random initialisation, or a reduction whose order depends on threads, would differ there), gives
+    every score bit for bit. (The weights as stored, MLX's own kernels. The float32 path's MKL sgemm is
+    not held to this across processes: its summation order may follow the buffers' alignment.)"""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
 
     model, tokenizer = embedded
-    ids = encode_prompt(tokenizer, "Name one fruit. Answer with one word.")
-    cache = model.make_cache()
-    scores = model(mx.array([ids]), cache)
-    out = []
-    for _ in range(32):
-        token = mx.argmax(scores[0, -1]).item()
-        if token in tokenizer.eos_token_ids:
-            break
-        out.append(token)
-        scores = model(mx.array([[token]]), cache)
-    assert tokenizer.decode(out) == (
-        "The fruit I'm referring to is the fruit of the blackcurrant, which is a type of citrus fruit."
+    prompt = "Name one herb to add to tomato soup."
+    ids = mx.array([tokenizer.encode(prompt)])
+    here = np.array(model(ids).astype(mx.float32))
+    done = subprocess.run(
+        [sys.executable, "-c", _ANOTHER_PASS, prompt, str(tmp_path / "there.npy")],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
-
-
-def test_forward_is_deterministic(embedded):
-    """The lesson: one prompt, one machine, the pass gives the same numbers every time."""
-    model, tokenizer = embedded
-    ids = mx.array([tokenizer.encode("Name one herb to add to tomato soup.")])
-    a, b = np.array(model(ids)), np.array(model(ids))
-    assert np.abs(a - b).max() == 0.0
+    assert done.returncode == 0, done.stderr
+    there = np.load(tmp_path / "there.npy")
+    assert there.shape == here.shape == (1, ids.shape[1], model.config.vocab_size)
+    assert np.array_equal(here, there), float(np.abs(here - there).max())

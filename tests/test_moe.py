@@ -58,15 +58,23 @@ def f32(mlx_lm_dir, tmp_path_factory):
 @pytest.mark.parametrize("ids", [LONG, SHORT], ids=["sorted-experts", "unsorted-experts"])
 @pytest.mark.parametrize("variant", ["4bit", "bf16-as-float32", "bf16"])
 def test_logits_equal_mlx_lm_exactly(mlx_lm_dir, f32, variant, ids):
+    """Loaded by mlxinfer (our own definition): mlx_lm.load's logits exactly (the one MoE parity check;
+    test_architectures' covers the other classes). MLX's CPU gather matmul computes only in float32, so on
+    the CPU bf16 experts are upcast on load (and mlx-lm's model cannot run them as stored); its model
+    gets the same upcast for the comparison. bf16-as-float32 runs the same weights upcast in the file."""
     import mlx_lm
 
-    if variant == "bf16" and ON_CPU:
-        pytest.skip("MLX's CPU gather matmul computes only in float32: bf16-as-float32 runs the same weights there")
+    from mlxinfer.model.compute import experts_to_float32_on_cpu
+
     path = f32 if variant == "bf16-as-float32" else mlx_lm_dir("qwen3_moe", variant)
     ours, _ = mlxinfer.load(path, compute_dtype="bfloat16")  # as stored
     assert ours.info.definition == "mlxinfer qwen3_moe"
+    assert ours.info.weights.startswith({"4bit": "4-bit", "bf16": "bfloat16", "bf16-as-float32": "float32"}[variant])
     peer, _ = mlx_lm.load(str(path))
     assert type(peer).__module__ == "mlx_lm.models.qwen3_moe"
+    upcast = experts_to_float32_on_cpu(peer)
+    assert upcast == (variant == "bf16" and ON_CPU)
+    assert ("experts float32" in ours.info.weights) == upcast
     assert max_abs_diff(ours(ids), peer(ids)) == 0.0
 
 

@@ -70,6 +70,7 @@ def kernel():
     return "python3"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.name)
 def test_executes_top_to_bottom(path, kernel, tmp_path, monkeypatch):
     import nbformat

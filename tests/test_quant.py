@@ -9,7 +9,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-from conftest import assert_one_line_error, run_cli
+from conftest import assert_one_line_error, invoke_cli
 
 import mlxinfer
 import quant
@@ -82,6 +82,7 @@ def test_affine_error_within_bound_random(dtype):
             _check_bound(mx.array(w).astype(dtype), bits, group_size)
 
 
+@pytest.mark.slow
 def test_affine_error_within_bound_real_weights(embedded):
     """The embedded SmolLM2's weights in bf16 (as `quantize` sees them), requantized."""
     model, _ = embedded
@@ -111,6 +112,7 @@ def _mlx_lm_convert(src: Path, out: Path, bits: int, group_size: int, predicate=
     return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "arch,bits,group_size,head_bits",
     [
@@ -157,9 +159,10 @@ def test_same_tensors_as_mlx_lm_convert(checkpoint_dir, tmp_path, arch, bits, gr
     _logits_equal_in_both_loaders(ours, TINY_IDS)
 
 
+@pytest.mark.slow
 def test_sharded_output_loads_and_counts(checkpoint_dir, tmp_path):
     out = tmp_path / "sharded"
-    result = run_cli(
+    result = invoke_cli(
         "quantize",
         str(checkpoint_dir("llama")),
         str(out),
@@ -183,8 +186,9 @@ def test_sharded_output_loads_and_counts(checkpoint_dir, tmp_path):
     _check_count(out, summary)
 
 
+@pytest.mark.slow
 def test_quantize_report_option(checkpoint_dir, tmp_path):
-    result = run_cli(
+    result = invoke_cli(
         "quantize",
         str(checkpoint_dir("qwen3")),
         str(tmp_path / "q"),
@@ -222,6 +226,7 @@ def smol(tmp_path_factory):
     return dirs, summaries
 
 
+@pytest.mark.slow
 def test_gguf_becomes_bf16(smol, embedded):
     dirs, summaries = smol
     cfg = _config(dirs["bf16"])
@@ -243,6 +248,7 @@ def test_gguf_becomes_bf16(smol, embedded):
     _logits_equal_in_both_loaders(dirs["bf16"], IDS)
 
 
+@pytest.mark.slow
 def test_gguf_conversion_is_exact(smol, embedded):
     dirs, _ = smol
     out = dirs["gguf"]
@@ -299,9 +305,10 @@ def test_gguf_conversion_is_exact(smol, embedded):
     assert set(tok.eos_token_ids) == set(tokenizer.eos_token_ids)
 
 
+@pytest.mark.slow
 def test_quality_orders_8bit_above_4bit(smol):
     dirs, _ = smol
-    result = run_cli("quality", str(dirs["bf16"]), str(dirs["q4"]), str(dirs["q8"]), "--max-tokens", "64", "--json")
+    result = invoke_cli("quality", str(dirs["bf16"]), str(dirs["q4"]), str(dirs["q8"]), "--max-tokens", "64", "--json")
     assert result.returncode == 0, result.stderr
     r = json.loads(result.stdout)
     assert r["tokens"] == 64 and r["positions"] == 63 and r["text"] == "eval.txt"
@@ -324,9 +331,9 @@ def test_shipped_text_is_a_few_thousand_tokens(embedded):
 
 
 def _check_count(path: Path, summary: dict, cli: bool = False) -> dict:
-    """`count DIR --json` (in this process unless cli: the same function the command calls, without mlx)."""
+    """`count DIR --json`: the command (in this process) when cli, else the function it calls."""
     if cli:
-        result = run_cli("count", str(path), "--json")
+        result = invoke_cli("count", str(path), "--json")
         assert result.returncode == 0, result.stderr
         r = json.loads(result.stdout)
     else:
@@ -339,6 +346,7 @@ def _check_count(path: Path, summary: dict, cli: bool = False) -> dict:
     return r
 
 
+@pytest.mark.slow
 def test_count_matches_the_written_files(smol, checkpoint_dir, tmp_path):
     dirs, summaries = smol
     # quantized (with a float output table) and float: the bytes count expects are the bytes stored
@@ -388,40 +396,42 @@ def _no_leftovers(parent: Path, name: str) -> None:
     ],
 )
 def test_bad_options_are_one_line_errors(checkpoint_dir, tmp_path, args, fragments):
-    result = run_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "out"), *args)
+    result = invoke_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "out"), *args)
     assert_one_line_error(result, *fragments)
     _no_leftovers(tmp_path, "out")
 
 
 def test_group_size_must_divide_every_layer(checkpoint_dir, tmp_path):
     # the tiny qwen3 has 4 heads of 48: o_proj's input is 192, which 128 does not divide
-    result = run_cli("quantize", str(checkpoint_dir("qwen3")), str(tmp_path / "out"), "--group-size", "128")
+    result = invoke_cli("quantize", str(checkpoint_dir("qwen3")), str(tmp_path / "out"), "--group-size", "128")
     assert_one_line_error(result, "model.layers.0.self_attn.o_proj", "192", "group size 128", "--group-size 32 or 64")
     _no_leftovers(tmp_path, "out")
 
 
+@pytest.mark.slow
 def test_existing_output_needs_force(checkpoint_dir, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     (out / "keep.txt").write_text("mine")
-    result = run_cli("quantize", str(checkpoint_dir("llama")), str(out))
+    result = invoke_cli("quantize", str(checkpoint_dir("llama")), str(out))
     assert_one_line_error(result, str(out), "not empty", "--force")
     assert [p.name for p in out.iterdir()] == ["keep.txt"]
-    result = run_cli("convert", "embedded", str(out))
+    result = invoke_cli("convert", "embedded", str(out))
     assert_one_line_error(result, "not empty", "--force")
-    result = run_cli("quantize", str(checkpoint_dir("llama")), str(out), "--force", "--json")
+    result = invoke_cli("quantize", str(checkpoint_dir("llama")), str(out), "--force", "--json")
     assert result.returncode == 0, result.stderr
     assert not (out / "keep.txt").exists() and (out / "config.json").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["out"]
     # an empty directory is fine without --force; a file is not a directory
     (tmp_path / "empty").mkdir()
-    assert run_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "empty")).returncode == 0
+    assert invoke_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "empty")).returncode == 0
     (tmp_path / "file").write_text("x")
-    assert_one_line_error(run_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "file")), "not a directory")
+    result = invoke_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "file"))
+    assert_one_line_error(result, "not a directory")
 
 
 def test_convert_needs_a_gguf(checkpoint_dir, tmp_path):
-    result = run_cli("convert", str(checkpoint_dir("llama")), str(tmp_path / "out"))
+    result = invoke_cli("convert", str(checkpoint_dir("llama")), str(tmp_path / "out"))
     assert_one_line_error(result, "not a GGUF file")
     _no_leftovers(tmp_path, "out")
 

@@ -6,6 +6,7 @@ import re
 import subprocess
 import sys
 
+import pytest
 from conftest import ROOT
 
 
@@ -18,6 +19,7 @@ def readme_python() -> str:
     return blocks[0]
 
 
+@pytest.mark.slow
 def test_the_python_section_runs_as_written():
     code = readme_python()
     done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=600)

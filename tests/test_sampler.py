@@ -69,19 +69,21 @@ def seeded_draws(sampler, logits, n, start=0):
 
 
 # ----------------------------------------------------------------------------- the tail model
-@pytest.mark.parametrize("table, fit", [(L.HERB, L.HERB_TAIL), (L.FRUIT, L.FRUIT_TAIL)], ids=["herb", "fruit"])
-def test_tail_fit_is_within_rounding_and_locally_optimal(table, fit):
-    err = L.fit_errors(table, fit.exponent, fit.offset, fit.mass)
-    assert err is not None and np.max(np.abs(err)) == pytest.approx(fit.max_error, abs=1e-6)
-    assert fit.max_error < 0.002
-    # no nearby parameters fit better: the stored values are the fit's optimum, not picked by hand
-    best = L.fit_loss(table, fit.exponent, fit.offset, fit.mass)
-    for ds in (-0.02, 0, 0.02):
-        for dc in (0.98, 1, 1.02):
-            for dm in (-0.0003, 0, 0.0003):
-                near = L.fit_loss(table, fit.exponent + ds, fit.offset * dc, fit.mass + dm)
-                assert near >= best * (1 - 1e-6)
-    print(f"\n{table.model} tail: {fit}")
+def test_tail_model_gives_the_lessons_figures_it_was_not_fitted_to():
+    """The tail model (numpy, no mlxinfer) is fitted to the published probability columns only. Checked
+    here on what the lesson says that the fit never saw: the fruit's top six at T=1.5 hold "about 0.62"
+    (rows 4-6 are the model's), its 4th token at T=1.0 falls under min-p 0.1's threshold of 0.0574 (so
+    min-p keeps three, as the lesson says), and every published probability is reproduced to the
+    rounding of its three decimals (the fit bound, 0.002, computed here, not the stored max_error)."""
+    for table, fit in ((L.HERB, L.HERB_TAIL), (L.FRUIT, L.FRUIT_TAIL)):
+        err = L.fit_errors(table, fit.exponent, fit.offset, fit.mass)
+        assert err is not None and np.max(np.abs(err)) < 0.002, table.model
+    fruit = L.model_probs(L.FRUIT, L.FRUIT_TAIL.exponent, L.FRUIT_TAIL.offset, L.FRUIT_TAIL.mass)
+    known, head = fruit[1.5]
+    assert known.sum() + head.sum() == pytest.approx(L.FRUIT_TOP6_MASS_T15, abs=0.015)
+    known, head = fruit[1.0]
+    assert head[0] < L.MIN_P_EXAMPLE["threshold"] <= known[-1]
+    assert L.MIN_P_EXAMPLE["threshold"] == pytest.approx(L.MIN_P_EXAMPLE["min_p"] * L.FRUIT.probs[1.0][0], abs=1e-4)
 
 
 # ----------------------------------------------------------------------------- the published tables
@@ -322,6 +324,7 @@ def test_seeded_draws_are_reproducible():
     assert runs[0] == runs[1]
 
 
+@pytest.mark.slow
 def test_empirical_frequencies_match_probabilities():
     p = np.array([0.4, 0.25, 0.2, 0.1, 0.05])
     scores = mx.array((np.log(p) + 3.0).astype(np.float32))

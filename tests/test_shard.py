@@ -124,6 +124,7 @@ def float32_checkpoint(tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("which", ["embedded", "llama", "qwen3"])
 def test_two_ranks_compute_what_one_process_computes(which, float32_checkpoint, tmp_path):
     """Last-position logits within 1e-4 of one process (float32 path), the same greedy tokens for the
@@ -173,6 +174,7 @@ def test_two_ranks_compute_what_one_process_computes(which, float32_checkpoint, 
         assert sum(s["weight_bytes"] for s in shares) > whole["weight_bytes"]  # the replicated tables
 
 
+@pytest.mark.slow
 def test_topk_and_generate_tool_under_mlx_launch(checkpoint_dir):
     """Launched on two ranks, topk and generate --tool split the model by themselves; rank 0 alone
     prints (stdout is one JSON document) and says how the model was split."""
@@ -196,6 +198,7 @@ def test_topk_and_generate_tool_under_mlx_launch(checkpoint_dir):
     assert [s["q_heads"] for s in result["sharding"]["shares"]] == [[0, 6], [6, 9]]
 
 
+@pytest.mark.slow
 def test_sample_and_sweep_shard_the_model_on_request(float32_checkpoint, tmp_path):
     """--shard-model: every rank runs every seed on its share of the model; the texts are one process's,
     and rank 0 alone writes the sweep's results file."""
@@ -235,12 +238,14 @@ def test_an_mlx_lm_class_that_cannot_split_evenly(checkpoint_dir):
         shard(twin, Three())
 
 
+@pytest.mark.slow
 def test_more_ranks_than_kv_heads(checkpoint_dir, tmp_path):
     path = str(checkpoint_dir("llama"))  # 4 query heads in 2 KV groups
     for r in spawn([["topk", "-m", path, "-p", FRUIT]] * 3, tmp_path):
         assert_one_line_error(r, "3 ranks but the model has 2 key/value heads", "use 2 ranks")
 
 
+@pytest.mark.slow
 def test_a_split_that_would_cut_a_quantization_group(checkpoint_dir, tmp_path):
     path = str(checkpoint_dir("llama", 4, 128))  # o_proj: 4 heads of 32 = 128 columns, one group
     for r in spawn([["generate", "-m", path, "-p", FRUIT]] * 2, tmp_path):
@@ -248,6 +253,7 @@ def test_a_split_that_would_cut_a_quantization_group(checkpoint_dir, tmp_path):
     assert_one_line_error(invoke_cli("count", path, "--ranks", "2"), "quantization group of 128")
 
 
+@pytest.mark.slow
 def test_a_rank_that_cannot_reach_the_others_gives_up(checkpoint_dir, tmp_path):
     """Rank 0 of a ring of 2 whose rank 1 never starts: MLX would wait for ever; here it stops after
     MLXINFER_CONNECT_TIMEOUT seconds."""
@@ -258,6 +264,7 @@ def test_a_rank_that_cannot_reach_the_others_gives_up(checkpoint_dir, tmp_path):
     assert_one_line_error(r, "rank 0 could not reach the other ranks within 2 s", "MLXINFER_CONNECT_TIMEOUT")
 
 
+@pytest.mark.slow
 def test_ranks_that_disagree_on_the_model(checkpoint_dir, tmp_path):
     """Same config and tokenizer, other weights on rank 1: both ranks stop before loading; a rank that
     cannot open its model stops the other too."""

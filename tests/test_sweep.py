@@ -10,10 +10,9 @@ import random
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
-from conftest import ROOT, assert_one_line_error, invoke_cli
+from conftest import ROOT, assert_one_line_error, invoke_cli, start_held
 
 import mlxinfer
 from mlxinfer.engine.summary import wilson
@@ -63,6 +62,7 @@ def completions(records):
     return sorted((r["prompt_index"], r["settings_index"], r["seed"], r["text"], tuple(r["tokens"])) for r in records)
 
 
+@pytest.mark.slow
 def test_the_grid_gives_samples_records_and_a_summary_that_adds_up(tiny):
     _, (model, tok) = tiny
     grid = mlxinfer.settings_grid([0.8, 1.3], top_p=[1.0, 0.9])
@@ -85,6 +85,7 @@ def test_the_grid_gives_samples_records_and_a_summary_that_adds_up(tiny):
             assert 0.0 <= cell.p_value <= 1.0 and cell.dof >= 1
 
 
+@pytest.mark.slow
 def test_first_token_probability_is_the_samplers(tiny):
     """The expected share next to each answer: its first token's probability after temperature and cut,
     as the sampler's own explanation of the first step gives it."""
@@ -117,6 +118,7 @@ def test_chi_square_p_value_by_hand():
 
 
 # ----------------------------------------------------------------------------- the results file
+@pytest.mark.slow
 def test_killed_sweep_resumes_to_exactly_an_uninterrupted_run(tiny, tmp_path):
     path, _ = tiny
     whole = tmp_path / "whole.jsonl"
@@ -125,15 +127,13 @@ def test_killed_sweep_resumes_to_exactly_an_uninterrupted_run(tiny, tmp_path):
     assert len(expected) == 2 * 2 * 12
 
     out = tmp_path / "killed.jsonl"
-    args = [sys.executable, "-m", "mlxinfer", *cli_sweep(path, out, "--json", batch="2")]
-    proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 120
-    while time.time() < deadline and (not out.exists() or out.read_text().count("\n") < 5):
-        time.sleep(0.05)
+    # held just after its third synced write (the header, then two batches of two), then killed there
+    proc = start_held(*cli_sweep(path, out, "--json", batch="2"), at="synced", target=out, n=3)
     proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
     _, partial = read_records(out)  # every line parses
-    assert 4 <= len(partial) < len(expected)
+    assert completions(partial) == completions(expected)[:4]  # the first cell's first two batches, exactly
     with open(out, "a") as f:  # and a line torn in the middle of a write, as a kill -9 mid-write leaves one
         f.write('{"prompt_index": 1, "settings_index": 0, "se')
 
@@ -146,27 +146,25 @@ def test_killed_sweep_resumes_to_exactly_an_uninterrupted_run(tiny, tmp_path):
     assert len({(r["prompt_index"], r["settings_index"], r["seed"]) for r in records}) == len(records)
 
 
+@pytest.mark.slow
 def test_sigterm_stops_after_the_last_whole_batch(tiny, tmp_path):
+    """SIGTERM at a known point, just after the third batch's lines were synced: exit 130, the three
+    batches kept whole, nothing after them."""
     path, _ = tiny
     out = tmp_path / "term.jsonl"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "mlxinfer", *cli_sweep(path, out, seeds="40", batch="2")],
-        cwd=ROOT,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    deadline = time.time() + 120
-    while time.time() < deadline and (not out.exists() or out.read_text().count("\n") < 3):
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
+    proc = start_held(*cli_sweep(path, out, seeds="40", batch="2"), at="synced", target=out, n=4)
+    try:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
     assert proc.returncode == 130, err
     assert err.strip().splitlines()[-1].startswith("interrupted:") and "--resume" in err
     text = out.read_text()
     assert text.endswith("\n")
     _, records = read_records(out)
-    assert len(records) % 2 == 0  # whole batches of two only
+    assert len(records) == 3 * 2  # whole batches of two only: the three written before the signal
+    assert [r["seed"] for r in records] == list(range(6))
 
 
 def test_another_experiments_file_is_refused_and_left_alone(tiny, tmp_path):
@@ -208,6 +206,7 @@ def test_bad_sweep_input(tiny, tmp_path, args, fragments):
 
 
 # ----------------------------------------------------------------------------- across processes
+@pytest.mark.slow
 def test_two_ranks_give_one_processs_completions(tiny, tmp_path):
     """mlx.launch --backend ring -n 2 on 127.0.0.1: each rank takes every other seed of each cell and
     rank 0 gathers them over mx.distributed into one results file."""

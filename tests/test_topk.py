@@ -21,6 +21,7 @@ def herb_table():
     return json.loads(out.stdout)
 
 
+@pytest.mark.slow
 def test_embedded_herb_table(herb_table, embedded):
     _, tokenizer = embedded
     t = herb_table
@@ -106,6 +107,7 @@ def test_thinking_switch_reaches_the_chat_template(checkpoint_dir):
 
 
 # ----------------------------------------------------------------------------- what the terminal shows
+@pytest.mark.slow
 def test_the_table_make_run_prints(herb_table):
     """`make run`'s table on the float32 path: the header, then each row's rank, token, id, score and
     probabilities as --json gives them, in order, and the mass footer."""

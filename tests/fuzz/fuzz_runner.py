@@ -235,11 +235,16 @@ class Outcome:
 def run(kind: str, case, bases: Bases, work: Path, timeout: float = 60) -> Outcome:
     work.mkdir(parents=True, exist_ok=True)
     args = [a.replace("\x00", "") for a in arguments(kind, case, bases, work)]  # argv cannot carry NUL
+    return execute(kind, args, work, timeout)
+
+
+def execute(kind: str, args: list[str], work: Path, timeout: float = 60, launch: str = LAUNCH) -> Outcome:
+    """`python -c LAUNCH ARGS` (mlxinfer, unless a test plants another program) in `work`, judged."""
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(work / "hf"), "TOKENIZERS_PARALLELISM": "false"}
     start = time.monotonic()
     try:
         done = subprocess.run(
-            [sys.executable, "-c", LAUNCH, *args], cwd=ROOT, env=env, capture_output=True, timeout=timeout
+            [sys.executable, "-c", launch, *args], cwd=ROOT, env=env, capture_output=True, timeout=timeout
         )
     except subprocess.TimeoutExpired as e:
         stderr = (e.stderr or b"").decode(errors="replace")
