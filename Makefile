@@ -36,13 +36,13 @@ run: setup
 test: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n auto --dist loadfile
 
 # the edit loop, under a minute: lint, format, and the tests not marked slow
 check: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -m "not slow" -x
+	$(BIN)/python -m pytest -q -n auto --dist loadfile -m "not slow"
 
 plots: setup
 	MPLBACKEND=Agg $(BIN)/python notebooks/make_plots.py

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 import select
 import subprocess
 import sys
@@ -23,6 +24,11 @@ def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: takes seconds (a model decoding many tokens, a subprocess, mlx.launch); `make check` skips"
     )
+    if not hasattr(config, "workerinput"):  # the run's one process, or pytest-xdist's controller
+        # the fuzzer's seed for this run, drawn here so that every xdist worker inherits the same one
+        # and the controller can print it; MLXINFER_FUZZ_SEED set by hand replays a run
+        os.environ.setdefault("MLXINFER_FUZZ_SEED", str(random.SystemRandom().randrange(2**32)))
+        config.stash[FUZZ_SEED] = int(os.environ["MLXINFER_FUZZ_SEED"])
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
