@@ -68,7 +68,7 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from cli.commands import bench, convert, count, generate, info, quality, quantize, sample, sweep, topk
+    from cli.commands import bench, convert, count, generate, info, quality, quantize, sample, serve, sweep, topk
 
     commands = {
         "count": count.count_command,
@@ -81,6 +81,7 @@ def _register() -> None:
         "quality": quality.quality_command,
         "bench": bench.bench,
         "info": info.info,
+        "serve": serve.serve,
     }
     for name, fn in commands.items():
         app.command(name, help=_reflow(fn.__doc__ or ""))(fn)

@@ -50,6 +50,8 @@ _LAZY = {
     "mlx_lm_twin": ("model.peers", "mlx_lm_twin"),
     "fork_cache": ("model.cache", "fork"),
     "find_openblas_shim": ("cpu.blas", "find_openblas_shim"),
+    "serve": ("server", "serve"),
+    "create_app": ("server", "create_app"),
     "defaults": ("defaults", None),
     "sampler": ("sampler", None),
     "ModelConfig": ("formats.config", "ModelConfig"),

@@ -26,7 +26,7 @@ LAYERS = [  # bottom first; a module may import its own layer and those below
     ["counting", "tokenizer", "tokenizer_fast", "sampler"],
     ["model"],
     ["engine"],
-    ["serve"],
+    ["server"],
 ]
 PUBLIC_MODULES = {"mlxinfer.sampler", "mlxinfer.defaults"}  # public whole (mlxinfer's docstring)
 FACADE = {"mlxinfer", "mlxinfer.__main__"}  # the lazy export table and `python -m mlxinfer`

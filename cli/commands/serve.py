@@ -1,4 +1,4 @@
-"""`mlxinfer serve`: an OpenAI-compatible server (mlxinfer/serve); this command only parses and calls it."""
+"""`mlxinfer serve`: an OpenAI-compatible server (mlxinfer/server); this command only parses and calls it."""
 
 from __future__ import annotations
 
@@ -6,12 +6,11 @@ from typing import Optional
 
 import typer
 
-from cli.common import ComputeOption, ModelOption
+from cli.options import takes
 
 
+@takes("model")
 def serve(
-    model: Optional[str] = ModelOption,
-    compute_dtype: str = ComputeOption,
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; beyond loopback, set --api-key."),
     port: int = typer.Option(8080, "--port", help="TCP port."),
     api_key: Optional[str] = typer.Option(
@@ -24,29 +23,26 @@ def serve(
     ),
     model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The id clients send as `model`."),
     max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", help="Largest request body; past it: 413."),
-    template_deadline: float = typer.Option(
-        2.0, "--template-deadline", help="Seconds a chat template may take to render before the request is refused."
-    ),
     default_max_tokens: Optional[int] = typer.Option(
         None, "--default-max-tokens", help="Token budget when a request sets none (default: up to the context)."
     ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
+    **options,
 ):
     """Serve the model over OpenAI's HTTP API: every request's seed is its own random stream."""
-    from mlxinfer.serve import serve as run
+    import mlxinfer
 
-    run(
-        model,
+    mlxinfer.serve(
+        options["model"],
+        compute_dtype=options["compute_dtype"],
         host=host,
         port=port,
         api_key=api_key,
-        compute_dtype=compute_dtype,
         max_rows=max_rows,
         max_queue=max_queue,
         cors=cors,
         model_name=model_name,
         max_body_bytes=max_body_bytes,
-        template_deadline_s=template_deadline,
         default_max_tokens=default_max_tokens,
         log_level=log_level,
     )

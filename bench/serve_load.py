@@ -1,0 +1,207 @@
+"""`mlxinfer serve` under load (a benchmark, not a test): concurrency, time to first token, memory.
+
+Starts the server as a child process on 127.0.0.1 (and, with --mlx-lm DIR, `mlx_lm.server` on the
+same weights), then:
+
+1. N seeded streaming clients at once vs the same N requests one after another: aggregate
+   tokens/s and its ratio, p50/p99 time to first token, and how many texts equal the one-at-a-time
+   run's (the seed's own stream: all N on the weights as stored, nearly all on the float32 path).
+2. R small requests in a row, the server's RSS sampled every 50: flat memory means no leak.
+3. With --mlx-lm: the same concurrent load against mlx_lm.server, and whether a seeded request
+   gives the same text twice, alone and under load.
+
+    python bench/serve_load.py                                   # embedded model, 32 clients
+    python bench/serve_load.py --compute-dtype bfloat16 --clients 8 --requests 200
+    python bench/serve_load.py --model smol-bf16 --mlx-lm smol-bf16   # beside mlx_lm.server
+
+Every request goes to 127.0.0.1; every loop is bounded; the servers are stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPTS = ["Name one fruit.", "Name one herb to add to tomato soup.", "Tell me about cats.", "Say hello."]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start(cmd: list[str], port: int, timeout: float = 300) -> subprocess.Popen:
+    import httpx
+
+    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"server exited: {proc.stderr.read()[-2000:]}")
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                return proc
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit("server did not start in time")
+
+
+def one(url: str, model: str, prompt: str, seed: int, max_tokens: int) -> dict:
+    """One seeded streaming chat request: its text, tokens, time to first token, total time."""
+    import openai
+
+    client = openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
+    start = time.perf_counter()
+    stream = client.chat.completions.create(
+        model=model,
+        messages=[{"role": "user", "content": prompt}],
+        max_tokens=max_tokens,
+        seed=seed,
+        temperature=1.0,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    text, first, tokens = [], None, 0
+    for chunk in stream:
+        for c in chunk.choices:
+            if c.delta.content:
+                first = first if first is not None else time.perf_counter() - start
+                text.append(c.delta.content)
+        if chunk.usage:
+            tokens = chunk.usage.completion_tokens
+    total = time.perf_counter() - start
+    return {"text": "".join(text), "tokens": tokens or len(text), "ttft": first or total, "seconds": total}
+
+
+def load(url: str, model: str, n: int, max_tokens: int, concurrent: bool) -> tuple[list[dict], float]:
+    cases = [(PROMPTS[i % len(PROMPTS)], 1000 + i) for i in range(n)]
+    start = time.perf_counter()
+    if concurrent:
+        with ThreadPoolExecutor(n) as pool:
+            out = list(pool.map(lambda c: one(url, model, *c, max_tokens), cases))
+    else:
+        out = [one(url, model, *c, max_tokens) for c in cases]
+    return out, time.perf_counter() - start
+
+
+def pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
+
+
+def compare(url: str, model: str, n: int, max_tokens: int, label: str) -> dict:
+    one(url, model, PROMPTS[0], 1, 2)  # warm-up
+    seq, seq_s = load(url, model, n, max_tokens, concurrent=False)
+    con, con_s = load(url, model, n, max_tokens, concurrent=True)
+    seq_tps, con_tps = sum(r["tokens"] for r in seq) / seq_s, sum(r["tokens"] for r in con) / con_s
+    ttft = [r["ttft"] for r in con]
+    row = {
+        "server": label,
+        "clients": n,
+        "sequential_tok_s": round(seq_tps, 1),
+        "concurrent_tok_s": round(con_tps, 1),
+        "ratio": round(con_tps / seq_tps, 2),
+        "ttft_p50_s": round(statistics.median(ttft), 3),
+        "ttft_p99_s": round(pct(ttft, 0.99), 3),
+        "same_text_as_one_at_a_time": f"{sum(a['text'] == b['text'] for a, b in zip(seq, con))}/{n}",
+    }
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def soak(url: str, model: str, pid: int, requests: int) -> dict:
+    import httpx
+    import psutil
+
+    proc, samples = psutil.Process(pid), []
+    body = {"model": model, "messages": [{"role": "user", "content": "Say hello."}], "max_tokens": 2, "seed": 0}
+    with httpx.Client(timeout=120) as http:
+        for i in range(requests):
+            r = http.post(f"{url}/v1/chat/completions", json={**body, "seed": i})
+            assert r.status_code == 200, r.text
+            if i % 50 == 0 or i == requests - 1:
+                samples.append(proc.memory_info().rss)
+    mib = [s / 2**20 for s in samples]
+    later = mib[len(mib) // 2 :]  # after the warm-up: growth here would be a leak
+    row = {"requests": requests, "rss_first_mib": round(mib[0], 1), "rss_mid_mib": round(later[0], 1),
+           "rss_last_mib": round(mib[-1], 1), "rss_max_mib": round(max(mib), 1),
+           "growth_second_half_mib": round(later[-1] - later[0], 1)}  # fmt: skip
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def reproducible(url: str, model: str, max_tokens: int) -> dict:
+    """The same seeded request alone twice, then once under load: does the text stay the same?"""
+    a = one(url, model, PROMPTS[0], 7, max_tokens)["text"]
+    b = one(url, model, PROMPTS[0], 7, max_tokens)["text"]
+    with ThreadPoolExecutor(8) as pool:
+        others = [pool.submit(one, url, model, PROMPTS[1], 100 + i, max_tokens) for i in range(7)]
+        c = one(url, model, PROMPTS[0], 7, max_tokens)["text"]
+        [f.result() for f in others]
+    d = one(url, model, PROMPTS[0], 8, max_tokens)["text"]
+    row = {"alone_twice_same": a == b, "under_load_same": a == c, "other_seed_differs": a != d}
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", default=None, help="model source for mlxinfer (default: the embedded model)")
+    p.add_argument("--compute-dtype", default="auto")
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--max-tokens", type=int, default=16)
+    p.add_argument("--requests", type=int, default=1000, help="small requests in a row for the memory check")
+    p.add_argument("--mlx-lm", default=None, help="a model directory to serve with mlx_lm.server as well")
+    p.add_argument("--phases", default="load,seeds,memory", help="which of load, seeds, memory to run (mlxinfer)")
+    a = p.parse_args()
+    phases = set(a.phases.split(","))
+    if not 1 <= a.clients <= 64 or not 1 <= a.requests <= 5000:
+        raise SystemExit("--clients must be 1..64 and --requests 1..5000")
+
+    port = free_port()
+    code = (
+        "import mlxinfer; "
+        f"mlxinfer.serve({a.model!r}, port={port}, compute_dtype={a.compute_dtype!r}, max_rows={a.clients}, "
+        "log_level='warning')"
+    )
+    proc = start([sys.executable, "-c", code], port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        import httpx
+
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        if "load" in phases:
+            compare(url, model, a.clients, a.max_tokens, "mlxinfer serve")
+        if "seeds" in phases:
+            reproducible(url, model, a.max_tokens)
+        if "memory" in phases:
+            soak(url, model, proc.pid, a.requests)
+    finally:
+        proc.terminate()
+        proc.wait(30)
+    if a.mlx_lm:
+        port = free_port()
+        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", a.mlx_lm, "--host", "127.0.0.1", "--port", str(port)]
+        proc = start(cmd, port)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            compare(url, a.mlx_lm, a.clients, a.max_tokens, "mlx_lm.server")
+            reproducible(url, a.mlx_lm, a.max_tokens)
+        finally:
+            proc.terminate()
+            proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,391 @@
+"""Continuous batching: one engine thread owns the model; requests join and leave between steps.
+
+Each loop of the engine thread admits at most one queued request (its prompt prefilled, its
+first tokens drawn from the prefill's scores, exactly as decode.decode draws them), then decodes
+one token for every row in flight, and drops the rows that finished or whose client went away.
+On our own definitions (model/rows.py) every row has a one-row KV cache of its own and one forward
+pass serves all rows; mlx-lm's classes run one forward per request over that request's rows.
+
+A row's sampler state is decode.py's `_Row`: its seed's key chain, its penalty history, its grammar
+mask. The draw is decode.py's `_choose_all` over all rows in flight, so a row draws what it would
+draw alone: `mlxinfer.sample(..., seeds=[s])` gives the same text, bit for bit where the forward
+pass gives a row the same bits alone or in a batch (the weights as stored, on MLX's CPU back end).
+
+Events go to each job's `emit(kind, row, payload)`, called on the engine thread:
+  ("step", i, Step)              a token (Step.token set) or the end (token None, finish_reason)
+  ("json", i, JsonResult)        right after a constrained row's end: the parsed JSON
+  ("error", None, (status, msg)) the job ended without finishing (the model's scores, a bug)
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import queue
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Optional
+
+import mlx.core as mx
+
+from ..errors import MlxinferError
+from ..model import rows as row_walk
+from ..model.cache import fork, keep_rows
+from .decode import _alternatives, _choose_all, _Row, prefill
+from .constrain import finish
+from .request import Request
+from ..views import Step
+
+log = logging.getLogger("mlxinfer.server")
+
+
+class QueueFull(Exception):
+    """More requests are waiting than the queue bound allows: the caller should retry later."""
+
+
+@dataclass
+class Job:
+    """One request in the engine: its rows (one per seed) and where their events go."""
+
+    request: Request
+    seeds: list[int]
+    emit: Callable[[str, Optional[int], Any], None]
+    logprobs: bool = False  # whether the tokens' log-probabilities are read
+    top_logprobs: int = 0  # alternatives per token
+    cancelled: bool = False  # set from any thread: the rows leave at the next step
+    dropped: set = field(default_factory=set)  # rows no one reads any more (a stop string matched)
+    submitted: float = field(default_factory=time.perf_counter)
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+    def drop(self, index: int) -> None:
+        """Row `index` is done for the caller: it leaves at the next step (the others go on)."""
+        self.dropped.add(index)
+
+    def gone(self, index: int) -> bool:
+        return self.cancelled or index in self.dropped
+
+    def tell(self, kind: str, index: Optional[int], payload: Any) -> None:
+        """emit, contained: a listener that fails (its event loop closed) ends this job, not the engine."""
+        try:
+            self.emit(kind, index, payload)
+        except Exception:  # noqa: BLE001 - whoever listened is gone
+            log.warning("a job's listener failed; the job ends:\n%s", traceback.format_exc())
+            self.cancelled = True
+
+
+class _ServedRow(_Row):
+    """decode._Row that keeps a failing processor (a grammar that gives up) to its own row: the
+    error is recorded, the step goes on for the others, and the row ends with the error after it."""
+
+    error: Optional[str] = None
+
+    def scores(self, logits: mx.array, fed: mx.array) -> mx.array:
+        try:
+            return super().scores(logits, fed)
+        except Exception as e:  # noqa: BLE001 - any processor failure ends this row only
+            self.error = f"{type(e).__name__}: {e}" if not isinstance(e, MlxinferError) else str(e)
+            return logits - mx.logsumexp(logits, keepdims=True)
+
+
+class _Live:
+    """A row in flight: its job, its index in the job, its sampler state, cache and last token."""
+
+    __slots__ = ("job", "index", "row", "cache", "group", "token", "text", "tokens")
+
+    def __init__(self, job: Job, index: int, row: _ServedRow, cache, group, token: int):
+        self.job, self.index, self.row, self.cache, self.group, self.token = job, index, row, cache, group, token
+        self.text: list[str] = []  # kept for a constrained row's JSON check at its end
+        self.tokens: list[int] = []
+
+
+class _Group:
+    """mlx-lm's classes: one request's rows share one B-row cache (they have the same length)."""
+
+    def __init__(self, cache: list):
+        self.cache = cache
+        self.members: list[_Live] = []
+
+
+class Batcher:
+    """The engine: `submit` from any thread, events back through each job's `emit`."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        max_rows: int = 32,
+        max_queue: int = 64,
+        prefill_budget: int = 512,
+        step_timeout: float = 0.5,
+    ):
+        if max_rows < 1 or max_queue < 0:
+            raise MlxinferError("max_rows must be at least 1 and max_queue at least 0", "max_rows", "max_queue")
+        self.model, self.tokenizer = model, tokenizer
+        self.max_rows, self.max_queue, self.prefill_budget = max_rows, max_queue, prefill_budget
+        self.per_row = row_walk.supports(model)  # one forward for all rows; else one per request
+        self.fast = model.info.cpu_kernels
+        self.stop_ids = set(tokenizer.eos_token_ids)
+        self._pending: collections.deque[Job] = collections.deque()
+        self._live: list[_Live] = []
+        self._cv = threading.Condition()
+        self._closed = False
+        self._idle_wait = step_timeout
+        self.steps = 0  # decode steps run (for /health and the bench)
+        self.tokens = 0
+        self._stopped = threading.Event()
+        _settle(model)
+        _on_engine_thread(self._run)
+
+    # ------------------------------------------------------------------------- any thread
+    def submit(self, job: Job) -> Job:
+        if len(job.seeds) > self.max_rows:
+            raise MlxinferError(f"n must be at most {self.max_rows} (rows in flight), got {len(job.seeds)}", "n")
+        with self._cv:
+            if self._closed:
+                raise QueueFull("the engine is shutting down")
+            if len(self._pending) >= self.max_queue:
+                raise QueueFull(f"{len(self._pending)} requests are already waiting")
+            self._pending.append(job)
+            self._cv.notify()
+        return job
+
+    def status(self) -> dict:
+        return {
+            "rows_in_flight": len(self._live),
+            "queued": len(self._pending),
+            "max_rows": self.max_rows,
+            "max_queue": self.max_queue,
+            "steps": self.steps,
+            "tokens": self.tokens,
+            "per_row_attention": self.per_row,
+        }
+
+    def close(self, timeout: float = 10.0) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify()
+        self._stopped.wait(timeout)
+
+    # ------------------------------------------------------------------------- the engine thread
+    def _run(self) -> None:
+        try:
+            self._loop()
+        finally:
+            self._live = []
+            self._stopped.set()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while not self._closed and not self._pending and not self._live:
+                    self._cv.wait(self._idle_wait)
+                if self._closed:
+                    break
+                jobs = self._next_jobs()
+            for job in jobs:
+                self._admit(job)
+            self._drop_cancelled()
+            if self._live:
+                self._step()
+        for live in self._live:  # shutting down: whoever still waits hears why
+            self._fail(live.job, 503, "the server is shutting down")
+        for job in self._pending:
+            self._fail(job, 503, "the server is shutting down")
+
+    def _next_jobs(self) -> list[Job]:
+        """The queued jobs to prefill before the next step, first come first served: those that fit
+        beside the rows in flight, up to `prefill_budget` prompt tokens (at least one job). Several at
+        once shorten the ramp when many requests arrive together; the budget bounds how long the rows
+        in flight wait for their next token. Cancelled jobs are dropped."""
+        jobs, rows, tokens = [], len(self._live), 0
+        while self._pending:
+            job = self._pending[0]
+            if job.cancelled:
+                self._pending.popleft()
+                continue
+            n = len(job.request.ids)
+            if rows + len(job.seeds) > self.max_rows or (jobs and tokens + n > self.prefill_budget):
+                break
+            jobs.append(self._pending.popleft())
+            rows, tokens = rows + len(job.seeds), tokens + n
+        return jobs
+
+    def _admit(self, job: Job) -> None:
+        """Prefill the job's prompt once and draw each row's first token from its scores."""
+        request = job.request
+        try:
+            prefilled = prefill(self.model, request.ids)
+            history = mx.array(request.ids[:-1], dtype=mx.int32)
+            rows = [_ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
+            last = mx.array(request.ids[-1:], dtype=mx.int32)
+            y, lp, alts = _choose_all(
+                rows, prefilled.logits, [last] * len(rows), job.top_logprobs, self.fast, job.logprobs
+            )
+            mx.eval(y, lp, alts)
+        except MlxinferError as e:  # the prefill's scores are NaN or inf: the model's fault, named
+            self._fail(job, 500, str(e))
+            return
+        except Exception as e:  # noqa: BLE001 - a bug: this job ends, the engine goes on
+            log.error("prefill failed:\n%s", traceback.format_exc())
+            self._fail(job, 500, f"internal error during prefill ({type(e).__name__})")
+            return
+        if self.per_row:
+            members = [_Live(job, i, row, fork(prefilled.cache, 1), None, 0) for i, row in enumerate(rows)]
+        else:
+            group = _Group(fork(prefilled.cache, len(rows)))
+            members = [_Live(job, i, row, None, group, 0) for i, row in enumerate(rows)]
+            group.members = list(members)
+        self._live.extend(self._emit_all(members, y.tolist(), lp.tolist(), alts))
+
+    def _step(self) -> None:
+        live = self._live
+        try:
+            tokens = mx.array([m.token for m in live], dtype=mx.int32)
+            logits = self._forward(live, tokens)
+            finite = mx.all(mx.isfinite(logits), axis=-1)  # checked per row before any draw is shown
+            fed = [tokens[p : p + 1] for p in range(len(live))]
+            top = max(m.job.top_logprobs for m in live)
+            want = any(m.job.logprobs for m in live)
+            y, lp, alts = _choose_all([m.row for m in live], logits, fed, top, self.fast, want)
+            mx.eval(y, lp, alts, finite)
+        except Exception as e:  # noqa: BLE001 - the step failed for everyone in it: end them, go on
+            log.error("decode step failed:\n%s", traceback.format_exc())
+            for job in {id(m.job): m.job for m in live}.values():
+                self._fail(job, 500, f"internal error during decode ({type(e).__name__})")
+            return
+        self.steps += 1
+        ok = finite.tolist()
+        bad = {id(m.job): m.job for p, m in enumerate(live) if not ok[p]}
+        for job in bad.values():
+            self._fail(job, 500, "the model's scores became NaN or inf during decode; this request was ended")
+        self._live = self._emit_all(live, y.tolist(), lp.tolist(), alts, skip=set(bad))
+
+    def _forward(self, live: list[_Live], tokens: mx.array) -> mx.array:
+        if self.per_row:
+            return row_walk.step(self.model, tokens, [m.cache for m in live])
+        out, at = [], 0
+        for group in _groups(live):
+            n = len(group.members)
+            out.append(self.model(tokens[at : at + n, None], cache=group.cache)[:, -1, :])
+            at += n
+        return mx.concatenate(out) if len(out) > 1 else out[0]
+
+    def _emit_all(self, members: list[_Live], tokens, chosen, alts, skip=frozenset()) -> list[_Live]:
+        """Hand each row's new token to its job (decode.decode's rules) and return the rows going on."""
+        keep = []
+        for p, m in enumerate(members):
+            if id(m.job) in skip or m.job.gone(m.index):
+                continue
+            row, token = m.row, tokens[p]
+            if row.error is not None:
+                self._fail(m.job, 500, f"constrained decoding failed: {row.error}")
+                continue
+            reason = None
+            if token in row.stop_ids:
+                reason = "stop"
+            else:
+                row.generated += 1
+                self.tokens += 1
+                row.detok.add_token(token)
+                segment = row.detok.last_segment  # reading it takes it: once
+                m.text.append(segment)
+                m.tokens.append(token)
+                k = m.job.top_logprobs
+                alternatives = _alternatives(self.tokenizer, alts[p])[:k] if k and alts else []
+                m.job.tell("step", m.index, _step(token, segment, chosen[p], alternatives))
+                if row.spec.mask is not None and row.spec.mask.should_stop(token):
+                    reason = "stop"
+                elif row.generated >= row.spec.max_tokens:
+                    reason = "length"
+            if reason is None:
+                m.token = token
+                keep.append(m)
+                continue
+            row.detok.finalize()
+            stop = token if token in row.stop_ids else None
+            final = _step(None, row.detok.last_segment, 0.0, [], reason, stop)
+            m.job.tell("step", m.index, final)
+            if row.spec.mask is not None:
+                m.text.append(final.text)
+                try:
+                    checked = finish(row.spec.mask, "".join(m.text), m.tokens, reason)
+                except Exception as e:  # noqa: BLE001 - the grammar accepted non-JSON: a bug, this row only
+                    self._fail(m.job, 500, f"constrained decoding failed: {e}")
+                    continue
+                m.job.tell("json", m.index, checked)
+        if not self.per_row:
+            _shrink_groups(members, keep)
+        return keep
+
+    def _drop_cancelled(self) -> None:
+        if any(m.job.gone(m.index) for m in self._live):
+            keep = [m for m in self._live if not m.job.gone(m.index)]
+            if not self.per_row:
+                _shrink_groups(self._live, keep)
+            self._live = keep
+
+    def _fail(self, job: Job, status: int, message: str) -> None:
+        if not job.cancelled:
+            job.cancelled = True  # its other rows leave too
+            job.tell("error", None, (status, message))
+
+
+def _settle(model) -> None:
+    """Evaluate every array the model holds, here, on the thread that built it: MLX cannot evaluate on
+    one thread a lazy array made on another ("There is no Stream(cpu, 0) in current thread"), and a
+    module may keep one outside its parameters (model.RoPE's llama3 frequencies, `_freqs`)."""
+    held = [v for _, m in model.named_modules() for v in m.values() if isinstance(v, mx.array)]
+    mx.eval(model.parameters(), held)
+
+
+# A thread that ran MLX's compiled functions (nn.silu, our swiglu) and then exits makes the process
+# abort at exit ("terminate called without an active exception", MLX 0.32.4). So engine threads never
+# exit: a closed Batcher's thread parks and serves the next Batcher (tests make several apps).
+_IDLE: "queue.SimpleQueue[queue.SimpleQueue]" = queue.SimpleQueue()
+
+
+def _on_engine_thread(fn: Callable[[], None]) -> None:
+    try:
+        inbox = _IDLE.get_nowait()
+    except queue.Empty:
+        inbox = queue.SimpleQueue()
+        threading.Thread(target=_engine_thread, args=(inbox,), name="mlxinfer-engine", daemon=True).start()
+    inbox.put(fn)
+
+
+def _engine_thread(inbox: "queue.SimpleQueue") -> None:
+    while True:
+        fn = inbox.get()
+        try:
+            fn()
+        except Exception:  # noqa: BLE001 - logged; the thread stays for the next engine
+            log.error("engine thread:\n%s", traceback.format_exc())
+        _IDLE.put(inbox)
+
+
+def _step(token, text, logprob, alternatives, finish_reason=None, stop_token=None) -> Step:
+    return Step(token, text, logprob, alternatives, finish_reason=finish_reason, stop_token=stop_token)
+
+
+def _groups(live: list[_Live]) -> list[_Group]:
+    """The groups in the order their rows appear (each group's rows are contiguous in `live`)."""
+    seen: dict[int, _Group] = {}
+    for m in live:
+        seen.setdefault(id(m.group), m.group)
+    return list(seen.values())
+
+
+def _shrink_groups(before: list[_Live], after: list[_Live]) -> None:
+    """mlx-lm's classes: drop the rows that left from their group's B-row cache."""
+    staying = {id(m) for m in after}
+    for group in _groups(before):
+        kept = [p for p, m in enumerate(group.members) if id(m) in staying]
+        if len(kept) < len(group.members):
+            if kept:
+                group.cache = keep_rows(group.cache, kept)
+            group.members = [group.members[p] for p in kept]

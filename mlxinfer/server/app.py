@@ -1,0 +1,273 @@
+"""The ASGI app: OpenAI's /v1/chat/completions, /v1/completions, /v1/models, and /health.
+
+    app = create_app(model, tokenizer)          # Starlette; run it with uvicorn, or in-process
+
+A request is read (one JSON object under the body limit), checked by pydantic (types) and by the
+library (values: request.prepare, under the chat template's deadline), then handed to the engine
+(engine/batcher.py) as one job of n rows with seeds s, s+1, ...; its events come back through an
+asyncio queue and leave as one response or as server-sent events. Every error is OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import secrets
+from contextlib import asynccontextmanager
+from typing import Optional
+
+from pydantic import ValidationError
+from starlette.applications import Starlette
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+
+from .. import defaults
+from ..engine.batcher import Batcher, Job, QueueFull
+from ..engine.request import check_seed
+from ..errors import MlxinferError
+from .errors import ApiError, error_body, from_library, from_validation
+from .inputs import Plan, budget, chat_plan, completion_plan, prepare_within
+from .schemas import ChatRequest, CompletionRequest
+from .stream import chat_response, completion_response
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
+
+
+class _State:
+    def __init__(self, model, tokenizer, batcher: Batcher, model_id: str, **limits):
+        self.model, self.tokenizer, self.batcher, self.model_id = model, tokenizer, batcher, model_id
+        self.names = {model_id, model.info.name}
+        self.default_max_tokens = limits["default_max_tokens"]
+        self.fingerprint = "mlxinfer-" + "-".join(model.info.definition.split()[1:]) + f"-{model.info.compute_dtype}"
+
+
+def model_id_for(model) -> str:
+    """The id clients send as `model`: the model's name without its parenthesised note."""
+    return model.info.name.split(" (")[0].strip() or "mlxinfer"
+
+
+class _Guard:
+    """Pure ASGI middleware: the body limit (413) and the Bearer key (401), before any parsing.
+
+    The body is read here up to the limit and handed on whole; after it, the app's receive is the
+    server's own again, so a streaming response still hears the client disconnect."""
+
+    def __init__(self, app, max_body_bytes: int, api_key: Optional[str]):
+        self.app, self.limit, self.key = app, max_body_bytes, api_key
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope.get("headers", [])}
+        if self.key is not None and scope["path"].startswith("/v1"):
+            given = headers.get(b"authorization", b"").decode("latin-1")
+            if not hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode()):
+                e = ApiError(401, "a valid API key is required: Authorization: Bearer KEY", None)
+                return await _send(send, e.status, e.body(), {"www-authenticate": "Bearer"})
+        length = headers.get(b"content-length")
+        if length is not None and (not length.isdigit() or int(length) > self.limit):
+            return await _send(
+                send, 413, error_body(413, f"the body is over {self.limit:,} bytes", None, "request_too_large")
+            )
+        chunks, size = [], 0
+        while scope["method"] in ("POST", "PUT", "PATCH"):
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunks.append(message.get("body", b""))
+            size += len(chunks[-1])
+            if size > self.limit:
+                return await _send(
+                    send, 413, error_body(413, f"the body is over {self.limit:,} bytes", None, "request_too_large")
+                )
+            if not message.get("more_body", False):
+                break
+        body, given = b"".join(chunks), False
+
+        async def replay():
+            nonlocal given
+            if not given:
+                given = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        return await self.app(scope, replay, send)
+
+
+async def _send(send, status: int, body: dict, headers: Optional[dict] = None) -> None:
+    data = json.dumps(body).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    raw += [(k.encode(), str(v).encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+async def _body(http: HttpRequest, kind):
+    raw = await http.body()
+    try:
+        data = json.loads(raw)  # NaN and Infinity parse; the library refuses them, naming the field
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the body is not valid JSON ({getattr(e, 'msg', type(e).__name__)})", None) from None
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object", None)
+    try:
+        return kind.model_validate(data)
+    except ValidationError as e:
+        raise from_validation(e.errors()) from None
+
+
+def _check(state: _State, body) -> None:
+    if body.model not in state.names:
+        raise ApiError(404, f"the model '{body.model[:200]}' does not exist here; GET /v1/models lists it", "model")
+    most = state.batcher.max_rows
+    if not 1 <= body.n <= most:
+        raise ApiError(400, f"n must be from 1 to {most} (this server's rows in flight), got {body.n}", "n")
+    if body.seed is not None:
+        try:
+            check_seed(body.seed)
+        except MlxinferError as e:
+            raise from_library(e) from None
+        if body.seed + body.n > defaults.SEED_LIMIT:
+            raise ApiError(400, "seed + n must stay below 2**63 (rows use seeds seed..seed+n-1)", "seed")
+    stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+    if len(stops) > 4 or any(len(s) > 256 for s in stops):
+        raise ApiError(400, "stop takes at most 4 strings of at most 256 characters", "stop")
+
+
+async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: dict, want_lp: bool, top: int):
+    """prepare (under the template deadline), the budget, the seeds, and the job queued."""
+    request = await prepare_within(
+        fields,
+        state.model,
+        state.tokenizer,
+        plan.prompt,
+        settings=body.settings(),
+        max_tokens=asked if asked is not None else 1,
+        json_schema=plan.json_schema,
+        tool=plan.tool,
+        chat=plan.chat,
+        system=plan.system,
+    )
+    request = budget(request, state.model, asked, state.default_max_tokens)
+    base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)
+    loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+    def emit(kind, index, payload):  # on the engine thread
+        loop.call_soon_threadsafe(events.put_nowait, (kind, index, payload))
+
+    job = Job(request, [base + i for i in range(body.n)], emit, logprobs=want_lp, top_logprobs=top)
+    try:
+        state.batcher.submit(job)
+    except QueueFull as e:
+        raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
+    except MlxinferError as e:
+        raise from_library(e) from None
+    return request, job, events, base
+
+
+def create_app(
+    model,
+    tokenizer,
+    *,
+    api_key: Optional[str] = None,
+    max_rows: int = 32,
+    max_queue: int = 64,
+    cors: Optional[list[str]] = None,
+    model_name: Optional[str] = None,
+    max_body_bytes: int = 1_000_000,
+    default_max_tokens: Optional[int] = None,
+):
+    """An ASGI app serving `model`: one engine thread (batcher.Batcher) with at most `max_rows` rows in
+    flight and `max_queue` requests waiting (past it: 429). `api_key`: required as a Bearer token on
+    /v1. `cors`: origins allowed (none by default). `default_max_tokens`: the budget when a request
+    sets none (None: up to the context)."""
+    from ..engine.constrain import token_table
+
+    try:
+        token_table(tokenizer)  # here, once: the grammar's token table for json_schema/tools (see inputs._Parked)
+    except MlxinferError:
+        pass  # a tokenizer llguidance cannot read: JSON requests say so (400), plain text is served
+    batcher = Batcher(model, tokenizer, max_rows=max_rows, max_queue=max_queue)
+    state = _State(
+        model,
+        tokenizer,
+        batcher,
+        model_name or model_id_for(model),
+        default_max_tokens=default_max_tokens,
+    )
+
+    async def health(http):
+        return JSONResponse({"status": "ok", "model": state.model_id, **batcher.status()})
+
+    async def models(http):
+        card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "mlxinfer"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat(http):
+        try:
+            body = await _body(http, ChatRequest)
+            _check(state, body)
+            if body.top_logprobs is not None and not (0 <= body.top_logprobs <= MAX_TOP_LOGPROBS):
+                raise ApiError(400, f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+            if body.top_logprobs and not body.logprobs:
+                raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+            plan = chat_plan(body)
+            asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+            fields = {"max_tokens": field, "logprobs": "top_logprobs"}
+            started = await _start(state, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
+        except ApiError as e:
+            return _error(e)
+        return await chat_response(state, http, body, plan, *started)
+
+    async def completions(http):
+        try:
+            body = await _body(http, CompletionRequest)
+            _check(state, body)
+            if body.logprobs is not None and not (0 <= body.logprobs <= MAX_TOP_LOGPROBS):
+                raise ApiError(400, f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "logprobs")
+            plan = completion_plan(body)
+            fields = {"prompt": "prompt", "max_tokens": "max_tokens"}
+            started = await _start(
+                state, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
+            )
+        except ApiError as e:
+            return _error(e)
+        return await completion_response(state, http, body, plan, *started)
+
+    @asynccontextmanager
+    async def lifespan(app):
+        yield
+        batcher.close()
+
+    routes = [
+        Route("/health", health, methods=["GET"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", completions, methods=["POST"]),
+    ]
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _not_found, 405: _not_allowed})
+    if cors:
+        from starlette.middleware.cors import CORSMiddleware
+
+        app.add_middleware(CORSMiddleware, allow_origins=list(cors), allow_methods=["*"], allow_headers=["*"])
+    guarded = _Guard(app, max_body_bytes, api_key)
+    guarded.engine = state  # for tests and embedding: the model, the batcher, the served id
+    return guarded
+
+
+async def _not_found(http, exc):
+    return JSONResponse(error_body(404, f"no route {http.url.path}", None, "not_found"), status_code=404)
+
+
+async def _not_allowed(http, exc):
+    return JSONResponse(error_body(405, f"{http.method} is not allowed on {http.url.path}", None), status_code=405)
+
+
+__all__ = ["create_app"]

@@ -1,0 +1,194 @@
+"""A request body -> the arguments of engine/request.py's `prepare`, and prepare run off the event loop.
+
+Nothing here re-checks what the library checks (settings, schemas, the context, special tokens in
+user text): the body is translated into prepare's arguments and prepare's MlxinferError becomes a
+400 naming the request's field (errors.from_library).
+
+prepare runs on one worker thread, off the event loop: a chat template renders there (under the
+library's own deadline, tokenizer.py), and only one at a time because transformers' encode sets a
+flag on the shared tokenizer (split_special_tokens): two encodes at once could read each other's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import queue
+import threading
+from concurrent.futures import Future
+from dataclasses import dataclass, replace
+from typing import Any, Optional
+
+from ..engine.request import Request, prepare
+from ..errors import MlxinferError
+from .errors import ApiError, from_library
+from .schemas import ChatRequest, CompletionRequest, Message
+
+
+class _Parked:
+    """One daemon thread that runs jobs in order and never exits. Not a ThreadPoolExecutor: its thread
+    exits at interpreter exit, and a thread that built llguidance's token table (or ran MLX's compiled
+    functions) and then exits makes the process abort ("terminate called without an active exception")."""
+
+    def __init__(self, name: str):
+        self._inbox: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            fn, future = self._inbox.get()
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn())
+                except BaseException as e:  # noqa: B036 - handed to the caller, who re-raises it
+                    future.set_exception(e)
+
+    def submit(self, fn) -> Future:
+        future: Future = Future()
+        self._inbox.put((fn, future))
+        return future
+
+
+_PREP = _Parked("mlxinfer-prepare")
+
+
+async def prepare_within(fields: dict, *args, **kwargs) -> Request:
+    """`prepare(*args, **kwargs)` on the prepare thread; its MlxinferError as a 400 naming the field."""
+    try:
+        return await asyncio.wrap_future(_PREP.submit(functools.partial(prepare, *args, **kwargs)))
+    except MlxinferError as e:
+        prompt = args[2] if len(args) > 2 else None
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and "prompt" in e.params:
+            # the library takes one user message (and a system message) until its messages support lands
+            raise ApiError(
+                400,
+                "this server takes one user message and an optional system message; multi-turn chats "
+                "(assistant or tool turns, several user messages) are not supported yet",
+                "messages",
+            ) from None
+        raise from_library(e, fields) from None
+
+
+# ----------------------------------------------------------------------------- what prepare is given
+@dataclass
+class Plan:
+    """A request body translated: prepare's arguments and what the response needs to know."""
+
+    prompt: Any  # text, token ids, or a list of {"role", "content"} messages
+    system: Optional[str]
+    chat: bool
+    json_schema: Optional[dict] = None
+    tool: Optional[dict] = None
+    tools: Optional[list[str]] = None  # function names when the answer is a tool call
+    wrapped: bool = False  # several tools: the JSON is {"name": ..., "arguments": ...}
+
+
+def _text(message: Message, where: str) -> str:
+    content = message.content
+    if content is None:
+        return ""
+    if isinstance(content, str):
+        return content
+    parts = []
+    for j, part in enumerate(content):
+        if part.type != "text" or part.text is None:
+            raise ApiError(400, f"{where}.content[{j}]: only text parts are supported here", f"{where}.content")
+        parts.append(part.text)
+    return "".join(parts)
+
+
+def chat_plan(body: ChatRequest) -> Plan:
+    messages = []
+    for i, m in enumerate(body.messages):
+        text = _text(m, f"messages[{i}]")
+        if m.tool_calls:  # an earlier call, as the text the model wrote for it
+            text += "".join(
+                json.dumps({"name": c.function.name, "arguments": c.function.arguments}) for c in m.tool_calls
+            )
+        role = "system" if m.role == "developer" else m.role
+        messages.append({"role": role, "content": text})
+    system = None
+    if messages[0]["role"] == "system":
+        system, rest = messages[0]["content"], messages[1:]
+    else:
+        rest = messages
+    if len(rest) == 1 and rest[0]["role"] == "user":
+        plan = Plan(rest[0]["content"], system, True)
+    else:
+        plan = Plan(messages, None, True)  # multi-turn: prepare takes the messages themselves
+    _constraint(body, plan)
+    return plan
+
+
+def _constraint(body: ChatRequest, plan: Plan) -> None:
+    """response_format and tools -> prepare's json_schema or tool (both through the grammar mask)."""
+    choice = body.tool_choice
+    tools = body.tools or []
+    if tools and choice != "none":
+        if body.response_format is not None and body.response_format.type != "text":
+            raise ApiError(400, "pass tools or a JSON response_format, not both", "response_format")
+        if isinstance(choice, str) or choice is None:
+            chosen = tools  # "required", and "auto" too: this server makes strict calls only (see README)
+        else:
+            chosen = [t for t in tools if t.function.name == choice.function.name]
+            if not chosen:
+                raise ApiError(400, f"tool_choice names '{choice.function.name}', which is not in tools", "tool_choice")
+        names = [t.function.name for t in chosen]
+        if len(set(names)) != len(names):
+            raise ApiError(400, "tools: two functions have the same name", "tools")
+        plan.tools = names
+        params = [t.function.parameters or {"type": "object", "properties": {}} for t in chosen]
+        if len(chosen) == 1:
+            f = chosen[0].function
+            plan.tool = {"name": f.name, "description": f.description or "", "input_schema": params[0], "strict": True}
+            return
+        plan.wrapped = True
+        plan.json_schema = {
+            "type": "object",
+            "anyOf": [
+                {
+                    "type": "object",
+                    "properties": {"name": {"const": n}, "arguments": p},
+                    "required": ["name", "arguments"],
+                    "additionalProperties": False,
+                }
+                for n, p in zip(names, params)
+            ],
+        }
+        if plan.system is None and not isinstance(plan.prompt, list):
+            listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
+            plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
+        return
+    fmt = body.response_format
+    if fmt is None or fmt.type == "text":
+        return
+    if fmt.type == "json_object":
+        plan.json_schema = {"type": "object"}
+    elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        raise ApiError(400, "response_format json_schema needs json_schema.schema", "response_format")
+    else:
+        plan.json_schema = fmt.json_schema.schema_
+
+
+def completion_plan(body: CompletionRequest) -> Plan:
+    prompt = body.prompt
+    if isinstance(prompt, list) and prompt and not isinstance(prompt[0], int):
+        if len(prompt) != 1:
+            raise ApiError(400, "prompt: send one prompt per request (a list of one is fine)", "prompt")
+        prompt = prompt[0]
+    if body.echo or body.suffix is not None or (body.best_of or 1) != 1:
+        field = "echo" if body.echo else "suffix" if body.suffix is not None else "best_of"
+        raise ApiError(400, f"{field} is not supported by this server", field)
+    return Plan(prompt, None, False)
+
+
+def budget(request: Request, model, asked: Optional[int], default: Optional[int]) -> Request:
+    """The token budget: what was asked (prepare checked it against the context), or, unset, up to
+    the context (capped by the server's default): such a request ends with finish_reason "length"."""
+    if asked is not None:
+        return request
+    room = model.config.max_position_embeddings - len(request.ids)
+    if room < 1:
+        raise ApiError(400, "the prompt fills the model's context; shorten it", "messages")
+    return replace(request, max_tokens=min(room, default) if default else room)

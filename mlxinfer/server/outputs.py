@@ -1,0 +1,139 @@
+"""Responses in OpenAI's shapes: chat.completion(.chunk), text_completion, logprobs, tool calls.
+
+`Choice` gathers one row's events (decode Steps) the way the response reports it: text with stop
+strings cut out, the chat or legacy logprobs, and for a tool call the JSON returned as tool_calls.
+A log-probability that is not finite (a token the grammar mask refused) is reported as -9999.0,
+as OpenAI does for "practically impossible": JSON has no -inf.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import secrets
+import time
+from typing import Optional
+
+IMPOSSIBLE = -9999.0
+
+
+def _lp(value: float) -> float:
+    return value if math.isfinite(value) else IMPOSSIBLE
+
+
+class StopStrings:
+    """Cut the text at the first stop string; hold back a tail that may be the start of one."""
+
+    def __init__(self, stops: list[str]):
+        self.stops = [s for s in stops if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.buffer = ""
+
+    def feed(self, text: str) -> tuple[str, bool]:
+        """(text that is safe to show now, whether a stop string matched)."""
+        self.buffer += text
+        if not self.stops:
+            out, self.buffer = self.buffer, ""
+            return out, False
+        hits = [i for i in (self.buffer.find(s) for s in self.stops) if i >= 0]
+        if hits:
+            out, self.buffer = self.buffer[: min(hits)], ""
+            return out, True
+        cut = max(len(self.buffer) - self.hold, 0)
+        out, self.buffer = self.buffer[:cut], self.buffer[cut:]
+        return out, False
+
+    def flush(self) -> str:
+        out, self.buffer = self.buffer, ""
+        return out
+
+
+class Choice:
+    """One row of a response as it arrives."""
+
+    def __init__(self, index: int, stops: list[str], tokenizer, chat: bool, want_logprobs: bool, top: int):
+        self.index, self.tokenizer, self.chat = index, tokenizer, chat
+        self.stops = StopStrings(stops)
+        self.want_logprobs, self.top = want_logprobs, top
+        self.text: list[str] = []
+        self.tokens = 0
+        self.logprobs: list[dict] = []  # chat: content entries; completions: (token, logprob, top) triples
+        self.finish_reason: Optional[str] = None
+        self.json = None  # constrain.JsonResult for a constrained row
+
+    def add(self, step) -> str:
+        """A Step in, the text to show now out (finish_reason set when the row ended)."""
+        if step.token is not None:
+            self.tokens += 1
+            if self.want_logprobs:
+                self.logprobs.append(self._entry(step))
+        shown, stopped = self.stops.feed(step.text)
+        if stopped:
+            self.finish_reason = "stop"
+        elif step.token is None:
+            shown += self.stops.flush()
+            self.finish_reason = step.finish_reason
+        self.text.append(shown)
+        return shown
+
+    def _entry(self, step) -> dict:
+        token = self.tokenizer.decode([step.token])
+        top = [(a.text, _lp(a.logprob)) for a in step.alternatives[: self.top]]
+        if self.chat:
+            return {
+                "token": token,
+                "logprob": _lp(step.logprob),
+                "bytes": list(token.encode("utf-8")),
+                "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in top],
+            }
+        return {"token": token, "logprob": _lp(step.logprob), "top": dict(top)}
+
+    # -- the response pieces
+    def chat_logprobs(self, entries: Optional[list[dict]] = None) -> Optional[dict]:
+        if not self.want_logprobs:
+            return None
+        return {"content": self.logprobs if entries is None else entries, "refusal": None}
+
+    def completion_logprobs(self, entries: Optional[list[dict]] = None) -> Optional[dict]:
+        if not self.want_logprobs:
+            return None
+        entries = self.logprobs if entries is None else entries
+        offsets, at = [], 0
+        for e in entries:
+            offsets.append(at)
+            at += len(e["token"])
+        return {
+            "tokens": [e["token"] for e in entries],
+            "token_logprobs": [e["logprob"] for e in entries],
+            "top_logprobs": [e["top"] for e in entries],
+            "text_offset": offsets,
+        }
+
+
+def tool_calls(choice: Choice, names: list[str], wrapped: bool) -> Optional[list[dict]]:
+    """The row's JSON as OpenAI's tool_calls (None when the JSON was cut by the token budget)."""
+    result = choice.json
+    if result is None or not result.valid:
+        return None
+    if wrapped:
+        name, arguments = result.parsed["name"], json.dumps(result.parsed["arguments"], separators=(",", ":"))
+    else:
+        name, arguments = names[0], result.text
+    return [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}]
+
+
+def call_id() -> str:
+    return "call_" + secrets.token_hex(12)
+
+
+def response_id(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(12)}"
+
+
+def head(rid: str, kind: str, model: str, fingerprint: str) -> dict:
+    return {"id": rid, "object": kind, "created": int(time.time()), "model": model, "system_fingerprint": fingerprint}
+
+
+def usage(prompt_tokens: int, choices: list[Choice]) -> dict:
+    completion = sum(c.tokens for c in choices)
+    return {"prompt_tokens": prompt_tokens, "completion_tokens": completion, "total_tokens": prompt_tokens + completion}

@@ -1,0 +1,156 @@
+"""The request bodies, as OpenAI defines them, with the toolkit's sampler extras (as vLLM takes them).
+
+Strict types (pydantic's strict mode): "5" is not a number and 1.5 is not a count, so a wrong type
+is a 400 naming the field rather than a guess. Fields OpenAI has and this server does not act on
+(user, metadata, store, ...) are accepted and ignored, as other OpenAI-compatible servers do; the
+values are checked by the library (settings.py, request.py), which names the parameter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+_STRICT = ConfigDict(strict=True, extra="allow")
+
+
+class StreamOptions(BaseModel):
+    model_config = _STRICT
+    include_usage: bool = False
+
+
+class Sampling(BaseModel):
+    """What both endpoints share: the model, budget, sampler, seed, stop strings, streaming."""
+
+    model_config = _STRICT
+    model: str
+    max_tokens: Optional[int] = None
+    temperature: Optional[float] = None
+    top_p: Optional[float] = None
+    n: int = 1
+    seed: Optional[int] = None
+    stop: Optional[Union[str, list[str]]] = None
+    stream: bool = False
+    stream_options: Optional[StreamOptions] = None
+    presence_penalty: Optional[float] = None
+    frequency_penalty: Optional[float] = None
+    logit_bias: Optional[dict[str, float]] = None
+    # the toolkit's extras (vLLM accepts the first three under these names)
+    top_k: Optional[int] = None
+    min_p: Optional[float] = None
+    repetition_penalty: Optional[float] = None
+    order: Optional[str] = None
+
+    def settings(self) -> dict:
+        """The sampler fields this request set, as SamplerSettings fields; the rest come from the
+        model's generation_config.json (settings.resolve_settings), as in the CLI."""
+        from .errors import ApiError
+
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "temperature",
+                "top_p",
+                "top_k",
+                "min_p",
+                "repetition_penalty",
+                "presence_penalty",
+                "frequency_penalty",
+                "order",
+            )
+            if getattr(self, k) is not None
+        }
+        if self.logit_bias:
+            try:
+                out["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
+            except ValueError:
+                raise ApiError(
+                    400, "logit_bias maps token ids (as strings of digits) to biases", "logit_bias"
+                ) from None
+        return out
+
+
+class ContentPart(BaseModel):
+    model_config = _STRICT
+    type: str
+    text: Optional[str] = None
+
+
+class FunctionCall(BaseModel):
+    model_config = _STRICT
+    name: str
+    arguments: str = ""
+
+
+class ToolCall(BaseModel):
+    model_config = _STRICT
+    id: str = ""
+    type: str = "function"
+    function: FunctionCall
+
+
+class Message(BaseModel):
+    model_config = _STRICT
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Optional[Union[str, list[ContentPart]]] = None
+    name: Optional[str] = None
+    tool_calls: Optional[list[ToolCall]] = None
+    tool_call_id: Optional[str] = None
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = _STRICT
+    name: str = "response"
+    description: Optional[str] = None
+    schema_: Optional[dict[str, Any]] = Field(default=None, alias="schema")
+    strict: Optional[bool] = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = _STRICT
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: Optional[JsonSchemaFormat] = None
+
+
+class FunctionDef(BaseModel):
+    model_config = _STRICT
+    name: str
+    description: Optional[str] = None
+    parameters: Optional[dict[str, Any]] = None
+    strict: Optional[bool] = None
+
+
+class Tool(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(BaseModel):
+    model_config = _STRICT
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = _STRICT
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class ChatRequest(Sampling):
+    messages: list[Message] = Field(min_length=1)
+    max_completion_tokens: Optional[int] = None
+    logprobs: bool = False
+    top_logprobs: Optional[int] = None
+    response_format: Optional[ResponseFormat] = None
+    tools: Optional[list[Tool]] = None
+    tool_choice: Optional[Union[Literal["none", "auto", "required"], NamedToolChoice]] = None
+
+
+class CompletionRequest(Sampling):
+    prompt: Union[str, list[int], list[str], list[list[int]]]
+    logprobs: Optional[int] = None
+    echo: bool = False
+    suffix: Optional[str] = None
+    best_of: Optional[int] = None
