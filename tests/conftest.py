@@ -33,7 +33,10 @@ def pytest_configure(config):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     seed = config.stash.get(FUZZ_SEED, None)
-    if seed is not None:
+    ran = any(
+        "fuzz" in r.nodeid for reports in terminalreporter.stats.values() for r in reports if hasattr(r, "nodeid")
+    )
+    if seed is not None and ran:
         terminalreporter.write_line(f"fuzz: seed {seed} (replay: MLXINFER_FUZZ_SEED={seed} pytest tests/fuzz)")
 
 

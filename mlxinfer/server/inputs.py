@@ -58,15 +58,6 @@ async def prepare_within(fields: dict, *args, **kwargs) -> Request:
     try:
         return await asyncio.wrap_future(_PREP.submit(functools.partial(prepare, *args, **kwargs)))
     except MlxinferError as e:
-        prompt = args[2] if len(args) > 2 else None
-        if isinstance(prompt, list) and prompt and isinstance(prompt[0], dict) and "prompt" in e.params:
-            # the library takes one user message (and a system message) until its messages support lands
-            raise ApiError(
-                400,
-                "this server takes one user message and an optional system message; multi-turn chats "
-                "(assistant or tool turns, several user messages) are not supported yet",
-                "messages",
-            ) from None
         raise from_library(e, fields) from None
 
 
@@ -108,15 +99,7 @@ def chat_plan(body: ChatRequest) -> Plan:
             )
         role = "system" if m.role == "developer" else m.role
         messages.append({"role": role, "content": text})
-    system = None
-    if messages[0]["role"] == "system":
-        system, rest = messages[0]["content"], messages[1:]
-    else:
-        rest = messages
-    if len(rest) == 1 and rest[0]["role"] == "user":
-        plan = Plan(rest[0]["content"], system, True)
-    else:
-        plan = Plan(messages, None, True)  # multi-turn: prepare takes the messages themselves
+    plan = Plan(messages, None, True)  # a system message the tool adds goes first, if there is none
     _constraint(body, plan)
     return plan
 
@@ -156,7 +139,7 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
                 for n, p in zip(names, params)
             ],
         }
-        if plan.system is None and not isinstance(plan.prompt, list):
+        if plan.system is None:
             listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
             plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
         return
