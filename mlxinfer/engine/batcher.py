@@ -6,8 +6,8 @@ one token for every row in flight, and drops the rows that finished or whose cli
 On our own definitions (model/rows.py) every row has a one-row KV cache of its own and one forward
 pass serves all rows; mlx-lm's classes run one forward per request over that request's rows.
 
-A row's sampler state is decode.py's `_Row`: its seed's key chain, its penalty history, its grammar
-mask. The draw is decode.py's `_choose_all` over all rows in flight, so a row draws what it would
+A row's sampler state is decode.py's `RowState`: its seed's key chain, its penalty history, its grammar
+mask. The draw is decode.py's `choose_tokens` over all rows in flight, so a row draws what it would
 draw alone: `mlxinfer.sample(..., seeds=[s])` gives the same text, bit for bit where the forward
 pass gives a row the same bits alone or in a batch (the weights as stored, on MLX's CPU back end).
 
@@ -33,7 +33,7 @@ import mlx.core as mx
 from ..errors import MlxinferError
 from ..model import rows as row_walk
 from ..model.cache import fork, keep_rows
-from .decode import _alternatives, _choose_all, _Row, prefill
+from .decode import RowState, choose_tokens, prefill, top_alternatives
 from .constrain import finish
 from .request import Request
 from ..views import Step
@@ -77,8 +77,8 @@ class Job:
             self.cancelled = True
 
 
-class _ServedRow(_Row):
-    """decode._Row that keeps a failing processor (a grammar that gives up) to its own row: the
+class _ServedRow(RowState):
+    """decode.RowState that keeps a failing processor (a grammar that gives up) to its own row: the
     error is recorded, the step goes on for the others, and the row ends with the error after it."""
 
     error: Optional[str] = None
@@ -223,7 +223,7 @@ class Batcher:
             history = mx.array(request.ids[:-1], dtype=mx.int32)
             rows = [_ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
             last = mx.array(request.ids[-1:], dtype=mx.int32)
-            y, lp, alts = _choose_all(
+            y, lp, alts = choose_tokens(
                 rows, prefilled.logits, [last] * len(rows), job.top_logprobs, self.fast, job.logprobs
             )
             mx.eval(y, lp, alts)
@@ -251,7 +251,7 @@ class Batcher:
             fed = [tokens[p : p + 1] for p in range(len(live))]
             top = max(m.job.top_logprobs for m in live)
             want = any(m.job.logprobs for m in live)
-            y, lp, alts = _choose_all([m.row for m in live], logits, fed, top, self.fast, want)
+            y, lp, alts = choose_tokens([m.row for m in live], logits, fed, top, self.fast, want)
             mx.eval(y, lp, alts, finite)
         except Exception as e:  # noqa: BLE001 - the step failed for everyone in it: end them, go on
             log.error("decode step failed:\n%s", traceback.format_exc())
@@ -296,7 +296,7 @@ class Batcher:
                 m.text.append(segment)
                 m.tokens.append(token)
                 k = m.job.top_logprobs
-                alternatives = _alternatives(self.tokenizer, alts[p])[:k] if k and alts else []
+                alternatives = top_alternatives(self.tokenizer, alts[p])[:k] if k and alts else []
                 m.job.tell("step", m.index, _step(token, segment, chosen[p], alternatives))
                 if row.spec.mask is not None and row.spec.mask.should_stop(token):
                     reason = "stop"

@@ -94,10 +94,11 @@ def timed(stream: Iterator[int], n_prompt: int) -> tuple[float, float, float, li
 
 def ours(model, tokenizer) -> Callable[[list[int], int], Iterator[int]]:
     from ..settings import GREEDY
-    from .decode import RowSpec, run
+    from .decode import RowSpec, prefill_and_decode
 
     def stream(ids: list[int], n: int) -> Iterator[int]:
-        return (s.token for _, s in run(model, tokenizer, ids, [RowSpec(None, GREEDY, n)]) if s.token is not None)
+        steps = prefill_and_decode(model, tokenizer, ids, [RowSpec(None, GREEDY, n)])
+        return (s.token for _, s in steps if s.token is not None)
 
     return stream
 

@@ -98,7 +98,7 @@ def prefill(
     return Prefilled(list(ids), cache, logits)
 
 
-class _Row:
+class RowState:
     """A row's sampler state through the loop."""
 
     def __init__(self, spec: RowSpec, history: mx.array, tokenizer, stop_ids: set[int]):
@@ -121,7 +121,7 @@ class _Row:
         return logits - mx.logsumexp(logits, keepdims=True)  # generate_step's expression: same bits
 
 
-def _next_keys(rows: list[_Row]) -> list:
+def _next_keys(rows: list[RowState]) -> list:
     """Each row's key for this draw (None: the global stream): every seeded chain split once,
     as MLX's global stream would be, all rows in one numpy call (keychain.py)."""
     seeded = [i for i, row in enumerate(rows) if row.key is not None]
@@ -133,8 +133,8 @@ def _next_keys(rows: list[_Row]) -> list:
     return keys
 
 
-def _choose_all(
-    rows: list[_Row], logits: mx.array, fed: list[mx.array], n_alternatives: int, fast: bool, step_logprobs: bool
+def choose_tokens(
+    rows: list[RowState], logits: mx.array, fed: list[mx.array], n_alternatives: int, fast: bool, step_logprobs: bool
 ):
     """One draw per row: tokens (A,), their log-probabilities (A,), and the best alternatives.
 
@@ -184,21 +184,21 @@ def decode(
     """Yield (row index, Step) as tokens arrive; every row ends with a Step whose token is None and
     whose finish_reason is set ("stop": an end-of-turn token or a finished grammar; "length").
     step_logprobs=False: the Steps' logprob is 0.0 (experiments read only the tokens), which lets the
-    float32 CPU path skip the normalisation (see _choose_all)."""
+    float32 CPU path skip the normalisation (see choose_tokens)."""
     fast = model.info.cpu_kernels
     history = mx.array(prefilled.ids[:-1], dtype=mx.int32)
     stop_ids = set(tokenizer.eos_token_ids)
-    rows = [_Row(spec, history, tokenizer, stop_ids) for spec in specs]
+    rows = [RowState(spec, history, tokenizer, stop_ids) for spec in specs]
     cache = fork(prefilled.cache, len(rows))
     active = list(range(len(rows)))  # row index at each batch position
     last = mx.array(prefilled.ids[-1:], dtype=mx.int32)
-    y, lp, alts = _choose_all(rows, prefilled.logits, [last] * len(rows), logprobs, fast, step_logprobs)
+    y, lp, alts = choose_tokens(rows, prefilled.logits, [last] * len(rows), logprobs, fast, step_logprobs)
     mx.async_eval(y, lp, alts)
     while active:
         queued = None
         if any(rows[i].generated + 1 < rows[i].spec.max_tokens for i in active):
             logits = model(y[:, None], cache=cache)[:, -1, :]  # (A, V)
-            queued = _choose_all(
+            queued = choose_tokens(
                 [rows[i] for i in active],
                 logits,
                 [y[p : p + 1] for p in range(len(active))],
@@ -217,7 +217,7 @@ def decode(
             else:
                 row.generated += 1
                 row.detok.add_token(token)
-                alternatives = _alternatives(tokenizer, alts[p]) if logprobs else []
+                alternatives = top_alternatives(tokenizer, alts[p]) if logprobs else []
                 yield i, Step(token, row.detok.last_segment, chosen[p], alternatives)
                 if row.spec.mask is not None and row.spec.mask.should_stop(token):
                     reason = "stop"
@@ -239,13 +239,13 @@ def decode(
         active = [active[p] for p in keep]
 
 
-def _alternatives(tokenizer, top) -> list[Alternative]:
+def top_alternatives(tokenizer, top) -> list[Alternative]:
     ids, values = top[0].tolist(), top[1].tolist()
     best = sorted(zip(values, ids), reverse=True)
     return [Alternative(t, tokenizer.decode([t]), v) for v, t in best]
 
 
-def run(
+def prefill_and_decode(
     model,
     tokenizer,
     ids: list[int],

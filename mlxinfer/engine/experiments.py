@@ -15,9 +15,9 @@ from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .. import defaults
 from ..settings import SamplerSettings
-from ..views import Completion, SampleReport, Stats, Tally
+from ..views import Completion, SampleReport, Tally
 from . import ranks
-from .decode import run
+from .decode import prefill_and_decode
 from .request import Collector, check_batch_size, check_json, prepare, seed_list
 
 
@@ -74,7 +74,7 @@ def sample(
     rows = Collector(len(specs))
     completions: list[Optional[Completion]] = [None] * len(specs)
     done = 0
-    for i, step in run(model, tokenizer, request.ids, specs, batch_size=size, step_logprobs=False, stats=Stats()):
+    for i, step in prefill_and_decode(model, tokenizer, request.ids, specs, batch_size=size, step_logprobs=False):
         row = rows.add(i, step)
         if row is None:
             continue

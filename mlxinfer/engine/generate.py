@@ -15,7 +15,7 @@ from .. import defaults
 from ..errors import MlxinferError
 from ..settings import SamplerSettings
 from ..views import Generation, Stats, Step
-from .decode import run
+from .decode import prefill_and_decode
 from .request import Collector, Request, check_json, check_seed, prepare
 
 
@@ -33,7 +33,8 @@ class GenerationStream:
     def __iter__(self) -> Iterator[Step]:
         model, request, spec = self.model, self.request, self.spec
         rows = Collector(1, keep_steps=True)
-        for _, step in run(model, self.tokenizer, request.ids, [spec], logprobs=self.logprobs, stats=self.stats):
+        steps = prefill_and_decode(model, self.tokenizer, request.ids, [spec], logprobs=self.logprobs, stats=self.stats)
+        for _, step in steps:
             row = rows.add(0, step)
             if row is None:
                 yield step

@@ -6,7 +6,7 @@ text and tokens with the same `Collector`.
 
     request = prepare(model, tokenizer, prompt, settings=..., max_tokens=...)  # checks, encodes
     specs = [request.row(seed) for seed in seeds]                                # one mask per row
-    for i, step in decode.run(model, tokenizer, request.ids, specs): ...
+    for i, step in decode.prefill_and_decode(model, tokenizer, request.ids, specs): ...
 """
 
 from __future__ import annotations
