@@ -17,8 +17,8 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
-from mlxinfer.model.compute import dequantize as dequantize_tensor  # noqa: F401  (part of quant's API)
-from mlxinfer.model.compute import dequantize_module, is_quantized
+from mlxinfer.model.params import dequantize as dequantize_tensor  # noqa: F401  (part of quant's API)
+from mlxinfer.model.params import dequantize_module, is_quantized
 
 DTYPES = {
     "bf16": "bfloat16",

@@ -14,7 +14,7 @@ from mlxinfer.errors import MlxinferError
 from mlxinfer.formats import gguf
 from mlxinfer.formats.config import ModelConfig
 from mlxinfer.formats.sources import is_embedded, resolve
-from mlxinfer.model.compute import unpacked_parameter_count
+from mlxinfer.model.params import unpacked_parameter_count
 from mlxinfer.model.loading import load as _load
 
 from . import affine, writer

@@ -27,7 +27,8 @@ import mlx.nn as nn
 from mlxinfer import defaults
 from mlxinfer.errors import MlxinferError
 from mlxinfer.formats.sources import is_embedded
-from mlxinfer.model.compute import to_float32, unpacked_parameter_count
+from mlxinfer.model.convert import to_float32
+from mlxinfer.model.params import unpacked_parameter_count
 from mlxinfer.model.finite import check_scores
 
 from . import affine

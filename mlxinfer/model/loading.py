@@ -21,8 +21,10 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     "embedded") for the embedded model.
 
     compute_dtype: "bfloat16" keeps the weights as stored (quantized stays quantized, like
-    mlx_lm.load); "float32" dequantizes/upcasts them once so every matmul goes through BLAS;
-    "auto" picks float32 on a CPU with a fast BLAS when it fits in memory (see compute.py).
+    mlx_lm.load); "quantized" keeps quantized weights packed and computes in float32 through the
+    batch-invariant CPU kernel (cpu/qmm.py); "float32" dequantizes/upcasts them once so every matmul
+    goes through BLAS; "auto" picks quantized on a CPU for quantized weights when the kernel is
+    built, else float32 with a fast BLAS when it fits in memory (see model/dtype_rule.py).
     The model's `info` (a ModelInfo) says where it came from, which definition runs it ("mlxinfer
     qwen3", or "mlx-lm gemma3_text" for an architecture model.py does not define), its
     generation_config.json and how its weights are held.
@@ -73,7 +75,8 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     if sharded:
         weights.clear()  # the model holds the only references: a full tensor is freed once sliced
         return distributed.finish(model, group, compute_dtype), tokenizer
-    compute.apply(model, compute.choose_compute_dtype(compute_dtype, compute.float32_nbytes(model)))
+    nbytes = compute.float32_nbytes(model)
+    compute.apply(model, compute.choose_compute_dtype(compute_dtype, nbytes, compute.quantizable(model)))
     return model, tokenizer
 
 

@@ -19,6 +19,7 @@ import mlx.nn as nn
 
 from ..errors import MlxinferError
 from ..formats.config import ModelConfig
+from .params import dequantize
 
 ROUTER_QUANTIZATION = {"group_size": 64, "bits": 8}  # mlx-lm's convert keeps Qwen3-MoE routers at 8 bits
 
@@ -64,8 +65,6 @@ class QuantizedExperts(nn.Module):
         )
 
     def dequantized(self, dtype=mx.float32) -> Experts:
-        from .compute import dequantize
-
         out = Experts(1, 1, 1)
         out.weight = dequantize(
             self.weight, self.scales, self.get("biases"), self.group_size, self.bits, dtype, self.mode

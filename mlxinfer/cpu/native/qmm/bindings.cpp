@@ -1,0 +1,34 @@
+// The Python module mlxinfer/cpu/qmm.py loads: the op, and what the build holds.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/variant.h>
+
+#include "qmm.h"
+#include "rows.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+NB_MODULE(_mlxinfer_qmm, m) {
+  m.doc() = "mlxinfer's batch-invariant CPU quantized matmul (float32 activations)";
+  m.def(
+      "quantized_matmul",
+      &mlxinfer::quantized_matmul,
+      "x"_a,
+      "w"_a,
+      "scales"_a,
+      "biases"_a,
+      "group_size"_a,
+      "bits"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "x @ dequantize(w, scales, biases).T with float32 arithmetic (MLX's affine layout, transpose=True)");
+  m.def("rms_norm", &mlxinfer::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x * rsqrt(mean(x^2) + eps) * weight over the last axis, float32, one primitive");
+  m.def("swiglu", &mlxinfer::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "silu(gate) * up in float32, one primitive");
+  m.def("rope", &mlxinfer::rope, "x"_a, "cos"_a, "sin"_a, "offset"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "non-interleaved RoPE from cos/sin tables, float32, one primitive");
+  m.def("abi", [] { return mlxinfer::QMM_ABI; });
+  m.def("avx2", &mlxinfer::compiled_with_avx2, "Whether this build runs the AVX2+FMA kernel");
+  m.def("threads", &mlxinfer::thread_count, "Threads that share the output columns");
+}

@@ -1,0 +1,217 @@
+// See rows.h. Built with qmm.cpp into the same extension, with the same flags (-ffp-contract=off).
+#include "rows.h"
+
+#include <cmath>
+#include <cstring>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define MLXINFER_ROWS_AVX2 1
+#endif
+
+namespace mlxinfer {
+
+const float* dense_rows(const mx::array& a, std::vector<float>& buf) {
+  if (a.flags().row_contiguous) return a.data<float>();
+  buf.resize(a.size());
+  const float* src = a.data<float>();
+  const int nd = a.ndim();
+  std::vector<int64_t> idx(nd, 0);
+  int64_t off = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    buf[i] = src[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < a.shape(d)) {
+        off += a.strides()[d];
+        break;
+      }
+      off -= a.strides()[d] * (a.shape(d) - 1);
+      idx[d] = 0;
+    }
+  }
+  return buf.data();
+}
+
+namespace {
+
+constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723212e-6f;
+constexpr float kLog2e = 1.44269504088896341f;
+// 1/7!, 1/6!, ..., 1/1!, 1: the Taylor coefficients of e^r, highest first (cpu/kernels.py's exp)
+constexpr float kExp[8] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f};
+
+inline float exp_scalar(float x) {
+  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
+  const float n = std::floor(x * kLog2e + 0.5f);
+  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
+  float p = kExp[0];
+  for (int i = 1; i < 8; ++i) p = p * r + kExp[i];
+  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
+  float two_n;
+  std::memcpy(&two_n, &bits, 4);
+  return p * two_n;
+}
+
+void swiglu_row(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef MLXINFER_ROWS_AVX2
+  const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f), one = _mm256_set1_ps(1.0f);
+  for (; i + 8 <= n; i += 8) {
+    const __m256 gv = _mm256_loadu_ps(g + i);
+    const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), lo), hi);
+    const __m256 nn = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f)));
+    const __m256 r = _mm256_sub_ps(
+        _mm256_sub_ps(x, _mm256_mul_ps(nn, _mm256_set1_ps(kLn2Hi))), _mm256_mul_ps(nn, _mm256_set1_ps(kLn2Lo)));
+    __m256 p = _mm256_set1_ps(kExp[0]);
+    for (int k = 1; k < 8; ++k) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExp[k]));
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
+    const __m256 ex = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+    const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, ex));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
+  }
+#endif
+  for (; i < n; ++i) y[i] = g[i] / (1.0f + exp_scalar(-g[i])) * u[i];
+}
+
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
+  int64_t i = 0;
+  float ss;
+#ifdef MLXINFER_ROWS_AVX2
+  __m256 acc = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    acc = _mm256_fmadd_ps(v, v, acc);
+  }
+  __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
+  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+  t = _mm_add_ss(t, _mm_movehdup_ps(t));
+  ss = _mm_cvtss_f32(t);
+#else
+  ss = 0.0f;
+#endif
+  for (; i < n; ++i) ss = std::fma(x[i], x[i], ss);
+  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  for (int64_t k = 0; k < n; ++k) y[k] = (x[k] * r) * w[k];
+}
+
+mx::array f32(const mx::array& a, const mx::Stream& s) {
+  return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
+}
+
+mx::Stream cpu_stream(mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  if (stream.device.type != mx::Device::cpu) {
+    throw std::invalid_argument("[mlxinfer] the row ops run on a CPU stream only");
+  }
+  return stream;
+}
+
+}  // namespace
+
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (x.ndim() < 1 || weight.ndim() != 1 || weight.shape(0) != x.shape(-1)) {
+    throw std::invalid_argument("[mlxinfer.rms_norm] weight must be 1-D with x's last dimension");
+  }
+  return mx::array(
+      x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::rms_norm, eps), {f32(x, stream), f32(weight, stream)});
+}
+
+mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (gate.shape() != up.shape()) {
+    throw std::invalid_argument("[mlxinfer.swiglu] gate and up must have one shape");
+  }
+  return mx::array(
+      gate.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::swiglu, 0.0f), {f32(gate, stream), f32(up, stream)});
+}
+
+mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (x.ndim() < 2 || x.shape(-1) % 2 || cos.ndim() != 2 || cos.shape() != sin.shape() ||
+      cos.shape(1) * 2 != x.shape(-1) || offset < 0 || offset + x.shape(-2) > cos.shape(0)) {
+    throw std::invalid_argument("[mlxinfer.rope] x (..., L, E) needs cos and sin tables (>= offset + L, E / 2)");
+  }
+  return mx::array(
+      x.shape(),
+      mx::float32,
+      std::make_shared<RowOp>(stream, RowKind::rope, 0.0f, offset),
+      {f32(x, stream), f32(cos, stream), f32(sin, stream)});
+}
+
+void rope_rows(const float* x, const float* cos, const float* sin, float* y, int64_t rows, int64_t L, int64_t E,
+               int offset) {
+  const int64_t half = E / 2;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t pos = offset + r % L;
+    const float* c = cos + pos * half;
+    const float* s = sin + pos * half;
+    const float* x1 = x + r * E;
+    const float* x2 = x1 + half;
+    float* y1 = y + r * E;
+    float* y2 = y1 + half;
+    for (int64_t i = 0; i < half; ++i) {
+      y1[i] = x1[i] * c[i] - x2[i] * s[i];
+      y2[i] = x2[i] * c[i] + x1[i] * s[i];
+    }
+  }
+}
+
+void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  if (kind_ == RowKind::rope) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    for (auto& a : inputs) enc.set_input_array(a);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
+                  c = mx::array::unsafe_weak_copy(inputs[1]),
+                  s = mx::array::unsafe_weak_copy(inputs[2]),
+                  out = mx::array::unsafe_weak_copy(out),
+                  offset = offset_]() mutable {
+      std::vector<float> cx, cc, cs;
+      const int64_t E = x.shape(-1), L = x.shape(-2);
+      rope_rows(dense_rows(x, cx), dense_rows(c, cc), dense_rows(s, cs), out.data<float>(),
+                static_cast<int64_t>(x.size()) / E, L, E, offset);
+    });
+    return;
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.set_input_array(inputs[0]);
+  encoder.set_input_array(inputs[1]);
+  encoder.set_output_array(out);
+  encoder.dispatch([a = mx::array::unsafe_weak_copy(inputs[0]),
+                    b = mx::array::unsafe_weak_copy(inputs[1]),
+                    out = mx::array::unsafe_weak_copy(out),
+                    kind = kind_,
+                    eps = eps_]() mutable {
+    std::vector<float> ca, cb;
+    const float* pa = dense_rows(a, ca);
+    const float* pb = dense_rows(b, cb);
+    float* y = out.data<float>();
+    const int64_t n = a.ndim() ? a.shape(-1) : 1;
+    const int64_t rows = n ? static_cast<int64_t>(a.size()) / n : 0;
+    for (int64_t r = 0; r < rows; ++r) {
+      if (kind == RowKind::rms_norm) {
+        rms_norm_row(pa + r * n, pb, y + r * n, n, eps);
+      } else {
+        swiglu_row(pa + r * n, pb + r * n, y + r * n, n);
+      }
+    }
+  });
+}
+
+void RowOp::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxinfer] the row ops have no GPU implementation");
+}
+
+bool RowOp::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const RowOp&>(other);
+  return kind_ == o.kind_ && eps_ == o.eps_ && offset_ == o.offset_;
+}
+
+}  // namespace mlxinfer

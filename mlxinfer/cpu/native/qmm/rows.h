@@ -1,0 +1,47 @@
+// Row-wise float32 ops the quantized path runs as one primitive each, where MLX's CPU back end
+// composes them from 5-8 nodes (each node costs microseconds to schedule, ~2,400 of them a decode
+// step on a 30-layer model). Each output row depends only on its own input row, in a fixed order.
+#pragma once
+
+#include "mlx/mlx.h"
+#include "mlx/primitives.h"
+
+namespace mlxinfer {
+
+namespace mx = mlx::core;
+
+// An array's elements in row-major order: the array itself when row-contiguous, else a copy by strides.
+const float* dense_rows(const mx::array& a, std::vector<float>& buf);
+
+enum class RowKind { rms_norm, swiglu, rope };
+
+// x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
+mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
+// silu(gate) * up = gate / (1 + exp(-gate)) * up, exp by Cody-Waite reduction and a degree-7 polynomial.
+mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
+
+// Non-interleaved RoPE on x (..., L, E) for positions offset .. offset + L - 1 from cos/sin tables
+// (P, E / 2): x1 * cos - x2 * sin, x2 * cos + x1 * sin, as cpu/kernels.py's RopeTable computes it.
+mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s = {});
+
+class RowOp : public mx::UnaryPrimitive {
+ public:
+  RowOp(mx::Stream stream, RowKind kind, float eps, int offset = 0)
+      : mx::UnaryPrimitive(stream), kind_(kind), eps_(eps), offset_(offset) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override {
+    return kind_ == RowKind::rms_norm ? "MlxinferRMSNorm" : kind_ == RowKind::swiglu ? "MlxinferSwiGLU" : "MlxinferRoPE";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+
+ private:
+  RowKind kind_;
+  float eps_;
+  int offset_;
+};
+
+} // namespace mlxinfer

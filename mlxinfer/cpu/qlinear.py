@@ -1,0 +1,130 @@
+"""The quantized path's layers: weights kept packed in MLX's affine layout, float32 activations,
+every matmul through cpu/qmm.py's batch-invariant kernel. model/convert.py swaps them in for
+nn.QuantizedLinear and nn.QuantizedEmbedding (the tied output table's `as_linear` too)."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from . import qmm
+
+
+class _Packed(nn.Module):
+    float32_activations = True  # model/params.py's weights_kind reads it
+
+    def __init__(self, m: nn.Module):
+        super().__init__()
+        self._kernel = qmm.kernel()
+        self.group_size, self.bits, self.mode = m.group_size, m.bits, "affine"
+        self.weight = m["weight"]
+        # scales and biases stay as stored (float16 for GGUF): the kernel widens them to float32 exactly
+        self.scales, self.biases = m["scales"], m["biases"]
+        self.freeze()
+
+    def _matmul(self, x: mx.array) -> mx.array:
+        return self._kernel.quantized_matmul(
+            x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits
+        )
+
+
+class QuantizedLinearF32(_Packed):
+    """nn.QuantizedLinear's weights; y = x @ dequantize(W).T (+ bias) in float32."""
+
+    def __init__(self, m: nn.QuantizedLinear):
+        super().__init__(m)
+        if "bias" in m:
+            self.bias = m["bias"].astype(mx.float32)
+            self.freeze()
+
+    def __call__(self, x: mx.array) -> mx.array:
+        y = self._matmul(x)
+        return y + self["bias"] if "bias" in self else y
+
+
+class QuantizedEmbeddingF32(_Packed):
+    """nn.QuantizedEmbedding's table: rows dequantized in float32 for a lookup, the kernel for as_linear."""
+
+    def __call__(self, ids: mx.array) -> mx.array:
+        return mx.dequantize(  # the gathered rows' scales widened: float32 rows, as the float32 path's table
+            self["weight"][ids],
+            scales=self["scales"][ids].astype(mx.float32),
+            biases=self["biases"][ids].astype(mx.float32),
+            group_size=self.group_size,
+            bits=self.bits,
+        )
+
+    def as_linear(self, x: mx.array) -> mx.array:
+        return self._matmul(x)
+
+
+def takes(m: nn.Module) -> bool:
+    """Whether one of these layers can stand in for `m` (an affine layout the kernel takes)."""
+    if not isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding)) or m.get("biases") is None:
+        return False
+    return qmm.supports(m.group_size, m.bits, m["weight"].shape[-1] * 32 // m.bits, getattr(m, "mode", "affine"))
+
+
+def twin(m: nn.Module) -> nn.Module:
+    """The float32-activation twin of a QuantizedLinear/QuantizedEmbedding that `takes` accepts."""
+    return QuantizedEmbeddingF32(m) if isinstance(m, nn.QuantizedEmbedding) else QuantizedLinearF32(m)
+
+
+class RMSNormF32(nn.Module):
+    """nn.RMSNorm as one primitive of the extension (MLX's CPU back end composes it from ~7 nodes)."""
+
+    def __init__(self, m: nn.RMSNorm):
+        super().__init__()
+        self._kernel = qmm.kernel()
+        self.weight = m["weight"].astype(mx.float32)
+        self.eps = m.eps
+
+    def __call__(self, x: mx.array) -> mx.array:
+        return self._kernel.rms_norm(x, self["weight"], self.eps)
+
+
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """silu(gate) * up as one primitive (cpu/kernels.swiglu's exp, ~8 nodes once compiled on a CPU)."""
+    return qmm.kernel().swiglu(gate, up)
+
+
+def use_row_ops(model) -> int:
+    """The model's RMSNorms and SwiGLUs as the extension's single-node row ops; returns how many."""
+    from . import kernels
+
+    count = 0
+    norms = {path: RMSNormF32(m) for path, m in model.named_modules() if type(m) is nn.RMSNorm}
+    if norms:
+        model.update_modules(_tree(norms))
+        count += len(norms)
+    tables: dict = {}
+    for _, m in model.named_modules():
+        table = getattr(m, "_table", None)
+        if isinstance(table, kernels.RopeTable):  # model.py's RoPE after use_cpu_kernels: one shared table
+            m.use_table(tables.setdefault(id(table), RopeTableF32(table)))
+            count += 1
+        if getattr(m, "activation", None) is kernels.swiglu:
+            m.activation = swiglu
+            count += 1
+    return count
+
+
+def _tree(flat: dict) -> dict:
+    """{"a.b.0.c": module} -> the nested dict/list structure Module.update_modules takes."""
+    from mlx.utils import tree_unflatten
+
+    return tree_unflatten(list(flat.items()))
+
+
+class RopeTableF32:
+    """cpu/kernels.py's RopeTable (the same cos/sin table, the same arithmetic), applied as one primitive
+    instead of two table slices, two half slices, two compiled products and a concatenation."""
+
+    def __init__(self, table):
+        self._table, self._kernel = table, qmm.kernel()
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        t = self._table
+        if t.cos is None or offset + x.shape[2] > t.cos.shape[0]:
+            t._grow(offset + x.shape[2])
+        return self._kernel.rope(x, t.cos, t.sin, offset)

@@ -1,0 +1,225 @@
+"""The batch-invariant quantized matmul (mlxinfer/cpu/qmm.py, native/qmm/) and the quantized compute path.
+
+(a) the kernel against dequantize-then-float64 matmul over odd shapes, every bits x group size,
+    1..64 rows, within a float32 rounding bound;
+(b) a row alone == the same row inside a batch, bit for bit, whatever the batch size or shape (the
+    kernel, and the whole model on the quantized path);
+(c) lazy evaluation and mx.compile;
+(d) the embedded model on the quantized path against the float32 path: greedy text, and top-1
+    agreement and mean KL over quant/data/eval.txt;
+(e) a kernel reported unavailable: one warning line and the old path.
+Skipped only where the kernel genuinely cannot be built here (no cmake, nanobind or compiler).
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import ROOT
+
+import mlxinfer
+from mlxinfer.cpu import qmm
+from mlxinfer.model import compute
+from mlxinfer.tokenizer import encode_prompt
+
+_CANNOT_BUILD = ("not installed", "cannot run", "no C compiler", "turned off by MLXINFER_QMM")
+if not qmm.available() and any(s in qmm.status()["reason"] for s in _CANNOT_BUILD):
+    pytest.skip(f"the quantized matmul kernel cannot be built here: {qmm.status()['reason']}", allow_module_level=True)
+
+EPS = float(np.finfo(np.float32).eps)
+LAYOUTS = [(bits, gs) for bits in (4, 8) for gs in (32, 64, 128)]
+
+
+def test_kernel_builds_and_agrees_here():
+    st = qmm.status()
+    assert st["active"], st["reason"]
+    assert "agreed with mx.quantized_matmul" in st["reason"]
+
+
+def quantized(n: int, k: int, bits: int, group_size: int, seed: int):
+    w = mx.array(np.random.default_rng(seed).standard_normal((n, k)).astype(np.float32))
+    return mx.quantize(w, group_size=group_size, bits=bits)
+
+
+def unpack(wq: mx.array, bits: int) -> np.ndarray:
+    """(N, K) integer values from MLX's packed words: value k sits at bit (k * bits) % 32 of word k * bits // 32."""
+    words = np.array(wq).astype(np.uint64)
+    per = 32 // bits
+    shifts = (np.arange(per, dtype=np.uint64) * bits)[None, None, :]
+    return ((words[:, :, None] >> shifts) & ((1 << bits) - 1)).reshape(words.shape[0], -1).astype(np.float64)
+
+
+def reference(x: mx.array, wq, scales, biases, bits: int, group_size: int):
+    """float64 y and the float32 rounding bound: 2 (K + 16) eps sum_k |x_k| (|s q_k| + |b|) per output."""
+    q = unpack(wq, bits)
+    s = np.repeat(np.array(scales.astype(mx.float32)).astype(np.float64), group_size, axis=1)
+    b = np.repeat(np.array(biases.astype(mx.float32)).astype(np.float64), group_size, axis=1)
+    x64 = np.array(x).astype(np.float64).reshape(-1, q.shape[1])
+    y = x64 @ (s * q + b).T
+    bound = 2 * (q.shape[1] + 16) * EPS * (np.abs(x64) @ (np.abs(s * q) + np.abs(b)).T)
+    return y, bound
+
+
+@pytest.mark.parametrize("bits,group_size", LAYOUTS)
+def test_matches_float64_matmul(bits, group_size):
+    shapes = [(256, 40), (640, 200), (1536, 1000)] + ([(96, 7)] if group_size == 32 else [(384, 33)])
+    for i, (k, n) in enumerate(shapes):  # 96 with 4-bit groups of 32: the portable path (half a block)
+        wq, scales, biases = quantized(n, k, bits, group_size, seed=i)
+        for rows in (1, 2, 3, 17, 64):
+            x = mx.array(np.random.default_rng(100 + rows).standard_normal((rows, k)).astype(np.float32))
+            got = np.array(qmm.quantized_matmul(x, wq, scales, biases, group_size, bits)).astype(np.float64)
+            want, bound = reference(x, wq, scales, biases, bits, group_size)
+            err = np.abs(got - want)
+            assert (err <= bound).all(), (k, n, rows, float((err / bound).max()))
+
+
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.float32])
+def test_scales_in_any_float_dtype_and_mlx_agrees(dtype):
+    wq, scales, biases = quantized(200, 576, 4, 32, seed=7)
+    scales, biases = scales.astype(dtype), biases.astype(dtype)
+    x = mx.random.normal((5, 576), key=mx.random.key(3))
+    got = qmm.quantized_matmul(x, wq, scales, biases, 32, 4)
+    with mx.stream(mx.cpu):
+        want = mx.quantized_matmul(
+            x, wq, scales.astype(mx.float32), biases.astype(mx.float32), transpose=True, group_size=32, bits=4
+        )
+    assert got.dtype == mx.float32
+    assert mx.allclose(got, want, rtol=1e-4, atol=1e-3).item()
+
+
+@pytest.mark.parametrize("bits,group_size", LAYOUTS)
+def test_a_row_alone_equals_the_row_in_a_batch(bits, group_size):
+    k, n = 768, 1000
+    wq, scales, biases = quantized(n, k, bits, group_size, seed=11)
+    batch = mx.random.normal((64, k), key=mx.random.key(5))
+    full = qmm.quantized_matmul(batch, wq, scales, biases, group_size, bits)
+    mx.eval(full)
+    for r in (0, 1, 17, 62, 63):
+        alone = qmm.quantized_matmul(batch[r : r + 1], wq, scales, biases, group_size, bits)
+        assert mx.array_equal(alone, full[r : r + 1]).item(), r
+    for start, size in ((3, 2), (10, 5), (0, 33)):  # odd batch sizes: other tile shapes and remainders
+        part = qmm.quantized_matmul(batch[start : start + size], wq, scales, biases, group_size, bits)
+        assert mx.array_equal(part, full[start : start + size]).item(), (start, size)
+    batched_3d = qmm.quantized_matmul(batch.reshape(8, 8, k), wq, scales, biases, group_size, bits)
+    assert mx.array_equal(batched_3d.reshape(64, n), full).item()
+
+
+def test_lazy_composes_and_compiles():
+    wq, scales, biases = quantized(200, 256, 4, 64, seed=2)
+    x = mx.random.normal((3, 256), key=mx.random.key(9))
+
+    def f(x):
+        return qmm.quantized_matmul(x * 2.0, wq, scales, biases, 64, 4) + 1.0
+
+    eager = f(x)
+    assert mx.array_equal(mx.compile(f)(x), eager).item()
+    assert mx.array_equal(mx.compile(f, shapeless=True)(x), eager).item()
+    assert mx.array_equal(mx.compile(f, shapeless=True)(x[:1]), eager[:1]).item()
+
+
+def test_a_strided_input_is_read_by_its_strides():
+    wq, scales, biases = quantized(40, 256, 8, 32, seed=4)
+    x = mx.random.normal((256, 6), key=mx.random.key(1)).T  # (6, 256), column-major in memory
+    want = qmm.quantized_matmul(mx.array(np.ascontiguousarray(np.array(x))), wq, scales, biases, 32, 8)
+    assert mx.array_equal(qmm.quantized_matmul(x, wq, scales, biases, 32, 8), want).item()
+
+
+def test_a_layout_it_does_not_take_is_refused():
+    wq, scales, biases = quantized(40, 256, 4, 64, seed=4)
+    x = mx.zeros((1, 256))
+    with pytest.raises(ValueError, match="bits must be 4 or 8"):
+        qmm.kernel().quantized_matmul(x, wq, scales, biases, 64, 3)
+    with pytest.raises(ValueError, match="does not match"):
+        qmm.kernel().quantized_matmul(mx.zeros((1, 128)), wq, scales, biases, 64, 4)
+    assert not qmm.supports(64, 3, 256) and not qmm.supports(64, 4, 256, mode="mxfp4")
+
+
+# ---------------------------------------------------------------- the embedded model
+
+
+@pytest.fixture(scope="module")
+def embedded_quantized():
+    return mlxinfer.load(None, compute_dtype="quantized")
+
+
+def greedy(model, ids: list[int], n: int) -> list[int]:
+    cache, x, out = model.make_cache(), mx.array([ids]), []
+    for _ in range(n):
+        token = mx.argmax(model(x, cache)[0, -1]).item()
+        out.append(token)
+        x = mx.array([[token]])
+    return out
+
+
+def test_auto_picks_the_quantized_path_here(embedded_quantized):
+    model, _ = embedded_quantized
+    assert model.info.compute_dtype == "quantized"
+    assert "activations float32" in model.info.weights
+    assert compute.auto_rule(
+        device="cpu", fast_blas=False, model_bytes_float32=2**40, ram_bytes=2**30, quantized_weights=True,
+        quantized_kernel=True,
+    )[0] == "quantized"  # fmt: skip
+    assert compute.choose_compute_dtype("auto", compute.float32_nbytes(model), quantized_weights=True) == "quantized"
+
+
+def test_greedy_text_equals_the_float32_paths(embedded_quantized, embedded_fast):
+    (quant, tok), (f32, _) = embedded_quantized, embedded_fast
+    ids = encode_prompt(tok, "Name one fruit. Answer with one word.", chat=True)
+    assert greedy(quant, ids, 16) == greedy(f32, ids, 16)
+
+
+def test_quality_against_the_float32_path(embedded_quantized, embedded_fast):
+    (quant, tok), (f32, _) = embedded_quantized, embedded_fast
+    ids = tok.encode((ROOT / "quant" / "data" / "eval.txt").read_text())[:384]
+    x = mx.array([ids])
+    ref, got = f32(x)[0].astype(mx.float32), quant(x)[0]
+    lp_ref, lp = ref - mx.logsumexp(ref, axis=-1, keepdims=True), got - mx.logsumexp(got, axis=-1, keepdims=True)
+    kl = (mx.exp(lp_ref) * (lp_ref - lp)).sum(axis=-1)
+    agree = (mx.argmax(lp_ref, axis=-1) == mx.argmax(lp, axis=-1)).astype(mx.float32).mean().item()
+    assert kl.mean().item() < 1e-5 and agree >= 0.999, (kl.mean().item(), agree)
+
+
+def test_unavailable_kernel_falls_back_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(qmm, "_state", {"checked": True, "active": False, "path": None, "reason": "test: not built"})
+    monkeypatch.setattr(qmm, "_module", None)
+    monkeypatch.setattr(qmm, "_warned", False)
+    model, _ = mlxinfer.load(None, compute_dtype="quantized")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert model.info.compute_dtype in ("float32", "bfloat16")
+    assert len(err) == 1 and "test: not built" in err[0], err
+    assert compute.choose_compute_dtype("auto", compute.float32_nbytes(model), quantized_weights=True) != "quantized"
+
+
+def test_eager_build_prints_one_line():
+    done = subprocess.run([sys.executable, "-m", "mlxinfer.cpu.qmm"], capture_output=True, text=True, cwd=ROOT)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("built ") and lines[0].endswith("in use"), lines
+
+
+def test_info_reports_the_kernel():
+    info = mlxinfer.system_info()
+    assert info["quantized_matmul"]["active"], info["quantized_matmul"]
+    assert info["compute_dtype"]["auto_for_quantized_weights"] == "quantized"
+
+
+def test_the_model_scores_a_row_alone_as_in_a_batch(embedded_quantized):
+    """The whole forward pass on the quantized path: prefill and one decode step, 8 rows vs each alone."""
+    model, _ = embedded_quantized
+    rows = [list(range(100 + 7 * i, 124 + 7 * i)) for i in range(8)]
+
+    def run(batch):
+        cache = model.make_cache()
+        first = model(mx.array(batch), cache)[:, -1, :]
+        step = model(mx.argmax(first, axis=-1)[:, None], cache)[:, -1, :]
+        mx.eval(first, step)
+        return first, step
+
+    first, step = run(rows)
+    for i in (0, 3, 7):
+        alone_first, alone_step = run([rows[i]])
+        assert mx.array_equal(alone_first[0], first[i]).item() and mx.array_equal(alone_step[0], step[i]).item(), i
