@@ -11,9 +11,9 @@ DRAW := $(VENV)/lib/libmlxinfer_draw.so
 HERB := Name one herb to add to tomato soup. Answer with one word.
 FRUIT := Name one fruit. Answer with one word.
 
-.PHONY: setup run test check plots bench clean
+.PHONY: setup qmm run test check plots bench clean
 
-setup: $(STAMP) $(DRAW)
+setup: $(STAMP) $(DRAW) qmm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,12 @@ $(STAMP): pyproject.toml
 # if it cannot be built, a batch's rows are drawn one MLX call each: the same tokens, slower
 $(DRAW): mlxinfer/cpu/native/draw_rows.c $(STAMP)
 	-$(BIN)/python -m mlxinfer.cpu.draw
+
+# the quantized path's MLX extension (mlxinfer/cpu/qmm.py), built into ~/.cache/mlxinfer keyed by its
+# sources and the mlx version (a no-op once built; it would also build at first use); if it cannot be
+# built, `auto` keeps the float32 or as-stored path
+qmm: $(STAMP)
+	-$(BIN)/python -m mlxinfer.cpu.qmm
 
 run: setup
 	$(BIN)/mlxinfer topk --prompt "$(HERB)"

@@ -23,8 +23,10 @@ MODEL_HELP = (
     "or nothing for the embedded SmolLM2-135M-Instruct."
 )
 COMPUTE_HELP = (
-    "float32 (dequantize once; every matmul through BLAS), bfloat16 (weights as stored), "
-    "or auto (float32 on a CPU with a fast BLAS when it fits in a third of RAM)."
+    "quantized (quantized weights stay packed; float32 arithmetic through the batch-invariant CPU kernel), "
+    "float32 (dequantize once; every matmul through BLAS), bfloat16 (the weights as stored, MLX's own kernels: "
+    "bit-exact with mlx-lm), or auto (quantized on a CPU when the kernel is built and takes the weights; else "
+    "float32 with a fast BLAS when it fits in a third of RAM; else as stored)."
 )
 
 

@@ -16,12 +16,12 @@ def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
         str(checkpoint_dir("llama", 4, 64)), prompt_tokens=(4, 9), gen_tokens=3, repeats=1, bandwidth_gb_s=10.0
     )
     engines = {r.engine for r in report.rows}
-    assert engines == {"mlx-lm", "mlxinfer", "mlxinfer float32"}
-    assert len(report.rows) == 6
+    assert engines == {"mlx-lm", "mlxinfer", "mlxinfer quantized", "mlxinfer float32"}  # 4-bit: the kernel takes it
+    assert len(report.rows) == 8
     base = {r.prompt_tokens: r for r in report.rows if r.engine == "mlx-lm"}
     assert sorted(base) == [4, 9]
     for r in report.rows:
-        assert r.same_tokens, r  # greedy tokens equal mlx-lm's, on both of our paths
+        assert r.same_tokens, r  # greedy tokens equal mlx-lm's, on each of our paths
         assert r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0 and r.ttft_s > 0
         # each ratio is this row's speed over mlx-lm's row at the same prompt length (itself: 1)
         mlx_lm = base[r.prompt_tokens]
@@ -31,6 +31,11 @@ def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
     assert ours and any(r.decode_ratio != 1.0 for r in ours)  # measured, not a default left in place
     # the roofline: float32 weights are bigger than 4-bit ones, so their bound is lower
     assert report.roofline["mlxinfer float32"]["bytes_per_token"] > report.roofline["mlxinfer"]["bytes_per_token"]
+    # ... and the quantized path reads the packed weights, as stored
+    assert (
+        report.roofline["mlxinfer quantized"]["bytes_per_token"]
+        < report.roofline["mlxinfer float32"]["bytes_per_token"]
+    )
     assert report.roofline["mlxinfer"]["max_tokens_per_s"] == pytest.approx(
         10.0e9 / report.roofline["mlxinfer"]["bytes_per_token"]
     )

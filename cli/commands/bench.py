@@ -22,7 +22,7 @@ def bench(
         None, "--bandwidth", help="Memory bandwidth in GB/s for the roofline (default: measured)."
     ),
     fast_path: bool = typer.Option(
-        True, "--fast/--no-fast", help="Also run our model with float32 weights (BLAS path)."
+        True, "--fast/--no-fast", help="Also run the float32 path (dequantized weights, BLAS)."
     ),
     llama_cpp: bool = typer.Option(
         True, "--llama-cpp/--no-llama-cpp", help="Also run llama.cpp on a GGUF model when llama_cpp is importable."

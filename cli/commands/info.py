@@ -42,6 +42,9 @@ def render(data: dict) -> None:
         lines.append(f"batch draws   one native call for all seeded rows: {d['path']} ({d['reason']})")
     else:
         lines.append(f"batch draws   mx.random.categorical row by row ({d['reason']})")
+    q = data["quantized_matmul"]
+    kernel = f"batch-invariant float32 kernel: {q['path']}" if q["active"] else "not in use"
+    lines.append(f"quantized mm  {kernel} ({q['reason']})")
     ram = f"{c['ram_bytes'] / 2**30:.1f} GiB" if c["ram_bytes"] else "unknown"
     lines.append(f"compute dtype {c['auto_rule']}")
     lines.append(f"              here: device {c['device']}, fast BLAS {'yes' if c['fast_blas'] else 'no'}, RAM {ram}")

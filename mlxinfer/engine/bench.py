@@ -215,7 +215,13 @@ def run_bench(
     engines["mlx-lm"], engines["mlxinfer"] = mlx_lm_loop(twin), ours(model, tokenizer)
     paths["mlx-lm"] = paths["mlxinfer"] = model.info.weights
     models.update({"mlx-lm": twin, "mlxinfer": model})
-    for dtype in ("float32",) if fast_path else ():
+    from ..cpu import qmm
+    from ..model.convert import quantizable
+
+    paths_to_run = ["float32"] if fast_path else []
+    if quantizable(model) and qmm.available():  # weights kept packed, the batch-invariant kernel
+        paths_to_run.insert(0, "quantized")
+    for dtype in paths_to_run:
         start = time.perf_counter()
         fast, _ = load(source, compute_dtype=dtype)
         name = f"mlxinfer {dtype}"

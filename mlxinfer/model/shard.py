@@ -36,23 +36,21 @@ _FLOAT_TWIN = {QuantizedAllToShardedLinear: AllToShardedLinear, QuantizedSharded
 
 
 def shard(model, group) -> dict:
-    """Split `model` across `group`'s ranks in place, by our plan for our definitions or by the model
-    class's own `shard(group)` (mlx-lm's classes); returns how it was split, for reports."""
-    from .model import Model
-
-    if isinstance(model, Model):
-        return shard_layers(model, group).to_dict()
+    """Split `model` across `group`'s ranks in place through its own `shard(group)`: ours cuts by our
+    plan (shard_layers) and returns it, mlx-lm's classes cut equal shares; returns how, for reports."""
     if not hasattr(model, "shard"):
         raise MlxinferError(
             f"{model.info.definition} has no tensor-parallel split; run it on one rank (without mlx.launch)"
         )
     try:
-        model.shard(group)
+        plan = model.shard(group)
     except ValueError as e:  # MLX's sharded layers: "Cannot shard the output of size 14 across 4 devices"
         raise MlxinferError(
             f"{model.info.definition} splits only into equal shares (mlx-lm's shard): {e}; use a number of "
             "ranks that divides its head counts"
         ) from None
+    if isinstance(plan, split.SplitPlan):
+        return plan.to_dict()
     return {"ranks": group.size(), "rule": "the model class's own shard(): equal shares of every head count"}
 
 
