@@ -45,10 +45,12 @@ from __future__ import annotations
 import os
 import sys
 
+from . import openblas_shim
+from .openblas_shim import SHIM_NAME
+
 ENV = "MLXINFER_BLAS"
 _DISABLED = {"none", "off", "0", "false", "no", "mlx", "bundled"}
 _DEFAULT = {"", "auto"}
-SHIM_NAME = "libmlxinfer_openblas.so"  # built by openblas_shim.py
 _BUNDLED = "MLX's bundled BLAS"
 DEFAULT_MKL_THREADING_LAYER = "SEQUENTIAL"
 DEFAULT_OPENBLAS_THREAD_TIMEOUT = "8"
@@ -148,15 +150,20 @@ def cpu_vendor() -> str:
     return ""
 
 
-def shim_path() -> str:
-    """Where openblas_shim.py builds the shim, and where preload looks for it: <prefix>/lib."""
-    return os.path.join(sys.prefix, "lib", SHIM_NAME)
+def find_openblas_shim(build: bool = True) -> str | None:
+    """The OpenBLAS shim; built now (once, with the system C compiler) when scipy-openblas32 is installed
+    and the shim is not, so a pip install needs no step of its own. None without scipy-openblas32, or
+    when the build fails (one warning line: the next BLAS, or MLX's own, serves float32)."""
+    path = openblas_shim.shim_path()
+    if os.path.isfile(path) or not build or openblas_shim.openblas_library() is None:
+        return path if os.path.isfile(path) else None
+    from ..errors import MlxinferError
 
-
-def find_openblas_shim() -> str | None:
-    """The built shim, or None."""
-    path = shim_path()
-    return path if os.path.isfile(path) else None
+    try:
+        return openblas_shim.build()
+    except MlxinferError as e:
+        print(f"warning: {e}; float32 matmuls go to the next BLAS found, or MLX's own", file=sys.stderr)
+        return None
 
 
 def _load(path: str, source: str) -> bool:

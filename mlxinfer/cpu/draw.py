@@ -161,10 +161,15 @@ def _check() -> None:
             f"built for Linux on x86_64 (MLX's scalar CPU exp); this is {sys.platform} {platform.machine()}"
         )
         return
-    if not os.path.isfile(path):
-        _state["reason"] = f"{LIB_NAME} is not built (python -m mlxinfer.cpu.draw)"
-        return
     from ..errors import MlxinferError
+
+    if not os.path.isfile(path):  # first use: build it (once, with the system C compiler)
+        try:
+            build()
+        except MlxinferError as e:
+            _state["reason"] = f"{LIB_NAME} could not be built ({e}): one MLX call per row instead"
+            print(f"warning: {_state['reason']}", file=sys.stderr)
+            return
 
     try:
         lib = _load(path)

@@ -5,9 +5,10 @@ maintainers) exports its functions with a `scipy_` prefix, so MLX cannot bind
 `cblas_sgemm` to it directly. native/sgemm_openblas.c is a 30-line forwarder that
 exports `cblas_sgemm` and sends single-row products to sgemv. It is compiled once,
 with the system C compiler, into <prefix>/lib next to where the mkl wheel puts
-libmkl_rt; blas.py finds it there at import.
+libmkl_rt; blas.py finds it there at import, and builds it there first (once) when
+scipy-openblas32 is installed and the shim is not built yet.
 
-    python -m mlxinfer.cpu.openblas_shim          # build (the Makefile's set-up runs this)
+    python -m mlxinfer.cpu.openblas_shim          # build now (the Makefile's set-up runs this)
 
 Why bother when MKL is there: on the AMD EPYC this project is measured on, MKL takes
 slower code paths than on Intel CPUs; OpenBLAS ran the embedded model's float32
@@ -19,10 +20,13 @@ from __future__ import annotations
 import os
 import sys
 
-from . import build as native_build
-from .blas import shim_path
+SOURCE = os.path.join(os.path.dirname(os.path.abspath(__file__)), "native", "sgemm_openblas.c")
+SHIM_NAME = "libmlxinfer_openblas.so"
 
-SOURCE = os.path.join(native_build.NATIVE, "sgemm_openblas.c")
+
+def shim_path() -> str:
+    """Where the shim is built, and where blas.py's preload looks for it: <prefix>/lib (build.py's place)."""
+    return os.path.join(sys.prefix, "lib", SHIM_NAME)
 
 
 def openblas_library() -> str | None:
@@ -43,6 +47,7 @@ def openblas_library() -> str | None:
 def build(out: str | None = None, compiler: str | None = None) -> str:
     """Compile the shim against scipy-openblas32; returns its path. Raises MlxinferError (one line)."""
     from ..errors import MlxinferError
+    from . import build as native_build  # imported here: blas.py imports this module at every start
 
     if not sys.platform.startswith("linux"):
         raise MlxinferError(f"the OpenBLAS shim is for Linux; on {sys.platform} MLX's own BLAS is used")
@@ -56,6 +61,8 @@ def build(out: str | None = None, compiler: str | None = None) -> str:
 
 
 def main() -> int:
+    from . import build as native_build
+
     return native_build.main(build, lambda path: f"built {path} (cblas_sgemm -> {openblas_library()})")
 
 
