@@ -230,8 +230,8 @@ def draw(logprobs: mx.array, temperature: float, key: mx.array | None = None) ->
 
 
 # The kernel needs the scores on the host, so the decode loop can no longer build the next
-# forward pass while this one runs (~5 ms a step for the embedded model); MLX's own draw costs
-# ~1.3 ms a row. Measured here (16 seeds x 8 tokens): B = 4 0.97x, B = 8 1.12x, B = 16 1.14x.
+# forward pass while this one runs: below this many rows that costs more than MLX's own draws save
+# (docs/performance.md, "Batched draws").
 BATCH_DRAW_ROWS = 8
 
 

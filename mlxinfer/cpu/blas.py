@@ -15,29 +15,25 @@ Which library:
   MLXINFER_BLAS=none (or off, 0, mlx)     MLX's own bundled BLAS, nothing loaded
   unset (or auto)                         whichever of the two is installed; if both are, MKL
                                           on Intel CPUs and OpenBLAS on others (MKL takes slower
-                                          code paths on AMD: measured 1.5x slower prefill here)
-  pip install 'mlxinfer[mkl]' or 'mlxinfer[openblas]' (then python -m mlxinfer.cpu.openblas_shim).
+                                          code paths on AMD CPUs)
+  pip install 'mlxinfer[mkl]' or 'mlxinfer[openblas]' (the shim builds itself at first use).
 For MKL, MKL_THREADING_LAYER defaults to SEQUENTIAL (one thread per call); a value
 already in the environment is kept (GNU = libgomp threads, INTEL = libiomp5 from the
-intel-openmp wheel). Why not threads: MLX runs its own thread beside MKL's, and on this
-2-core machine, shared with other work, OpenMP threads that must be woken for every
-small matmul made a 64-token prefill of the embedded model 5-10x slower than SEQUENTIAL
-(median 5.4 vs 47.6 tok/s at load ~5; bench/blas_matmul.py --mkl-layers GNU,SEQUENTIAL).
-On a quieter machine (load ~2.5) GNU was ~1.3x faster on that prefill and ~2x on a 1024^3 matmul.
+intel-openmp wheel). Why not threads: MLX runs its own thread beside MKL's, and OpenMP
+threads that must be woken for every small matmul slow a loaded machine's prefill down.
 OpenBLAS uses its own pthreads, one per core unless OPENBLAS_NUM_THREADS says otherwise.
 After each call its idle threads spin for 2**OPENBLAS_THREAD_TIMEOUT cycles (default 2**28,
-~0.1 s) before they sleep, so through a decode, where a matmul comes every ~0.3 ms, one core
-stays busy spinning (perf: 28% of all samples in blas_thread_server) while MLX's thread and
-Python's need it. We default OPENBLAS_THREAD_TIMEOUT to 8 (sleep almost at once; a value
-already in the environment is kept): streaming decode of the embedded model went from ~11.5 to
-~13-15 tok/s and prefill did not suffer.
+~0.1 s) before they sleep, so through a decode, where a matmul comes every fraction of a
+millisecond, one core stays busy spinning while MLX's thread and Python's need it. We default
+OPENBLAS_THREAD_TIMEOUT to 8 (sleep almost at once; a value already in the environment is kept).
+What each choice measured: docs/performance.md, "BLAS choices" (bench/blas_matmul.py).
 
 Failure is never fatal: a path that does not exist, is not a shared library or
 lacks `cblas_sgemm` gives one warning line on stderr, nothing is loaded globally,
 and MLX keeps its own BLAS. `status()` says what happened (`mlxinfer info`).
 
-Cost at import: a directory listing or two, `import _ctypes` and one dlopen, about
-3 ms; no BLAS call is made (MKL loads its kernels on the first matmul).
+Cost at import: a directory listing or two, `import _ctypes` and one dlopen; no BLAS
+call is made (MKL loads its kernels on the first matmul).
 """
 
 from __future__ import annotations

@@ -1,15 +1,14 @@
 """Seeded draws for a batch of rows on the CPU, in one call: native/draw_rows.c.
 
 Each row of a seeded experiment draws with its own key, so MLX needs one
-`mx.random.categorical` call per row per step, and on Linux each costs ~1.3 ms for a 49k
-vocabulary (its exp runs one element at a time): 85 ms of a 64-row step whose forward pass
-takes ~250 ms. draw_rows.c computes the same token for all rows in one vectorised pass (~11 ms
-for 64 rows), with MLX's own exp and MLX 0.32's inverse-CDF arithmetic. It is used only where it
-is known to agree:
+`mx.random.categorical` call per row per step, and on Linux each is slow for a large
+vocabulary (its exp runs one element at a time; docs/performance.md, "Batched draws").
+draw_rows.c computes the same token for all rows in one vectorised pass, with MLX's own exp and
+MLX 0.32's inverse-CDF arithmetic. It is used only where it is known to agree:
 
 * Linux on x86_64 (where MLX's CPU exp is the scalar code the C file copies), MLX's default
   device a CPU, every row of the batch seeded, 8 rows or more (sampler.BATCH_DRAW_ROWS), the
-  library built (`python -m mlxinfer.cpu.draw`; the Makefile's set-up runs it);
+  library built (at first use, or `python -m mlxinfer.cpu.draw`);
 * the library from this version's source (an ABI number) and, if built with AVX2/FMA, a CPU that has them;
 * and, once per process, `verify()` finds its exp equal to mx.exp (bit for bit, rounding edges
   included) and its tokens equal to mx.random.categorical's for rows of random scores (float32,

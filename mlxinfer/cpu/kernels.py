@@ -1,16 +1,14 @@
 """Two ops the float32 CPU path computes its own way, because MLX's CPU versions are slow.
 
 MLX's CPU back end evaluates exp, sigmoid, tanh, sin and cos one element at a time
-(~25 ns per element on the 2-core Linux machine this was measured on, where a multiply
-is ~0.6 ns), and its `mx.fast.rope` falls back on the CPU to a chain of small ops that
-recomputes cos and sin on every call. On the float32 path, where the matmuls go
-through a fast BLAS, these showed up as ~20% of a 64-token prefill (the SwiGLU's
-sigmoid: 2.9 ms of each layer's ~11 ms) and 5-10% of a decode step (RoPE, 60 calls
-per token).
+(tens of times slower than a multiply), and its `mx.fast.rope` falls back on the CPU to a
+chain of small ops that recomputes cos and sin on every call. On the float32 path, where
+the matmuls go through a fast BLAS, these became a large share of prefill and decode
+(docs/performance.md, "The float32 path's own ops").
 
   swiglu        silu(gate) * up with exp built from multiplies, adds and a bit shift,
                 which MLX runs as one compiled elementwise kernel; within 3e-7
-                relative of exp (measured 1e-7; MLX's own CPU exp: 4e-6).
+                relative of exp (tests/test_cpu_kernels.py).
   RopeTable     cos/sin of every position computed once (in float64, then rounded),
                 so applying RoPE is a slice, four multiplies and a concatenate.
   logsumexp     the sampler's normalisation with the same exp (decode.py), so a batch

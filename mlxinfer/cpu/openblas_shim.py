@@ -10,9 +10,8 @@ scipy-openblas32 is installed and the shim is not built yet.
 
     python -m mlxinfer.cpu.openblas_shim          # build now (the Makefile's set-up runs this)
 
-Why bother when MKL is there: on the AMD EPYC this project is measured on, MKL takes
-slower code paths than on Intel CPUs; OpenBLAS ran the embedded model's float32
-prefill ~1.5x and decode ~1.2x faster (bench/blas_matmul.py, interleaved medians).
+Why bother when MKL is there: on AMD CPUs MKL takes slower code paths than on Intel
+ones, and OpenBLAS ran the float32 path faster (docs/performance.md, "BLAS choices").
 """
 
 from __future__ import annotations
