@@ -54,7 +54,7 @@ def test_logits_equal_mlx_lm_load(mlx_lm_dir, arch, variant):
     mlx-lm's model cannot run them as stored); its model gets the same upcast for the comparison."""
     import mlx_lm
 
-    from mlxinfer.model.compute import experts_to_float32_on_cpu
+    from mlxinfer.model.convert import experts_to_float32_on_cpu
 
     path = mlx_lm_dir(arch, variant)
     model, _ = mlxinfer.load(path, compute_dtype="bfloat16")

@@ -1,4 +1,4 @@
-"""The fast-BLAS preload (mlxinfer/blas.py) and the float32 compute path (mlxinfer/compute.py).
+"""The fast-BLAS preload (mlxinfer/cpu/blas.py) and the float32 compute path (mlxinfer/model/convert.py).
 
 (a) the embedded model greedy-decodes the same tokens on its 4-bit weights and on float32 copies;
 (b) a bad MLXINFER_BLAS gives one warning line and MLX's own BLAS, never a crash;
@@ -23,12 +23,8 @@ from conftest import ROOT, run_cli
 import mlxinfer
 from mlxinfer.cpu import blas
 from mlxinfer.errors import MlxinferError
-from mlxinfer.model.compute import (
-    auto_rule,
-    choose_compute_dtype,
-    float32_nbytes,
-    weights_kind,
-)
+from mlxinfer.model.dtype_rule import auto_rule, choose_compute_dtype
+from mlxinfer.model.params import float32_nbytes, weights_kind
 from mlxinfer.tokenizer import encode_prompt
 
 N_TOKENS = 32

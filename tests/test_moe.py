@@ -64,7 +64,7 @@ def test_logits_equal_mlx_lm_exactly(mlx_lm_dir, f32, variant, ids):
     gets the same upcast for the comparison. bf16-as-float32 runs the same weights upcast in the file."""
     import mlx_lm
 
-    from mlxinfer.model.compute import experts_to_float32_on_cpu
+    from mlxinfer.model.convert import experts_to_float32_on_cpu
 
     path = f32 if variant == "bf16-as-float32" else mlx_lm_dir("qwen3_moe", variant)
     ours, _ = mlxinfer.load(path, compute_dtype="bfloat16")  # as stored

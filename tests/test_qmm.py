@@ -23,7 +23,7 @@ from conftest import ROOT
 
 import mlxinfer
 from mlxinfer.cpu import qmm
-from mlxinfer.model import compute
+from mlxinfer.model import dtype_rule, params
 from mlxinfer.tokenizer import encode_prompt
 
 _CANNOT_BUILD = ("not installed", "cannot run", "no C compiler", "turned off by MLXINFER_QMM")
@@ -159,11 +159,11 @@ def test_auto_picks_the_quantized_path_here(embedded_quantized):
     model, _ = embedded_quantized
     assert model.info.compute_dtype == "quantized"
     assert "activations float32" in model.info.weights
-    assert compute.auto_rule(
+    assert dtype_rule.auto_rule(
         device="cpu", fast_blas=False, model_bytes_float32=2**40, ram_bytes=2**30, quantized_weights=True,
         quantized_kernel=True,
     )[0] == "quantized"  # fmt: skip
-    assert compute.choose_compute_dtype("auto", compute.float32_nbytes(model), quantized_weights=True) == "quantized"
+    assert dtype_rule.choose_compute_dtype("auto", params.float32_nbytes(model), quantized_weights=True) == "quantized"
 
 
 def test_greedy_text_equals_the_float32_paths(embedded_quantized, embedded_fast):
@@ -191,7 +191,7 @@ def test_unavailable_kernel_falls_back_in_one_line(monkeypatch, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert model.info.compute_dtype in ("float32", "bfloat16")
     assert len(err) == 1 and "test: not built" in err[0], err
-    assert compute.choose_compute_dtype("auto", compute.float32_nbytes(model), quantized_weights=True) != "quantized"
+    assert dtype_rule.choose_compute_dtype("auto", params.float32_nbytes(model), quantized_weights=True) != "quantized"
 
 
 def test_eager_build_prints_one_line():

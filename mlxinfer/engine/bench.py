@@ -184,7 +184,7 @@ def run_bench(
 ) -> BenchReport:
     """mlx-lm, our model on each compute path, and llama.cpp when it is importable (a GGUF source),
     interleaved; ratios are each engine's over mlx-lm's."""
-    from ..model import compute
+    from ..model import system
     from ..model.loading import load
     from ..model.peers import mlx_lm_twin
 
@@ -255,7 +255,7 @@ def run_bench(
     report = BenchReport(
         model=model.info.name,
         machine=machine(),
-        blas=compute.describe(),
+        blas=system.describe(),
         bandwidth_gb_s=bandwidth,
         bandwidth_source=bandwidth_source,
         gen_tokens=gen_tokens,

@@ -26,7 +26,7 @@ from ..errors import MlxinferError
 from ..formats import gguf, safetensors, sources
 from ..formats.config import ModelConfig
 from ..formats.fingerprint import PARTS, fingerprint
-from . import compute
+from . import convert, dtype_rule, params
 from .shard import shard
 
 TIMEOUT_ENV = "MLXINFER_CONNECT_TIMEOUT"
@@ -120,13 +120,13 @@ def preflight(source, group) -> split.SplitPlan | None:
 def finish(model, group, compute_dtype: str):
     """Shard a model whose weights are loaded lazily, then apply one compute dtype on every rank
     (float32 only where every rank would pick it) and record the split in model.info.sharding."""
-    one_process = {"bfloat16": _nbytes(model), "float32": compute.float32_nbytes(model)}
+    one_process = {"bfloat16": _nbytes(model), "float32": params.float32_nbytes(model)}
     how = shard(model, group)
     mx.eval(model.parameters())  # the parts every rank keeps whole: embedding, norms, output table
-    wanted = compute.choose_compute_dtype(compute_dtype, compute.float32_nbytes(model))
+    wanted = dtype_rule.choose_compute_dtype(compute_dtype, params.float32_nbytes(model))
     votes = mx.distributed.all_gather(mx.array([wanted == "float32"], dtype=mx.int32), group=group)
     dtype = "float32" if all(votes.tolist()) else "bfloat16"
-    compute.apply(model, dtype)
+    convert.apply(model, dtype)
     mine = mx.array([[_nbytes(model), mx.get_active_memory()]], dtype=mx.int64)
     held = mx.distributed.all_gather(mine, group=group).tolist()
     shares = how.get("shares") or [{"rank": r} for r in range(group.size())]

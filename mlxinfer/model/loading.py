@@ -9,7 +9,7 @@ from ..errors import MlxinferError
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig
 from ..tokenizer import load_tokenizer, tokenizer_from_gguf
-from . import compute, distributed, mlx_lm_models
+from . import convert, distributed, dtype_rule, mlx_lm_models, params
 from .info import ModelInfo
 from .model import Model
 from .moe import stack_experts
@@ -33,7 +33,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     by tensor parallelism; each rank keeps its share (model/distributed.py, model/shard.py) and
     `info.sharding` says how. None or a single rank: the whole model.
     """
-    compute.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
+    dtype_rule.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
     sharded = group is not None and group.size() > 1
     if sharded:  # the same model on every rank, and a split that works, before any weight is read
         distributed.preflight(source, group)
@@ -75,8 +75,8 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     if sharded:
         weights.clear()  # the model holds the only references: a full tensor is freed once sliced
         return distributed.finish(model, group, compute_dtype), tokenizer
-    nbytes = compute.float32_nbytes(model)
-    compute.apply(model, compute.choose_compute_dtype(compute_dtype, nbytes, compute.quantizable(model)))
+    nbytes = params.float32_nbytes(model)
+    convert.apply(model, dtype_rule.choose_compute_dtype(compute_dtype, nbytes, convert.quantizable(model)))
     return model, tokenizer
 
 

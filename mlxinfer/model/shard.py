@@ -135,7 +135,7 @@ def _build(cls, group, arrays: dict, bias, quantized: nn.Module | None = None) -
 
 
 def float32_twin(layer: nn.Module, weight: mx.array) -> nn.Module:
-    """The float32 path (compute.to_float32): a quantized sharded layer as its float twin holding
+    """The float32 path (convert.to_float32): a quantized sharded layer as its float twin holding
     `weight`, the slice dequantized."""
     bias = layer["bias"].astype(mx.float32) if "bias" in layer else None
     return _build(_FLOAT_TWIN[type(layer)], layer.group, {"weight": weight}, bias)
