@@ -385,10 +385,9 @@ def test_auto_rule(device, fast, model_bytes, ram, want):
 
 @pytest.mark.parametrize("ram", [3 * GIB, 8 * GIB, 16 * GIB, 24 * GIB, 96 * GIB, 10**10 + 1])
 def test_auto_rule_threshold_is_a_third(ram):
-    """The README's rule, read as arithmetic: float32 when its weights take under a third of physical RAM,
-    as stored from a third on (to within the one byte a whole-byte limit rounds: 10**10 + 1 is no multiple
-    of 3); the reason says 1/3."""
-    below, third = ram // 3 - 1, -(-ram // 3)  # under a third by a byte or more; a third or over
+    """The README's rule, read as arithmetic, to the byte: float32 when its weights take under a third of
+    physical RAM, as stored from a third on; the reason says 1/3."""
+    below, third = (ram - 1) // 3, -(-ram // 3)  # the most bytes under a third; the fewest at a third or over
     facts = dict(device="cpu", fast_blas=True, ram_bytes=ram)
     assert auto_rule(model_bytes_float32=below, **facts)[0] == "float32"
     assert auto_rule(model_bytes_float32=third, **facts)[0] == "bfloat16"

@@ -57,7 +57,7 @@ def auto_rule(
     if not ram_bytes:
         return "bfloat16", "physical RAM unknown: weights stay as loaded"
     limit = ram_bytes // RAM_FRACTION
-    if model_bytes_float32 >= limit:
+    if model_bytes_float32 * RAM_FRACTION >= ram_bytes:  # exact: under a third, not under its floor
         return "bfloat16", (
             f"float32 weights ({_gib(model_bytes_float32)}) would not fit in 1/{RAM_FRACTION} of RAM "
             f"({_gib(limit)}): weights stay as loaded"
