@@ -51,8 +51,16 @@ class ApiError(Exception):
 
 
 def error_body(status: int, message: str, param: Optional[str] = None, code: Optional[str] = None) -> dict:
+    """OpenAI's error shape. The message is one line, and text a request put in it (a model name, a
+    field's value) cannot break the body: a lone surrogate, which JSON may carry but UTF-8 cannot, is
+    escaped."""
     kind = TYPES.get(status, "invalid_request_error" if status < 500 else "server_error")
-    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
+
+    def clean(text: str) -> str:
+        return " ".join(text.split()).encode("utf-8", "backslashreplace").decode("utf-8")
+
+    param = None if param is None else clean(param)  # a field path can hold a key the request chose
+    return {"error": {"message": clean(message), "type": kind, "param": param, "code": code}}
 
 
 def from_library(e: MlxinferError, fields: Optional[dict] = None) -> ApiError:
