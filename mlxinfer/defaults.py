@@ -15,3 +15,7 @@ BENCH_PROMPT_TOKENS = (32, 128, 512)
 GRID_FIELDS = ("temperature", "top_p", "top_k", "min_p")  # the sampler settings a sweep crosses
 TEMPLATE_SECONDS = 2.0  # a chat template still rendering after this is refused (a loop without end)
 MAX_MESSAGES = 10_000  # chat messages in one prompt
+SERVE_HOST, SERVE_PORT = "127.0.0.1", 8080  # mlxinfer serve binds loopback unless told otherwise
+SERVE_MAX_ROWS = 32  # rows (seeds) the server decodes together at most
+SERVE_MAX_QUEUE = 64  # requests waiting at most; past it: 429 with Retry-After
+SERVE_MAX_BODY_BYTES = 1_000_000  # the largest request body; past it: 413

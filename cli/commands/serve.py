@@ -6,23 +6,29 @@ from typing import Optional
 
 import typer
 
+from mlxinfer import defaults
+
 from cli.options import takes
 
 
 @takes("model")
 def serve(
-    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; beyond loopback, set --api-key."),
-    port: int = typer.Option(8080, "--port", help="TCP port."),
+    host: str = typer.Option(defaults.SERVE_HOST, "--host", help="Address to bind; beyond loopback, set --api-key."),
+    port: int = typer.Option(defaults.SERVE_PORT, "--port", help="TCP port."),
     api_key: Optional[str] = typer.Option(
         None, "--api-key", envvar="MLXINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."
     ),
-    max_rows: int = typer.Option(32, "--max-rows", help="Rows (seeds) decoded together at most."),
-    max_queue: int = typer.Option(64, "--max-queue", help="Requests waiting at most; past it: 429 + Retry-After."),
+    max_rows: int = typer.Option(defaults.SERVE_MAX_ROWS, "--max-rows", help="Rows (seeds) decoded together at most."),
+    max_queue: int = typer.Option(
+        defaults.SERVE_MAX_QUEUE, "--max-queue", help="Requests waiting at most; past it: 429 + Retry-After."
+    ),
     cors: Optional[list[str]] = typer.Option(
         None, "--cors", help="An origin allowed by CORS (repeat); none by default."
     ),
     model_name: Optional[str] = typer.Option(None, "--served-model-name", help="The id clients send as `model`."),
-    max_body_bytes: int = typer.Option(1_000_000, "--max-body-bytes", help="Largest request body; past it: 413."),
+    max_body_bytes: int = typer.Option(
+        defaults.SERVE_MAX_BODY_BYTES, "--max-body-bytes", help="Largest request body; past it: 413."
+    ),
     default_max_tokens: Optional[int] = typer.Option(
         None, "--default-max-tokens", help="Token budget when a request sets none (default: up to the context)."
     ),

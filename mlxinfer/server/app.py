@@ -176,11 +176,11 @@ def create_app(
     tokenizer,
     *,
     api_key: Optional[str] = None,
-    max_rows: int = 32,
-    max_queue: int = 64,
+    max_rows: int = defaults.SERVE_MAX_ROWS,
+    max_queue: int = defaults.SERVE_MAX_QUEUE,
     cors: Optional[list[str]] = None,
     model_name: Optional[str] = None,
-    max_body_bytes: int = 1_000_000,
+    max_body_bytes: int = defaults.SERVE_MAX_BODY_BYTES,
     default_max_tokens: Optional[int] = None,
 ):
     """An ASGI app serving `model`: one engine thread (batcher.Batcher) with at most `max_rows` rows in

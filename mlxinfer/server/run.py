@@ -7,6 +7,8 @@ import logging
 import sys
 from typing import Optional
 
+from .. import defaults
+
 log = logging.getLogger("mlxinfer.server")
 
 
@@ -23,15 +25,15 @@ def serve(
     model=None,
     *,
     tokenizer=None,
-    host: str = "127.0.0.1",
-    port: int = 8080,
+    host: str = defaults.SERVE_HOST,
+    port: int = defaults.SERVE_PORT,
     api_key: Optional[str] = None,
     compute_dtype: str = "auto",
-    max_rows: int = 32,
-    max_queue: int = 64,
+    max_rows: int = defaults.SERVE_MAX_ROWS,
+    max_queue: int = defaults.SERVE_MAX_QUEUE,
     cors: Optional[list[str]] = None,
     model_name: Optional[str] = None,
-    max_body_bytes: int = 1_000_000,
+    max_body_bytes: int = defaults.SERVE_MAX_BODY_BYTES,
     default_max_tokens: Optional[int] = None,
     log_level: str = "info",
 ) -> None:
