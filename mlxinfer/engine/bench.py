@@ -29,7 +29,7 @@ TEXT = (
 
 
 @dataclass
-class Run:
+class Timing:
     engine: str
     prompt_tokens: int
     ttft_s: float
@@ -40,7 +40,7 @@ class Run:
 
 
 @dataclass
-class Row:
+class BenchRow:
     engine: str
     path: str  # how the engine's weights are stored (the BLAS is the report's)
     prompt_tokens: int
@@ -64,7 +64,7 @@ class BenchReport:
     bandwidth_source: str
     gen_tokens: int
     repeats: int
-    rows: list[Row] = field(default_factory=list)
+    rows: list[BenchRow] = field(default_factory=list)
     roofline: dict = field(default_factory=dict)  # engine -> {bytes_per_token, max_tokens_per_s}
     help_seconds: float = 0.0  # `mlxinfer --help` wall time over `python -c pass`
 
@@ -236,7 +236,7 @@ def run_bench(
     names = list(engines)
     for name in names:  # warm-up: first calls allocate and build kernels
         list(engines[name](prompt_ids(tokenizer, 8), 2))
-    results: dict[tuple[str, int], list[Run]] = {}
+    results: dict[tuple[str, int], list[Timing]] = {}
     total, done = repeats * len(prompt_tokens) * len(names), 0
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
@@ -245,7 +245,7 @@ def run_bench(
             for name in order:
                 mx.reset_peak_memory()
                 ttft, pre, dec, toks = timed(engines[name](ids, gen_tokens), n)
-                results.setdefault((name, n), []).append(Run(name, n, ttft, pre, dec, mx.get_peak_memory(), toks))
+                results.setdefault((name, n), []).append(Timing(name, n, ttft, pre, dec, mx.get_peak_memory(), toks))
                 done += 1
                 if progress:
                     progress(done, total)
@@ -278,10 +278,10 @@ def run_bench(
     return report
 
 
-def _median_row(name, n, results, load_s, paths, reference) -> Row:
+def _median_row(name, n, results, load_s, paths, reference) -> BenchRow:
     runs = results[(name, n)]
     med = lambda attr: statistics.median(getattr(x, attr) for x in runs)  # noqa: E731
-    return Row(
+    return BenchRow(
         engine=name,
         path=paths[name],
         prompt_tokens=n,

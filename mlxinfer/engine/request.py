@@ -78,7 +78,7 @@ def prepare(
 
 
 @dataclass
-class Row:
+class RowResult:
     """What one row wrote: its text, tokens, (optionally) its Steps, and how it ended."""
 
     text: str = ""
@@ -94,14 +94,14 @@ class Row:
 
 
 class Collector:
-    """Gathers the decoder's (row, Step) pairs into Rows; `add` returns a row once it has ended."""
+    """Gathers the decoder's (row, Step) pairs into RowResults; `add` returns a row once it has ended."""
 
     def __init__(self, n: int, keep_steps: bool = False):
-        self.rows = [Row() for _ in range(n)]
+        self.rows = [RowResult() for _ in range(n)]
         self._texts: list[list[str]] = [[] for _ in range(n)]
         self.keep_steps = keep_steps
 
-    def add(self, i: int, step: Step) -> Optional[Row]:
+    def add(self, i: int, step: Step) -> Optional[RowResult]:
         row = self.rows[i]
         self._texts[i].append(step.text)
         if step.token is not None:
@@ -113,7 +113,7 @@ class Collector:
         return row
 
 
-def check_json(spec: RowSpec, row: Row) -> JsonResult:
+def check_json(spec: RowSpec, row: RowResult) -> JsonResult:
     """A constrained row's parsed JSON, whether it is complete, and its finish reason."""
     return finish(spec.mask, row.text, row.tokens, row.finish_reason)
 
