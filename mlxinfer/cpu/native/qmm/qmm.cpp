@@ -101,8 +101,8 @@ struct Ctx {
   const uint32_t* w;  // (N, Kw)
   const void* s;  // (N, G) scales, in the dtype the tag names
   const void* b;  // (N, G) biases
-  float* y;  // (M, N)
-  int64_t M, N, K, G, Kw;
+  float* y;  // (M, ldy): this weight's N columns start here
+  int64_t M, N, K, G, Kw, ldy;
   int gs, bits;
 };
 
@@ -141,7 +141,7 @@ void portable_range(const Ctx& c, int64_t n0, int64_t n1) {
       }
       float bt = 0.0f;
       for (int64_t g = 0; g < c.G; ++g) bt += widen(S{}, b[g]) * xs[g];
-      c.y[m * c.N + n] = acc + bt;
+      c.y[m * c.ldy + n] = acc + bt;
     }
   }
 }
@@ -177,12 +177,16 @@ inline float bias_dot(const typename S::T* b, const float* xs, int64_t G) {
 }
 
 // x reordered so that lane l of sub-vector j of a block (8 words, 8 * V values) holds the value
-// the j-th field of word l multiplies: k = block * 8V + l * V + j.
+// the j-th field of word l multiplies: k = block * 8V + l * V + j. Field j < V - 1 is read from the
+// word by a mask alone, not shifted down, so it arrives as q * 2^(j * bits); its x is stored times
+// 2^-(j * bits) to match. Both scalings are exact powers of two, so each product q * x, and so every
+// sum, has the same bits as with a shift (one instruction fewer per 8 weights).
 void lane_order(const float* x, float* xp, int64_t K, int bits) {
   const int V = 32 / bits, BV = 8 * V;
   for (int64_t blk = 0; blk < K / BV; ++blk) {
     for (int j = 0; j < V; ++j) {
-      for (int l = 0; l < 8; ++l) xp[blk * BV + j * 8 + l] = x[blk * BV + l * V + j];
+      const float scale = j == V - 1 ? 1.0f : std::ldexp(1.0f, -j * bits);
+      for (int l = 0; l < 8; ++l) xp[blk * BV + j * 8 + l] = x[blk * BV + l * V + j] * scale;
     }
   }
 }
@@ -195,7 +199,9 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
   const int WG = c.gs * BITS / 32;  // words per group
   const int64_t BPG = WG >= 8 ? WG / 8 : 1;  // blocks per scaling step
   const int64_t nblk = c.K / BV;
-  const __m256i mask = _mm256_set1_epi32((1 << BITS) - 1);
+  __m256i masks[V];  // field f's bits, in place
+#pragma GCC unroll 4
+  for (int f = 0; f < V; ++f) masks[f] = _mm256_set1_epi32(((1 << BITS) - 1) << (f * BITS));
   const uint32_t* wp[NC];
   const T* sp[NC];
   const float* xp[R];
@@ -225,10 +231,12 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
         // bytes), too short for the hardware prefetcher to ramp up on before each ends
         _mm_prefetch(reinterpret_cast<const char*>(wp[j] + 2 * NC * c.Kw + bb * 8), _MM_HINT_T0);
         const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[j] + bb * 8));
-#pragma GCC unroll 8
+#pragma GCC unroll 4
         for (int f = 0; f < V; ++f) {
-          __m256i q = f == 0 ? v : _mm256_srli_epi32(v, f * BITS);
-          if (f != V - 1) q = _mm256_and_si256(q, mask);
+          // q * 2^(f * BITS) (lane_order scaled x to match); the top field is shifted down, as its
+          // bit 31 would read as a sign
+          const __m256i q = f == V - 1 ? _mm256_srli_epi32(v, f * BITS)
+                                       : _mm256_and_si256(v, masks[f]);
           const __m256 qf = _mm256_cvtepi32_ps(q);
 #pragma GCC unroll 4
           for (int r = 0; r < R; ++r) {
@@ -257,7 +265,7 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
     for (int j = 0; j < NC; ++j) {
       const int64_t n = n0 + j;
       const float bt = bias_dot<S>(static_cast<const T*>(c.b) + n * c.G, c.xsum + (m0 + r) * c.G, c.G);
-      c.y[(m0 + r) * c.N + n] = hsum(acc[r][j]) + bt;
+      c.y[(m0 + r) * c.ldy + n] = hsum(acc[r][j]) + bt;
     }
   }
 }
@@ -266,19 +274,7 @@ template <int BITS, class S, int R, int NCMAX>
 void tiles(const Ctx& c, int64_t m0, int64_t n0, int64_t n1) {
   int64_t n = n0;
   for (; n + NCMAX <= n1; n += NCMAX) tile<BITS, S, R, NCMAX>(c, m0, n);
-  switch (n1 - n) {
-    case 1:
-      tile<BITS, S, R, 1>(c, m0, n);
-      break;
-    case 2:
-      if constexpr (NCMAX > 2) tile<BITS, S, R, 2>(c, m0, n);
-      break;
-    case 3:
-      if constexpr (NCMAX > 3) tile<BITS, S, R, 3>(c, m0, n);
-      break;
-    default:
-      break;
-  }
+  if constexpr (NCMAX > 1) tiles<BITS, S, R, NCMAX / 2>(c, m0, n, n1);  // the last < NCMAX columns
 }
 
 constexpr int64_t kRowBlock = 64;  // rows that share one pass over the weights
@@ -294,8 +290,10 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
         tiles<BITS, S, 1, 4>(c, mb, t0, t1);
         continue;
       }
+      // four rows share each column's unpacking (the unpacking, not the FMAs, bounds a tile)
       int64_t m = mb;
-      for (; m + 2 <= me; m += 2) tiles<BITS, S, 2, 2>(c, m, t0, t1);
+      for (; m + 4 <= me; m += 4) tiles<BITS, S, 4, 2>(c, m, t0, t1);
+      if (m + 2 <= me) tiles<BITS, S, 2, 2>(c, m, t0, t1), m += 2;
       if (m < me) tiles<BITS, S, 1, 2>(c, m, t0, t1);
     }
   }
@@ -333,26 +331,14 @@ int thread_count() {
   return pool().size();
 }
 
-void qmm_f32(
-    const float* x,
-    const uint32_t* w,
-    const void* s,
-    const void* b,
-    ScaleType scale_type,
-    float* y,
-    int64_t M,
-    int64_t N,
-    int64_t K,
-    int group_size,
-    int bits) {
-  if (M == 0 || N == 0) return;
-  Ctx c{};
-  c.x = x, c.w = w, c.s = s, c.b = b, c.y = y;
-  c.M = M, c.N = N, c.K = K, c.G = K / group_size, c.Kw = K * bits / 32;
-  c.gs = group_size, c.bits = bits;
-  std::vector<float> xsum(M * c.G);
-  for (int64_t m = 0; m < M; ++m) group_sums(x + m * K, xsum.data() + m * c.G, K, group_size);
-  c.xsum = xsum.data();
+void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale_type, float* y, int64_t M, int64_t K,
+             int group_size, int bits) {
+  int64_t ldy = 0;
+  for (const Weight& wt : weights) ldy += wt.N;
+  if (M == 0 || ldy == 0) return;
+  const int64_t G = K / group_size;
+  std::vector<float> xsum(M * G);
+  for (int64_t m = 0; m < M; ++m) group_sums(x + m * K, xsum.data() + m * G, K, group_size);
   bool avx2 = false;
   std::vector<float> xp;
 #ifdef MLXINFER_QMM_AVX2
@@ -360,28 +346,38 @@ void qmm_f32(
   if (avx2) {
     xp.resize(M * K);
     for (int64_t m = 0; m < M; ++m) lane_order(x + m * K, xp.data() + m * K, K, bits);
-    c.xp = xp.data();
   }
 #endif
-  std::function<void(int64_t, int64_t)> range = scale_type == ScaleType::f16 ? pick_range<F16>(c, avx2)
-      : scale_type == ScaleType::bf16                                        ? pick_range<BF16>(c, avx2)
-                                                                             : pick_range<F32>(c, avx2);
+  // one context per weight (its columns of y), and a fixed split of all their columns into chunks
+  // (multiples of 4, so that full tiles stay full; a chunk never spans two weights)
+  std::vector<Ctx> ctx(weights.size());
+  std::vector<std::function<void(int64_t, int64_t)>> range(weights.size());
+  struct Chunk {
+    size_t weight;
+    int64_t n0, n1;
+  };
+  std::vector<Chunk> chunks;
   Pool& p = pool();
-  int64_t threads = std::min<int64_t>(p.size(), std::max<int64_t>(1, N * K / kMinWeightsPerThread));
+  const int64_t threads = std::min<int64_t>(p.size(), std::max<int64_t>(1, ldy * K / kMinWeightsPerThread));
+  const int64_t per = std::max<int64_t>(4, (ldy / (4 * threads) + 3) / 4 * 4);
+  int64_t col = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    Ctx& c = ctx[i];
+    c.x = x, c.w = weights[i].w, c.s = weights[i].s, c.b = weights[i].b, c.y = y + col;
+    c.M = M, c.N = weights[i].N, c.K = K, c.G = G, c.Kw = K * bits / 32, c.ldy = ldy;
+    c.gs = group_size, c.bits = bits, c.xsum = xsum.data(), c.xp = xp.data();
+    range[i] = scale_type == ScaleType::f16 ? pick_range<F16>(c, avx2)
+        : scale_type == ScaleType::bf16     ? pick_range<BF16>(c, avx2)
+                                            : pick_range<F32>(c, avx2);
+    for (int64_t n = 0; n < c.N; n += per) chunks.push_back({i, n, std::min(c.N, n + per)});
+    col += c.N;
+  }
   std::unique_lock<std::mutex> lock(p.busy(), std::try_to_lock);
-  if (threads <= 1 || !lock.owns_lock()) {
-    range(0, N);  // same results: the split never changes an output's arithmetic
+  if (threads <= 1 || !lock.owns_lock()) {  // same results: the split never changes an output's arithmetic
+    for (const Chunk& ch : chunks) range[ch.weight](ch.n0, ch.n1);
     return;
   }
-  // a fixed split of the columns into chunks (multiples of 4, so that full tiles stay full)
-  const int64_t chunks = std::min<int64_t>(4 * threads, (N + 3) / 4);
-  const int64_t per = ((N + chunks - 1) / chunks + 3) / 4 * 4;
-  p.run(
-      [&](int i) {
-        const int64_t n0 = std::min<int64_t>(N, i * per), n1 = std::min<int64_t>(N, (i + 1) * per);
-        if (n0 < n1) range(n0, n1);
-      },
-      static_cast<int>(chunks));
+  p.run([&](int i) { range[chunks[i].weight](chunks[i].n0, chunks[i].n1); }, static_cast<int>(chunks.size()));
 }
 
 }  // namespace mlxinfer

@@ -10,7 +10,7 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 2;
+constexpr int QMM_ABI = 3;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
@@ -21,6 +21,18 @@ mx::array quantized_matmul(
     const mx::array& w,
     const mx::array& scales,
     const mx::array& biases,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s = {});
+
+// The same for several weights that take the same x (q, k and v; gate and up), in one node: their
+// outputs side by side along the last axis, each column's bits as in a call of its own. Every weight
+// has the same bits, group size and scale dtype.
+mx::array quantized_matmul_cat(
+    const mx::array& x,
+    const std::vector<mx::array>& ws,
+    const std::vector<mx::array>& scales,
+    const std::vector<mx::array>& biases,
     int group_size,
     int bits,
     mx::StreamOrDevice s = {});
@@ -45,20 +57,19 @@ class QuantizedMatmulF32 : public mx::UnaryPrimitive {
 
 enum class ScaleType { f32, f16, bf16 };
 
-// The raw kernel on host pointers: x (M, K) row-major, w (N, K * bits / 32), s and b (N, K / group_size)
-// in the dtype scale_type names, y (M, N).
-void qmm_f32(
-    const float* x,
-    const uint32_t* w,
-    const void* s,
-    const void* b,
-    ScaleType scale_type,
-    float* y,
-    int64_t M,
-    int64_t N,
-    int64_t K,
-    int group_size,
-    int bits);
+// One weight of a call: w (N, K * bits / 32), s and b (N, K / group_size).
+struct Weight {
+  const uint32_t* w;
+  const void* s;
+  const void* b;
+  int64_t N;
+};
+
+// The raw kernel on host pointers: x (M, K) row-major, y (M, sum of the weights' N): the weights'
+// outputs side by side, as if their rows were one matrix (each column's arithmetic is its own, so
+// the bits are those of separate calls). Scales and biases in the dtype scale_type names.
+void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale_type, float* y, int64_t M, int64_t K,
+             int group_size, int bits);
 
 bool compiled_with_avx2();
 int thread_count();
