@@ -122,6 +122,12 @@ def embedded_fast():
     return mlxinfer.load(None, compute_dtype="float32")
 
 
+@pytest.fixture(scope="session")
+def embedded_quantized():
+    """The embedded model on the quantized path (packed weights, the extension's kernel and fused layers)."""
+    return mlxinfer.load(None, compute_dtype="quantized")
+
+
 HERB = "Name one herb to add to tomato soup. Answer with one word."
 HERB_SEEDS = dict(seeds=16, settings={"temperature": 1.0}, max_tokens=5, batch_size=16)
 

@@ -141,11 +141,6 @@ def test_a_layout_it_does_not_take_is_refused():
 # ---------------------------------------------------------------- the embedded model
 
 
-@pytest.fixture(scope="module")
-def embedded_quantized():
-    return mlxinfer.load(None, compute_dtype="quantized")
-
-
 def greedy(model, ids: list[int], n: int) -> list[int]:
     cache, x, out = model.make_cache(), mx.array([ids]), []
     for _ in range(n):

@@ -123,8 +123,13 @@ class RopeTableF32:
     def __init__(self, table):
         self._table, self._kernel = table, qmm.kernel()
 
-    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+    def tables(self, needed: int) -> tuple[mx.array, mx.array]:
+        """(cos, sin), (P, E / 2) with P >= needed positions."""
         t = self._table
-        if t.cos is None or offset + x.shape[2] > t.cos.shape[0]:
-            t._grow(offset + x.shape[2])
-        return self._kernel.rope(x, t.cos, t.sin, offset)
+        if t.cos is None or needed > t.cos.shape[0]:
+            t._grow(needed)
+        return t.cos, t.sin
+
+    def __call__(self, x: mx.array, offset: int = 0) -> mx.array:
+        cos, sin = self.tables(offset + x.shape[2])
+        return self._kernel.rope(x, cos, sin, offset)

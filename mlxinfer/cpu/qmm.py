@@ -35,9 +35,9 @@ from . import build as native_build
 
 SOURCE_DIR = Path(native_build.NATIVE) / "qmm"
 SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
-SOURCES += ("bindings.cpp",)
+SOURCES += ("simd.h", "attention.h", "attention.cpp", "bindings.cpp")
 MODULE = "_mlxinfer_qmm"
-ABI = 2  # QMM_ABI in qmm.h
+ABI = 3  # QMM_ABI in qmm.h
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 

@@ -28,17 +28,22 @@ class KVCache:
         """Append (B, K, L, E) keys/values; return all positions so far."""
         start, L = self.offset, keys.shape[2]
         if self.keys is None or start + L > self.keys.shape[2]:
-            self._grow(keys, values, start + L)
+            self._grow(keys.shape, values.shape[3], keys.dtype, start + L)
         self.offset = start + L
         self.keys[..., start : self.offset, :] = keys
         self.values[..., start : self.offset, :] = values
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
 
-    def _grow(self, keys: mx.array, values: mx.array, needed: int) -> None:
-        B, K, _, E = keys.shape
+    def reserve(self, B: int, K: int, E: int, L: int, dtype) -> None:
+        """Room for L more positions, for a caller that writes them itself (model/fused.py)."""
+        if self.keys is None or self.offset + L > self.keys.shape[2]:
+            self._grow((B, K, L, E), E, dtype, self.offset + L)
+
+    def _grow(self, shape: tuple, value_size: int, dtype, needed: int) -> None:
+        B, K, _, E = shape
         capacity = -(-needed // self.step) * self.step
-        new_k = mx.zeros((B, K, capacity, E), keys.dtype)
-        new_v = mx.zeros((B, K, capacity, values.shape[3]), values.dtype)
+        new_k = mx.zeros((B, K, capacity, E), dtype)
+        new_v = mx.zeros((B, K, capacity, value_size), dtype)
         if self.keys is not None and self.offset:
             new_k[..., : self.offset, :] = self.keys[..., : self.offset, :]
             new_v[..., : self.offset, :] = self.values[..., : self.offset, :]

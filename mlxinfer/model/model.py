@@ -88,8 +88,14 @@ class Attention(nn.Module):
             self.k_norm = nn.RMSNorm(E, eps=cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
         self.rope = RoPE(cfg)
+        self.fused = None  # the quantized CPU path's one-primitive attention (fused.py)
 
     def __call__(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
+        if self.fused is not None:
+            return self.fused(x, mask, cache)
+        return self.composed(x, mask, cache)
+
+    def composed(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
         B, L, _ = x.shape
         q = self.q_proj(x).reshape(B, L, self.n_heads, -1)  # (B, L, H, E)
         k = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)  # (B, L, K, E)
@@ -119,8 +125,11 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(D, F, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(F, D, bias=cfg.mlp_bias)
         self.activation = swiglu
+        self.fused = None  # the quantized CPU path's gate/up as one matmul (fused.py)
 
     def __call__(self, x: mx.array) -> mx.array:
+        if self.fused is not None:
+            return self.fused(x)
         return self.down_proj(self.activation(self.gate_proj(x), self.up_proj(x)))  # (B, L, F) -> (B, L, D)
 
 

@@ -1,7 +1,9 @@
 // The Python module mlxinfer/cpu/qmm.py loads: the op, and what the build holds.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
+#include "attention.h"
 #include "qmm.h"
 #include "rows.h"
 
@@ -22,6 +24,28 @@ NB_MODULE(_mlxinfer_qmm, m) {
       nb::kw_only(),
       "stream"_a = nb::none(),
       "x @ dequantize(w, scales, biases).T with float32 arithmetic (MLX's affine layout, transpose=True)");
+  m.def(
+      "quantized_matmul_cat",
+      &mlxinfer::quantized_matmul_cat,
+      "x"_a,
+      "ws"_a,
+      "scales"_a,
+      "biases"_a,
+      "group_size"_a,
+      "bits"_a,
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "quantized_matmul for several weights at once: their outputs side by side on the last axis");
+  m.def("swiglu_halves", &mlxinfer::swiglu_halves, "gate_up"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "silu(gate) * up where gate_up's last axis holds gate, then up");
+  m.def("write_cache", &mlxinfer::write_cache, "cache"_a, "qkv"_a, "cos"_a, "sin"_a, "offset"_a, "n_heads"_a,
+        "n_kv_heads"_a, "values"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "the KV cache with the new positions' keys (rotated) or values written, in place where it can be");
+  m.def("attend", &mlxinfer::attend, "qkv"_a, "cos"_a, "sin"_a, "keys"_a, "values"_a, "offset"_a, "n_heads"_a,
+        "n_kv_heads"_a, "scale"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "causal attention of the new positions' queries (rotated) over the written caches: (B, L, H E)");
+  m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x - logsumexp(x) over the last axis, float32, one primitive");
   m.def("rms_norm", &mlxinfer::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x * rsqrt(mean(x^2) + eps) * weight over the last axis, float32, one primitive");
   m.def("swiglu", &mlxinfer::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),

@@ -8,11 +8,8 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "simd.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
-#define MLXINFER_ROWS_AVX2 1
-#endif
 
 namespace mlxinfer {
 
@@ -39,48 +36,53 @@ const float* dense_rows(const mx::array& a, std::vector<float>& buf) {
 
 namespace {
 
-constexpr float kLn2Hi = 0.693145751953125f, kLn2Lo = 1.42860682030941723212e-6f;
-constexpr float kLog2e = 1.44269504088896341f;
-// 1/7!, 1/6!, ..., 1/1!, 1: the Taylor coefficients of e^r, highest first (cpu/kernels.py's exp)
-constexpr float kExp[8] = {1.f / 5040, 1.f / 720, 1.f / 120, 1.f / 24, 1.f / 6, 1.f / 2, 1.f, 1.f};
-
-inline float exp_scalar(float x) {
-  x = std::fmin(std::fmax(x, -87.0f), 88.0f);
-  const float n = std::floor(x * kLog2e + 0.5f);
-  const float r = (x - n * kLn2Hi) - n * kLn2Lo;
-  float p = kExp[0];
-  for (int i = 1; i < 8; ++i) p = p * r + kExp[i];
-  const int32_t bits = (static_cast<int32_t>(n) + 127) << 23;
-  float two_n;
-  std::memcpy(&two_n, &bits, 4);
-  return p * two_n;
-}
-
 void swiglu_row(const float* g, const float* u, float* y, int64_t n) {
   int64_t i = 0;
-#ifdef MLXINFER_ROWS_AVX2
-  const __m256 lo = _mm256_set1_ps(-87.0f), hi = _mm256_set1_ps(88.0f), one = _mm256_set1_ps(1.0f);
+#ifdef MLXINFER_AVX2
+  const __m256 one = _mm256_set1_ps(1.0f);
   for (; i + 8 <= n; i += 8) {
     const __m256 gv = _mm256_loadu_ps(g + i);
-    const __m256 x = _mm256_min_ps(_mm256_max_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), lo), hi);
-    const __m256 nn = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(x, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f)));
-    const __m256 r = _mm256_sub_ps(
-        _mm256_sub_ps(x, _mm256_mul_ps(nn, _mm256_set1_ps(kLn2Hi))), _mm256_mul_ps(nn, _mm256_set1_ps(kLn2Lo)));
-    __m256 p = _mm256_set1_ps(kExp[0]);
-    for (int k = 1; k < 8; ++k) p = _mm256_add_ps(_mm256_mul_ps(p, r), _mm256_set1_ps(kExp[k]));
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(nn), _mm256_set1_epi32(127)), 23);
-    const __m256 ex = _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-    const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, ex));
+    const __m256 s = _mm256_div_ps(gv, _mm256_add_ps(one, exp8(_mm256_sub_ps(_mm256_setzero_ps(), gv))));
     _mm256_storeu_ps(y + i, _mm256_mul_ps(s, _mm256_loadu_ps(u + i)));
   }
 #endif
   for (; i < n; ++i) y[i] = g[i] / (1.0f + exp_scalar(-g[i])) * u[i];
 }
 
+// y = x - log(sum(e^x)) over one row: the max, then e^(x - max) summed in order, eight lanes at a time
+void log_softmax_row(const float* x, float* y, int64_t n) {
+  float top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = std::fmax(top, x[i]);
+  if (top == -INFINITY) {  // nothing is possible: every score stays -inf
+    for (int64_t i = 0; i < n; ++i) y[i] = -INFINITY;
+    return;
+  }
+  // summed in float64 (49k terms in float32 lanes drifted by ~1e-5 in the log)
+  int64_t i = 0;
+  double total = 0.0;
+#ifdef MLXINFER_AVX2
+  const __m256 tv = _mm256_set1_ps(top);
+  __m256d lo = _mm256_setzero_pd(), hi = _mm256_setzero_pd();
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    // a -inf score (a masked token) adds exactly nothing, not the clamped exp's e^-87
+    const __m256 e = _mm256_and_ps(exp8(_mm256_sub_ps(v, tv)), _mm256_cmp_ps(v, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ));
+    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(e)));
+    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps(e, 1)));
+  }
+  alignas(32) double lanes[4];
+  _mm256_store_pd(lanes, _mm256_add_pd(lo, hi));
+  total = (lanes[0] + lanes[1]) + (lanes[2] + lanes[3]);
+#endif
+  for (; i < n; ++i) total += x[i] == -INFINITY ? 0.0 : static_cast<double>(exp_scalar(x[i] - top));
+  const float lse = static_cast<float>(static_cast<double>(top) + std::log(total));
+  for (i = 0; i < n; ++i) y[i] = x[i] - lse;
+}
+
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
   int64_t i = 0;
   float ss;
-#ifdef MLXINFER_ROWS_AVX2
+#ifdef MLXINFER_AVX2
   __m256 acc = _mm256_setzero_ps();
   for (; i + 8 <= n; i += 8) {
     const __m256 v = _mm256_loadu_ps(x + i);
@@ -130,6 +132,22 @@ mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice 
       gate.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::swiglu, 0.0f), {f32(gate, stream), f32(up, stream)});
 }
 
+mx::array swiglu_halves(const mx::array& gate_up, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (gate_up.ndim() < 1 || gate_up.shape(-1) % 2) {
+    throw std::invalid_argument("[mlxinfer.swiglu_halves] gate_up's last dimension must be even (gate, then up)");
+  }
+  auto shape = gate_up.shape();
+  shape.back() /= 2;
+  return mx::array(shape, mx::float32, std::make_shared<RowOp>(stream, RowKind::swiglu_halves, 0.0f), {f32(gate_up, stream)});
+}
+
+mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (x.ndim() < 1) throw std::invalid_argument("[mlxinfer.log_softmax] x needs at least one dimension");
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::log_softmax, 0.0f), {f32(x, stream)});
+}
+
 mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s) {
   auto stream = cpu_stream(s);
   if (x.ndim() < 2 || x.shape(-1) % 2 || cos.ndim() != 2 || cos.shape() != sin.shape() ||
@@ -176,6 +194,34 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       const int64_t E = x.shape(-1), L = x.shape(-2);
       rope_rows(dense_rows(x, cx), dense_rows(c, cc), dense_rows(s, cs), out.data<float>(),
                 static_cast<int64_t>(x.size()) / E, L, E, offset);
+    });
+    return;
+  }
+  if (kind_ == RowKind::log_softmax) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(inputs[0]);
+    enc.set_output_array(out);
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out)]() mutable {
+      std::vector<float> copy;
+      const float* p = dense_rows(x, copy);
+      const int64_t n = x.ndim() ? x.shape(-1) : 1;
+      const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
+      for (int64_t r = 0; r < rows; ++r) log_softmax_row(p + r * n, out.data<float>() + r * n, n);
+    });
+    return;
+  }
+  if (kind_ == RowKind::swiglu_halves) {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+    auto& enc = mx::cpu::get_command_encoder(stream());
+    enc.set_input_array(inputs[0]);
+    enc.set_output_array(out);
+    enc.dispatch([gu = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out)]() mutable {
+      std::vector<float> copy;
+      const float* p = dense_rows(gu, copy);
+      const int64_t F = out.ndim() ? out.shape(-1) : 1;
+      const int64_t rows = F ? static_cast<int64_t>(out.size()) / F : 0;
+      for (int64_t r = 0; r < rows; ++r) swiglu_row(p + r * 2 * F, p + r * 2 * F + F, out.data<float>() + r * F, F);
     });
     return;
   }

@@ -13,12 +13,18 @@ namespace mx = mlx::core;
 // An array's elements in row-major order: the array itself when row-contiguous, else a copy by strides.
 const float* dense_rows(const mx::array& a, std::vector<float>& buf);
 
-enum class RowKind { rms_norm, swiglu, rope };
+enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax };
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
 // silu(gate) * up = gate / (1 + exp(-gate)) * up, exp by Cody-Waite reduction and a degree-7 polynomial.
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
+// The same on one array (..., 2F) whose first half is the gate and second half up (the output of one
+// matmul over gate_proj and up_proj side by side): (..., F).
+mx::array swiglu_halves(const mx::array& gate_up, mx::StreamOrDevice s = {});
+
+// x - logsumexp(x) over the last axis (log-probabilities from scores), float32, exp as swiglu's.
+mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
 
 // Non-interleaved RoPE on x (..., L, E) for positions offset .. offset + L - 1 from cos/sin tables
 // (P, E / 2): x1 * cos - x2 * sin, x2 * cos + x1 * sin, as cpu/kernels.py's RopeTable computes it.
@@ -31,11 +37,16 @@ class RowOp : public mx::UnaryPrimitive {
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
-    return kind_ == RowKind::rms_norm ? "MlxinferRMSNorm" : kind_ == RowKind::swiglu ? "MlxinferSwiGLU" : "MlxinferRoPE";
+    return kind_ == RowKind::rms_norm ? "MlxinferRMSNorm"
+        : kind_ == RowKind::rope      ? "MlxinferRoPE"
+        : kind_ == RowKind::log_softmax ? "MlxinferLogSoftmax"
+                                      : "MlxinferSwiGLU";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
+    auto shape = inputs[0].shape();
+    if (kind_ == RowKind::swiglu_halves) shape.back() /= 2;
+    return {shape};
   }
 
  private:

@@ -1,0 +1,247 @@
+// See attention.h. Built with qmm.cpp into the same extension, with the same flags (-ffp-contract=off).
+#include "attention.h"
+
+#include <algorithm>
+#include <cstring>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "mlx/allocator.h"
+#include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
+#include "rows.h"
+#include "simd.h"
+
+namespace mlxinfer {
+
+namespace {
+
+// Work (multiply-adds) below which a call runs on one thread.
+constexpr int64_t kMinWorkPerThread = 1 << 16;
+
+struct Shapes {
+  int64_t B, L, H, Hk, E, cap, offset;
+};
+
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float t = 0.0f;
+#ifdef MLXINFER_AVX2
+  __m256 v = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) v = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), v);
+  t = hsum8(v);
+#endif
+  for (; i < n; ++i) t = std::fma(a[i], b[i], t);
+  return t;
+}
+
+// y += w * x over n values
+inline void axpy(float w, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+#ifdef MLXINFER_AVX2
+  const __m256 wv = _mm256_set1_ps(w);
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(y + i, _mm256_fmadd_ps(wv, _mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i)));
+#endif
+  for (; i < n; ++i) y[i] = std::fma(w, x[i], y[i]);
+}
+
+// rope_rows' arithmetic (rows.cpp) for one head vector at one position
+inline void rotate(const float* x, const float* c, const float* s, float* y, int64_t E) {
+  const int64_t half = E / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    y[i] = x[i] * c[i] - x[half + i] * s[i];
+    y[half + i] = x[half + i] * c[i] + x[i] * s[i];
+  }
+}
+
+// the new positions' keys (rotated: part 0) or values (part 1) into the cache
+void write(const Shapes& d, int part, const float* qkv, const float* cos, const float* sin, float* cache) {
+  const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
+  for (int64_t b = 0; b < d.B; ++b) {
+    for (int64_t l = 0; l < d.L; ++l) {
+      const float* row = qkv + (b * d.L + l) * width;
+      const int64_t pos = d.offset + l;
+      for (int64_t kh = 0; kh < d.Hk; ++kh) {
+        float* at = cache + ((b * d.Hk + kh) * d.cap + pos) * d.E;
+        if (part == 0) {
+          rotate(row + (d.H + kh) * d.E, cos + pos * half, sin + pos * half, at, d.E);
+        } else {
+          std::memcpy(at, row + (d.H + d.Hk + kh) * d.E, d.E * sizeof(float));
+        }
+      }
+    }
+  }
+}
+
+// each (row, head, new position) alone over the written cache
+void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos, const float* sin, const float* keys,
+                const float* values, float* out) {
+  const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
+  // each (row, head, new position) alone: scores, softmax, the weighted sum of values
+  const int64_t units = d.B * d.H * d.L, group = d.H / d.Hk;
+  auto unit = [&](int64_t u, std::vector<float>& q, std::vector<float>& p) {
+    const int64_t l = u % d.L, h = (u / d.L) % d.H, b = u / (d.L * d.H);
+    const int64_t pos = d.offset + l, T = pos + 1, kh = h / group;
+    rotate(qkv + (b * d.L + l) * width + h * d.E, cos + pos * half, sin + pos * half, q.data(), d.E);
+    const float* k = keys + (b * d.Hk + kh) * d.cap * d.E;
+    const float* v = values + (b * d.Hk + kh) * d.cap * d.E;
+    float top = -INFINITY;
+    for (int64_t t = 0; t < T; ++t) {
+      p[t] = dot(q.data(), k + t * d.E, d.E) * scale;
+      top = std::max(top, p[t]);
+    }
+    int64_t t = 0;
+#ifdef MLXINFER_AVX2
+    const __m256 topv = _mm256_set1_ps(top);
+    for (; t + 8 <= T; t += 8) _mm256_storeu_ps(p.data() + t, exp8(_mm256_sub_ps(_mm256_loadu_ps(p.data() + t), topv)));
+#endif
+    for (; t < T; ++t) p[t] = exp_scalar(p[t] - top);
+    float total = 0.0f;
+    for (t = 0; t < T; ++t) total += p[t];
+    float* y = out + (b * d.L + l) * d.H * d.E + h * d.E;
+    std::fill(y, y + d.E, 0.0f);
+    for (t = 0; t < T; ++t) axpy(p[t], v + t * d.E, y, d.E);
+    const float inv = 1.0f / total;
+    for (int64_t i = 0; i < d.E; ++i) y[i] *= inv;
+  };
+  auto span = [&](int64_t u0, int64_t u1) {
+    std::vector<float> q(d.E), p(d.offset + d.L);
+    for (int64_t u = u0; u < u1; ++u) unit(u, q, p);
+  };
+  Pool& pl = pool();
+  const int64_t work = units * (d.offset + d.L) * d.E;
+  const int64_t threads = std::min<int64_t>(pl.size(), std::max<int64_t>(1, work / kMinWorkPerThread));
+  std::unique_lock<std::mutex> lock(pl.busy(), std::try_to_lock);
+  if (threads <= 1 || !lock.owns_lock()) {
+    span(0, units);  // which thread computes a unit never changes its arithmetic
+    return;
+  }
+  const int64_t chunks = std::min<int64_t>(units, 4 * threads), per = (units + chunks - 1) / chunks;
+  pl.run([&](int i) { span(std::min(units, i * per), std::min(units, (i + 1) * per)); }, static_cast<int>(chunks));
+}
+
+}  // namespace
+
+namespace {
+
+mx::Stream cpu_only(mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  if (stream.device.type != mx::Device::cpu) {
+    throw std::invalid_argument("[mlxinfer.attend] runs on a CPU stream only");
+  }
+  return stream;
+}
+
+// checks the shapes attention.h describes; returns L
+int check(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& cache, int offset, int H,
+          int Hk) {
+  auto bad = [](const std::string& what) { return std::invalid_argument("[mlxinfer.attend] " + what); };
+  if (H <= 0 || Hk <= 0 || H % Hk) throw bad("n_heads must be a multiple of n_kv_heads");
+  if (cache.ndim() != 4 || cache.shape(1) != Hk || cache.shape(3) % 2) {
+    throw bad("the cache must be (B, n_kv_heads, capacity, E) with an even E");
+  }
+  const int B = cache.shape(0), E = cache.shape(3);
+  if (qkv.ndim() != 3 || qkv.shape(0) != B || qkv.shape(2) != (H + 2 * Hk) * E) {
+    throw bad("qkv must be (B, L, (n_heads + 2 n_kv_heads) E) for the cache's B and E");
+  }
+  const int L = qkv.shape(1);
+  if (offset < 0 || offset + L > cache.shape(2)) throw bad("the cache has no room for positions offset .. offset + L - 1");
+  if (cos.ndim() != 2 || cos.shape() != sin.shape() || cos.shape(1) * 2 != E || offset + L > cos.shape(0)) {
+    throw bad("cos and sin must be (>= offset + L, E / 2)");
+  }
+  return L;
+}
+
+mx::array f32(const mx::array& a, const mx::Stream& s) {
+  return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
+}
+
+}  // namespace
+
+mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
+                      int offset, int n_heads, int n_kv_heads, bool values, mx::StreamOrDevice s) {
+  auto stream = cpu_only(s);
+  check(qkv, cos, sin, cache, offset, n_heads, n_kv_heads);
+  auto kind = values ? AttendKind::write_values : AttendKind::write_keys;
+  return mx::array(
+      cache.shape(),
+      mx::float32,
+      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f),
+      {f32(cache, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)});
+}
+
+mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
+                 const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, mx::StreamOrDevice s) {
+  auto stream = cpu_only(s);
+  const int L = check(qkv, cos, sin, keys, offset, n_heads, n_kv_heads);
+  if (values.shape() != keys.shape()) throw std::invalid_argument("[mlxinfer.attend] keys and values must be alike");
+  return mx::array(
+      mx::Shape{keys.shape(0), L, n_heads * keys.shape(3)},
+      mx::float32,
+      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale),
+      {f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(keys, stream), f32(values, stream)});
+}
+
+void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  if (kind_ != AttendKind::attend) {
+    const auto& cache = inputs[0];
+    const Shapes d{cache.shape(0), inputs[1].shape(1), n_heads_, n_kv_heads_, cache.shape(3), cache.shape(2), offset_};
+    const bool in_place = cache.is_donatable() && cache.flags().row_contiguous;
+    if (in_place) {
+      out.copy_shared_buffer(cache);  // what MLX's slice update does: the cache is written where it lies
+    } else {
+      out.set_data(mx::allocator::malloc(out.nbytes()));
+    }
+    enc.dispatch([cache = mx::array::unsafe_weak_copy(cache),
+                  qkv = mx::array::unsafe_weak_copy(inputs[1]),
+                  cos = mx::array::unsafe_weak_copy(inputs[2]),
+                  sin = mx::array::unsafe_weak_copy(inputs[3]),
+                  out = mx::array::unsafe_weak_copy(out),
+                  d,
+                  in_place,
+                  part = kind_ == AttendKind::write_keys ? 0 : 1]() mutable {
+      std::vector<float> cc, cq, ccos, csin;
+      if (!in_place) std::memcpy(out.data<float>(), dense_rows(cache, cc), out.nbytes());
+      write(d, part, dense_rows(qkv, cq), dense_rows(cos, ccos), dense_rows(sin, csin), out.data<float>());
+    });
+    return;
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  const auto& k = inputs[3];
+  const Shapes d{k.shape(0), inputs[0].shape(1), n_heads_, n_kv_heads_, k.shape(3), k.shape(2), offset_};
+  enc.dispatch([qkv = mx::array::unsafe_weak_copy(inputs[0]),
+                cos = mx::array::unsafe_weak_copy(inputs[1]),
+                sin = mx::array::unsafe_weak_copy(inputs[2]),
+                keys = mx::array::unsafe_weak_copy(inputs[3]),
+                values = mx::array::unsafe_weak_copy(inputs[4]),
+                out = mx::array::unsafe_weak_copy(out),
+                d,
+                scale = scale_]() mutable {
+    std::vector<float> cq, cc, cs, ck, cv;
+    attend_all(d, scale, dense_rows(qkv, cq), dense_rows(cos, cc), dense_rows(sin, cs), dense_rows(keys, ck),
+               dense_rows(values, cv), out.data<float>());
+  });
+}
+
+void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxinfer.attend] has no GPU implementation");
+}
+
+bool Attend::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const Attend&>(other);
+  return kind_ == o.kind_ && offset_ == o.offset_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ &&
+      scale_ == o.scale_;
+}
+
+std::vector<mx::Shape> Attend::output_shapes(const std::vector<mx::array>& inputs) {
+  if (kind_ != AttendKind::attend) return {inputs[0].shape()};
+  const auto& k = inputs[3];
+  return {mx::Shape{k.shape(0), inputs[0].shape(1), n_heads_ * k.shape(3)}};
+}
+
+}  // namespace mlxinfer

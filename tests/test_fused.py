@@ -1,0 +1,194 @@
+"""The quantized path's fused layers (model/fused.py) and the extension's ops under them.
+
+(a) q/k/v (or gate/up) as one kernel call == the separate calls side by side, bit for bit;
+(b) SwiGLU on the two halves == SwiGLU on two arrays, bit for bit;
+(c) log_softmax against float64, masked (-inf) scores adding nothing;
+(d) write_cache + attend against a float64 RoPE + causal grouped-query attention, rows alone ==
+    rows in a batch bit for bit, the cache written in place when nothing else holds it and copied
+    when something does;
+(e) the embedded model: the fused layers against the composed forward pass they replace (scores
+    and greedy text), and the node count of one decode step, side by side.
+"""
+
+from __future__ import annotations
+
+import collections
+import io
+import re
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxinfer.cpu import qmm
+
+if not qmm.available():
+    pytest.skip(f"the quantized matmul kernel is not available here: {qmm.status()['reason']}", allow_module_level=True)
+
+K = qmm.kernel()
+RNG = np.random.default_rng(7)
+
+
+def normal(*shape) -> mx.array:
+    return mx.array(RNG.standard_normal(shape).astype(np.float32))
+
+
+@pytest.mark.parametrize("bits,group_size", [(4, 32), (8, 64), (4, 128)])
+def test_one_call_over_several_weights_equals_separate_calls(bits, group_size):
+    weights = [mx.quantize(normal(n, 256), group_size=group_size, bits=bits) for n in (96, 32, 40)]
+    for rows in (1, 3, 8):
+        x = normal(rows, 256)
+        alone = [K.quantized_matmul(x, w, s, b, group_size, bits) for w, s, b in weights]
+        cat = K.quantized_matmul_cat(x, *[[q[i] for q in weights] for i in range(3)], group_size, bits)
+        assert cat.shape == (rows, 168)
+        assert mx.array_equal(cat, mx.concatenate(alone, axis=-1)).item(), rows
+
+
+def test_swiglu_on_halves_equals_swiglu_on_two_arrays():
+    gu = normal(2, 3, 2 * 100)
+    assert mx.array_equal(K.swiglu_halves(gu), K.swiglu(gu[..., :100], gu[..., 100:])).item()
+
+
+@np.errstate(invalid="ignore")  # -inf - -inf where the mask is: those entries are checked apart
+def test_log_softmax_against_float64_and_masked_scores():
+    x = np.array(normal(4, 49_153)) * 5
+    x[1, ::3] = -np.inf  # a mask: those tokens are impossible
+    got = np.array(K.log_softmax(mx.array(x)))
+    x64 = x.astype(np.float64)
+    want = x64 - (x64.max(-1, keepdims=True) + np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1, keepdims=True)))
+    finite = np.isfinite(x)
+    # float32 rounding of x - lse, and the polynomial exp's ~1e-7 relative error in the sum
+    lse = np.abs(x64 - want)
+    err = np.abs(got - want)[finite]
+    assert (err <= 4 * np.finfo(np.float32).eps * (np.abs(x64) + lse)[finite] + 1e-6).all()
+    peer = np.array(mx.array(x) - mx.logsumexp(mx.array(x), axis=-1, keepdims=True))  # MLX's own, as a yardstick
+    assert err.max() <= np.abs(peer - want)[finite].max()
+    assert np.isneginf(got[~finite]).all()
+    assert abs(np.exp(got[1][finite[1]].astype(np.float64)).sum() - 1) < 1e-5
+    assert np.isneginf(np.array(K.log_softmax(mx.full((1, 9), -np.inf)))).all()
+
+
+def rope64(x: np.ndarray, positions: np.ndarray, cos: np.ndarray, sin: np.ndarray) -> np.ndarray:
+    half = x.shape[-1] // 2
+    c, s = cos[positions].astype(np.float64), sin[positions].astype(np.float64)
+    x1, x2 = x[..., :half], x[..., half:]
+    return np.concatenate([x1 * c - x2 * s, x2 * c + x1 * s], axis=-1)
+
+
+def reference(qkv, keys, cos, sin, offset, H, Hk, scale):
+    """float64: the new keys rotated into the cache, then each query over positions 0 .. its own."""
+    B, L, _ = qkv.shape
+    E = keys.shape[-1]
+    q = qkv[..., : H * E].reshape(B, L, H, E)
+    k = qkv[..., H * E : (H + Hk) * E].reshape(B, L, Hk, E)
+    v = qkv[..., (H + Hk) * E :].reshape(B, L, Hk, E)
+    pos = offset + np.arange(L)
+    q = rope64(q.astype(np.float64), pos[None, :, None], cos, sin)
+    k = rope64(k.astype(np.float64), pos[None, :, None], cos, sin)
+    ks, vs = keys.astype(np.float64).copy(), keys.astype(np.float64).copy() * 0.5  # values: see caller
+    ks[:, :, offset : offset + L] = k.transpose(0, 2, 1, 3)
+    vs[:, :, offset : offset + L] = v.transpose(0, 2, 1, 3)
+    out = np.zeros((B, L, H, E))
+    for b in range(B):
+        for h in range(H):
+            for i in range(L):
+                s = ks[b, h // (H // Hk), : offset + i + 1] @ q[b, i, h] * scale
+                p = np.exp(s - s.max())
+                out[b, i, h] = p @ vs[b, h // (H // Hk), : offset + i + 1] / p.sum()
+    return out.reshape(B, L, H * E), ks, vs
+
+
+@pytest.mark.parametrize("L,offset", [(1, 0), (1, 37), (5, 11), (16, 0)])
+def test_attention_against_float64_and_rows_alone(L, offset):
+    B, H, Hk, E, cap = 3, 6, 2, 16, 64
+    scale = E**-0.5
+    angles = np.arange(cap)[:, None] * (10000.0 ** (-np.arange(0, E, 2) / E))[None]
+    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    qkv = np.array(normal(B, L, (H + 2 * Hk) * E))
+    keys = np.array(normal(B, Hk, cap, E))
+    values = keys * 0.5  # reference() builds the values cache the same way
+
+    def run(rows):
+        kc = K.write_cache(
+            mx.array(keys[rows]), mx.array(qkv[rows]), mx.array(cos), mx.array(sin), offset, H, Hk, False
+        )
+        vc = K.write_cache(
+            mx.array(values[rows]), mx.array(qkv[rows]), mx.array(cos), mx.array(sin), offset, H, Hk, True
+        )
+        out = K.attend(mx.array(qkv[rows]), mx.array(cos), mx.array(sin), kc, vc, offset, H, Hk, scale)
+        mx.eval(out, kc, vc)
+        return out, kc, vc
+
+    out, kc, vc = run(slice(None))
+    want, want_k, want_v = reference(qkv, keys, cos, sin, offset, H, Hk, scale)
+    assert np.abs(np.array(out) - want).max() < 1e-5
+    assert np.abs(np.array(kc) - want_k).max() < 1e-5 and np.abs(np.array(vc) - want_v).max() < 1e-6
+    for r in range(B):
+        alone, _, _ = run(slice(r, r + 1))
+        assert mx.array_equal(alone[0], out[r]).item(), r
+
+
+def _address(a: mx.array) -> int:
+    return np.array(a, copy=False).__array_interface__["data"][0]
+
+
+def test_the_cache_is_written_in_place_unless_something_else_holds_it():
+    H, Hk, E = 2, 1, 8
+    cos, sin = mx.ones((8, E // 2)), mx.zeros((8, E // 2))
+    qkv = normal(1, 1, (H + 2 * Hk) * E)
+    cache = mx.zeros((1, Hk, 8, E)) + 0  # a computed array: its buffer belongs to no one else
+    mx.eval(cache)
+    before = _address(cache)
+    written = K.write_cache(cache, qkv, cos, sin, 0, H, Hk, False)
+    del cache  # only the graph holds the old cache now: it can be written where it lies
+    mx.eval(written)
+    assert _address(written) == before
+    held = mx.zeros((1, Hk, 8, E)) + 0
+    mx.eval(held)
+    copy = K.write_cache(held, qkv, cos, sin, 0, H, Hk, False)
+    mx.eval(copy)
+    assert _address(copy) != _address(held) and not mx.any(held).item()  # the held array is unchanged
+    assert mx.array_equal(copy[0, 0, 0], qkv[0, 0, H * E : (H + Hk) * E]).item()  # cos 1, sin 0: as given
+
+
+def test_bad_shapes_are_refused():
+    cache = mx.zeros((1, 2, 8, 16))
+    with pytest.raises(ValueError, match="no room"):
+        K.write_cache(cache, mx.zeros((1, 1, 8 * 16)), mx.zeros((8, 8)), mx.zeros((8, 8)), 8, 4, 2, False)
+    with pytest.raises(ValueError, match="n_heads must be a multiple"):
+        K.attend(mx.zeros((1, 1, 7 * 16)), mx.zeros((8, 8)), mx.zeros((8, 8)), cache, cache, 0, 3, 2, 1.0)
+
+
+def _nodes(model, cache) -> int:
+    dot = io.StringIO()
+    mx.export_to_dot(dot, model(mx.array([[163]]), cache))
+    return sum(collections.Counter(re.findall(r'label ="?([A-Za-z_0-9]+)', dot.getvalue())).values())
+
+
+def test_the_model_with_fused_layers_matches_the_composed_pass(embedded_quantized):
+    model, tok = embedded_quantized
+    ids = tok.encode("The quick brown fox jumps over the lazy dog and then")
+    fused = [(layer.self_attn, layer.self_attn.fused, layer.mlp, layer.mlp.fused) for layer in model.layers]
+    assert all(f is not None and g is not None for _, f, _, g in fused), "the embedded model should be fused"
+
+    def greedy():
+        cache = model.make_cache()
+        scores = model(mx.array([ids]), cache)[:, -1, :]
+        first, out = scores, []
+        for _ in range(12):
+            out.append(mx.argmax(scores, axis=-1).item())
+            scores = model(mx.array([[out[-1]]]), cache)[:, -1, :]
+        return first, out, _nodes(model, cache)
+
+    fused_first, fused_tokens, fused_nodes = greedy()
+    try:
+        for attn, _, mlp, _ in fused:
+            attn.fused = mlp.fused = None
+        composed_first, composed_tokens, composed_nodes = greedy()
+    finally:
+        for attn, f, mlp, g in fused:
+            attn.fused, mlp.fused = f, g
+    err = mx.max(mx.abs(fused_first - composed_first)).item()
+    assert err < 1e-3 * mx.max(mx.abs(composed_first)).item(), err
+    assert fused_tokens == composed_tokens
+    assert fused_nodes * 2 < composed_nodes, (fused_nodes, composed_nodes)
