@@ -83,9 +83,9 @@ class _ServedRow(RowState):
 
     error: Optional[str] = None
 
-    def scores(self, logits: mx.array, fed: mx.array) -> mx.array:
+    def scores(self, logits: mx.array, fed: mx.array, fast: bool = False) -> mx.array:
         try:
-            return super().scores(logits, fed)
+            return super().scores(logits, fed, fast)
         except Exception as e:  # noqa: BLE001 - any processor failure ends this row only
             self.error = f"{type(e).__name__}: {e}" if not isinstance(e, MlxinferError) else str(e)
             return logits - mx.logsumexp(logits, keepdims=True)

@@ -111,14 +111,15 @@ class RowState:
         self.stop_ids = stop_ids | (spec.mask.stop_ids if spec.mask is not None else set())
         self.generated = 0
 
-    def scores(self, logits: mx.array, fed: mx.array) -> mx.array:
+    def scores(self, logits: mx.array, fed: mx.array, fast: bool = False) -> mx.array:
         """Log-probabilities (1, V) from the scores (1, V) that followed the token `fed`, after this
-        row's penalties and mask."""
+        row's penalties and mask. fast: the CPU paths' own log-softmax (their scores are not mlx-lm's
+        bits anyway); else generate_step's expression, the same bits as mlx-lm."""
         if self.processors:
             self.history = mx.concatenate([self.history, fed.astype(mx.int32)])
             for process in self.processors:
                 logits = process(self.history, logits)
-        return logits - mx.logsumexp(logits, keepdims=True)  # generate_step's expression: same bits
+        return kernels.log_softmax(logits) if fast else logits - mx.logsumexp(logits, keepdims=True)
 
 
 def _next_keys(rows: list[RowState]) -> list:
@@ -156,14 +157,15 @@ def choose_tokens(
         if fast and not step_logprobs and not settings.cuts_tail:
             logprobs = logits
         elif fast:
-            logprobs = logits - kernels.logsumexp(logits)
+            logprobs = kernels.log_softmax(logits)
         else:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
         logprobs = mx.broadcast_to(logprobs, (len(rows), logprobs.shape[-1]))
         kept = cut_tail(logprobs, settings)
     else:
         rows_logprobs = [
-            row.scores(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i]) for i, row in enumerate(rows)
+            row.scores(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i], fast)
+            for i, row in enumerate(rows)
         ]
         kept = mx.concatenate([cut_tail(lp, row.spec.settings) for lp, row in zip(rows_logprobs, rows)])
         logprobs = mx.concatenate(rows_logprobs)
