@@ -228,9 +228,21 @@ def test_sixteen_concurrent_streams_each_equal_its_seed_alone(tiny):
     assert app.engine.batcher.status()["rows_in_flight"] == 0
 
 
-def test_eight_streams_on_the_embedded_model_each_equal_sample(smol, embedded):
-    """The real 4-bit model (GQA, per-row RoPE offsets): prompts of different lengths, all in flight."""
-    url, _ = smol
+@pytest.fixture(scope="module")
+def smol_quantized(embedded_quantized):
+    """The embedded model on the quantized path (the CPU default): fused attention per row."""
+    app = create_app(*embedded_quantized, max_rows=8, max_body_bytes=100_000)
+    with running(app) as url:
+        yield url, app
+
+
+@pytest.mark.parametrize("path", ["bfloat16", "quantized"])
+def test_eight_streams_on_the_embedded_model_each_equal_sample(path, request):
+    """The real 4-bit model (GQA, per-row RoPE offsets): prompts of different lengths, all in flight.
+    Both paths give a row the same bits alone or in a batch: as stored (MLX's quantized matmul) and
+    quantized (the extension's kernel and per-row attention)."""
+    url, _ = request.getfixturevalue("smol" if path == "bfloat16" else "smol_quantized")
+    embedded = request.getfixturevalue("embedded" if path == "bfloat16" else "embedded_quantized")
     prompts = ["Fruit:", "Name one herb:", "The capital of France is", "Hello"]
     cases = [(prompts[i % 4], 40 + i, {"temperature": 1.0}) for i in range(8)]
     refs = [texts(*embedded, p, [s], st, 4, chat=False)[0] for p, s, st in cases]  # no adjustment: the shared draw

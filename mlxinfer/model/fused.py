@@ -65,6 +65,25 @@ class FusedAttention:
         return a.o_proj(out)  # (B, L, H E) -> (B, L, D)
 
 
+def attention_per_row(attn, x: mx.array, caches: list[KVCache]) -> mx.array:
+    """rows.py's attention for rows that each have their own one-row cache (and length): q/k/v of all
+    rows in one kernel call, then each row's RoPE, cache writes and attention at its own offset, three
+    nodes a row (the composed walk was ~14)."""
+    A, H, Hk = x.shape[0], attn.n_heads, attn.n_kv_heads
+    qkv = _matmul_cat(x, (attn.q_proj, attn.k_proj, attn.v_proj))  # (A, 1, (H + 2 Hk) E)
+    E = qkv.shape[-1] // (H + 2 * Hk)
+    cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
+    k, outs = qmm.kernel(), []
+    for r, cache in enumerate(caches):
+        cache.reserve(1, Hk, E, 1, mx.float32)
+        at = cache.offset
+        cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r)
+        cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True, r)
+        outs.append(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, attn.scale, r))
+        cache.offset = at + 1
+    return attn.o_proj(mx.concatenate(outs) if A > 1 else outs[0])  # (A, 1, H E) -> (A, 1, D)
+
+
 class FusedMLP:
     """model.MLP.__call__ with gate and up as one matmul."""
 

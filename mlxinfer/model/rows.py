@@ -21,6 +21,7 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .cache import KVCache
+from .fused import attention_per_row
 from .model import Model
 
 
@@ -39,7 +40,8 @@ def step(model: Model, tokens: mx.array, caches: list[list[KVCache]]) -> mx.arra
     A = tokens.shape[0]
     h = model.embed(tokens.reshape(A, 1))  # (A, 1, D)
     for i, layer in enumerate(model.layers):
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), [c[i] for c in caches])
+        attention = attention_per_row if layer.self_attn.fused is not None else _attention
+        h = h + attention(layer.self_attn, layer.input_layernorm(h), [c[i] for c in caches])
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return model.logits_from_hidden(h)[:, -1, :]
 

@@ -136,15 +136,16 @@ mx::Stream cpu_only(mx::StreamOrDevice s) {
 
 // checks the shapes attention.h describes; returns L
 int check(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& cache, int offset, int H,
-          int Hk) {
+          int Hk, int row) {
   auto bad = [](const std::string& what) { return std::invalid_argument("[mlxinfer.attend] " + what); };
   if (H <= 0 || Hk <= 0 || H % Hk) throw bad("n_heads must be a multiple of n_kv_heads");
   if (cache.ndim() != 4 || cache.shape(1) != Hk || cache.shape(3) % 2) {
     throw bad("the cache must be (B, n_kv_heads, capacity, E) with an even E");
   }
   const int B = cache.shape(0), E = cache.shape(3);
-  if (qkv.ndim() != 3 || qkv.shape(0) != B || qkv.shape(2) != (H + 2 * Hk) * E) {
-    throw bad("qkv must be (B, L, (n_heads + 2 n_kv_heads) E) for the cache's B and E");
+  if (qkv.ndim() != 3 || qkv.shape(2) != (H + 2 * Hk) * E) throw bad("qkv must be (B, L, (n_heads + 2 n_kv_heads) E)");
+  if (row < 0 ? qkv.shape(0) != B : (B != 1 || row >= qkv.shape(0))) {
+    throw bad("qkv's rows must be the cache's (or, given a row of qkv, the cache must hold one row)");
   }
   const int L = qkv.shape(1);
   if (offset < 0 || offset + L > cache.shape(2)) throw bad("the cache has no room for positions offset .. offset + L - 1");
@@ -161,26 +162,27 @@ mx::array f32(const mx::array& a, const mx::Stream& s) {
 }  // namespace
 
 mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      int offset, int n_heads, int n_kv_heads, bool values, mx::StreamOrDevice s) {
+                      int offset, int n_heads, int n_kv_heads, bool values, int row, mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
-  check(qkv, cos, sin, cache, offset, n_heads, n_kv_heads);
+  check(qkv, cos, sin, cache, offset, n_heads, n_kv_heads, row);
   auto kind = values ? AttendKind::write_values : AttendKind::write_keys;
   return mx::array(
       cache.shape(),
       mx::float32,
-      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f),
+      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f, row),
       {f32(cache, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)});
 }
 
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
-                 const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, mx::StreamOrDevice s) {
+                 const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row,
+                 mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
-  const int L = check(qkv, cos, sin, keys, offset, n_heads, n_kv_heads);
+  const int L = check(qkv, cos, sin, keys, offset, n_heads, n_kv_heads, row);
   if (values.shape() != keys.shape()) throw std::invalid_argument("[mlxinfer.attend] keys and values must be alike");
   return mx::array(
       mx::Shape{keys.shape(0), L, n_heads * keys.shape(3)},
       mx::float32,
-      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale),
+      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale, row),
       {f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(keys, stream), f32(values, stream)});
 }
 
@@ -204,10 +206,11 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                   out = mx::array::unsafe_weak_copy(out),
                   d,
                   in_place,
+                  first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E,
                   part = kind_ == AttendKind::write_keys ? 0 : 1]() mutable {
       std::vector<float> cc, cq, ccos, csin;
       if (!in_place) std::memcpy(out.data<float>(), dense_rows(cache, cc), out.nbytes());
-      write(d, part, dense_rows(qkv, cq), dense_rows(cos, ccos), dense_rows(sin, csin), out.data<float>());
+      write(d, part, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin), out.data<float>());
     });
     return;
   }
@@ -221,9 +224,10 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                 values = mx::array::unsafe_weak_copy(inputs[4]),
                 out = mx::array::unsafe_weak_copy(out),
                 d,
+                first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E,
                 scale = scale_]() mutable {
     std::vector<float> cq, cc, cs, ck, cv;
-    attend_all(d, scale, dense_rows(qkv, cq), dense_rows(cos, cc), dense_rows(sin, cs), dense_rows(keys, ck),
+    attend_all(d, scale, dense_rows(qkv, cq) + first, dense_rows(cos, cc), dense_rows(sin, cs), dense_rows(keys, ck),
                dense_rows(values, cv), out.data<float>());
   });
 }
@@ -234,7 +238,8 @@ void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool Attend::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const Attend&>(other);
-  return kind_ == o.kind_ && offset_ == o.offset_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ &&
+  return kind_ == o.kind_ && offset_ == o.offset_ && row_ == o.row_ && n_heads_ == o.n_heads_ &&
+      n_kv_heads_ == o.n_kv_heads_ &&
       scale_ == o.scale_;
 }
 

@@ -22,22 +22,24 @@ namespace mx = mlx::core;
 // written caches; query head h reads key/value head h / (H / Hk). Each (row, head, position) is
 // computed alone in a fixed order: a row's bits never depend on B. Three single-output nodes, not
 // one with three outputs: MLX cannot donate an input that several sibling outputs hold.
+// row >= 0: only that row of qkv, for a one-row cache (the server's rows each have their own).
 mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      int offset, int n_heads, int n_kv_heads, bool values, mx::StreamOrDevice s = {});
+                      int offset, int n_heads, int n_kv_heads, bool values, int row = -1, mx::StreamOrDevice s = {});
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
-                 const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale,
+                 const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row = -1,
                  mx::StreamOrDevice s = {});
 
 enum class AttendKind { write_keys, write_values, attend };
 
 class Attend : public mx::UnaryPrimitive {
  public:
-  Attend(mx::Stream stream, AttendKind kind, int offset, int n_heads, int n_kv_heads, float scale)
+  Attend(mx::Stream stream, AttendKind kind, int offset, int n_heads, int n_kv_heads, float scale, int row)
       : mx::UnaryPrimitive(stream),
         kind_(kind),
         offset_(offset),
         n_heads_(n_heads),
         n_kv_heads_(n_kv_heads),
+        row_(row),
         scale_(scale) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
@@ -49,7 +51,7 @@ class Attend : public mx::UnaryPrimitive {
 
  private:
   AttendKind kind_;
-  int offset_, n_heads_, n_kv_heads_;
+  int offset_, n_heads_, n_kv_heads_, row_;
   float scale_;
 };
 
