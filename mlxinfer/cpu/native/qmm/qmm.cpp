@@ -225,23 +225,28 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
       for (int j = 0; j < NC; ++j) p[r][j] = _mm256_setzero_ps();
     }
     for (int64_t bb = blk; bb < blk + BPG; ++bb) {
+      __m256i v[NC];
 #pragma GCC unroll 4
       for (int j = 0; j < NC; ++j) {
         // the same bytes two tiles ahead: a tile reads NC short runs (a row is K * bits / 8
         // bytes), too short for the hardware prefetcher to ramp up on before each ends
         _mm_prefetch(reinterpret_cast<const char*>(wp[j] + 2 * NC * c.Kw + bb * 8), _MM_HINT_T0);
-        const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[j] + bb * 8));
+        v[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[j] + bb * 8));
+      }
+      // field by field: each row's x is loaded once and serves every column of the tile
+#pragma GCC unroll 8
+      for (int f = 0; f < V; ++f) {
+        __m256 xv[R];
 #pragma GCC unroll 4
-        for (int f = 0; f < V; ++f) {
+        for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xp[r] + bb * BV + f * 8);
+#pragma GCC unroll 4
+        for (int j = 0; j < NC; ++j) {
           // q * 2^(f * BITS) (lane_order scaled x to match); the top field is shifted down, as its
           // bit 31 would read as a sign
-          const __m256i q = f == V - 1 ? _mm256_srli_epi32(v, f * BITS)
-                                       : _mm256_and_si256(v, masks[f]);
+          const __m256i q = f == V - 1 ? _mm256_srli_epi32(v[j], f * BITS) : _mm256_and_si256(v[j], masks[f]);
           const __m256 qf = _mm256_cvtepi32_ps(q);
 #pragma GCC unroll 4
-          for (int r = 0; r < R; ++r) {
-            p[r][j] = _mm256_fmadd_ps(qf, _mm256_loadu_ps(xp[r] + bb * BV + f * 8), p[r][j]);
-          }
+          for (int r = 0; r < R; ++r) p[r][j] = _mm256_fmadd_ps(qf, xv[r], p[r][j]);
         }
       }
     }
