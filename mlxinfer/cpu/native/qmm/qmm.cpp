@@ -191,13 +191,13 @@ void lane_order(const float* x, float* xp, int64_t K, int bits) {
   }
 }
 
-template <int BITS, class S, int R, int NC>
+template <int BITS, int GS, class S, int R, int NC>
 void tile(const Ctx& c, int64_t m0, int64_t n0) {
   using T = typename S::T;
   constexpr int V = 32 / BITS;
   constexpr int BV = 8 * V;
-  const int WG = c.gs * BITS / 32;  // words per group
-  const int64_t BPG = WG >= 8 ? WG / 8 : 1;  // blocks per scaling step
+  constexpr int WG = GS * BITS / 32;  // words per group
+  constexpr int64_t BPG = WG >= 8 ? WG / 8 : 1;  // blocks per scaling step
   const int64_t nblk = c.K / BV;
   __m256i masks[V];  // field f's bits, in place
 #pragma GCC unroll 4
@@ -255,7 +255,7 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
       _mm_prefetch(reinterpret_cast<const char*>(sp[j] + NC * c.G + 2 * step), _MM_HINT_T0);
       _mm_prefetch(reinterpret_cast<const char*>(static_cast<const T*>(c.b) + (n0 + j + NC) * c.G + 2 * step), _MM_HINT_T0);
       __m256 sv;
-      if (WG >= 8) {
+      if constexpr (WG >= 8) {
         sv = _mm256_set1_ps(widen(S{}, sp[j][step]));
       } else {  // 4-bit groups of 32: a block holds two groups, four lanes each
         sv = _mm256_set_m128(_mm_set1_ps(widen(S{}, sp[j][2 * step + 1])), _mm_set1_ps(widen(S{}, sp[j][2 * step])));
@@ -275,31 +275,31 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
   }
 }
 
-template <int BITS, class S, int R, int NCMAX>
+template <int BITS, int GS, class S, int R, int NCMAX>
 void tiles(const Ctx& c, int64_t m0, int64_t n0, int64_t n1) {
   int64_t n = n0;
-  for (; n + NCMAX <= n1; n += NCMAX) tile<BITS, S, R, NCMAX>(c, m0, n);
-  if constexpr (NCMAX > 1) tiles<BITS, S, R, NCMAX / 2>(c, m0, n, n1);  // the last < NCMAX columns
+  for (; n + NCMAX <= n1; n += NCMAX) tile<BITS, GS, S, R, NCMAX>(c, m0, n);
+  if constexpr (NCMAX > 1) tiles<BITS, GS, S, R, NCMAX / 2>(c, m0, n, n1);  // the last < NCMAX columns
 }
 
 constexpr int64_t kRowBlock = 64;  // rows that share one pass over the weights
 constexpr int64_t kColTile = 16;  // columns whose packed weights stay in L1 while the rows pass
 
-template <int BITS, class S>
+template <int BITS, int GS, class S>
 void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   for (int64_t mb = 0; mb < c.M; mb += kRowBlock) {
     const int64_t me = std::min(c.M, mb + kRowBlock);
     for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
       const int64_t t1 = std::min(n1, t0 + kColTile);
       if (me - mb == 1) {
-        tiles<BITS, S, 1, 4>(c, mb, t0, t1);
+        tiles<BITS, GS, S, 1, 4>(c, mb, t0, t1);
         continue;
       }
       // four rows share each column's unpacking (the unpacking, not the FMAs, bounds a tile)
       int64_t m = mb;
-      for (; m + 4 <= me; m += 4) tiles<BITS, S, 4, 2>(c, m, t0, t1);
-      if (m + 2 <= me) tiles<BITS, S, 2, 2>(c, m, t0, t1), m += 2;
-      if (m < me) tiles<BITS, S, 1, 2>(c, m, t0, t1);
+      for (; m + 4 <= me; m += 4) tiles<BITS, GS, S, 4, 2>(c, m, t0, t1);
+      if (m + 2 <= me) tiles<BITS, GS, S, 2, 2>(c, m, t0, t1), m += 2;
+      if (m < me) tiles<BITS, GS, S, 1, 2>(c, m, t0, t1);
     }
   }
 }
@@ -314,8 +314,14 @@ template <class S>
 std::function<void(int64_t, int64_t)> pick_range(const Ctx& c, bool avx2) {
 #ifdef MLXINFER_QMM_AVX2
   if (avx2) {
-    if (c.bits == 4) return [&c](int64_t n0, int64_t n1) { avx2_range<4, S>(c, n0, n1); };
-    return [&c](int64_t n0, int64_t n1) { avx2_range<8, S>(c, n0, n1); };
+    // bits and group size as template arguments: every loop bound and branch of a tile is a constant
+    using Range = std::function<void(int64_t, int64_t)>;
+    auto with = [&c]<int BITS>() -> Range {
+      if (c.gs == 32) return [&c](int64_t n0, int64_t n1) { avx2_range<BITS, 32, S>(c, n0, n1); };
+      if (c.gs == 64) return [&c](int64_t n0, int64_t n1) { avx2_range<BITS, 64, S>(c, n0, n1); };
+      return [&c](int64_t n0, int64_t n1) { avx2_range<BITS, 128, S>(c, n0, n1); };
+    };
+    return c.bits == 4 ? with.template operator()<4>() : with.template operator()<8>();
   }
 #endif
   (void)avx2;
