@@ -191,6 +191,20 @@ void lane_order(const float* x, float* xp, int64_t K, int bits) {
   }
 }
 
+// Scale groups a tile widens up front (K / group_size); avx2_layout sends longer rows to the portable path.
+constexpr int64_t kMaxTileGroups = 1024;
+
+inline const float* widen_row(F32, const float* s, float*, int64_t) {
+  return s;
+}
+template <class S>
+inline const float* widen_row(S, const typename S::T* s, float* buf, int64_t G) {
+  int64_t g = 0;
+  for (; g + 8 <= G; g += 8) _mm256_store_ps(buf + g, widen8(S{}, s + g));
+  for (; g < G; ++g) buf[g] = widen(S{}, s[g]);
+  return buf;
+}
+
 template <int BITS, int GS, class S, int R, int NC>
 void tile(const Ctx& c, int64_t m0, int64_t n0) {
   using T = typename S::T;
@@ -204,12 +218,16 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
   for (int f = 0; f < V; ++f) masks[f] = _mm256_set1_epi32(((1 << BITS) - 1) << (f * BITS));
   const uint32_t* wp[NC];
   const T* sp[NC];
+  // each column's scales widened to float32 once per tile (exact), read back as broadcasts
+  alignas(32) float sbuf[NC][kMaxTileGroups];
+  const float* sf[NC];
   const float* xp[R];
   __m256 acc[R][NC];
 #pragma GCC unroll 4
   for (int j = 0; j < NC; ++j) {
     wp[j] = c.w + (n0 + j) * c.Kw;
     sp[j] = static_cast<const T*>(c.s) + (n0 + j) * c.G;
+    sf[j] = widen_row(S{}, sp[j], sbuf[j], c.G);
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
@@ -256,9 +274,9 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
       _mm_prefetch(reinterpret_cast<const char*>(static_cast<const T*>(c.b) + (n0 + j + NC) * c.G + 2 * step), _MM_HINT_T0);
       __m256 sv;
       if constexpr (WG >= 8) {
-        sv = _mm256_set1_ps(widen(S{}, sp[j][step]));
+        sv = _mm256_broadcast_ss(sf[j] + step);
       } else {  // 4-bit groups of 32: a block holds two groups, four lanes each
-        sv = _mm256_set_m128(_mm_set1_ps(widen(S{}, sp[j][2 * step + 1])), _mm_set1_ps(widen(S{}, sp[j][2 * step])));
+        sv = _mm256_set_m128(_mm_broadcast_ss(sf[j] + 2 * step + 1), _mm_broadcast_ss(sf[j] + 2 * step));
       }
 #pragma GCC unroll 4
       for (int r = 0; r < R; ++r) acc[r][j] = _mm256_fmadd_ps(sv, p[r][j], acc[r][j]);
@@ -304,8 +322,8 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   }
 }
 
-bool avx2_layout(int64_t K, int bits) {
-  return K % (8 * (32 / bits)) == 0;  // whole blocks of 8 packed words
+bool avx2_layout(int64_t K, int bits, int group_size) {
+  return K % (8 * (32 / bits)) == 0 && K / group_size <= kMaxTileGroups;  // whole blocks of 8 packed words
 }
 
 #endif  // MLXINFER_QMM_AVX2
@@ -353,7 +371,7 @@ void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale
   bool avx2 = false;
   std::vector<float> xp;
 #ifdef MLXINFER_QMM_AVX2
-  avx2 = avx2_layout(K, bits);
+  avx2 = avx2_layout(K, bits, group_size);
   if (avx2) {
     xp.resize(M * K);
     for (int64_t m = 0; m < M; ++m) lane_order(x + m * K, xp.data() + m * K, K, bits);
