@@ -7,7 +7,8 @@
     rows in a batch bit for bit, the cache written in place when nothing else holds it and copied
     when something does;
 (e) the embedded model: the fused layers against the composed forward pass they replace (scores
-    and greedy text), and the node count of one decode step, side by side.
+    and greedy text), and the node count of one decode step, side by side; a prompt scored in one
+    pass, in chunks and token by token, bit for bit alike.
 """
 
 from __future__ import annotations
@@ -192,3 +193,20 @@ def test_the_model_with_fused_layers_matches_the_composed_pass(embedded_quantize
     assert err < 1e-3 * mx.max(mx.abs(composed_first)).item(), err
     assert fused_tokens == composed_tokens
     assert fused_nodes * 2 < composed_nodes, (fused_nodes, composed_nodes)
+
+
+def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded_quantized):
+    """Every prompt position is computed alone (the kernel's rows, attention per query), so prefill
+    gives the last position the bits that feeding the prompt one token at a time gives it."""
+    model, tok = embedded_quantized
+    ids = tok.encode("The quick brown fox jumps over the lazy dog because it was late for dinner")
+
+    def last(chunks):
+        cache = model.make_cache()
+        for chunk in chunks:
+            scores = model(mx.array([chunk]), cache)[0, -1]
+        return scores
+
+    whole = last([ids])
+    assert mx.array_equal(whole, last([[t] for t in ids])).item()
+    assert mx.array_equal(whole, last([ids[:7], ids[7:]])).item()
