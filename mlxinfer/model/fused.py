@@ -32,6 +32,11 @@ def _same_layout(mods) -> bool:
     )
 
 
+def _identity(module, names) -> tuple:
+    """Which projection modules `fuse` checked: the fused call is only for those."""
+    return tuple(id(module[n]) for n in names)
+
+
 def _matmul_cat(x: mx.array, mods) -> mx.array:
     m0 = mods[0]
     y = qmm.kernel().quantized_matmul_cat(
@@ -46,12 +51,17 @@ class FusedAttention:
     """model.Attention.__call__ for the quantized path (its projections are read at each call)."""
 
     def __init__(self, attn):
-        self.attn = attn
+        self.attn, self.checked = attn, _identity(attn, ("q_proj", "k_proj", "v_proj"))
 
     def __call__(self, x: mx.array, mask, cache) -> mx.array:
         a = self.attn
         B, L, _ = x.shape
-        if cache is None or not isinstance(mask, (str, type(None))) or L * (cache.offset + L) > MAX_FUSED_PAIRS:
+        if (
+            _identity(a, ("q_proj", "k_proj", "v_proj")) != self.checked  # replaced since (sharding)
+            or not isinstance(cache, KVCache)  # none, or another class's cache: the composed pass handles it
+            or not isinstance(mask, (str, type(None)))
+            or L * (cache.offset + L) > MAX_FUSED_PAIRS
+        ):
             return a.composed(x, mask, cache)
         qkv = _matmul_cat(x, (a.q_proj, a.k_proj, a.v_proj))  # (B, L, (H + 2 Hk) E)
         E = qkv.shape[-1] // (a.n_heads + 2 * a.n_kv_heads)
@@ -88,10 +98,12 @@ class FusedMLP:
     """model.MLP.__call__ with gate and up as one matmul."""
 
     def __init__(self, mlp):
-        self.mlp = mlp
+        self.mlp, self.checked = mlp, _identity(mlp, ("gate_proj", "up_proj"))
 
     def __call__(self, x: mx.array) -> mx.array:
         m = self.mlp
+        if _identity(m, ("gate_proj", "up_proj")) != self.checked:  # replaced since (sharding)
+            return m.composed(x)
         return m.down_proj(qmm.kernel().swiglu_halves(_matmul_cat(x, (m.gate_proj, m.up_proj))))
 
 

@@ -130,6 +130,9 @@ class MLP(nn.Module):
     def __call__(self, x: mx.array) -> mx.array:
         if self.fused is not None:
             return self.fused(x)
+        return self.composed(x)
+
+    def composed(self, x: mx.array) -> mx.array:
         return self.down_proj(self.activation(self.gate_proj(x), self.up_proj(x)))  # (B, L, F) -> (B, L, D)
 
 
