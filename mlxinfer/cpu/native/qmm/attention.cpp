@@ -47,6 +47,50 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = std::fma(w, x[i], y[i]);
 }
 
+// s[t] = dot(q, k_t) for t < T. Four keys share one lane reduction, which gives every key the same
+// tree, ((0+4)+(1+5)) + ((2+6)+(3+7)): a key's score depends on neither its neighbours nor T.
+void scores(const float* q, const float* k, int64_t T, int64_t E, float* s) {
+#ifdef MLXINFER_AVX2
+  if (E % 8 == 0) {
+    for (int64_t t = 0; t < T; t += 4) {
+      __m256 a[4];
+      for (int i = 0; i < 4; ++i) {
+        a[i] = _mm256_setzero_ps();
+        if (t + i >= T) continue;  // a missing key's lane is computed from zeros and dropped
+        const float* kt = k + (t + i) * E;
+        for (int64_t e = 0; e < E; e += 8) a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(kt + e), a[i]);
+      }
+      __m128 h[4];
+      for (int i = 0; i < 4; ++i) h[i] = _mm_add_ps(_mm256_castps256_ps128(a[i]), _mm256_extractf128_ps(a[i], 1));
+      alignas(16) float r[4];
+      _mm_store_ps(r, _mm_hadd_ps(_mm_hadd_ps(h[0], h[1]), _mm_hadd_ps(h[2], h[3])));
+      for (int i = 0; i < 4 && t + i < T; ++i) s[t + i] = r[i];
+    }
+    return;
+  }
+#endif
+  for (int64_t t = 0; t < T; ++t) s[t] = dot(q, k + t * E, E);
+}
+
+// y = sum_t p[t] * v_t, each element's FMAs in t order, 64 elements of y held in registers at a time
+void weighted_sum(const float* p, const float* v, int64_t T, int64_t E, float* y) {
+  int64_t e0 = 0;
+#ifdef MLXINFER_AVX2
+  for (; e0 + 64 <= E; e0 += 64) {
+    __m256 acc[8];
+    for (int i = 0; i < 8; ++i) acc[i] = _mm256_setzero_ps();
+    for (int64_t t = 0; t < T; ++t) {
+      const __m256 w = _mm256_broadcast_ss(p + t);
+      const float* vt = v + t * E + e0;
+      for (int i = 0; i < 8; ++i) acc[i] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+    }
+    for (int i = 0; i < 8; ++i) _mm256_storeu_ps(y + e0 + 8 * i, acc[i]);
+  }
+#endif
+  std::fill(y + e0, y + E, 0.0f);
+  for (int64_t t = 0; t < T; ++t) axpy(p[t], v + t * E + e0, y + e0, E - e0);
+}
+
 // rope_rows' arithmetic (rows.cpp) for one head vector at one position
 inline void rotate(const float* x, const float* c, const float* s, float* y, int64_t E) {
   const int64_t half = E / 2;
@@ -87,9 +131,10 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
     rotate(qkv + (b * d.L + l) * width + h * d.E, cos + pos * half, sin + pos * half, q.data(), d.E);
     const float* k = keys + (b * d.Hk + kh) * d.cap * d.E;
     const float* v = values + (b * d.Hk + kh) * d.cap * d.E;
+    scores(q.data(), k, T, d.E, p.data());
     float top = -INFINITY;
     for (int64_t t = 0; t < T; ++t) {
-      p[t] = dot(q.data(), k + t * d.E, d.E) * scale;
+      p[t] *= scale;
       top = std::max(top, p[t]);
     }
     int64_t t = 0;
@@ -101,8 +146,7 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
     float total = 0.0f;
     for (t = 0; t < T; ++t) total += p[t];
     float* y = out + (b * d.L + l) * d.H * d.E + h * d.E;
-    std::fill(y, y + d.E, 0.0f);
-    for (t = 0; t < T; ++t) axpy(p[t], v + t * d.E, y, d.E);
+    weighted_sum(p.data(), v, T, d.E, y);
     const float inv = 1.0f / total;
     for (int64_t i = 0; i < d.E; ++i) y[i] *= inv;
   };
