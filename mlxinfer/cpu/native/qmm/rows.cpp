@@ -197,31 +197,24 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     });
     return;
   }
-  if (kind_ == RowKind::log_softmax) {
+  if (kind_ == RowKind::log_softmax || kind_ == RowKind::swiglu_halves) {  // one input, row by row
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.set_input_array(inputs[0]);
     enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out)]() mutable {
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out), kind = kind_]() mutable {
       std::vector<float> copy;
       const float* p = dense_rows(x, copy);
-      const int64_t n = x.ndim() ? x.shape(-1) : 1;
-      const int64_t rows = n ? static_cast<int64_t>(x.size()) / n : 0;
-      for (int64_t r = 0; r < rows; ++r) log_softmax_row(p + r * n, out.data<float>() + r * n, n);
-    });
-    return;
-  }
-  if (kind_ == RowKind::swiglu_halves) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(inputs[0]);
-    enc.set_output_array(out);
-    enc.dispatch([gu = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out)]() mutable {
-      std::vector<float> copy;
-      const float* p = dense_rows(gu, copy);
-      const int64_t F = out.ndim() ? out.shape(-1) : 1;
-      const int64_t rows = F ? static_cast<int64_t>(out.size()) / F : 0;
-      for (int64_t r = 0; r < rows; ++r) swiglu_row(p + r * 2 * F, p + r * 2 * F + F, out.data<float>() + r * F, F);
+      const int64_t n = out.ndim() ? out.shape(-1) : 1, in = x.ndim() ? x.shape(-1) : 1;  // in: n or 2n
+      const int64_t rows = n ? static_cast<int64_t>(out.size()) / n : 0;
+      float* y = out.data<float>();
+      for (int64_t r = 0; r < rows; ++r) {
+        if (kind == RowKind::log_softmax) {
+          log_softmax_row(p + r * in, y + r * n, n);
+        } else {
+          swiglu_row(p + r * in, p + r * in + n, y + r * n, n);  // gate, then up
+        }
+      }
     });
     return;
   }
