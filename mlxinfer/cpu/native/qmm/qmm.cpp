@@ -8,7 +8,7 @@
 //     the kernel's lane order, each row on its own;
 //   * per (m, n), eight lane accumulators p take q * x for the group's values in a fixed order (block
 //     by block, sub-vector j = 0..V-1 within a block, one FMA each), then acc += scale * p per group;
-//     the lanes of acc are reduced by one fixed tree (hsum), then the bias term sum_g b[g] * xsum[g]
+//     the lanes of acc are reduced by one fixed tree (hsum8, simd.h), then the bias term sum_g b[g] * xsum[g]
 //     (again fixed lanes, fixed tree, then a scalar tail in g order) is added last;
 //   * tiles of R rows x NC columns only share the unpacking of the weights: each (m, n) keeps its own
 //     accumulators, and every tile shape runs the same intrinsics in the same order for each of them;
@@ -28,8 +28,8 @@
 
 #include "pool.h"
 
-#if defined(__AVX2__) && defined(__FMA__)
-#include <immintrin.h>
+#include "simd.h"
+#ifdef MLXINFER_AVX2
 #define MLXINFER_QMM_AVX2 1
 #endif
 
@@ -159,19 +159,12 @@ inline __m256 widen8(BF16, const uint16_t* p) {
   return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
 }
 
-inline float hsum(__m256 v) {
-  __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  t = _mm_add_ss(t, _mm_movehdup_ps(t));
-  return _mm_cvtss_f32(t);
-}
-
 template <class S>
 inline float bias_dot(const typename S::T* b, const float* xs, int64_t G) {
   __m256 v = _mm256_setzero_ps();
   int64_t g = 0;
   for (; g + 8 <= G; g += 8) v = _mm256_fmadd_ps(widen8(S{}, b + g), _mm256_loadu_ps(xs + g), v);
-  float t = hsum(v);
+  float t = hsum8(v);
   for (; g < G; ++g) t = std::fma(widen(S{}, b[g]), xs[g], t);
   return t;
 }
@@ -288,7 +281,7 @@ void tile(const Ctx& c, int64_t m0, int64_t n0) {
     for (int j = 0; j < NC; ++j) {
       const int64_t n = n0 + j;
       const float bt = bias_dot<S>(static_cast<const T*>(c.b) + n * c.G, c.xsum + (m0 + r) * c.G, c.G);
-      c.y[(m0 + r) * c.ldy + n] = hsum(acc[r][j]) + bt;
+      c.y[(m0 + r) * c.ldy + n] = hsum8(acc[r][j]) + bt;
     }
   }
 }
