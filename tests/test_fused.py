@@ -166,11 +166,10 @@ def _nodes(model, cache) -> int:
     return sum(collections.Counter(re.findall(r'label ="?([A-Za-z_0-9]+)', dot.getvalue())).values())
 
 
-def test_the_model_with_fused_layers_matches_the_composed_pass(embedded_quantized):
-    model, tok = embedded_quantized
-    ids = tok.encode("The quick brown fox jumps over the lazy dog and then")
+def _fused_against_composed(model, ids: list[int]):
+    """(the fused pass's first scores, greedy tokens and nodes a step), the same for the composed pass."""
     fused = [(layer.self_attn, layer.self_attn.fused, layer.mlp, layer.mlp.fused) for layer in model.layers]
-    assert all(f is not None and g is not None for _, f, _, g in fused), "the embedded model should be fused"
+    assert all(f is not None and g is not None for _, f, _, g in fused), "the model should be fused"
 
     def greedy():
         cache = model.make_cache()
@@ -181,18 +180,37 @@ def test_the_model_with_fused_layers_matches_the_composed_pass(embedded_quantize
             scores = model(mx.array([[out[-1]]]), cache)[:, -1, :]
         return first, out, _nodes(model, cache)
 
-    fused_first, fused_tokens, fused_nodes = greedy()
+    with_fused = greedy()
     try:
         for attn, _, mlp, _ in fused:
             attn.fused = mlp.fused = None
-        composed_first, composed_tokens, composed_nodes = greedy()
+        composed = greedy()
     finally:
         for attn, f, mlp, g in fused:
             attn.fused, mlp.fused = f, g
-    err = mx.max(mx.abs(fused_first - composed_first)).item()
-    assert err < 1e-3 * mx.max(mx.abs(composed_first)).item(), err
-    assert fused_tokens == composed_tokens
-    assert fused_nodes * 2 < composed_nodes, (fused_nodes, composed_nodes)
+    return with_fused, composed
+
+
+def test_the_model_with_fused_layers_matches_the_composed_pass(embedded_quantized):
+    model, tok = embedded_quantized
+    ids = tok.encode("The quick brown fox jumps over the lazy dog and then")
+    (fused_first, fused_tokens, fused_nodes), (first, tokens, nodes) = _fused_against_composed(model, ids)
+    err = mx.max(mx.abs(fused_first - first)).item()
+    assert err < 1e-3 * mx.max(mx.abs(first)).item(), err
+    assert fused_tokens == tokens
+    assert fused_nodes * 2 < nodes, (fused_nodes, nodes)
+
+
+def test_qwen3_head_norms_run_inside_the_fused_attention(checkpoint_dir):
+    """Qwen3's per-head q/k RMSNorm before RoPE: the fused nodes apply it with rms_norm's arithmetic."""
+    import mlxinfer
+
+    model, _ = mlxinfer.load(checkpoint_dir("qwen3", 4, 64), compute_dtype="quantized")
+    assert model.layers[0].self_attn.qk_norm
+    ids = list(range(5, 29))
+    (fused_first, fused_tokens, _), (first, tokens, _) = _fused_against_composed(model, ids)
+    assert mx.allclose(fused_first, first, rtol=1e-4, atol=1e-4).item(), mx.max(mx.abs(fused_first - first)).item()
+    assert fused_tokens == tokens
 
 
 def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded_quantized):

@@ -8,8 +8,9 @@ a 30-layer model composed from MLX ops was ~1,200 nodes. Here, per layer:
 * RoPE and the KV cache update as one primitive per cache, attention as one (native/qmm/attention.cpp);
 * gate and up projections as one kernel call and SwiGLU on its two halves.
 
-A layer is 12 nodes instead of ~39. `fuse(model)` installs this on model.py's Attention and MLP
-(their `fused` hook) where the layout allows; anything else keeps the composed forward pass.
+A layer is 12 nodes instead of ~39; Qwen3's q/k head norms run inside the attention nodes.
+`fuse(model)` installs this on model.py's Attention and MLP (their `fused` hook) where the layout
+allows; anything else keeps the composed forward pass.
 Batch invariance holds as before: every row is computed alone in a fixed order (attention.h).
 """
 
@@ -35,6 +36,13 @@ def _same_layout(mods) -> bool:
 def _identity(module, names) -> tuple:
     """Which projection modules `fuse` checked: the fused call is only for those."""
     return tuple(id(module[n]) for n in names)
+
+
+def _head_norms(attn) -> tuple[tuple, tuple]:
+    """(weight, eps) of the q and k head norms (Qwen3), or two empty tuples: the kernel's defaults."""
+    if not attn.qk_norm:
+        return (), ()
+    return (attn.q_norm["weight"], attn.q_norm.eps), (attn.k_norm["weight"], attn.k_norm.eps)
 
 
 def _matmul_cat(x: mx.array, mods) -> mx.array:
@@ -68,9 +76,10 @@ class FusedAttention:
         cos, sin = a.rope._table.tables(cache.offset + L)
         cache.reserve(B, a.n_kv_heads, E, L, mx.float32)
         k, H, Hk, at = qmm.kernel(), a.n_heads, a.n_kv_heads, cache.offset
-        cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False)
+        qn, kn = _head_norms(a)
+        cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, -1, *kn)
         cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True)
-        out = k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale)
+        out = k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn)
         cache.offset += L
         return a.o_proj(out)  # (B, L, H E) -> (B, L, D)
 
@@ -84,12 +93,13 @@ def attention_per_row(attn, x: mx.array, caches: list[KVCache]) -> mx.array:
     E = qkv.shape[-1] // (H + 2 * Hk)
     cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
     k, outs = qmm.kernel(), []
+    qn, kn = _head_norms(attn)
     for r, cache in enumerate(caches):
         cache.reserve(1, Hk, E, 1, mx.float32)
         at = cache.offset
-        cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r)
+        cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r, *kn)
         cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True, r)
-        outs.append(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, attn.scale, r))
+        outs.append(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, attn.scale, r, *qn))
         cache.offset = at + 1
     return attn.o_proj(mx.concatenate(outs) if A > 1 else outs[0])  # (A, 1, H E) -> (A, 1, D)
 
@@ -122,7 +132,7 @@ def fuse(model) -> int:
         a = layer.self_attn
         if (
             type(a) is Attention
-            and not a.qk_norm
+            and (not a.qk_norm or (type(a.q_norm) is qlinear.RMSNormF32 and type(a.k_norm) is qlinear.RMSNormF32))
             and isinstance(a.rope._table, qlinear.RopeTableF32)
             and _same_layout((a.q_proj, a.k_proj, a.v_proj))
         ):

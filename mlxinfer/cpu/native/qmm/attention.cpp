@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -101,8 +102,10 @@ inline void rotate(const float* x, const float* c, const float* s, float* y, int
 }
 
 // the new positions' keys (rotated: part 0) or values (part 1) into the cache
-void write(const Shapes& d, int part, const float* qkv, const float* cos, const float* sin, float* cache) {
+void write(const Shapes& d, int part, const float* qkv, const float* cos, const float* sin, const float* norm, float eps,
+           float* cache) {
   const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
+  std::vector<float> normed(norm ? d.E : 0);
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t l = 0; l < d.L; ++l) {
       const float* row = qkv + (b * d.L + l) * width;
@@ -110,7 +113,9 @@ void write(const Shapes& d, int part, const float* qkv, const float* cos, const 
       for (int64_t kh = 0; kh < d.Hk; ++kh) {
         float* at = cache + ((b * d.Hk + kh) * d.cap + pos) * d.E;
         if (part == 0) {
-          rotate(row + (d.H + kh) * d.E, cos + pos * half, sin + pos * half, at, d.E);
+          const float* k = row + (d.H + kh) * d.E;
+          if (norm) k = (rms_norm_row(k, norm, normed.data(), d.E, eps), normed.data());  // Qwen3's k_norm
+          rotate(k, cos + pos * half, sin + pos * half, at, d.E);
         } else {
           std::memcpy(at, row + (d.H + d.Hk + kh) * d.E, d.E * sizeof(float));
         }
@@ -121,14 +126,16 @@ void write(const Shapes& d, int part, const float* qkv, const float* cos, const 
 
 // each (row, head, new position) alone over the written cache
 void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos, const float* sin, const float* keys,
-                const float* values, float* out) {
+                const float* values, const float* norm, float eps, float* out) {
   const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
   // each (row, head, new position) alone: scores, softmax, the weighted sum of values
   const int64_t units = d.B * d.H * d.L, group = d.H / d.Hk;
-  auto unit = [&](int64_t u, std::vector<float>& q, std::vector<float>& p) {
+  auto unit = [&](int64_t u, std::vector<float>& q, std::vector<float>& p, std::vector<float>& normed) {
     const int64_t l = u % d.L, h = (u / d.L) % d.H, b = u / (d.L * d.H);
     const int64_t pos = d.offset + l, T = pos + 1, kh = h / group;
-    rotate(qkv + (b * d.L + l) * width + h * d.E, cos + pos * half, sin + pos * half, q.data(), d.E);
+    const float* qh = qkv + (b * d.L + l) * width + h * d.E;
+    if (norm) qh = (rms_norm_row(qh, norm, normed.data(), d.E, eps), normed.data());  // Qwen3's q_norm
+    rotate(qh, cos + pos * half, sin + pos * half, q.data(), d.E);
     const float* k = keys + (b * d.Hk + kh) * d.cap * d.E;
     const float* v = values + (b * d.Hk + kh) * d.cap * d.E;
     scores(q.data(), k, T, d.E, p.data());
@@ -151,8 +158,8 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
     for (int64_t i = 0; i < d.E; ++i) y[i] *= inv;
   };
   auto span = [&](int64_t u0, int64_t u1) {
-    std::vector<float> q(d.E), p(d.offset + d.L);
-    for (int64_t u = u0; u < u1; ++u) unit(u, q, p);
+    std::vector<float> q(d.E), p(d.offset + d.L), normed(d.E);
+    for (int64_t u = u0; u < u1; ++u) unit(u, q, p, normed);
   };
   Pool& pl = pool();
   const int64_t work = units * (d.offset + d.L) * d.E;
@@ -205,29 +212,42 @@ mx::array f32(const mx::array& a, const mx::Stream& s) {
 
 }  // namespace
 
+void check_norm(const std::optional<mx::array>& norm, const mx::array& cache) {
+  if (norm && (norm->ndim() != 1 || norm->shape(0) != cache.shape(3))) {
+    throw std::invalid_argument("[mlxinfer.attend] a head norm's weight must be (E,)");
+  }
+}
+
 mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      int offset, int n_heads, int n_kv_heads, bool values, int row, mx::StreamOrDevice s) {
+                      int offset, int n_heads, int n_kv_heads, bool values, int row, const std::optional<mx::array>& norm,
+                      float eps, mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
   check(qkv, cos, sin, cache, offset, n_heads, n_kv_heads, row);
+  check_norm(norm, cache);
+  std::vector<mx::array> inputs{f32(cache, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
+  if (norm && !values) inputs.push_back(f32(*norm, stream));
   auto kind = values ? AttendKind::write_values : AttendKind::write_keys;
   return mx::array(
       cache.shape(),
       mx::float32,
-      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f, row),
-      {f32(cache, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)});
+      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f, row, eps),
+      inputs);
 }
 
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
                  const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row,
-                 mx::StreamOrDevice s) {
+                 const std::optional<mx::array>& norm, float eps, mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
   const int L = check(qkv, cos, sin, keys, offset, n_heads, n_kv_heads, row);
+  check_norm(norm, keys);
   if (values.shape() != keys.shape()) throw std::invalid_argument("[mlxinfer.attend] keys and values must be alike");
+  std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(keys, stream), f32(values, stream)};
+  if (norm) inputs.push_back(f32(*norm, stream));
   return mx::array(
       mx::Shape{keys.shape(0), L, n_heads * keys.shape(3)},
       mx::float32,
-      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale, row),
-      {f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(keys, stream), f32(values, stream)});
+      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale, row, eps),
+      inputs);
 }
 
 void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -250,11 +270,14 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                   out = mx::array::unsafe_weak_copy(out),
                   d,
                   in_place,
+                  norm = inputs.size() > 4 ? std::optional(mx::array::unsafe_weak_copy(inputs[4])) : std::nullopt,
+                  eps = eps_,
                   first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E,
                   part = kind_ == AttendKind::write_keys ? 0 : 1]() mutable {
-      std::vector<float> cc, cq, ccos, csin;
+      std::vector<float> cc, cq, ccos, csin, cn;
       if (!in_place) std::memcpy(out.data<float>(), dense_rows(cache, cc), out.nbytes());
-      write(d, part, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin), out.data<float>());
+      write(d, part, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin),
+            norm ? dense_rows(*norm, cn) : nullptr, eps, out.data<float>());
     });
     return;
   }
@@ -268,11 +291,13 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                 values = mx::array::unsafe_weak_copy(inputs[4]),
                 out = mx::array::unsafe_weak_copy(out),
                 d,
+                norm = inputs.size() > 5 ? std::optional(mx::array::unsafe_weak_copy(inputs[5])) : std::nullopt,
+                eps = eps_,
                 first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E,
                 scale = scale_]() mutable {
-    std::vector<float> cq, cc, cs, ck, cv;
+    std::vector<float> cq, cc, cs, ck, cv, cn;
     attend_all(d, scale, dense_rows(qkv, cq) + first, dense_rows(cos, cc), dense_rows(sin, cs), dense_rows(keys, ck),
-               dense_rows(values, cv), out.data<float>());
+               dense_rows(values, cv), norm ? dense_rows(*norm, cn) : nullptr, eps, out.data<float>());
   });
 }
 
@@ -282,7 +307,7 @@ void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool Attend::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const Attend&>(other);
-  return kind_ == o.kind_ && offset_ == o.offset_ && row_ == o.row_ && n_heads_ == o.n_heads_ &&
+  return kind_ == o.kind_ && offset_ == o.offset_ && row_ == o.row_ && eps_ == o.eps_ && n_heads_ == o.n_heads_ &&
       n_kv_heads_ == o.n_kv_heads_ &&
       scale_ == o.scale_;
 }

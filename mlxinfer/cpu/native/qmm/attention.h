@@ -5,6 +5,8 @@
 // softmax); at a few microseconds a node that was a third of a decode step.
 #pragma once
 
+#include <optional>
+
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
@@ -23,24 +25,28 @@ namespace mx = mlx::core;
 // computed alone in a fixed order: a row's bits never depend on B. Three single-output nodes, not
 // one with three outputs: MLX cannot donate an input that several sibling outputs hold.
 // row >= 0: only that row of qkv, for a one-row cache (the server's rows each have their own).
+// norm (E,): each key head (write_cache) or query head (attend) RMS-normalized with these weights
+// and eps before RoPE, as Qwen3's k_norm and q_norm do (rms_norm's arithmetic).
 mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      int offset, int n_heads, int n_kv_heads, bool values, int row = -1, mx::StreamOrDevice s = {});
+                      int offset, int n_heads, int n_kv_heads, bool values, int row = -1,
+                      const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, mx::StreamOrDevice s = {});
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
                  const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row = -1,
-                 mx::StreamOrDevice s = {});
+                 const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, mx::StreamOrDevice s = {});
 
 enum class AttendKind { write_keys, write_values, attend };
 
 class Attend : public mx::UnaryPrimitive {
  public:
-  Attend(mx::Stream stream, AttendKind kind, int offset, int n_heads, int n_kv_heads, float scale, int row)
+  Attend(mx::Stream stream, AttendKind kind, int offset, int n_heads, int n_kv_heads, float scale, int row, float eps)
       : mx::UnaryPrimitive(stream),
         kind_(kind),
         offset_(offset),
         n_heads_(n_heads),
         n_kv_heads_(n_kv_heads),
         row_(row),
-        scale_(scale) {}
+        scale_(scale),
+        eps_(eps) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
@@ -52,7 +58,7 @@ class Attend : public mx::UnaryPrimitive {
  private:
   AttendKind kind_;
   int offset_, n_heads_, n_kv_heads_, row_;
-  float scale_;
+  float scale_, eps_;
 };
 
 }  // namespace mlxinfer

@@ -1,5 +1,6 @@
 // The Python module mlxinfer/cpu/qmm.py loads: the op, and what the build holds.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
@@ -39,10 +40,12 @@ NB_MODULE(_mlxinfer_qmm, m) {
   m.def("swiglu_halves", &mlxinfer::swiglu_halves, "gate_up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up where gate_up's last axis holds gate, then up");
   m.def("write_cache", &mlxinfer::write_cache, "cache"_a, "qkv"_a, "cos"_a, "sin"_a, "offset"_a, "n_heads"_a,
-        "n_kv_heads"_a, "values"_a, "row"_a = -1, nb::kw_only(), "stream"_a = nb::none(),
+        "n_kv_heads"_a, "values"_a, "row"_a = -1, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(),
+        "stream"_a = nb::none(),
         "the KV cache with the new positions' keys (rotated) or values written, in place where it can be");
   m.def("attend", &mlxinfer::attend, "qkv"_a, "cos"_a, "sin"_a, "keys"_a, "values"_a, "offset"_a, "n_heads"_a,
-        "n_kv_heads"_a, "scale"_a, "row"_a = -1, nb::kw_only(), "stream"_a = nb::none(),
+        "n_kv_heads"_a, "scale"_a, "row"_a = -1, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(),
+        "stream"_a = nb::none(),
         "causal attention of the new positions' queries (rotated) over the written caches: (B, L, H E)");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");

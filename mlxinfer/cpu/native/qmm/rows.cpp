@@ -79,6 +79,21 @@ void log_softmax_row(const float* x, float* y, int64_t n) {
   for (i = 0; i < n; ++i) y[i] = x[i] - lse;
 }
 
+
+mx::array f32(const mx::array& a, const mx::Stream& s) {
+  return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
+}
+
+mx::Stream cpu_stream(mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  if (stream.device.type != mx::Device::cpu) {
+    throw std::invalid_argument("[mlxinfer] the row ops run on a CPU stream only");
+  }
+  return stream;
+}
+
+}  // namespace
+
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
   int64_t i = 0;
   float ss;
@@ -99,20 +114,6 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
   const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
   for (int64_t k = 0; k < n; ++k) y[k] = (x[k] * r) * w[k];
 }
-
-mx::array f32(const mx::array& a, const mx::Stream& s) {
-  return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
-}
-
-mx::Stream cpu_stream(mx::StreamOrDevice s) {
-  auto stream = mx::to_stream(s, mx::Device::cpu);
-  if (stream.device.type != mx::Device::cpu) {
-    throw std::invalid_argument("[mlxinfer] the row ops run on a CPU stream only");
-  }
-  return stream;
-}
-
-}  // namespace
 
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s) {
   auto stream = cpu_stream(s);

@@ -13,6 +13,9 @@ namespace mx = mlx::core;
 // An array's elements in row-major order: the array itself when row-contiguous, else a copy by strides.
 const float* dense_rows(const mx::array& a, std::vector<float>& buf);
 
+// One row of rms_norm: y = x * rsqrt(mean(x^2) + eps) * w over n values.
+void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps);
+
 enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax };
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
