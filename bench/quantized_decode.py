@@ -11,7 +11,8 @@ noise hits every path alike; each figure is the best over repeats, the median be
 is MLX's peak while the path runs (its weights included, the other paths' models held meanwhile not).
 
 Part 2, mlx-lm's qwen3 class with Qwen3-1.7B's config, random weights quantized to 4 bits (groups of
-64, as mlx-community's Qwen3-1.7B-4bit): decode tok/s of the as-stored and quantized paths (and, with
+64, as mlx-community's Qwen3-1.7B-4bit), also written out and loaded as mlxinfer's own Qwen3 (whose
+quantized path has the fused layers; --no-ours skips it): decode tok/s of the as-stored and quantized paths (and, with
 --float32, the float32 path: 8 GB) beside the roofline = measured copy bandwidth / bytes the step reads (packed
 weights, scales and biases of every matmul, the tied output table included).
 """
@@ -144,6 +145,24 @@ def step_bytes(model) -> int:
     return total
 
 
+def write_small_tokenizer(directory: str) -> None:
+    """A byte-level BPE of a few hundred tokens (well inside the model's vocabulary) and its config."""
+    import json
+
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    tok.train_from_iterator(["The harbor town wakes slowly in winter."] * 4, trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<|endoftext|>"], initial_alphabet=alphabet))  # fmt: skip
+    tok.save(f"{directory}/tokenizer.json")
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|endoftext|>"}
+    with open(f"{directory}/tokenizer_config.json", "w") as f:
+        json.dump(config, f)
+
+
 def qwen3_1p7b(args) -> None:
     import mlx.nn as nn
     from mlx_lm.models import qwen3
@@ -158,6 +177,26 @@ def qwen3_1p7b(args) -> None:
     ids = list(range(1000, 1000 + 16))
     print("\nQwen3-1.7B-shaped random 4-bit (group 64), mlx-lm's qwen3 class")
     print(f"copy bandwidth {bandwidth / 1e9:.1f} GB/s")
+    ours = None
+    if not args.no_ours:  # the same weights written out and loaded as mlxinfer's own Qwen3 (fused layers)
+        import tempfile
+
+        from mlx_lm.utils import save_config, save_model
+
+        tmp = tempfile.TemporaryDirectory(prefix="qwen3-1p7b-")
+        save_model(tmp.name, model)
+        save_config({**QWEN3_1P7B, "quantization": {"group_size": 64, "bits": 4}}, f"{tmp.name}/config.json")
+        write_small_tokenizer(tmp.name)  # the loader wants one; decode speed does not depend on it
+        ours = mlxinfer.load(tmp.name, compute_dtype="quantized")[0]
+        best = max(run_once(ours, ids, args.gen_1p7b)[1] for _ in range(args.repeats))
+        nbytes = step_bytes(ours)
+        roof = bandwidth / nbytes
+        print(
+            f"quantized, mlxinfer's model decode {best:6.2f} tok/s; reads {nbytes / 1e9:.2f} GB a step; "
+            f"roofline {roof:.1f} tok/s; {best / roof:.0%} of it"
+        )
+        del ours
+        tmp.cleanup()
     for p in paths:
         mlxinfer.apply_compute_dtype(model, p)
         nbytes = (
@@ -183,6 +222,7 @@ def main() -> None:
     ap.add_argument("--gen-1p7b", type=int, default=16)
     ap.add_argument("--skip-1p7b", action="store_true")
     ap.add_argument("--float32", action="store_true", help="also the 1.7B float32 path (needs ~8 GB)")
+    ap.add_argument("--no-ours", action="store_true", help="skip the 1.7B weights loaded as mlxinfer's own model")
     ap.add_argument("--nodes", action="store_true", help="only count one decode step's graph nodes per path")
     args = ap.parse_args()
     if args.nodes:
