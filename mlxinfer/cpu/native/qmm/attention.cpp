@@ -128,7 +128,7 @@ void write(const Shapes& d, int part, const float* qkv, const float* cos, const 
 void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos, const float* sin, const float* keys,
                 const float* values, const float* norm, float eps, float* out) {
   const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
-  // each (row, head, new position) alone: scores, softmax, the weighted sum of values
+  // per unit: the query rotated, its scores, their softmax, the weighted sum of values
   const int64_t units = d.B * d.H * d.L, group = d.H / d.Hk;
   auto unit = [&](int64_t u, std::vector<float>& q, std::vector<float>& p, std::vector<float>& normed) {
     const int64_t l = u % d.L, h = (u / d.L) % d.H, b = u / (d.L * d.H);
@@ -172,10 +172,6 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
   const int64_t chunks = std::min<int64_t>(units, 4 * threads), per = (units + chunks - 1) / chunks;
   pl.run([&](int i) { span(std::min(units, i * per), std::min(units, (i + 1) * per)); }, static_cast<int>(chunks));
 }
-
-}  // namespace
-
-namespace {
 
 mx::Stream cpu_only(mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s, mx::Device::cpu);
