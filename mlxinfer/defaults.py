@@ -19,3 +19,4 @@ SERVE_HOST, SERVE_PORT = "127.0.0.1", 8080  # mlxinfer serve binds loopback unle
 SERVE_MAX_ROWS = 32  # rows (seeds) the server decodes together at most
 SERVE_MAX_QUEUE = 64  # requests waiting at most; past it: 429 with Retry-After
 SERVE_MAX_BODY_BYTES = 1_000_000  # the largest request body; past it: 413
+SERVE_PROMPT_CACHE_BYTES = 256 * 2**20  # prefilled prompts the server keeps for requests that repeat them

@@ -236,6 +236,17 @@ def smol_quantized(embedded_quantized):
         yield url, app
 
 
+def test_a_repeated_prompt_reuses_its_prefill_and_gives_the_same_text(tiny):
+    url, app, model, tok = tiny
+    prompt = "A prompt asked twice, word for word:"
+    ref = texts(model, tok, prompt, [7, 8], {"temperature": 1.0, "logit_bias": {2: -100}}, 8, chat=False)
+    name, cache = model_id(url), app.engine.batcher.status()["prompt_cache"]
+    got = [_stream_text(url, name, prompt, seed, {"temperature": 1.0})[0] for seed in (7, 8)]
+    after = app.engine.batcher.status()["prompt_cache"]
+    assert got == ref  # the kept prefill gives the bits a new one would
+    assert after["hits"] == cache["hits"] + 1 and 0 < after["bytes"] <= app.engine.batcher._prompts.max_bytes
+
+
 @pytest.mark.parametrize("path", ["bfloat16", "quantized"])
 def test_eight_streams_on_the_embedded_model_each_equal_sample(path, request):
     """The real 4-bit model (GQA, per-row RoPE offsets): prompts of different lengths, all in flight.

@@ -30,10 +30,11 @@ from typing import Any, Callable, Optional
 
 import mlx.core as mx
 
+from ..defaults import SERVE_PROMPT_CACHE_BYTES
 from ..errors import MlxinferError
 from ..model import rows as row_walk
 from ..model.cache import fork, keep_rows
-from .decode import RowState, choose_tokens, prefill, top_alternatives
+from .decode import Prefilled, RowState, choose_tokens, prefill, top_alternatives
 from .constrain import finish
 from .request import Request
 from ..views import Step
@@ -110,6 +111,38 @@ class _Group:
         self.members: list[_Live] = []
 
 
+class _PromptCache:
+    """Prefilled prompts by their exact token ids, least recently used first out, within a byte bound.
+    A prompt that comes again (an eval's repeated question, the same chat with other seeds) forks the
+    kept cache instead of running the prompt again. Reuse gives the bits a new prefill would: a
+    prompt is prefilled alone, the same way every time. Forks never write into the kept arrays
+    (MLX writes a cache in place only when nothing else holds it)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.hits, self.bytes = max_bytes, 0, 0
+        self._kept: collections.OrderedDict[tuple, tuple[Prefilled, int]] = collections.OrderedDict()
+
+    def get(self, ids: list[int]) -> Optional[Prefilled]:
+        kept = self._kept.get(tuple(ids))
+        if kept is None:
+            return None
+        self._kept.move_to_end(tuple(ids))
+        self.hits += 1
+        return kept[0]
+
+    def put(self, prefilled: Prefilled) -> Prefilled:
+        size = sum(a.nbytes for c in prefilled.cache for a in c.state) + prefilled.logits.nbytes
+        if size <= self.max_bytes:
+            self._kept[tuple(prefilled.ids)] = (prefilled, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                self.bytes -= self._kept.popitem(last=False)[1][1]
+        return prefilled
+
+    def status(self) -> dict:
+        return {"prompts": len(self._kept), "bytes": self.bytes, "hits": self.hits}
+
+
 class Batcher:
     """The engine: `submit` from any thread, events back through each job's `emit`."""
 
@@ -122,6 +155,7 @@ class Batcher:
         max_queue: int = 64,
         prefill_budget: int = 512,
         step_timeout: float = 0.5,
+        prompt_cache_bytes: int = SERVE_PROMPT_CACHE_BYTES,
     ):
         if max_rows < 1 or max_queue < 0:
             raise MlxinferError("max_rows must be at least 1 and max_queue at least 0", "max_rows", "max_queue")
@@ -137,6 +171,7 @@ class Batcher:
         self._idle_wait = step_timeout
         self.steps = 0  # decode steps run (for /health and the bench)
         self.tokens = 0
+        self._prompts = _PromptCache(prompt_cache_bytes)
         self._stopped = threading.Event()
         _settle(model)
         _on_engine_thread(self._run)
@@ -163,6 +198,7 @@ class Batcher:
             "steps": self.steps,
             "tokens": self.tokens,
             "per_row_attention": self.per_row,
+            "prompt_cache": self._prompts.status(),
         }
 
     def close(self, timeout: float = 10.0) -> None:
@@ -219,7 +255,7 @@ class Batcher:
         """Prefill the job's prompt once and draw each row's first token from its scores."""
         request = job.request
         try:
-            prefilled = prefill(self.model, request.ids)
+            prefilled = self._prompts.get(request.ids) or self._prompts.put(prefill(self.model, request.ids))
             history = mx.array(request.ids[:-1], dtype=mx.int32)
             rows = [_ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
             last = mx.array(request.ids[-1:], dtype=mx.int32)
