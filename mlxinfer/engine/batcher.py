@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..defaults import SERVE_PROMPT_CACHE_BYTES
 from ..errors import MlxinferError
@@ -131,7 +132,9 @@ class _PromptCache:
         return kept[0]
 
     def put(self, prefilled: Prefilled) -> Prefilled:
-        size = sum(a.nbytes for c in prefilled.cache for a in c.state) + prefilled.logits.nbytes
+        # a cache's state: our KVCache's arrays, or mlx-lm's (which may hold offsets and Nones too)
+        leaves = tree_flatten([c.state for c in prefilled.cache] + [prefilled.logits])
+        size = sum(a.nbytes for _, a in leaves if isinstance(a, mx.array))
         if size <= self.max_bytes:
             self._kept[tuple(prefilled.ids)] = (prefilled, size)
             self.bytes += size
