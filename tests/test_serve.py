@@ -24,7 +24,7 @@ import uvicorn
 
 import checkpoints
 import mlxinfer
-from mlxinfer import create_app
+from mlxinfer import MlxinferError, create_app
 
 FRUIT = "Name one fruit."
 ENUM_SCHEMA = {
@@ -245,6 +245,12 @@ def test_a_repeated_prompt_reuses_its_prefill_and_gives_the_same_text(tiny):
     after = app.engine.batcher.status()["prompt_cache"]
     assert got == ref  # the kept prefill gives the bits a new one would
     assert after["hits"] == cache["hits"] + 1 and 0 < after["bytes"] <= app.engine.batcher._prompts.max_bytes
+    with pytest.raises(MlxinferError, match="prompt_cache_bytes must be 0"):
+        create_app(model, tok, prompt_cache_bytes=-1)
+    off = create_app(model, tok, prompt_cache_bytes=0)  # no prompt cache: every prompt prefilled anew
+    with running(off) as url_off:
+        assert [_stream_text(url_off, name, prompt, seed, {"temperature": 1.0})[0] for seed in (7, 8)] == ref
+    assert off.engine.batcher.status()["prompt_cache"] == {"prompts": 0, "bytes": 0, "hits": 0}
 
 
 @pytest.mark.parametrize("path", ["bfloat16", "quantized"])

@@ -32,6 +32,12 @@ def serve(
     default_max_tokens: Optional[int] = typer.Option(
         None, "--default-max-tokens", help="Token budget when a request sets none (default: up to the context)."
     ),
+    prompt_cache_mb: int = typer.Option(
+        defaults.SERVE_PROMPT_CACHE_BYTES // 2**20,
+        "--prompt-cache-mb",
+        min=0,
+        help="MiB of prefilled prompts kept for requests that repeat them; 0: none.",
+    ),
     log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
     **options,
 ):
@@ -50,5 +56,6 @@ def serve(
         model_name=model_name,
         max_body_bytes=max_body_bytes,
         default_max_tokens=default_max_tokens,
+        prompt_cache_bytes=prompt_cache_mb * 2**20,
         log_level=log_level,
     )

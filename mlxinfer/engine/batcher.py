@@ -162,6 +162,8 @@ class Batcher:
     ):
         if max_rows < 1 or max_queue < 0:
             raise MlxinferError("max_rows must be at least 1 and max_queue at least 0", "max_rows", "max_queue")
+        if prompt_cache_bytes < 0:
+            raise MlxinferError("prompt_cache_bytes must be 0 (no prompt cache) or more", "prompt_cache_bytes")
         self.model, self.tokenizer = model, tokenizer
         self.max_rows, self.max_queue, self.prefill_budget = max_rows, max_queue, prefill_budget
         self.per_row = row_walk.supports(model)  # one forward for all rows; else one per request

@@ -182,18 +182,20 @@ def create_app(
     model_name: Optional[str] = None,
     max_body_bytes: int = defaults.SERVE_MAX_BODY_BYTES,
     default_max_tokens: Optional[int] = None,
+    prompt_cache_bytes: int = defaults.SERVE_PROMPT_CACHE_BYTES,
 ):
     """An ASGI app serving `model`: one engine thread (batcher.Batcher) with at most `max_rows` rows in
     flight and `max_queue` requests waiting (past it: 429). `api_key`: required as a Bearer token on
     /v1. `cors`: origins allowed (none by default). `default_max_tokens`: the budget when a request
-    sets none (None: up to the context)."""
+    sets none (None: up to the context). `prompt_cache_bytes`: prefilled prompts kept for requests
+    that repeat them (0: none)."""
     from ..engine.constrain import token_table
 
     try:
         token_table(tokenizer)  # here, once: the grammar's token table for json_schema/tools (see inputs._Parked)
     except MlxinferError:
         pass  # a tokenizer llguidance cannot read: JSON requests say so (400), plain text is served
-    batcher = Batcher(model, tokenizer, max_rows=max_rows, max_queue=max_queue)
+    batcher = Batcher(model, tokenizer, max_rows=max_rows, max_queue=max_queue, prompt_cache_bytes=prompt_cache_bytes)
     state = _State(
         model,
         tokenizer,

@@ -35,6 +35,7 @@ def serve(
     model_name: Optional[str] = None,
     max_body_bytes: int = defaults.SERVE_MAX_BODY_BYTES,
     default_max_tokens: Optional[int] = None,
+    prompt_cache_bytes: int = defaults.SERVE_PROMPT_CACHE_BYTES,
     log_level: str = "info",
 ) -> None:
     """Serve `model` (a loaded model with `tokenizer`, or anything mlxinfer.load takes) on host:port
@@ -63,6 +64,7 @@ def serve(
         model_name=model_name,
         max_body_bytes=max_body_bytes,
         default_max_tokens=default_max_tokens,
+        prompt_cache_bytes=prompt_cache_bytes,
     )
     print(
         f"mlxinfer serve: {model.info.name} ({model.info.definition}, {model.info.compute_dtype}) on http://{host}:{port}/v1",
