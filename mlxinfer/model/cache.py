@@ -27,20 +27,19 @@ class KVCache:
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Append (B, K, L, E) keys/values; return all positions so far."""
         start, L = self.offset, keys.shape[2]
-        if self.keys is None or start + L > self.keys.shape[2]:
-            self._grow(keys.shape, values.shape[3], keys.dtype, start + L)
+        self.reserve(keys.shape, values.shape[3], keys.dtype)
         self.offset = start + L
         self.keys[..., start : self.offset, :] = keys
         self.values[..., start : self.offset, :] = values
         return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
 
-    def reserve(self, B: int, K: int, E: int, L: int, dtype) -> None:
-        """Room for L more positions, for a caller that writes them itself (model/fused.py)."""
-        if self.keys is None or self.offset + L > self.keys.shape[2]:
-            self._grow((B, K, L, E), E, dtype, self.offset + L)
-
-    def _grow(self, shape: tuple, value_size: int, dtype, needed: int) -> None:
-        B, K, _, E = shape
+    def reserve(self, shape: tuple, value_size: int, dtype) -> None:
+        """Room for L more positions of keys shaped (B, K, L, E) and values of value_size: what
+        update_and_fetch needs, and what a caller that writes them itself needs (model/fused.py)."""
+        B, K, L, E = shape
+        needed = self.offset + L
+        if self.keys is not None and needed <= self.keys.shape[2]:
+            return
         capacity = -(-needed // self.step) * self.step
         new_k = mx.zeros((B, K, capacity, E), dtype)
         new_v = mx.zeros((B, K, capacity, value_size), dtype)

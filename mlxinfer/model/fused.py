@@ -74,7 +74,7 @@ class FusedAttention:
         qkv = _matmul_cat(x, (a.q_proj, a.k_proj, a.v_proj))  # (B, L, (H + 2 Hk) E)
         E = qkv.shape[-1] // (a.n_heads + 2 * a.n_kv_heads)
         cos, sin = a.rope._table.tables(cache.offset + L)
-        cache.reserve(B, a.n_kv_heads, E, L, mx.float32)
+        cache.reserve((B, a.n_kv_heads, L, E), E, mx.float32)
         k, H, Hk, at = qmm.kernel(), a.n_heads, a.n_kv_heads, cache.offset
         qn, kn = _head_norms(a)
         cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, -1, *kn)
@@ -95,7 +95,7 @@ def attention_per_row(attn, x: mx.array, caches: list[KVCache]) -> mx.array:
     k, outs = qmm.kernel(), []
     qn, kn = _head_norms(attn)
     for r, cache in enumerate(caches):
-        cache.reserve(1, Hk, E, 1, mx.float32)
+        cache.reserve((1, Hk, 1, E), E, mx.float32)
         at = cache.offset
         cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r, *kn)
         cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True, r)
