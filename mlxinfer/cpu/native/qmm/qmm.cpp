@@ -176,10 +176,11 @@ inline float bias_dot(const typename S::T* b, const float* xs, int64_t G) {
 // sum, has the same bits as with a shift (one instruction fewer per 8 weights).
 void lane_order(const float* x, float* xp, int64_t K, int bits) {
   const int V = 32 / bits, BV = 8 * V;
+  float scale[8];
+  for (int j = 0; j < V; ++j) scale[j] = j == V - 1 ? 1.0f : std::ldexp(1.0f, -j * bits);
   for (int64_t blk = 0; blk < K / BV; ++blk) {
     for (int j = 0; j < V; ++j) {
-      const float scale = j == V - 1 ? 1.0f : std::ldexp(1.0f, -j * bits);
-      for (int l = 0; l < 8; ++l) xp[blk * BV + j * 8 + l] = x[blk * BV + l * V + j] * scale;
+      for (int l = 0; l < 8; ++l) xp[blk * BV + j * 8 + l] = x[blk * BV + l * V + j] * scale[j];
     }
   }
 }
