@@ -1,6 +1,7 @@
 """The quantized path's fused layers (model/fused.py) and the extension's ops under them.
 
-(a) q/k/v (or gate/up) as one kernel call == the separate calls side by side, bit for bit;
+(a) q/k/v (or gate/up) as one kernel call == the separate calls side by side, bit for bit, and a
+    chain of stages (norm, matmul, SwiGLU, matmul, + residual) as one node == its ops one node each;
 (b) SwiGLU on the two halves == SwiGLU on two arrays, bit for bit;
 (c) log_softmax against float64, masked (-inf) scores adding nothing;
 (d) write_cache + attend against a float64 RoPE + causal grouped-query attention, rows alone ==
@@ -43,6 +44,49 @@ def test_one_call_over_several_weights_equals_separate_calls(bits, group_size):
         cat = K.quantized_matmul_cat(x, *[[q[i] for q in weights] for i in range(3)], group_size, bits)
         assert cat.shape == (rows, 168)
         assert mx.array_equal(cat, mx.concatenate(alone, axis=-1)).item(), rows
+
+
+@pytest.mark.parametrize(
+    "bits,group_size,scale_dtype", [(4, 32, mx.float16), (8, 64, mx.bfloat16), (4, 128, mx.float32)]
+)
+def test_a_chain_of_stages_equals_its_ops_one_node_each(bits, group_size, scale_dtype):
+    """norm, then two weights side by side, SwiGLU on the halves, down, + residual: the MLP of a layer
+    as one node has the bits of rms_norm, quantized_matmul_cat, swiglu_halves, quantized_matmul, add."""
+
+    def q(n, k):
+        w, s, b = mx.quantize(normal(n, k), group_size=group_size, bits=bits)
+        return w, s.astype(scale_dtype), b.astype(scale_dtype)
+
+    gate, up, down = q(384, 256), q(384, 256), q(256, 384)
+    norm = normal(256) + 1
+    for rows in (1, 5):
+        h = normal(rows, 1, 256)
+        stages = [
+            ("rms_norm", norm, 1e-5, *[[m[i] for m in (gate, up)] for i in range(3)], group_size, bits),
+            ("swiglu_halves", None, 0.0, [down[0]], [down[1]], [down[2]], group_size, bits),
+        ]
+        chain = K.linear_chain(h, stages, h)
+        gate_up = K.quantized_matmul_cat(
+            K.rms_norm(h, norm, 1e-5), *[[m[i] for m in (gate, up)] for i in range(3)], group_size, bits
+        )
+        ops = h + K.quantized_matmul(K.swiglu_halves(gate_up), *down, group_size, bits)
+        assert chain.shape == (rows, 1, 256)
+        assert mx.array_equal(chain, ops).item(), rows
+        one = K.linear_chain(h, stages[:1])  # one stage, no residual: the cat call itself
+        assert mx.array_equal(one, gate_up).item()
+
+
+def test_a_chain_refuses_what_it_cannot_run():
+    w, s, b = mx.quantize(normal(64, 128), group_size=64, bits=4)
+    x = normal(2, 128)
+    with pytest.raises(ValueError, match="prologue is"):
+        K.linear_chain(x, [("gelu", None, 0.0, [w], [s], [b], 64, 4)])
+    with pytest.raises(ValueError, match="rms_norm needs a 1-D weight"):
+        K.linear_chain(x, [("rms_norm", normal(64), 1e-5, [w], [s], [b], 64, 4)])
+    with pytest.raises(ValueError, match="does not match w"):  # the second stage's input is 64 wide, not 128
+        K.linear_chain(x, [("", None, 0.0, [w], [s], [b], 64, 4)] * 2)
+    with pytest.raises(ValueError, match="residual must have the output's shape"):
+        K.linear_chain(x, [("", None, 0.0, [w], [s], [b], 64, 4)], x)
 
 
 def test_swiglu_on_halves_equals_swiglu_on_two_arrays():
@@ -168,8 +212,8 @@ def _nodes(model, cache) -> int:
 
 def _fused_against_composed(model, ids: list[int]):
     """(the fused pass's first scores, greedy tokens and nodes a step), the same for the composed pass."""
-    fused = [(layer.self_attn, layer.self_attn.fused, layer.mlp, layer.mlp.fused) for layer in model.layers]
-    assert all(f is not None and g is not None for _, f, _, g in fused), "the model should be fused"
+    fused = [layer.fused for layer in model.layers]
+    assert all(f is not None and f.attention_fuses() and f.mlp_fuses() for f in fused), "the model should be fused"
 
     def greedy():
         cache = model.make_cache()
@@ -182,12 +226,12 @@ def _fused_against_composed(model, ids: list[int]):
 
     with_fused = greedy()
     try:
-        for attn, _, mlp, _ in fused:
-            attn.fused = mlp.fused = None
+        for layer in model.layers:
+            layer.fused = None
         composed = greedy()
     finally:
-        for attn, f, mlp, g in fused:
-            attn.fused, mlp.fused = f, g
+        for layer, f in zip(model.layers, fused):
+            layer.fused = f
     return with_fused, composed
 
 

@@ -1,17 +1,21 @@
 """The quantized path's fused layers: fewer, larger nodes per decode step.
 
-MLX's CPU back end schedules every node of the graph for a few microseconds, and a decode step of
-a 30-layer model composed from MLX ops was ~1,200 nodes. Here, per layer:
+MLX's CPU back end schedules every node of the graph for ~10 microseconds, and a decode step of a
+30-layer model composed from MLX ops was ~1,200 nodes. Here a layer (model.Block, its `fused`
+hook) is six:
 
-* q, k and v projections as one kernel call (`quantized_matmul_cat`: the three packed weights read
+* the input norm, then q, k and v as one kernel call (`linear_chain`: the three packed weights read
   side by side, each column's arithmetic its own, so the bits are those of three calls);
 * RoPE and the KV cache update as one primitive per cache, attention as one (native/qmm/attention.cpp);
-* gate and up projections as one kernel call and SwiGLU on its two halves.
+* o_proj plus the residual;
+* the MLP: its norm, gate and up as one call, SwiGLU on the two halves, down, plus the residual.
 
-A layer is 12 nodes instead of ~39; Qwen3's q/k head norms run inside the attention nodes.
-`fuse(model)` installs this on model.py's Attention and MLP (their `fused` hook) where the layout
-allows; anything else keeps the composed forward pass.
-Batch invariance holds as before: every row is computed alone in a fixed order (attention.h).
+Each chained stage runs the row function its separate op runs (rms_norm, swiglu_halves, the kernel,
+an add), so the bits are those of the ops one node each. Qwen3's q/k head norms run inside the
+attention nodes. `fuse(model)` installs this where the layout allows; anything else, and any call
+the nodes do not take (another cache, an array mask, a long chunk, a replaced projection), keeps
+the composed forward pass. Batch invariance holds as before: every row is computed alone in a fixed
+order (attention.h).
 """
 
 from __future__ import annotations
@@ -33,9 +37,15 @@ def _same_layout(mods) -> bool:
     )
 
 
-def _identity(module, names) -> tuple:
-    """Which projection modules `fuse` checked: the fused call is only for those."""
-    return tuple(id(module[n]) for n in names)
+def _identity(layer, paths) -> tuple:
+    """Which modules `fuse` checked (by dotted path in the layer): the fused call is only for those."""
+    ids = []
+    for path in paths:
+        m = layer
+        for name in path.split("."):
+            m = m[name]  # a Module is a dict of its children
+        ids.append(id(m))
+    return tuple(ids)
 
 
 def _head_norms(attn) -> tuple[tuple, tuple]:
@@ -45,33 +55,66 @@ def _head_norms(attn) -> tuple[tuple, tuple]:
     return (attn.q_norm["weight"], attn.q_norm.eps), (attn.k_norm["weight"], attn.k_norm.eps)
 
 
-def _matmul_cat(x: mx.array, mods) -> mx.array:
+def _stage(mods, norm=None, swiglu: bool = False) -> tuple:
+    """One linear_chain stage: the modules' weights side by side, after rms_norm or swiglu_halves."""
     m0 = mods[0]
-    y = qmm.kernel().quantized_matmul_cat(
-        x, [m["weight"] for m in mods], [m["scales"] for m in mods], [m["biases"] for m in mods], m0.group_size, m0.bits
-    )
-    if "bias" in m0:
-        y = y + mx.concatenate([m["bias"] for m in mods])
-    return y
+    prologue = "rms_norm" if norm is not None else "swiglu_halves" if swiglu else ""
+    weight, eps = (norm["weight"], norm.eps) if norm is not None else (None, 0.0)
+    return (prologue, weight, eps, [m["weight"] for m in mods], [m["scales"] for m in mods],
+            [m["biases"] for m in mods], m0.group_size, m0.bits)  # fmt: skip
 
 
-class FusedAttention:
-    """model.Attention.__call__ for the quantized path (its projections are read at each call)."""
+def _qkv(attn, norm, h: mx.array) -> mx.array:
+    """norm(h) @ [q; k; v].T (+ their biases): (B, L, (H + 2 Hk) E)."""
+    mods = (attn.q_proj, attn.k_proj, attn.v_proj)
+    qkv = qmm.kernel().linear_chain(h, [_stage(mods, norm)])
+    if "bias" in mods[0]:
+        qkv = qkv + mx.concatenate([m["bias"] for m in mods])
+    return qkv
 
-    def __init__(self, attn):
-        self.attn, self.checked = attn, _identity(attn, ("q_proj", "k_proj", "v_proj"))
 
-    def __call__(self, x: mx.array, mask, cache) -> mx.array:
-        a = self.attn
-        B, L, _ = x.shape
+def _out(attn, out: mx.array, h: mx.array) -> mx.array:
+    """h + o_proj(out), one node where o_proj has no bias."""
+    if "bias" in attn.o_proj:
+        return h + attn.o_proj(out)
+    return qmm.kernel().linear_chain(out, [_stage((attn.o_proj,))], h)
+
+
+class FusedBlock:
+    """model.Block.__call__ for the quantized path (the modules are read at each call)."""
+
+    ATTENTION = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
+    MLP = ("post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+    def __init__(self, layer, attention: bool, mlp: bool):
+        self.layer = layer
+        self.attention_checked = _identity(layer, self.ATTENTION) if attention else None
+        self.mlp_checked = _identity(layer, self.MLP) if mlp else None
+
+    def attention_fuses(self) -> bool:
+        return self.attention_checked is not None and _identity(self.layer, self.ATTENTION) == self.attention_checked
+
+    def mlp_fuses(self) -> bool:  # False once a projection is replaced (sharding)
+        return self.mlp_checked is not None and _identity(self.layer, self.MLP) == self.mlp_checked
+
+    def __call__(self, h: mx.array, mask, cache) -> mx.array:
+        layer = self.layer
+        B, L, _ = h.shape
         if (
-            _identity(a, ("q_proj", "k_proj", "v_proj")) != self.checked  # replaced since (sharding)
-            or not isinstance(cache, KVCache)  # none, or another class's cache: the composed pass handles it
-            or not isinstance(mask, (str, type(None)))
-            or L * (cache.offset + L) > MAX_FUSED_PAIRS
+            self.attention_fuses()
+            and isinstance(cache, KVCache)  # none, or another class's cache: the composed pass handles it
+            and isinstance(mask, (str, type(None)))
+            and L * (cache.offset + L) <= MAX_FUSED_PAIRS
         ):
-            return a.composed(x, mask, cache)
-        qkv = _matmul_cat(x, (a.q_proj, a.k_proj, a.v_proj))  # (B, L, (H + 2 Hk) E)
+            h = self._attention(h, cache)
+        else:
+            h = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
+        return self.mlp(h)
+
+    def _attention(self, h: mx.array, cache: KVCache) -> mx.array:
+        a = self.layer.self_attn
+        B, L, _ = h.shape
+        qkv = _qkv(a, self.layer.input_layernorm, h)
         E = qkv.shape[-1] // (a.n_heads + 2 * a.n_kv_heads)
         cos, sin = a.rope._table.tables(cache.offset + L)
         cache.reserve((B, a.n_kv_heads, L, E), E, mx.float32)
@@ -81,44 +124,41 @@ class FusedAttention:
         cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True)
         out = k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn)
         cache.offset += L
-        return a.o_proj(out)  # (B, L, H E) -> (B, L, D)
+        return _out(a, out, h)  # h + o_proj((B, L, H E))
 
+    def attention_rows(self, h: mx.array, caches: list[KVCache]) -> mx.array:
+        """rows.py's attention (plus the residual) for rows that each have their own one-row cache (and
+        length): q/k/v of all rows in one node, then each row's RoPE, cache writes and attention at its
+        own offset, three nodes a row (the composed walk was ~14), then o_proj + h for all rows."""
+        attn = self.layer.self_attn
+        A, H, Hk = h.shape[0], attn.n_heads, attn.n_kv_heads
+        qkv = _qkv(attn, self.layer.input_layernorm, h)  # (A, 1, (H + 2 Hk) E)
+        E = qkv.shape[-1] // (H + 2 * Hk)
+        cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
+        k, outs = qmm.kernel(), []
+        qn, kn = _head_norms(attn)
+        for r, cache in enumerate(caches):
+            cache.reserve((1, Hk, 1, E), E, mx.float32)
+            at = cache.offset
+            cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r, *kn)
+            cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True, r)
+            outs.append(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, attn.scale, r, *qn))
+            cache.offset = at + 1
+        return _out(attn, mx.concatenate(outs) if A > 1 else outs[0], h)
 
-def attention_per_row(attn, x: mx.array, caches: list[KVCache]) -> mx.array:
-    """rows.py's attention for rows that each have their own one-row cache (and length): q/k/v of all
-    rows in one kernel call, then each row's RoPE, cache writes and attention at its own offset, three
-    nodes a row (the composed walk was ~14)."""
-    A, H, Hk = x.shape[0], attn.n_heads, attn.n_kv_heads
-    qkv = _matmul_cat(x, (attn.q_proj, attn.k_proj, attn.v_proj))  # (A, 1, (H + 2 Hk) E)
-    E = qkv.shape[-1] // (H + 2 * Hk)
-    cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
-    k, outs = qmm.kernel(), []
-    qn, kn = _head_norms(attn)
-    for r, cache in enumerate(caches):
-        cache.reserve((1, Hk, 1, E), E, mx.float32)
-        at = cache.offset
-        cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r, *kn)
-        cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True, r)
-        outs.append(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, attn.scale, r, *qn))
-        cache.offset = at + 1
-    return attn.o_proj(mx.concatenate(outs) if A > 1 else outs[0])  # (A, 1, H E) -> (A, 1, D)
-
-
-class FusedMLP:
-    """model.MLP.__call__ with gate and up as one matmul."""
-
-    def __init__(self, mlp):
-        self.mlp, self.checked = mlp, _identity(mlp, ("gate_proj", "up_proj"))
-
-    def __call__(self, x: mx.array) -> mx.array:
-        m = self.mlp
-        if _identity(m, ("gate_proj", "up_proj")) != self.checked:  # replaced since (sharding)
-            return m.composed(x)
-        return m.down_proj(qmm.kernel().swiglu_halves(_matmul_cat(x, (m.gate_proj, m.up_proj))))
+    def mlp(self, h: mx.array) -> mx.array:
+        """h + mlp(norm(h)): one node where the MLP fuses."""
+        layer = self.layer
+        if not self.mlp_fuses():
+            return h + layer.mlp(layer.post_attention_layernorm(h))
+        m = layer.mlp
+        stages = [_stage((m.gate_proj, m.up_proj), layer.post_attention_layernorm), _stage((m.down_proj,), swiglu=True)]
+        return qmm.kernel().linear_chain(h, stages, h)
 
 
 def fuse(model) -> int:
-    """Install the fused layers on model.py's blocks where their layout allows; returns how many."""
+    """Install FusedBlock on model.py's blocks where their layout allows; returns how many parts
+    (attention, MLP) fused."""
     from .model import MLP, Attention
 
     if (
@@ -129,18 +169,24 @@ def fuse(model) -> int:
         return 0
     count = 0
     for layer in model.layers:
-        a = layer.self_attn
-        if (
+        a, m = layer.self_attn, layer.mlp
+        attention = (
             type(a) is Attention
+            and type(layer.input_layernorm) is qlinear.RMSNormF32
             and (not a.qk_norm or (type(a.q_norm) is qlinear.RMSNormF32 and type(a.k_norm) is qlinear.RMSNormF32))
             and isinstance(a.rope._table, qlinear.RopeTableF32)
             and _same_layout((a.q_proj, a.k_proj, a.v_proj))
-        ):
-            a.fused = FusedAttention(a)
-            count += 1
-        m = layer.mlp
-        if type(m) is MLP and m.activation is qlinear.swiglu and _same_layout((m.gate_proj, m.up_proj)):
-            if "bias" not in m.gate_proj:
-                m.fused = FusedMLP(m)
-                count += 1
+            and isinstance(a.o_proj, qlinear.QuantizedLinearF32)
+        )
+        mlp = (
+            type(m) is MLP
+            and type(layer.post_attention_layernorm) is qlinear.RMSNormF32
+            and m.activation is qlinear.swiglu
+            and _same_layout((m.gate_proj, m.up_proj))
+            and isinstance(m.down_proj, qlinear.QuantizedLinearF32)
+            and not any("bias" in p for p in (m.gate_proj, m.up_proj, m.down_proj))
+        )
+        if attention or mlp:
+            layer.fused = FusedBlock(layer, attention, mlp)
+            count += attention + mlp
     return count

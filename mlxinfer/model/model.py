@@ -88,14 +88,8 @@ class Attention(nn.Module):
             self.k_norm = nn.RMSNorm(E, eps=cfg.rms_norm_eps)
         self.qk_norm = cfg.qk_norm
         self.rope = RoPE(cfg)
-        self.fused = None  # the quantized CPU path's one-primitive attention (fused.py)
 
     def __call__(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
-        if self.fused is not None:
-            return self.fused(x, mask, cache)
-        return self.composed(x, mask, cache)
-
-    def composed(self, x: mx.array, mask, cache: KVCache | None) -> mx.array:
         B, L, _ = x.shape
         q = self.q_proj(x).reshape(B, L, self.n_heads, -1)  # (B, L, H, E)
         k = self.k_proj(x).reshape(B, L, self.n_kv_heads, -1)  # (B, L, K, E)
@@ -125,14 +119,8 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(D, F, bias=cfg.mlp_bias)
         self.down_proj = nn.Linear(F, D, bias=cfg.mlp_bias)
         self.activation = swiglu
-        self.fused = None  # the quantized CPU path's gate/up as one matmul (fused.py)
 
     def __call__(self, x: mx.array) -> mx.array:
-        if self.fused is not None:
-            return self.fused(x)
-        return self.composed(x)
-
-    def composed(self, x: mx.array) -> mx.array:
         return self.down_proj(self.activation(self.gate_proj(x), self.up_proj(x)))  # (B, L, F) -> (B, L, D)
 
 
@@ -146,8 +134,14 @@ class Block(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = SparseMoE(cfg) if i in cfg.moe_layers else MLP(cfg)
+        self.fused = None  # the quantized CPU path's same layer in six larger nodes (fused.py)
 
     def __call__(self, h: mx.array, mask, cache: KVCache | None) -> mx.array:
+        if self.fused is not None:
+            return self.fused(h, mask, cache)
+        return self.composed(h, mask, cache)
+
+    def composed(self, h: mx.array, mask, cache: KVCache | None) -> mx.array:
         h = h + self.self_attn(self.input_layernorm(h), mask, cache)
         h = h + self.mlp(self.post_attention_layernorm(h))
         return h

@@ -10,7 +10,7 @@ Batch invariance: on the weights as stored, MLX's CPU quantized matmul gives a r
 alone or in a batch, and every per-row op here is the op model.py runs for a one-row batch, on the
 same shapes, so a row's scores are the bits `Model.__call__` gives it alone (tests/test_serve.py
 checks text against `mlxinfer.sample`). The quantized path's kernel and its fused attention
-(fused.attention_per_row, three native nodes a row) compute every row alone too, so the same holds
+(fused.FusedBlock.attention_rows, three native nodes a row) compute every row alone too, so the same holds
 there by construction. On the float32 BLAS path, sgemm over A rows and sgemv over one differ in the
 last bits, as in decode.py's batches.
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import mlx.core as mx
 
 from .cache import KVCache
-from .fused import attention_per_row
 from .model import Model
 
 
@@ -42,9 +41,12 @@ def step(model: Model, tokens: mx.array, caches: list[list[KVCache]]) -> mx.arra
     A = tokens.shape[0]
     h = model.embed(tokens.reshape(A, 1))  # (A, 1, D)
     for i, layer in enumerate(model.layers):
-        attention = attention_per_row if layer.self_attn.fused is not None else _attention
-        h = h + attention(layer.self_attn, layer.input_layernorm(h), [c[i] for c in caches])
-        h = h + layer.mlp(layer.post_attention_layernorm(h))
+        rows, fused = [c[i] for c in caches], layer.fused
+        if fused is not None and fused.attention_fuses():
+            h = fused.attention_rows(h, rows)
+        else:
+            h = h + _attention(layer.self_attn, layer.input_layernorm(h), rows)
+        h = fused.mlp(h) if fused is not None else h + layer.mlp(layer.post_attention_layernorm(h))
     return model.logits_from_hidden(h)[:, -1, :]
 
 

@@ -1,6 +1,8 @@
 // The Python module mlxinfer/cpu/qmm.py loads: the op, and what the build holds.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/variant.h>
 #include <nanobind/stl/vector.h>
 
@@ -37,6 +39,16 @@ NB_MODULE(_mlxinfer_qmm, m) {
       nb::kw_only(),
       "stream"_a = nb::none(),
       "quantized_matmul for several weights at once: their outputs side by side on the last axis");
+  m.def(
+      "linear_chain",
+      &mlxinfer::linear_chain,
+      "x"_a,
+      "stages"_a,
+      "residual"_a = nb::none(),
+      nb::kw_only(),
+      "stream"_a = nb::none(),
+      "quantized matmuls in a row as one node: per stage (prologue '' | 'rms_norm' | 'swiglu_halves', norm weight "
+      "or None, eps, ws, scales, biases, group_size, bits), each stage's output the next one's input, then + residual");
   m.def("swiglu_halves", &mlxinfer::swiglu_halves, "gate_up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up where gate_up's last axis holds gate, then up");
   m.def("write_cache", &mlxinfer::write_cache, "cache"_a, "qkv"_a, "cos"_a, "sin"_a, "offset"_a, "n_heads"_a,

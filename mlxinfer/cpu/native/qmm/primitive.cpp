@@ -13,6 +13,103 @@ namespace mlxinfer {
 
 // ------------------------------------------------------------------ the primitive
 
+namespace {
+
+constexpr const char* kName = "[mlxinfer.quantized_matmul] ";
+
+Prologue prologue_named(const std::string& name) {
+  if (name.empty() || name == "none") return Prologue::none;
+  if (name == "rms_norm") return Prologue::rms_norm;
+  if (name == "swiglu_halves") return Prologue::swiglu_halves;
+  throw std::invalid_argument(std::string(kName) + "a stage's prologue is '', 'rms_norm' or 'swiglu_halves', not '" +
+                              name + "'");
+}
+
+}  // namespace
+
+mx::array linear_chain(
+    const mx::array& x,
+    const std::vector<StageArgs>& stage_args,
+    const std::optional<mx::array>& residual,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  if (stream.device.type != mx::Device::cpu) {
+    throw std::invalid_argument(std::string(kName) + "runs on a CPU stream only");
+  }
+  if (x.ndim() < 1 || !mx::issubdtype(x.dtype(), mx::floating)) {
+    throw std::invalid_argument(std::string(kName) + "x must be a floating-point array of at least 1 dim");
+  }
+  if (stage_args.empty()) throw std::invalid_argument(std::string(kName) + "a chain needs at least one stage");
+  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
+  std::vector<mx::array> inputs{cast(x, mx::float32)};
+  std::vector<Stage> stages;
+  int64_t K = x.shape(-1);
+  for (const auto& [name, norm, eps, ws, scales, biases, group_size, bits] : stage_args) {
+    const Prologue prologue = prologue_named(name);
+    if (prologue == Prologue::rms_norm) {
+      if (!norm || norm->ndim() != 1 || norm->shape(0) != K) {
+        throw std::invalid_argument(std::string(kName) + "rms_norm needs a 1-D weight of its input's last dimension");
+      }
+      inputs.push_back(cast(*norm, mx::float32));
+    } else if (norm) {
+      throw std::invalid_argument(std::string(kName) + "a norm weight is only for the rms_norm prologue");
+    }
+    if (prologue == Prologue::swiglu_halves) {
+      if (K % 2) throw std::invalid_argument(std::string(kName) + "swiglu_halves needs an even last dimension");
+      K /= 2;
+    }
+    if (bits != 4 && bits != 8) {
+      throw std::invalid_argument(std::string(kName) + "bits must be 4 or 8, not " + std::to_string(bits));
+    }
+    if (group_size != 32 && group_size != 64 && group_size != 128) {
+      throw std::invalid_argument(
+          std::string(kName) + "group_size must be 32, 64 or 128, not " + std::to_string(group_size));
+    }
+    if (ws.empty() || scales.size() != ws.size() || biases.size() != ws.size()) {
+      throw std::invalid_argument(std::string(kName) + "needs one scales and one biases array per weight");
+    }
+    // scales and biases share one of float32/float16/bfloat16 (the kernel widens them)
+    auto sdtype = scales[0].dtype();
+    if (sdtype != mx::float32 && sdtype != mx::float16 && sdtype != mx::bfloat16) sdtype = mx::float32;
+    int64_t N = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      const auto& w = ws[i];
+      if (w.dtype() != mx::uint32 || w.ndim() != 2) {
+        throw std::invalid_argument(std::string(kName) + "w must be a 2-D uint32 array (mx.quantize's output)");
+      }
+      if (static_cast<int64_t>(w.shape(1)) * 32 / bits != K || K % group_size != 0) {
+        throw std::invalid_argument(
+            std::string(kName) + "x's last dimension (" + std::to_string(K) + ") does not match w (" +
+            std::to_string(w.shape(1)) + " words of " + std::to_string(bits) + "-bit values) in groups of " +
+            std::to_string(group_size));
+      }
+      const mx::Shape groups{w.shape(0), static_cast<int>(K / group_size)};
+      if (scales[i].shape() != groups || biases[i].shape() != groups) {
+        throw std::invalid_argument(std::string(kName) + "scales and biases must have shape (N, K / group_size)");
+      }
+      inputs.push_back(w);
+      inputs.push_back(cast(scales[i], sdtype));
+      inputs.push_back(cast(biases[i], sdtype));
+      N += w.shape(0);
+    }
+    stages.push_back({prologue, eps, group_size, bits, static_cast<int>(ws.size())});
+    K = N;
+  }
+  auto out_shape = x.shape();
+  out_shape.back() = static_cast<int>(K);
+  if (residual) {
+    if (residual->shape() != out_shape) {
+      throw std::invalid_argument(std::string(kName) + "the residual must have the output's shape");
+    }
+    inputs.push_back(cast(*residual, mx::float32));
+  }
+  return mx::array(
+      out_shape,
+      mx::float32,
+      std::make_shared<QuantizedMatmulF32>(stream, std::move(stages), residual.has_value()),
+      inputs);
+}
+
 mx::array quantized_matmul_cat(
     const mx::array& x,
     const std::vector<mx::array>& ws,
@@ -21,52 +118,7 @@ mx::array quantized_matmul_cat(
     int group_size,
     int bits,
     mx::StreamOrDevice s) {
-  auto stream = mx::to_stream(s, mx::Device::cpu);
-  if (stream.device.type != mx::Device::cpu) {
-    throw std::invalid_argument("[mlxinfer.quantized_matmul] runs on a CPU stream only");
-  }
-  if (bits != 4 && bits != 8) {
-    throw std::invalid_argument("[mlxinfer.quantized_matmul] bits must be 4 or 8, not " + std::to_string(bits));
-  }
-  if (group_size != 32 && group_size != 64 && group_size != 128) {
-    throw std::invalid_argument(
-        "[mlxinfer.quantized_matmul] group_size must be 32, 64 or 128, not " + std::to_string(group_size));
-  }
-  if (x.ndim() < 1 || !mx::issubdtype(x.dtype(), mx::floating)) {
-    throw std::invalid_argument("[mlxinfer.quantized_matmul] x must be a floating-point array of at least 1 dim");
-  }
-  if (ws.empty() || scales.size() != ws.size() || biases.size() != ws.size()) {
-    throw std::invalid_argument("[mlxinfer.quantized_matmul] needs one scales and one biases array per weight");
-  }
-  const int64_t K = x.shape(-1);
-  auto sdtype = scales[0].dtype();  // scales and biases share one of float32/float16/bfloat16 (the kernel widens them)
-  if (sdtype != mx::float32 && sdtype != mx::float16 && sdtype != mx::bfloat16) sdtype = mx::float32;
-  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
-  std::vector<mx::array> inputs{cast(x, mx::float32)};
-  int64_t N = 0;
-  for (size_t i = 0; i < ws.size(); ++i) {
-    const auto& w = ws[i];
-    if (w.dtype() != mx::uint32 || w.ndim() != 2) {
-      throw std::invalid_argument("[mlxinfer.quantized_matmul] w must be a 2-D uint32 array (mx.quantize's output)");
-    }
-    if (static_cast<int64_t>(w.shape(1)) * 32 / bits != K || K % group_size != 0) {
-      throw std::invalid_argument(
-          "[mlxinfer.quantized_matmul] x's last dimension (" + std::to_string(K) + ") does not match w (" +
-          std::to_string(w.shape(1)) + " words of " + std::to_string(bits) + "-bit values) in groups of " +
-          std::to_string(group_size));
-    }
-    const mx::Shape groups{w.shape(0), static_cast<int>(K / group_size)};
-    if (scales[i].shape() != groups || biases[i].shape() != groups) {
-      throw std::invalid_argument("[mlxinfer.quantized_matmul] scales and biases must have shape (N, K / group_size)");
-    }
-    inputs.push_back(w);
-    inputs.push_back(cast(scales[i], sdtype));
-    inputs.push_back(cast(biases[i], sdtype));
-    N += w.shape(0);
-  }
-  auto out_shape = x.shape();
-  out_shape.back() = static_cast<int>(N);
-  return mx::array(out_shape, mx::float32, std::make_shared<QuantizedMatmulF32>(stream, group_size, bits), inputs);
+  return linear_chain(x, {StageArgs{"", std::nullopt, 0.0f, ws, scales, biases, group_size, bits}}, std::nullopt, s);
 }
 
 mx::array quantized_matmul(
@@ -81,9 +133,13 @@ mx::array quantized_matmul(
 }
 
 void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  for (size_t i = 1; i < inputs.size(); ++i) {
-    if (!inputs[i].flags().row_contiguous) {
-      throw std::runtime_error("[mlxinfer.quantized_matmul] w, scales and biases must be row-contiguous");
+  size_t at = 1;
+  for (const Stage& st : stages_) {
+    at += st.prologue == Prologue::rms_norm;
+    for (int i = 0; i < 3 * st.weights; ++i, ++at) {
+      if (!inputs[at].flags().row_contiguous) {
+        throw std::runtime_error("[mlxinfer.quantized_matmul] w, scales and biases must be row-contiguous");
+      }
     }
   }
   out.set_data(mx::allocator::malloc(out.nbytes()));
@@ -94,20 +150,50 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
     held.push_back(mx::array::unsafe_weak_copy(a));
   }
   encoder.set_output_array(out);
-  const int gs = group_size_, bits = bits_;
-  const auto sd = inputs[2].dtype();
-  const ScaleType st = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
-  encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), gs, bits, st]() mutable {
-    const mx::array& x = held[0];
-    const int64_t K = x.shape(-1);
-    const int64_t M = K ? static_cast<int64_t>(x.size()) / K : 0;
-    std::vector<Weight> weights;
-    for (size_t i = 1; i + 2 < held.size(); i += 3) {
-      weights.push_back({held[i].data<uint32_t>(), held[i + 1].data<void>(), held[i + 2].data<void>(), held[i].shape(0)});
+  encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), stages = stages_,
+                    residual = residual_]() mutable {
+    std::vector<std::vector<float>> scratch(3 * stages.size() + 1);  // x, and per stage a norm weight, its output, the output
+    size_t next = 0, at = 1;
+    int64_t K = held[0].shape(-1);
+    const int64_t M = K ? static_cast<int64_t>(held[0].size()) / K : 0;
+    const float* in = dense_rows(held[0], scratch[next++]);
+    for (size_t i = 0; i < stages.size(); ++i) {
+      const Stage& st = stages[i];
+      if (st.prologue == Prologue::rms_norm) {
+        const float* w = dense_rows(held[at++], scratch[next++]);
+        std::vector<float>& y = scratch[next++];
+        y.resize(M * K);
+        for (int64_t r = 0; r < M; ++r) rms_norm_row(in + r * K, w, y.data() + r * K, K, st.eps);
+        in = y.data();
+      } else if (st.prologue == Prologue::swiglu_halves) {
+        const int64_t half = K / 2;
+        std::vector<float>& y = scratch[next++];
+        y.resize(M * half);
+        for (int64_t r = 0; r < M; ++r) swiglu_row(in + r * K, in + r * K + half, y.data() + r * half, half);
+        in = y.data(), K = half;
+      }
+      std::vector<Weight> weights;
+      int64_t N = 0;
+      for (int j = 0; j < st.weights; ++j, at += 3) {
+        weights.push_back({held[at].data<uint32_t>(), held[at + 1].data<void>(), held[at + 2].data<void>(), held[at].shape(0)});
+        N += held[at].shape(0);
+      }
+      const auto sd = held[at - 2].dtype();
+      const ScaleType stype = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+      float* y = out.data<float>();
+      if (i + 1 < stages.size()) {
+        scratch[next].resize(M * N);
+        y = scratch[next++].data();
+      }
+      qmm_f32(in, weights, stype, y, M, K, st.group_size, st.bits);
+      in = y, K = N;
     }
-    std::vector<float> copy;
-    const float* xd = dense_rows(x, copy);
-    qmm_f32(xd, weights, st, out.data<float>(), M, K, gs, bits);
+    if (residual) {  // the add MLX's h + out would do, element by element
+      std::vector<float> copy;
+      const float* r = dense_rows(held[at], copy);
+      float* y = out.data<float>();
+      for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
+    }
   });
 }
 
@@ -117,13 +203,18 @@ void QuantizedMatmulF32::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool QuantizedMatmulF32::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const QuantizedMatmulF32&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
+  return stages_ == o.stages_ && residual_ == o.residual_;
 }
 
 std::vector<mx::Shape> QuantizedMatmulF32::output_shapes(const std::vector<mx::array>& inputs) {
   auto shape = inputs[0].shape();
+  size_t at = 1;
   int n = 0;
-  for (size_t i = 1; i < inputs.size(); i += 3) n += inputs[i].shape(0);
+  for (const Stage& st : stages_) {
+    at += st.prologue == Prologue::rms_norm;
+    n = 0;
+    for (int j = 0; j < st.weights; ++j, at += 3) n += inputs[at].shape(0);
+  }
   shape.back() = n;
   return {shape};
 }

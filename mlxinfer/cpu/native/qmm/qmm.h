@@ -5,12 +5,16 @@
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
+#include <optional>
+#include <string>
+#include <tuple>
+
 namespace mlxinfer {
 
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 3;
+constexpr int QMM_ABI = 4;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
@@ -37,22 +41,58 @@ mx::array quantized_matmul_cat(
     int bits,
     mx::StreamOrDevice s = {});
 
+// What a stage of a chain does to its input before its matmul.
+enum class Prologue { none, rms_norm, swiglu_halves };
+
+// One matmul of a chain: its input's prologue (rms_norm: eps, and a weight among the inputs), then its
+// weights side by side (`weights` of them, one bits / group size).
+struct Stage {
+  Prologue prologue;
+  float eps;
+  int group_size;
+  int bits;
+  int weights;
+  bool operator==(const Stage&) const = default;
+};
+
+// A chain of matmuls as one node: stage i's output is stage i + 1's input; the last one's output, plus
+// `residual` when given (one add per element), is the node's. Each stage's bits equal the separate ops
+// (rms_norm, swiglu_halves, quantized_matmul_cat, add): they run the same row functions. A decoder
+// layer's "norm, then q/k/v" and "norm, gate/up, SwiGLU, down, + h" are one node each (model/fused.py).
+// A stage: (prologue "" | "rms_norm" | "swiglu_halves", the norm's weight or None, eps, ws, scales,
+// biases, group_size, bits).
+using StageArgs = std::tuple<
+    std::string,
+    std::optional<mx::array>,
+    float,
+    std::vector<mx::array>,
+    std::vector<mx::array>,
+    std::vector<mx::array>,
+    int,
+    int>;
+mx::array linear_chain(
+    const mx::array& x,
+    const std::vector<StageArgs>& stages,
+    const std::optional<mx::array>& residual,
+    mx::StreamOrDevice s = {});
+
 class QuantizedMatmulF32 : public mx::UnaryPrimitive {
  public:
-  QuantizedMatmulF32(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  QuantizedMatmulF32(mx::Stream stream, std::vector<Stage> stages, bool residual)
+      : mx::UnaryPrimitive(stream), stages_(std::move(stages)), residual_(residual) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
-    return "MlxinferQuantizedMatmulF32";
+    return stages_.size() == 1 && stages_[0].prologue == Prologue::none && !residual_ ? "MlxinferQuantizedMatmulF32"
+                                                                                       : "MlxinferLinearChain";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
  private:
-  int group_size_;
-  int bits_;
+  std::vector<Stage> stages_;
+  bool residual_;
 };
 
 enum class ScaleType { f32, f16, bf16 };

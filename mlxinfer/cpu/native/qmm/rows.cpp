@@ -34,8 +34,6 @@ const float* dense_rows(const mx::array& a, std::vector<float>& buf) {
   return buf.data();
 }
 
-namespace {
-
 void swiglu_row(const float* g, const float* u, float* y, int64_t n) {
   int64_t i = 0;
 #ifdef MLXINFER_AVX2
@@ -48,6 +46,8 @@ void swiglu_row(const float* g, const float* u, float* y, int64_t n) {
 #endif
   for (; i < n; ++i) y[i] = g[i] / (1.0f + exp_scalar(-g[i])) * u[i];
 }
+
+namespace {
 
 // y = x - log(sum(e^x)) over one row: the max, then e^(x - max) summed in order, eight lanes at a time
 void log_softmax_row(const float* x, float* y, int64_t n) {

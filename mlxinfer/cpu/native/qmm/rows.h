@@ -16,6 +16,9 @@ const float* dense_rows(const mx::array& a, std::vector<float>& buf);
 // One row of rms_norm: y = x * rsqrt(mean(x^2) + eps) * w over n values.
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps);
 
+// One row of swiglu: y = silu(g) * u over n values.
+void swiglu_row(const float* g, const float* u, float* y, int64_t n);
+
 enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax };
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
