@@ -2,7 +2,8 @@
 
 (a) q/k/v (or gate/up) as one kernel call == the separate calls side by side, bit for bit, and a
     chain of stages (norm, matmul, SwiGLU, matmul, + residual) as one node == its ops one node each;
-(b) SwiGLU on the two halves == SwiGLU on two arrays, bit for bit;
+(b) SwiGLU on the two halves == SwiGLU on two arrays, and a quantized table's rows dequantized in
+    one node == mx.dequantize of the gathered rows, bit for bit;
 (c) log_softmax against float64, masked (-inf) scores adding nothing;
 (d) write_cache + attend against a float64 RoPE + causal grouped-query attention, rows alone ==
     rows in a batch bit for bit, the cache written in place when nothing else holds it and copied
@@ -87,6 +88,27 @@ def test_a_chain_refuses_what_it_cannot_run():
         K.linear_chain(x, [("", None, 0.0, [w], [s], [b], 64, 4)] * 2)
     with pytest.raises(ValueError, match="residual must have the output's shape"):
         K.linear_chain(x, [("", None, 0.0, [w], [s], [b], 64, 4)], x)
+
+
+@pytest.mark.parametrize(
+    "bits,group_size,scale_dtype", [(8, 32, mx.float16), (4, 64, mx.bfloat16), (4, 128, mx.float32)]
+)
+def test_dequantized_rows_equal_mx_dequantize_of_the_gathered_rows(bits, group_size, scale_dtype):
+    w, s, b = mx.quantize(normal(50, 256), group_size=group_size, bits=bits)
+    s, b = s.astype(scale_dtype), b.astype(scale_dtype)
+    ids = mx.array([[3, 49, 0], [7, 7, 12]])
+    want = mx.dequantize(
+        w[ids], scales=s[ids].astype(mx.float32), biases=b[ids].astype(mx.float32), group_size=group_size, bits=bits
+    )
+    got = K.dequantize_rows(ids, w, s, b, group_size, bits)
+    assert got.shape == (2, 3, 256) and mx.array_equal(got, want).item()
+    assert mx.array_equal(
+        K.dequantize_rows(ids.T, w, s, b, group_size, bits), want.transpose(1, 0, 2)
+    ).item()  # strided ids
+    outside = K.dequantize_rows(mx.array([50, -1, 0]), w, s, b, group_size, bits)  # never a read past the table
+    assert mx.isnan(outside[:2]).all().item() and mx.array_equal(outside[2], want[0, 2]).item()
+    with pytest.raises(ValueError, match="ids must be integers"):
+        K.dequantize_rows(mx.array([1.0]), w, s, b, group_size, bits)
 
 
 def test_swiglu_on_halves_equals_swiglu_on_two_arrays():

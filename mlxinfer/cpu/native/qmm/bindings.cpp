@@ -49,6 +49,9 @@ NB_MODULE(_mlxinfer_qmm, m) {
       "stream"_a = nb::none(),
       "quantized matmuls in a row as one node: per stage (prologue '' | 'rms_norm' | 'swiglu_halves', norm weight "
       "or None, eps, ws, scales, biases, group_size, bits), each stage's output the next one's input, then + residual");
+  m.def("dequantize_rows", &mlxinfer::dequantize_rows, "ids"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a,
+        "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "the rows ids of a quantized table dequantized in float32 (an embedding lookup): (..., K)");
   m.def("swiglu_halves", &mlxinfer::swiglu_halves, "gate_up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up where gate_up's last axis holds gate, then up");
   m.def("write_cache", &mlxinfer::write_cache, "cache"_a, "qkv"_a, "cos"_a, "sin"_a, "offset"_a, "n_heads"_a,

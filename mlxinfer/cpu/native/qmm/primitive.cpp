@@ -1,5 +1,7 @@
 // The MLX primitive around qmm.cpp's kernel: the op that checks shapes and dtypes and builds the graph
 // node, and its evaluation on the CPU stream.
+#include <algorithm>
+#include <cmath>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -195,6 +197,78 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
       for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
     }
   });
+}
+
+mx::array dequantize_rows(
+    const mx::array& ids,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  const std::string name = "[mlxinfer.dequantize_rows] ";
+  if (stream.device.type != mx::Device::cpu) throw std::invalid_argument(name + "runs on a CPU stream only");
+  if (!mx::issubdtype(ids.dtype(), mx::integer)) throw std::invalid_argument(name + "ids must be integers");
+  if ((bits != 4 && bits != 8) || (group_size != 32 && group_size != 64 && group_size != 128)) {
+    throw std::invalid_argument(name + "takes 4 or 8 bits in groups of 32, 64 or 128");
+  }
+  if (w.dtype() != mx::uint32 || w.ndim() != 2) {
+    throw std::invalid_argument(name + "w must be a 2-D uint32 array (mx.quantize's output)");
+  }
+  const int64_t K = static_cast<int64_t>(w.shape(1)) * 32 / bits;
+  const mx::Shape groups{w.shape(0), static_cast<int>(K / group_size)};
+  if (K % group_size || scales.shape() != groups || biases.shape() != groups) {
+    throw std::invalid_argument(name + "scales and biases must have shape (N, K / group_size)");
+  }
+  auto sdtype = scales.dtype();
+  if (sdtype != mx::float32 && sdtype != mx::float16 && sdtype != mx::bfloat16) sdtype = mx::float32;
+  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
+  auto shape = ids.shape();
+  shape.push_back(static_cast<int>(K));
+  return mx::array(
+      shape,
+      mx::float32,
+      std::make_shared<DequantizeRows>(stream, group_size, bits),
+      {cast(ids, mx::int32), w, cast(scales, sdtype), cast(biases, sdtype)});
+}
+
+void DequantizeRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  for (size_t i = 1; i < inputs.size(); ++i) {
+    if (!inputs[i].flags().row_contiguous) {
+      throw std::runtime_error("[mlxinfer.dequantize_rows] w, scales and biases must be row-contiguous");
+    }
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  encoder.dispatch([ids = mx::array::unsafe_weak_copy(inputs[0]), w = mx::array::unsafe_weak_copy(inputs[1]),
+                    sc = mx::array::unsafe_weak_copy(inputs[2]), bi = mx::array::unsafe_weak_copy(inputs[3]),
+                    out = mx::array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
+    std::vector<int32_t> copy;
+    const int32_t* id = dense<int32_t>(ids, copy);
+    const int64_t N = w.shape(0), Kw = w.shape(1), K = Kw * 32 / bits, G = K / gs;
+    const auto sd = sc.dtype();
+    const ScaleType st = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+    const size_t width = sd == mx::float32 ? 4 : 2;
+    const auto* s = static_cast<const char*>(sc.data<void>());
+    const auto* b = static_cast<const char*>(bi.data<void>());
+    float* y = out.data<float>();
+    for (size_t r = 0; r < ids.size(); ++r) {
+      const int64_t n = id[r];
+      if (n < 0 || n >= N) {
+        std::fill(y + r * K, y + (r + 1) * K, NAN);
+        continue;
+      }
+      dequantize_row(w.data<uint32_t>() + n * Kw, s + n * G * width, b + n * G * width, st, y + r * K, K, gs, bits);
+    }
+  });
+}
+
+void DequantizeRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxinfer.dequantize_rows] has no GPU implementation; use mx.dequantize");
 }
 
 void QuantizedMatmulF32::eval_gpu(const std::vector<mx::array>&, mx::array&) {

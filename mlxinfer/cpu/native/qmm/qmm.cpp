@@ -342,6 +342,25 @@ std::function<void(int64_t, int64_t)> pick_range(const Ctx& c, bool avx2) {
 
 }  // namespace
 
+void dequantize_row(const uint32_t* w, const void* s, const void* b, ScaleType scale_type, float* y, int64_t K,
+                    int group_size, int bits) {
+  auto run = [&]<class S>(S) {
+    const auto* sp = static_cast<const typename S::T*>(s);
+    const auto* bp = static_cast<const typename S::T*>(b);
+    for (int64_t k = 0; k < K; ++k) {
+      const float scaled = static_cast<float>(value_at(w, k, bits)) * widen(S{}, sp[k / group_size]);
+      y[k] = scaled + widen(S{}, bp[k / group_size]);
+    }
+  };
+  if (scale_type == ScaleType::f16) {
+    run(F16{});
+  } else if (scale_type == ScaleType::bf16) {
+    run(BF16{});
+  } else {
+    run(F32{});
+  }
+}
+
 bool compiled_with_avx2() {
 #ifdef MLXINFER_QMM_AVX2
   return true;

@@ -111,6 +111,48 @@ struct Weight {
 void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale_type, float* y, int64_t M, int64_t K,
              int group_size, int bits);
 
+// Row `w` of a quantized table dequantized in float32 (K values): q * scale + bias, two roundings, as
+// mx.dequantize computes it.
+void dequantize_row(const uint32_t* w, const void* s, const void* b, ScaleType scale_type, float* y, int64_t K,
+                    int group_size, int bits);
+
+// An embedding lookup in one node: the rows `ids` (..., integer) of a quantized table (N, K * bits / 32)
+// dequantized, (..., K) float32, the bits of mx.dequantize(w[ids], scales[ids], biases[ids]) (MLX's CPU
+// back end composes that from ~28 nodes). An id outside 0 .. N - 1 gives a row of NaN, never a read
+// outside the table.
+mx::array dequantize_rows(
+    const mx::array& ids,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s = {});
+
+class DequantizeRows : public mx::UnaryPrimitive {
+ public:
+  DequantizeRows(mx::Stream stream, int group_size, int bits)
+      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override {
+    return "MlxinferDequantizeRows";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override {
+    auto& o = static_cast<const DequantizeRows&>(other);
+    return group_size_ == o.group_size_ && bits_ == o.bits_;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    auto shape = inputs[0].shape();
+    shape.push_back(static_cast<int>(static_cast<int64_t>(inputs[1].shape(1)) * 32 / bits_));
+    return {shape};
+  }
+
+ private:
+  int group_size_;
+  int bits_;
+};
+
 bool compiled_with_avx2();
 int thread_count();
 

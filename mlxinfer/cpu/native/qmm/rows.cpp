@@ -13,27 +13,6 @@
 
 namespace mlxinfer {
 
-const float* dense_rows(const mx::array& a, std::vector<float>& buf) {
-  if (a.flags().row_contiguous) return a.data<float>();
-  buf.resize(a.size());
-  const float* src = a.data<float>();
-  const int nd = a.ndim();
-  std::vector<int64_t> idx(nd, 0);
-  int64_t off = 0;
-  for (size_t i = 0; i < a.size(); ++i) {
-    buf[i] = src[off];
-    for (int d = nd - 1; d >= 0; --d) {
-      if (++idx[d] < a.shape(d)) {
-        off += a.strides()[d];
-        break;
-      }
-      off -= a.strides()[d] * (a.shape(d) - 1);
-      idx[d] = 0;
-    }
-  }
-  return buf.data();
-}
-
 void swiglu_row(const float* g, const float* u, float* y, int64_t n) {
   int64_t i = 0;
 #ifdef MLXINFER_AVX2

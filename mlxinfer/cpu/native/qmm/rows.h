@@ -11,7 +11,30 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // An array's elements in row-major order: the array itself when row-contiguous, else a copy by strides.
-const float* dense_rows(const mx::array& a, std::vector<float>& buf);
+template <class T>
+const T* dense(const mx::array& a, std::vector<T>& buf) {
+  if (a.flags().row_contiguous) return a.data<T>();
+  buf.resize(a.size());
+  const T* src = a.data<T>();
+  const int nd = a.ndim();
+  std::vector<int64_t> idx(nd, 0);
+  int64_t off = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    buf[i] = src[off];
+    for (int d = nd - 1; d >= 0; --d) {
+      if (++idx[d] < a.shape(d)) {
+        off += a.strides()[d];
+        break;
+      }
+      off -= a.strides()[d] * (a.shape(d) - 1);
+      idx[d] = 0;
+    }
+  }
+  return buf.data();
+}
+inline const float* dense_rows(const mx::array& a, std::vector<float>& buf) {
+  return dense<float>(a, buf);
+}
 
 // One row of rms_norm: y = x * rsqrt(mean(x^2) + eps) * w over n values.
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps);
