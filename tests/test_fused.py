@@ -6,7 +6,8 @@
     one node == mx.dequantize of the gathered rows, bit for bit;
 (c) log_softmax against float64, masked (-inf) scores adding nothing;
 (d) write_cache + attend against a float64 RoPE + causal grouped-query attention, rows alone ==
-    rows in a batch bit for bit, the cache written in place when nothing else holds it and copied
+    rows in a batch bit for bit, attend with its output projection and residual == attend, then the
+    chain's one stage, the cache written in place when nothing else holds it and copied
     when something does;
 (e) the embedded model: the fused layers against the composed forward pass they replace (scores
     and greedy text), and the node count of one decode step, side by side; a prompt scored in one
@@ -187,6 +188,13 @@ def test_attention_against_float64_and_rows_alone(L, offset):
         return out, kc, vc
 
     out, kc, vc = run(slice(None))
+    o = mx.quantize(normal(40, H * E), group_size=32, bits=4)
+    h = normal(B, L, 40)
+    projected = K.attend(
+        mx.array(qkv), mx.array(cos), mx.array(sin), kc, vc, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h
+    )
+    chained = K.linear_chain(out, [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)], h)  # the same, two nodes
+    assert mx.array_equal(projected, chained).item()
     want, want_k, want_v = reference(qkv, keys, cos, sin, offset, H, Hk, scale)
     assert np.abs(np.array(out) - want).max() < 1e-5
     assert np.abs(np.array(kc) - want_k).max() < 1e-5 and np.abs(np.array(vc) - want_v).max() < 1e-6
@@ -222,6 +230,33 @@ def test_bad_shapes_are_refused():
     cache = mx.zeros((1, 2, 8, 16))
     with pytest.raises(ValueError, match="no room"):
         K.write_cache(cache, mx.zeros((1, 1, 8 * 16)), mx.zeros((8, 8)), mx.zeros((8, 8)), 8, 4, 2, False)
+    with pytest.raises(ValueError, match="a residual needs out_proj"):
+        K.attend(
+            mx.zeros((1, 1, 6 * 16)),
+            mx.zeros((8, 8)),
+            mx.zeros((8, 8)),
+            cache,
+            cache,
+            0,
+            2,
+            2,
+            1.0,
+            residual=mx.zeros((1, 1, 32)),
+        )
+    with pytest.raises(ValueError, match="does not match w"):
+        w = mx.quantize(mx.zeros((8, 64)), group_size=32, bits=4)
+        K.attend(
+            mx.zeros((1, 1, 6 * 16)),
+            mx.zeros((8, 8)),
+            mx.zeros((8, 8)),
+            cache,
+            cache,
+            0,
+            2,
+            2,
+            1.0,
+            out_proj=(*w, 32, 4),
+        )
     with pytest.raises(ValueError, match="n_heads must be a multiple"):
         K.attend(mx.zeros((1, 1, 7 * 16)), mx.zeros((8, 8)), mx.zeros((8, 8)), cache, cache, 0, 3, 2, 1.0)
 

@@ -2,12 +2,12 @@
 
 MLX's CPU back end schedules every node of the graph for ~10 microseconds, and a decode step of a
 30-layer model composed from MLX ops was ~1,200 nodes. Here a layer (model.Block, its `fused`
-hook) is six:
+hook) is five:
 
 * the input norm, then q, k and v as one kernel call (`linear_chain`: the three packed weights read
   side by side, each column's arithmetic its own, so the bits are those of three calls);
-* RoPE and the KV cache update as one primitive per cache, attention as one (native/qmm/attention.cpp);
-* o_proj plus the residual;
+* RoPE and the KV cache update as one primitive per cache (native/qmm/attention.cpp);
+* attention, o_proj and the residual as one;
 * the MLP: its norm, gate and up as one call, SwiGLU on the two halves, down, plus the residual.
 
 Each chained stage runs the row function its separate op runs (rms_norm, swiglu_halves, the kernel,
@@ -122,9 +122,14 @@ class FusedBlock:
         qn, kn = _head_norms(a)
         cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, -1, *kn)
         cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True)
-        out = k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn)
         cache.offset += L
-        return _out(a, out, h)  # h + o_proj((B, L, H E))
+        o = a.o_proj
+        if "bias" in o:
+            return h + o(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn))
+        out_proj = (o["weight"], o["scales"], o["biases"], o.group_size, o.bits)
+        return k.attend(
+            qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn, out_proj=out_proj, residual=h
+        )
 
     def attention_rows(self, h: mx.array, caches: list[KVCache]) -> mx.array:
         """rows.py's attention (plus the residual) for rows that each have their own one-row cache (and

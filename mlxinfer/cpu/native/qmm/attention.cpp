@@ -12,6 +12,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
+#include "qmm.h"
 #include "rows.h"
 #include "simd.h"
 
@@ -226,23 +227,38 @@ mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::ar
   return mx::array(
       cache.shape(),
       mx::float32,
-      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f, row, eps),
+      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f, row, eps, norm && !values),
       inputs);
 }
 
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
                  const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row,
-                 const std::optional<mx::array>& norm, float eps, mx::StreamOrDevice s) {
+                 const std::optional<mx::array>& norm, float eps, const std::optional<OutProj>& out_proj,
+                 const std::optional<mx::array>& residual, mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
   const int L = check(qkv, cos, sin, keys, offset, n_heads, n_kv_heads, row);
   check_norm(norm, keys);
   if (values.shape() != keys.shape()) throw std::invalid_argument("[mlxinfer.attend] keys and values must be alike");
   std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(keys, stream), f32(values, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
+  mx::Shape shape{keys.shape(0), L, n_heads * keys.shape(3)};
+  int group_size = 0, bits = 0;
+  if (out_proj) {
+    const auto& [w, scales, biases, gs, b] = *out_proj;
+    shape.back() = static_cast<int>(append_weights(inputs, shape.back(), {w}, {scales}, {biases}, gs, b, stream));
+    group_size = gs, bits = b;
+  }
+  if (residual) {
+    if (!out_proj || residual->shape() != shape) {
+      throw std::invalid_argument("[mlxinfer.attend] a residual needs out_proj and the output's shape");
+    }
+    inputs.push_back(f32(*residual, stream));
+  }
   return mx::array(
-      mx::Shape{keys.shape(0), L, n_heads * keys.shape(3)},
+      shape,
       mx::float32,
-      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale, row, eps),
+      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale, row, eps, norm.has_value(),
+                               group_size, bits, residual.has_value()),
       inputs);
 }
 
@@ -266,7 +282,7 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                   out = mx::array::unsafe_weak_copy(out),
                   d,
                   in_place,
-                  norm = inputs.size() > 4 ? std::optional(mx::array::unsafe_weak_copy(inputs[4])) : std::nullopt,
+                  norm = norm_ ? std::optional(mx::array::unsafe_weak_copy(inputs[4])) : std::nullopt,
                   eps = eps_,
                   first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E,
                   part = kind_ == AttendKind::write_keys ? 0 : 1]() mutable {
@@ -280,20 +296,29 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   const auto& k = inputs[3];
   const Shapes d{k.shape(0), inputs[0].shape(1), n_heads_, n_kv_heads_, k.shape(3), k.shape(2), offset_};
-  enc.dispatch([qkv = mx::array::unsafe_weak_copy(inputs[0]),
-                cos = mx::array::unsafe_weak_copy(inputs[1]),
-                sin = mx::array::unsafe_weak_copy(inputs[2]),
-                keys = mx::array::unsafe_weak_copy(inputs[3]),
-                values = mx::array::unsafe_weak_copy(inputs[4]),
-                out = mx::array::unsafe_weak_copy(out),
-                d,
-                norm = inputs.size() > 5 ? std::optional(mx::array::unsafe_weak_copy(inputs[5])) : std::nullopt,
-                eps = eps_,
-                first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E,
-                scale = scale_]() mutable {
-    std::vector<float> cq, cc, cs, ck, cv, cn;
-    attend_all(d, scale, dense_rows(qkv, cq) + first, dense_rows(cos, cc), dense_rows(sin, cs), dense_rows(keys, ck),
-               dense_rows(values, cv), norm ? dense_rows(*norm, cn) : nullptr, eps, out.data<float>());
+  std::vector<mx::array> held;
+  for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
+  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), d, norm = norm_, eps = eps_,
+                first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E, scale = scale_, gs = out_group_size_,
+                bits = out_bits_, residual = residual_]() mutable {
+    std::vector<float> cq, cc, cs, ck, cv, cn, attended;
+    size_t at = 5 + norm;
+    float* y = out.data<float>();
+    if (bits) attended.resize(d.B * d.L * d.H * d.E);
+    attend_all(d, scale, dense_rows(held[0], cq) + first, dense_rows(held[1], cc), dense_rows(held[2], cs),
+               dense_rows(held[3], ck), dense_rows(held[4], cv), norm ? dense_rows(held[5], cn) : nullptr, eps,
+               bits ? attended.data() : y);
+    if (!bits) return;
+    const mx::array &w = held[at], &sc = held[at + 1], &bi = held[at + 2];
+    const auto sd = sc.dtype();
+    const ScaleType st = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+    qmm_f32(attended.data(), {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), w.shape(0)}}, st, y, d.B * d.L,
+            d.H * d.E, gs, bits);
+    if (residual) {  // linear_chain's add
+      std::vector<float> copy;
+      const float* r = dense_rows(held[at + 3], copy);
+      for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
+    }
   });
 }
 
@@ -304,14 +329,15 @@ void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 bool Attend::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const Attend&>(other);
   return kind_ == o.kind_ && offset_ == o.offset_ && row_ == o.row_ && eps_ == o.eps_ && n_heads_ == o.n_heads_ &&
-      n_kv_heads_ == o.n_kv_heads_ &&
-      scale_ == o.scale_;
+      n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ &&
+      out_bits_ == o.out_bits_ && residual_ == o.residual_;
 }
 
 std::vector<mx::Shape> Attend::output_shapes(const std::vector<mx::array>& inputs) {
   if (kind_ != AttendKind::attend) return {inputs[0].shape()};
   const auto& k = inputs[3];
-  return {mx::Shape{k.shape(0), inputs[0].shape(1), n_heads_ * k.shape(3)}};
+  const int width = out_bits_ ? inputs[5 + norm_].shape(0) : n_heads_ * k.shape(3);
+  return {mx::Shape{k.shape(0), inputs[0].shape(1), width}};
 }
 
 }  // namespace mlxinfer

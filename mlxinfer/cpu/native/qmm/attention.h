@@ -6,6 +6,7 @@
 #pragma once
 
 #include <optional>
+#include <tuple>
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
@@ -30,23 +31,34 @@ namespace mx = mlx::core;
 mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
                       int offset, int n_heads, int n_kv_heads, bool values, int row = -1,
                       const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, mx::StreamOrDevice s = {});
+// out_proj (w, scales, biases, group_size, bits): the output projection applied in the same node,
+// then + residual when given: (B, L, N), the bits of attend, then linear_chain's one stage and its add.
+using OutProj = std::tuple<mx::array, mx::array, mx::array, int, int>;
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
                  const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row = -1,
-                 const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, mx::StreamOrDevice s = {});
+                 const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
+                 const std::optional<OutProj>& out_proj = std::nullopt,
+                 const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
 
 enum class AttendKind { write_keys, write_values, attend };
 
 class Attend : public mx::UnaryPrimitive {
  public:
-  Attend(mx::Stream stream, AttendKind kind, int offset, int n_heads, int n_kv_heads, float scale, int row, float eps)
+  // norm: a head norm's weight among the inputs; out_group_size/out_bits: an output projection (0: none)
+  Attend(mx::Stream stream, AttendKind kind, int offset, int n_heads, int n_kv_heads, float scale, int row, float eps,
+         bool norm, int out_group_size = 0, int out_bits = 0, bool residual = false)
       : mx::UnaryPrimitive(stream),
         kind_(kind),
         offset_(offset),
         n_heads_(n_heads),
         n_kv_heads_(n_kv_heads),
         row_(row),
+        out_group_size_(out_group_size),
+        out_bits_(out_bits),
         scale_(scale),
-        eps_(eps) {}
+        eps_(eps),
+        norm_(norm),
+        residual_(residual) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
@@ -57,8 +69,9 @@ class Attend : public mx::UnaryPrimitive {
 
  private:
   AttendKind kind_;
-  int offset_, n_heads_, n_kv_heads_, row_;
+  int offset_, n_heads_, n_kv_heads_, row_, out_group_size_, out_bits_;
   float scale_, eps_;
+  bool norm_, residual_;
 };
 
 }  // namespace mlxinfer

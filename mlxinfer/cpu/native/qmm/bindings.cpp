@@ -60,8 +60,9 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "the KV cache with the new positions' keys (rotated) or values written, in place where it can be");
   m.def("attend", &mlxinfer::attend, "qkv"_a, "cos"_a, "sin"_a, "keys"_a, "values"_a, "offset"_a, "n_heads"_a,
         "n_kv_heads"_a, "scale"_a, "row"_a = -1, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(),
-        "stream"_a = nb::none(),
-        "causal attention of the new positions' queries (rotated) over the written caches: (B, L, H E)");
+        "out_proj"_a = nb::none(), "residual"_a = nb::none(), "stream"_a = nb::none(),
+        "causal attention of the new positions' queries (rotated) over the written caches: (B, L, H E); with "
+        "out_proj (w, scales, biases, group_size, bits) projected in the same node, then + residual");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");
   m.def("rms_norm", &mlxinfer::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),

@@ -29,6 +29,53 @@ Prologue prologue_named(const std::string& name) {
 
 }  // namespace
 
+int64_t append_weights(
+    std::vector<mx::array>& inputs,
+    int64_t K,
+    const std::vector<mx::array>& ws,
+    const std::vector<mx::array>& scales,
+    const std::vector<mx::array>& biases,
+    int group_size,
+    int bits,
+    const mx::Stream& stream) {
+  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
+  if (bits != 4 && bits != 8) {
+    throw std::invalid_argument(std::string(kName) + "bits must be 4 or 8, not " + std::to_string(bits));
+  }
+  if (group_size != 32 && group_size != 64 && group_size != 128) {
+    throw std::invalid_argument(
+        std::string(kName) + "group_size must be 32, 64 or 128, not " + std::to_string(group_size));
+  }
+  if (ws.empty() || scales.size() != ws.size() || biases.size() != ws.size()) {
+    throw std::invalid_argument(std::string(kName) + "needs one scales and one biases array per weight");
+  }
+  // scales and biases share one of float32/float16/bfloat16 (the kernel widens them)
+  auto sdtype = scales[0].dtype();
+  if (sdtype != mx::float32 && sdtype != mx::float16 && sdtype != mx::bfloat16) sdtype = mx::float32;
+  int64_t N = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const auto& w = ws[i];
+    if (w.dtype() != mx::uint32 || w.ndim() != 2) {
+      throw std::invalid_argument(std::string(kName) + "w must be a 2-D uint32 array (mx.quantize's output)");
+    }
+    if (static_cast<int64_t>(w.shape(1)) * 32 / bits != K || K % group_size != 0) {
+      throw std::invalid_argument(
+          std::string(kName) + "x's last dimension (" + std::to_string(K) + ") does not match w (" +
+          std::to_string(w.shape(1)) + " words of " + std::to_string(bits) + "-bit values) in groups of " +
+          std::to_string(group_size));
+    }
+    const mx::Shape groups{w.shape(0), static_cast<int>(K / group_size)};
+    if (scales[i].shape() != groups || biases[i].shape() != groups) {
+      throw std::invalid_argument(std::string(kName) + "scales and biases must have shape (N, K / group_size)");
+    }
+    inputs.push_back(w);
+    inputs.push_back(cast(scales[i], sdtype));
+    inputs.push_back(cast(biases[i], sdtype));
+    N += w.shape(0);
+  }
+  return N;
+}
+
 mx::array linear_chain(
     const mx::array& x,
     const std::vector<StageArgs>& stage_args,
@@ -60,40 +107,7 @@ mx::array linear_chain(
       if (K % 2) throw std::invalid_argument(std::string(kName) + "swiglu_halves needs an even last dimension");
       K /= 2;
     }
-    if (bits != 4 && bits != 8) {
-      throw std::invalid_argument(std::string(kName) + "bits must be 4 or 8, not " + std::to_string(bits));
-    }
-    if (group_size != 32 && group_size != 64 && group_size != 128) {
-      throw std::invalid_argument(
-          std::string(kName) + "group_size must be 32, 64 or 128, not " + std::to_string(group_size));
-    }
-    if (ws.empty() || scales.size() != ws.size() || biases.size() != ws.size()) {
-      throw std::invalid_argument(std::string(kName) + "needs one scales and one biases array per weight");
-    }
-    // scales and biases share one of float32/float16/bfloat16 (the kernel widens them)
-    auto sdtype = scales[0].dtype();
-    if (sdtype != mx::float32 && sdtype != mx::float16 && sdtype != mx::bfloat16) sdtype = mx::float32;
-    int64_t N = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      const auto& w = ws[i];
-      if (w.dtype() != mx::uint32 || w.ndim() != 2) {
-        throw std::invalid_argument(std::string(kName) + "w must be a 2-D uint32 array (mx.quantize's output)");
-      }
-      if (static_cast<int64_t>(w.shape(1)) * 32 / bits != K || K % group_size != 0) {
-        throw std::invalid_argument(
-            std::string(kName) + "x's last dimension (" + std::to_string(K) + ") does not match w (" +
-            std::to_string(w.shape(1)) + " words of " + std::to_string(bits) + "-bit values) in groups of " +
-            std::to_string(group_size));
-      }
-      const mx::Shape groups{w.shape(0), static_cast<int>(K / group_size)};
-      if (scales[i].shape() != groups || biases[i].shape() != groups) {
-        throw std::invalid_argument(std::string(kName) + "scales and biases must have shape (N, K / group_size)");
-      }
-      inputs.push_back(w);
-      inputs.push_back(cast(scales[i], sdtype));
-      inputs.push_back(cast(biases[i], sdtype));
-      N += w.shape(0);
-    }
+    const int64_t N = append_weights(inputs, K, ws, scales, biases, group_size, bits, stream);
     stages.push_back({prologue, eps, group_size, bits, static_cast<int>(ws.size())});
     K = N;
   }

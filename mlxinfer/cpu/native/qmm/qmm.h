@@ -76,6 +76,18 @@ mx::array linear_chain(
     const std::optional<mx::array>& residual,
     mx::StreamOrDevice s = {});
 
+// The checks a stage makes of its weights (inputs K wide), and their arrays as the kernel reads them
+// (w, then scales and biases in one float dtype) appended to `inputs`; returns their total N.
+int64_t append_weights(
+    std::vector<mx::array>& inputs,
+    int64_t K,
+    const std::vector<mx::array>& ws,
+    const std::vector<mx::array>& scales,
+    const std::vector<mx::array>& biases,
+    int group_size,
+    int bits,
+    const mx::Stream& stream);
+
 class QuantizedMatmulF32 : public mx::UnaryPrimitive {
  public:
   QuantizedMatmulF32(mx::Stream stream, std::vector<Stage> stages, bool residual)
