@@ -7,7 +7,8 @@
 (c) log_softmax against float64, masked (-inf) scores adding nothing;
 (d) write_cache + attend against a float64 RoPE + causal grouped-query attention, rows alone ==
     rows in a batch bit for bit, attend with its output projection and residual == attend, then the
-    chain's one stage, the cache written in place when nothing else holds it and copied
+    chain's one stage, and the server's rows (each its own cache and offset) in one attend_rows
+    node == attend for each row alone, the cache written in place when nothing else holds it and copied
     when something does;
 (e) the embedded model: the fused layers against the composed forward pass they replace (scores
     and greedy text), and the node count of one decode step, side by side; a prompt scored in one
@@ -201,6 +202,35 @@ def test_attention_against_float64_and_rows_alone(L, offset):
     for r in range(B):
         alone, _, _ = run(slice(r, r + 1))
         assert mx.array_equal(alone[0], out[r]).item(), r
+    if L == 1:  # the server's rows: each its own cache and offset, one node for all of them
+        offsets = [offset, 3, offset + 7][:B]
+        rows_k, rows_v = [], []
+        for r, at in enumerate(offsets):
+            args = (mx.array(qkv), mx.array(cos), mx.array(sin), at, H, Hk)
+            rows_k.append(K.write_cache(mx.array(keys[r : r + 1]), *args, False, r))
+            rows_v.append(K.write_cache(mx.array(values[r : r + 1]), *args, True, r))
+        together = K.attend_rows(mx.array(qkv), mx.array(cos), mx.array(sin), rows_k, rows_v, offsets, H, Hk, scale)
+        for r, at in enumerate(offsets):
+            one = K.attend(mx.array(qkv), mx.array(cos), mx.array(sin), rows_k[r], rows_v[r], at, H, Hk, scale, r)
+            assert mx.array_equal(together[r], one[0]).item(), r
+        projected = K.attend_rows(
+            mx.array(qkv),
+            mx.array(cos),
+            mx.array(sin),
+            rows_k,
+            rows_v,
+            offsets,
+            H,
+            Hk,
+            scale,
+            out_proj=(*o, 32, 4),
+            residual=h,
+        )
+        assert mx.array_equal(
+            projected, K.linear_chain(together, [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)], h)
+        ).item()
+        with pytest.raises(ValueError, match="one keys, values and offset per row"):
+            K.attend_rows(mx.array(qkv), mx.array(cos), mx.array(sin), rows_k, rows_v, offsets[:-1], H, Hk, scale)
 
 
 def _address(a: mx.array) -> int:

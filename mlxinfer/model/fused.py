@@ -133,23 +133,31 @@ class FusedBlock:
 
     def attention_rows(self, h: mx.array, caches: list[KVCache]) -> mx.array:
         """rows.py's attention (plus the residual) for rows that each have their own one-row cache (and
-        length): q/k/v of all rows in one node, then each row's RoPE, cache writes and attention at its
-        own offset, three nodes a row (the composed walk was ~14), then o_proj + h for all rows."""
+        length): norm + q/k/v of all rows in one node, each row's RoPE and cache writes at its own
+        offset (two nodes a row), then attention over every row's own cache, o_proj and + h in one
+        node (`attend_rows`: each row's bits are attend's for that row alone)."""
         attn = self.layer.self_attn
-        A, H, Hk = h.shape[0], attn.n_heads, attn.n_kv_heads
+        H, Hk = attn.n_heads, attn.n_kv_heads
         qkv = _qkv(attn, self.layer.input_layernorm, h)  # (A, 1, (H + 2 Hk) E)
         E = qkv.shape[-1] // (H + 2 * Hk)
         cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
-        k, outs = qmm.kernel(), []
+        k, offsets = qmm.kernel(), []
         qn, kn = _head_norms(attn)
         for r, cache in enumerate(caches):
             cache.reserve((1, Hk, 1, E), E, mx.float32)
             at = cache.offset
             cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r, *kn)
             cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True, r)
-            outs.append(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, attn.scale, r, *qn))
+            offsets.append(at)
             cache.offset = at + 1
-        return _out(attn, mx.concatenate(outs) if A > 1 else outs[0], h)
+        keys, values = [c.keys for c in caches], [c.values for c in caches]
+        o = attn.o_proj
+        if "bias" in o:
+            return h + o(k.attend_rows(qkv, cos, sin, keys, values, offsets, H, Hk, attn.scale, *qn))
+        out_proj = (o["weight"], o["scales"], o["biases"], o.group_size, o.bits)
+        return k.attend_rows(
+            qkv, cos, sin, keys, values, offsets, H, Hk, attn.scale, *qn, out_proj=out_proj, residual=h
+        )
 
     def mlp(self, h: mx.array) -> mx.array:
         """h + mlp(norm(h)): one node where the MLP fuses."""

@@ -174,6 +174,21 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
   pl.run([&](int i) { span(std::min(units, i * per), std::min(units, (i + 1) * per)); }, static_cast<int>(chunks));
 }
 
+// out = attended (M, K) @ the projection held[at .. at + 2] (+ held[at + 3]: linear_chain's stage and add)
+void project(const std::vector<mx::array>& held, size_t at, const float* attended, int64_t M, int64_t K, int gs, int bits,
+             bool residual, mx::array& out) {
+  const mx::array &w = held[at], &sc = held[at + 1], &bi = held[at + 2];
+  const auto sd = sc.dtype();
+  const ScaleType st = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+  float* y = out.data<float>();
+  qmm_f32(attended, {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), w.shape(0)}}, st, y, M, K, gs, bits);
+  if (residual) {
+    std::vector<float> copy;
+    const float* r = dense_rows(held[at + 3], copy);
+    for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
+  }
+}
+
 mx::Stream cpu_only(mx::StreamOrDevice s) {
   auto stream = mx::to_stream(s, mx::Device::cpu);
   if (stream.device.type != mx::Device::cpu) {
@@ -308,18 +323,110 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     attend_all(d, scale, dense_rows(held[0], cq) + first, dense_rows(held[1], cc), dense_rows(held[2], cs),
                dense_rows(held[3], ck), dense_rows(held[4], cv), norm ? dense_rows(held[5], cn) : nullptr, eps,
                bits ? attended.data() : y);
-    if (!bits) return;
-    const mx::array &w = held[at], &sc = held[at + 1], &bi = held[at + 2];
-    const auto sd = sc.dtype();
-    const ScaleType st = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
-    qmm_f32(attended.data(), {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), w.shape(0)}}, st, y, d.B * d.L,
-            d.H * d.E, gs, bits);
-    if (residual) {  // linear_chain's add
-      std::vector<float> copy;
-      const float* r = dense_rows(held[at + 3], copy);
-      for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
-    }
+    if (bits) project(held, at, attended.data(), d.B * d.L, d.H * d.E, gs, bits, residual, out);
   });
+}
+
+mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::array& sin,
+                      const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
+                      const std::vector<int>& offsets, int n_heads, int n_kv_heads, float scale,
+                      const std::optional<mx::array>& norm, float eps, const std::optional<OutProj>& out_proj,
+                      const std::optional<mx::array>& residual, mx::StreamOrDevice s) {
+  auto stream = cpu_only(s);
+  const size_t A = keys.size();
+  if (A == 0 || values.size() != A || offsets.size() != A || qkv.ndim() != 3 || qkv.shape(0) != static_cast<int>(A)) {
+    throw std::invalid_argument("[mlxinfer.attend] attend_rows needs one keys, values and offset per row of qkv");
+  }
+  std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
+  if (norm) inputs.push_back(f32(*norm, stream));
+  int L = 0;
+  for (size_t r = 0; r < A; ++r) {
+    L = check(qkv, cos, sin, keys[r], offsets[r], n_heads, n_kv_heads, static_cast<int>(r));
+    check_norm(norm, keys[r]);
+    if (values[r].shape() != keys[r].shape()) throw std::invalid_argument("[mlxinfer.attend] keys and values must be alike");
+    if (keys[r].shape(3) != keys[0].shape(3)) throw std::invalid_argument("[mlxinfer.attend] every row's E must be one");
+  }
+  for (const auto& k : keys) inputs.push_back(f32(k, stream));
+  for (const auto& v : values) inputs.push_back(f32(v, stream));
+  mx::Shape shape{static_cast<int>(A), L, n_heads * keys[0].shape(3)};
+  int group_size = 0, bits = 0;
+  if (out_proj) {
+    const auto& [w, scales, biases, gs, b] = *out_proj;
+    shape.back() = static_cast<int>(append_weights(inputs, shape.back(), {w}, {scales}, {biases}, gs, b, stream));
+    group_size = gs, bits = b;
+  }
+  if (residual) {
+    if (!out_proj || residual->shape() != shape) {
+      throw std::invalid_argument("[mlxinfer.attend] a residual needs out_proj and the output's shape");
+    }
+    inputs.push_back(f32(*residual, stream));
+  }
+  return mx::array(
+      shape,
+      mx::float32,
+      std::make_shared<AttendRows>(stream, offsets, n_heads, n_kv_heads, scale, eps, norm.has_value(), group_size, bits,
+                                   residual.has_value()),
+      inputs);
+}
+
+void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  std::vector<mx::array> held;
+  for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
+  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), offsets = offsets_, H = n_heads_,
+                Hk = n_kv_heads_, scale = scale_, eps = eps_, norm = norm_, gs = out_group_size_, bits = out_bits_,
+                residual = residual_]() mutable {
+    const int64_t A = offsets.size(), L = held[0].shape(1), width = held[0].shape(2);
+    const size_t first_key = 3 + norm, first_value = first_key + A;
+    const int64_t E = held[first_key].shape(3);
+    std::vector<float> cq, cc, cs, cn, attended;
+    const float* qkv = dense_rows(held[0], cq);
+    const float* cos = dense_rows(held[1], cc);
+    const float* sin = dense_rows(held[2], cs);
+    const float* nw = norm ? dense_rows(held[3], cn) : nullptr;
+    float* y = out.data<float>();
+    if (bits) attended.resize(A * L * H * E);
+    float* att = bits ? attended.data() : y;
+    auto row = [&](int64_t r) {  // attend(..., row = r)'s call, its bits
+      std::vector<float> ck, cv;
+      const mx::array &k = held[first_key + r], &v = held[first_value + r];
+      const Shapes d{1, L, H, Hk, E, k.shape(2), offsets[r]};
+      attend_all(d, scale, qkv + r * L * width, cos, sin, dense_rows(k, ck), dense_rows(v, cv), nw, eps,
+                 att + r * L * H * E);
+    };
+    {
+      Pool& pl = pool();
+      std::unique_lock<std::mutex> lock(pl.busy(), std::try_to_lock);
+      if (A > 1 && lock.owns_lock()) {  // rows side by side on the pool's threads, each row on one of them
+        pl.run([&](int r) { row(r); }, static_cast<int>(A));
+      } else {
+        if (lock.owns_lock()) lock.unlock();  // one row: its heads may share the pool (attend_all)
+        for (int64_t r = 0; r < A; ++r) row(r);
+      }
+    }
+    if (bits) project(held, first_value + A, attended.data(), A * L, H * E, gs, bits, residual, out);
+  });
+}
+
+void AttendRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxinfer.attend] has no GPU implementation");
+}
+
+bool AttendRows::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const AttendRows&>(other);
+  return offsets_ == o.offsets_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ &&
+      eps_ == o.eps_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ && out_bits_ == o.out_bits_ &&
+      residual_ == o.residual_;
+}
+
+std::vector<mx::Shape> AttendRows::output_shapes(const std::vector<mx::array>& inputs) {
+  const int A = static_cast<int>(offsets_.size());
+  const auto& k = inputs[3 + norm_];
+  const int width = out_bits_ ? inputs[3 + norm_ + 2 * A].shape(0) : n_heads_ * k.shape(3);
+  return {mx::Shape{A, inputs[0].shape(1), width}};
 }
 
 void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <tuple>
+#include <vector>
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
@@ -39,6 +40,45 @@ mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& si
                  const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
                  const std::optional<OutProj>& out_proj = std::nullopt,
                  const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
+
+// attend for rows that each have a cache of their own (the server's): row r of qkv (A, L, ...) over
+// keys[r] and values[r] (1, Hk, capacity_r, E) at offsets[r], in one node; each row's bits are those
+// of attend(..., row=r), and out_proj / residual apply to all rows at once, as attend's do.
+mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::array& sin,
+                      const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
+                      const std::vector<int>& offsets, int n_heads, int n_kv_heads, float scale,
+                      const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
+                      const std::optional<OutProj>& out_proj = std::nullopt,
+                      const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
+
+class AttendRows : public mx::UnaryPrimitive {
+ public:
+  AttendRows(mx::Stream stream, std::vector<int> offsets, int n_heads, int n_kv_heads, float scale, float eps, bool norm,
+             int out_group_size, int out_bits, bool residual)
+      : mx::UnaryPrimitive(stream),
+        offsets_(std::move(offsets)),
+        n_heads_(n_heads),
+        n_kv_heads_(n_kv_heads),
+        out_group_size_(out_group_size),
+        out_bits_(out_bits),
+        scale_(scale),
+        eps_(eps),
+        norm_(norm),
+        residual_(residual) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+  const char* name() const override {
+    return "MlxinferAttendRows";
+  }
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+
+ private:
+  std::vector<int> offsets_;
+  int n_heads_, n_kv_heads_, out_group_size_, out_bits_;
+  float scale_, eps_;
+  bool norm_, residual_;
+};
 
 enum class AttendKind { write_keys, write_values, attend };
 

@@ -63,6 +63,10 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "out_proj"_a = nb::none(), "residual"_a = nb::none(), "stream"_a = nb::none(),
         "causal attention of the new positions' queries (rotated) over the written caches: (B, L, H E); with "
         "out_proj (w, scales, biases, group_size, bits) projected in the same node, then + residual");
+  m.def("attend_rows", &mlxinfer::attend_rows, "qkv"_a, "cos"_a, "sin"_a, "keys"_a, "values"_a, "offsets"_a,
+        "n_heads"_a, "n_kv_heads"_a, "scale"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(),
+        "out_proj"_a = nb::none(), "residual"_a = nb::none(), "stream"_a = nb::none(),
+        "attend for rows with caches of their own (keys[r], values[r] at offsets[r]) in one node: (A, L, H E)");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");
   m.def("rms_norm", &mlxinfer::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
