@@ -116,8 +116,12 @@ def hf_weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         }
         if cfg["model_type"] == "qwen3":
             shapes |= {f"{p}.self_attn.q_norm.weight": (E,), f"{p}.self_attn.k_norm.weight": (E,)}
-        if cfg["model_type"] == "qwen2":
+        if cfg["model_type"] == "qwen2" or cfg.get("attention_bias"):
             shapes |= {f"{p}.self_attn.{x}_proj.bias": (n * E,) for x, n in (("q", H), ("k", K), ("v", K))}
+        if cfg.get("attention_bias"):  # Llama's: o_proj too
+            shapes[f"{p}.self_attn.o_proj.bias"] = (D,)
+        if cfg.get("mlp_bias"):
+            shapes |= {f"{p}.mlp.{x}_proj.bias": (n,) for x, n in (("gate", F), ("up", F), ("down", D))}
     return shapes
 
 

@@ -300,7 +300,7 @@ def _nodes(model, cache) -> int:
 def _fused_against_composed(model, ids: list[int]):
     """(the fused pass's first scores, greedy tokens and nodes a step), the same for the composed pass."""
     fused = [layer.fused for layer in model.layers]
-    assert all(f is not None and f.attention_fuses() and f.mlp_fuses() for f in fused), "the model should be fused"
+    assert all(f is not None and f.attention_fuses() for f in fused), "the model's attention should be fused"
 
     def greedy():
         cache = model.make_cache()
@@ -332,16 +332,39 @@ def test_the_model_with_fused_layers_matches_the_composed_pass(embedded_quantize
     assert fused_nodes * 2 < nodes, (fused_nodes, nodes)
 
 
-def test_qwen3_head_norms_run_inside_the_fused_attention(checkpoint_dir):
-    """Qwen3's per-head q/k RMSNorm before RoPE: the fused nodes apply it with rms_norm's arithmetic."""
+@pytest.mark.parametrize(
+    "arch,overrides",
+    [
+        ("qwen3", {}),  # per-head q/k RMSNorm before RoPE, inside the attention nodes
+        ("qwen2", {}),  # q/k/v biases, added to the fused q/k/v
+        ("llama", {"attention_bias": True, "mlp_bias": True}),  # o_proj's bias; an MLP with biases stays composed
+    ],
+)
+def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path, arch, overrides):
     import mlxinfer
 
-    model, _ = mlxinfer.load(checkpoint_dir("qwen3", 4, 64), compute_dtype="quantized")
-    assert model.layers[0].self_attn.qk_norm
+    from checkpoints import quantized_copy, write_checkpoint
+
+    src = write_checkpoint(tmp_path / arch, arch, **overrides)
+    model, _ = mlxinfer.load(quantized_copy(src, tmp_path / f"{arch}-4bit", 4, 64), compute_dtype="quantized")
+    assert model.layers[0].fused.mlp_fuses() == (not overrides.get("mlp_bias", False))
     ids = list(range(5, 29))
     (fused_first, fused_tokens, _), (first, tokens, _) = _fused_against_composed(model, ids)
     assert mx.allclose(fused_first, first, rtol=1e-4, atol=1e-4).item(), mx.max(mx.abs(fused_first - first)).item()
     assert fused_tokens == tokens
+    # the server's step (model/rows.py): rows of different lengths, each its own cache, one pass for
+    # all; each row's scores are the bits of its prompt run alone
+    from mlxinfer.model import rows
+
+    prompts, caches, alone = [ids[:5], ids[:11], ids[:2]], [], []
+    for p in prompts:
+        cache = model.make_cache()
+        mx.eval(model(mx.array([p[:-1]]), cache), [c.state for c in cache])
+        caches.append(cache)
+        alone.append(model(mx.array([p]), model.make_cache())[0, -1])
+    together = rows.step(model, mx.array([p[-1] for p in prompts]), caches)
+    for r in range(len(prompts)):
+        assert mx.array_equal(together[r], alone[r]).item(), r
 
 
 def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded_quantized):
