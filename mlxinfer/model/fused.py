@@ -20,6 +20,9 @@ order (attention.h).
 
 from __future__ import annotations
 
+from functools import partial
+from typing import Callable
+
 import mlx.core as mx
 
 from ..cpu import qlinear, qmm
@@ -73,11 +76,12 @@ def _qkv(attn, norm, h: mx.array) -> mx.array:
     return qkv
 
 
-def _out(attn, out: mx.array, h: mx.array) -> mx.array:
-    """h + o_proj(out), one node where o_proj has no bias."""
-    if "bias" in attn.o_proj:
-        return h + attn.o_proj(out)
-    return qmm.kernel().linear_chain(out, [_stage((attn.o_proj,))], h)
+def _projected(attn, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
+    """h + o_proj(attend()): o_proj and the residual inside attend's node where o_proj has no bias."""
+    o = attn.o_proj
+    if "bias" in o:
+        return h + o(attend())
+    return attend(out_proj=(o["weight"], o["scales"], o["biases"], o.group_size, o.bits), residual=h)
 
 
 class FusedBlock:
@@ -98,8 +102,7 @@ class FusedBlock:
         return self.mlp_checked is not None and _identity(self.layer, self.MLP) == self.mlp_checked
 
     def __call__(self, h: mx.array, mask, cache) -> mx.array:
-        layer = self.layer
-        B, L, _ = h.shape
+        layer, L = self.layer, h.shape[1]
         if (
             self.attention_fuses()
             and isinstance(cache, KVCache)  # none, or another class's cache: the composed pass handles it
@@ -123,13 +126,7 @@ class FusedBlock:
         cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, -1, *kn)
         cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True)
         cache.offset += L
-        o = a.o_proj
-        if "bias" in o:
-            return h + o(k.attend(qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn))
-        out_proj = (o["weight"], o["scales"], o["biases"], o.group_size, o.bits)
-        return k.attend(
-            qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn, out_proj=out_proj, residual=h
-        )
+        return _projected(a, h, partial(k.attend, qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn))
 
     def attention_rows(self, h: mx.array, caches: list[KVCache]) -> mx.array:
         """rows.py's attention (plus the residual) for rows that each have their own one-row cache (and
@@ -151,13 +148,7 @@ class FusedBlock:
             offsets.append(at)
             cache.offset = at + 1
         keys, values = [c.keys for c in caches], [c.values for c in caches]
-        o = attn.o_proj
-        if "bias" in o:
-            return h + o(k.attend_rows(qkv, cos, sin, keys, values, offsets, H, Hk, attn.scale, *qn))
-        out_proj = (o["weight"], o["scales"], o["biases"], o.group_size, o.bits)
-        return k.attend_rows(
-            qkv, cos, sin, keys, values, offsets, H, Hk, attn.scale, *qn, out_proj=out_proj, residual=h
-        )
+        return _projected(attn, h, partial(k.attend_rows, qkv, cos, sin, keys, values, offsets, H, Hk, attn.scale, *qn))
 
     def mlp(self, h: mx.array) -> mx.array:
         """h + mlp(norm(h)): one node where the MLP fuses."""
