@@ -172,65 +172,47 @@ def test_attention_against_float64_and_rows_alone(L, offset):
     B, H, Hk, E, cap = 3, 6, 2, 16, 64
     scale = E**-0.5
     angles = np.arange(cap)[:, None] * (10000.0 ** (-np.arange(0, E, 2) / E))[None]
-    cos, sin = np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+    cos, sin = mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
     qkv = np.array(normal(B, L, (H + 2 * Hk) * E))
     keys = np.array(normal(B, Hk, cap, E))
-    values = keys * 0.5  # reference() builds the values cache the same way
+    kv = np.stack([keys, keys * 0.5], axis=1)  # (B, 2, Hk, cap, E): reference() builds the values alike
 
     def run(rows):
-        kc = K.write_cache(
-            mx.array(keys[rows]), mx.array(qkv[rows]), mx.array(cos), mx.array(sin), offset, H, Hk, False
-        )
-        vc = K.write_cache(
-            mx.array(values[rows]), mx.array(qkv[rows]), mx.array(cos), mx.array(sin), offset, H, Hk, True
-        )
-        out = K.attend(mx.array(qkv[rows]), mx.array(cos), mx.array(sin), kc, vc, offset, H, Hk, scale)
-        mx.eval(out, kc, vc)
-        return out, kc, vc
+        written = K.write_cache(mx.array(kv[rows]), mx.array(qkv[rows]), cos, sin, offset, H, Hk)
+        out = K.attend(mx.array(qkv[rows]), cos, sin, written, offset, H, Hk, scale)
+        mx.eval(out, written)
+        return out, written
 
-    out, kc, vc = run(slice(None))
+    out, written = run(slice(None))
     o = mx.quantize(normal(40, H * E), group_size=32, bits=4)
     h = normal(B, L, 40)
-    projected = K.attend(
-        mx.array(qkv), mx.array(cos), mx.array(sin), kc, vc, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h
-    )
+    projected = K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h)
     chained = K.linear_chain(out, [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)], h)  # the same, two nodes
     assert mx.array_equal(projected, chained).item()
-    want, want_k, want_v = reference(qkv, keys, cos, sin, offset, H, Hk, scale)
+    want, want_k, want_v = reference(qkv, keys, np.array(cos), np.array(sin), offset, H, Hk, scale)
     assert np.abs(np.array(out) - want).max() < 1e-5
-    assert np.abs(np.array(kc) - want_k).max() < 1e-5 and np.abs(np.array(vc) - want_v).max() < 1e-6
+    assert np.abs(np.array(written[:, 0]) - want_k).max() < 1e-5
+    assert np.abs(np.array(written[:, 1]) - want_v).max() < 1e-6
     for r in range(B):
-        alone, _, _ = run(slice(r, r + 1))
+        alone, _ = run(slice(r, r + 1))
         assert mx.array_equal(alone[0], out[r]).item(), r
-    if L == 1:  # the server's rows: each its own cache and offset, one node for all of them
+    if L == 1:  # the server's rows: each its own cache and offset, one attention node for all of them
         offsets = [offset, 3, offset + 7][:B]
-        rows_k, rows_v = [], []
+        caches = [
+            K.write_cache(mx.array(kv[r : r + 1]), mx.array(qkv), cos, sin, at, H, Hk, r)
+            for r, at in enumerate(offsets)
+        ]
+        together = K.attend_rows(mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale)
         for r, at in enumerate(offsets):
-            args = (mx.array(qkv), mx.array(cos), mx.array(sin), at, H, Hk)
-            rows_k.append(K.write_cache(mx.array(keys[r : r + 1]), *args, False, r))
-            rows_v.append(K.write_cache(mx.array(values[r : r + 1]), *args, True, r))
-        together = K.attend_rows(mx.array(qkv), mx.array(cos), mx.array(sin), rows_k, rows_v, offsets, H, Hk, scale)
-        for r, at in enumerate(offsets):
-            one = K.attend(mx.array(qkv), mx.array(cos), mx.array(sin), rows_k[r], rows_v[r], at, H, Hk, scale, r)
+            one = K.attend(mx.array(qkv), cos, sin, caches[r], at, H, Hk, scale, r)
             assert mx.array_equal(together[r], one[0]).item(), r
         projected = K.attend_rows(
-            mx.array(qkv),
-            mx.array(cos),
-            mx.array(sin),
-            rows_k,
-            rows_v,
-            offsets,
-            H,
-            Hk,
-            scale,
-            out_proj=(*o, 32, 4),
-            residual=h,
+            mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale, out_proj=(*o, 32, 4), residual=h
         )
-        assert mx.array_equal(
-            projected, K.linear_chain(together, [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)], h)
-        ).item()
-        with pytest.raises(ValueError, match="one keys, values and offset per row"):
-            K.attend_rows(mx.array(qkv), mx.array(cos), mx.array(sin), rows_k, rows_v, offsets[:-1], H, Hk, scale)
+        stage = [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)]
+        assert mx.array_equal(projected, K.linear_chain(together, stage, h)).item()
+        with pytest.raises(ValueError, match="one cache and offset per row"):
+            K.attend_rows(mx.array(qkv), cos, sin, caches, offsets[:-1], H, Hk, scale)
 
 
 def _address(a: mx.array) -> int:
@@ -241,54 +223,36 @@ def test_the_cache_is_written_in_place_unless_something_else_holds_it():
     H, Hk, E = 2, 1, 8
     cos, sin = mx.ones((8, E // 2)), mx.zeros((8, E // 2))
     qkv = normal(1, 1, (H + 2 * Hk) * E)
-    cache = mx.zeros((1, Hk, 8, E)) + 0  # a computed array: its buffer belongs to no one else
+    cache = mx.zeros((1, 2, Hk, 8, E)) + 0  # a computed array: its buffer belongs to no one else
     mx.eval(cache)
     before = _address(cache)
-    written = K.write_cache(cache, qkv, cos, sin, 0, H, Hk, False)
+    written = K.write_cache(cache, qkv, cos, sin, 0, H, Hk)
     del cache  # only the graph holds the old cache now: it can be written where it lies
     mx.eval(written)
     assert _address(written) == before
-    held = mx.zeros((1, Hk, 8, E)) + 0
+    held = mx.zeros((1, 2, Hk, 8, E)) + 0
     mx.eval(held)
-    copy = K.write_cache(held, qkv, cos, sin, 0, H, Hk, False)
+    copy = K.write_cache(held, qkv, cos, sin, 0, H, Hk)
     mx.eval(copy)
     assert _address(copy) != _address(held) and not mx.any(held).item()  # the held array is unchanged
-    assert mx.array_equal(copy[0, 0, 0], qkv[0, 0, H * E : (H + Hk) * E]).item()  # cos 1, sin 0: as given
+    assert mx.array_equal(copy[0, 0, 0, 0], qkv[0, 0, H * E : (H + Hk) * E]).item()  # the key: cos 1, sin 0
+    assert mx.array_equal(copy[0, 1, 0, 0], qkv[0, 0, (H + Hk) * E :]).item()  # the value, as it is
 
 
 def test_bad_shapes_are_refused():
-    cache = mx.zeros((1, 2, 8, 16))
+    cache = mx.zeros((1, 2, 2, 8, 16))
+    trig = mx.zeros((8, 8))
     with pytest.raises(ValueError, match="no room"):
-        K.write_cache(cache, mx.zeros((1, 1, 8 * 16)), mx.zeros((8, 8)), mx.zeros((8, 8)), 8, 4, 2, False)
+        K.write_cache(cache, mx.zeros((1, 1, 8 * 16)), trig, trig, 8, 4, 2)
+    with pytest.raises(ValueError, match="keys, then values"):
+        K.write_cache(mx.zeros((1, 2, 8, 16)), mx.zeros((1, 1, 8 * 16)), trig, trig, 0, 4, 2)
     with pytest.raises(ValueError, match="a residual needs out_proj"):
-        K.attend(
-            mx.zeros((1, 1, 6 * 16)),
-            mx.zeros((8, 8)),
-            mx.zeros((8, 8)),
-            cache,
-            cache,
-            0,
-            2,
-            2,
-            1.0,
-            residual=mx.zeros((1, 1, 32)),
-        )
+        K.attend(mx.zeros((1, 1, 6 * 16)), trig, trig, cache, 0, 2, 2, 1.0, residual=mx.zeros((1, 1, 32)))
     with pytest.raises(ValueError, match="does not match w"):
         w = mx.quantize(mx.zeros((8, 64)), group_size=32, bits=4)
-        K.attend(
-            mx.zeros((1, 1, 6 * 16)),
-            mx.zeros((8, 8)),
-            mx.zeros((8, 8)),
-            cache,
-            cache,
-            0,
-            2,
-            2,
-            1.0,
-            out_proj=(*w, 32, 4),
-        )
+        K.attend(mx.zeros((1, 1, 6 * 16)), trig, trig, cache, 0, 2, 2, 1.0, out_proj=(*w, 32, 4))
     with pytest.raises(ValueError, match="n_heads must be a multiple"):
-        K.attend(mx.zeros((1, 1, 7 * 16)), mx.zeros((8, 8)), mx.zeros((8, 8)), cache, cache, 0, 3, 2, 1.0)
+        K.attend(mx.zeros((1, 1, 7 * 16)), trig, trig, cache, 0, 3, 2, 1.0)
 
 
 def _nodes(model, cache) -> int:

@@ -37,7 +37,7 @@ SOURCE_DIR = Path(native_build.NATIVE) / "qmm"
 SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
 SOURCES += ("simd.h", "attention.h", "attention.cpp", "bindings.cpp")
 MODULE = "_mlxinfer_qmm"
-ABI = 4  # QMM_ABI in qmm.h
+ABI = 5  # QMM_ABI in qmm.h
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 

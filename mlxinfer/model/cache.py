@@ -17,45 +17,55 @@ import mlx.core as mx
 
 
 class KVCache:
+    """One layer's cache: keys and values in one buffer, kv (B, 2, K, capacity, E), so that the
+    quantized path writes both in one node (model/fused.py); `keys` and `values` are views of it."""
+
     step = 256
 
     def __init__(self):
-        self.keys: mx.array | None = None  # (B, K, capacity, E)
-        self.values: mx.array | None = None
+        self.kv: mx.array | None = None  # (B, 2, K, capacity, E): [:, 0] keys, [:, 1] values
         self.offset = 0  # positions filled
+
+    @property
+    def keys(self) -> mx.array | None:  # (B, K, capacity, E)
+        return None if self.kv is None else self.kv[:, 0]
+
+    @property
+    def values(self) -> mx.array | None:
+        return None if self.kv is None else self.kv[:, 1]
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Append (B, K, L, E) keys/values; return all positions so far."""
         start, L = self.offset, keys.shape[2]
         self.reserve(keys.shape, values.shape[3], keys.dtype)
         self.offset = start + L
-        self.keys[..., start : self.offset, :] = keys
-        self.values[..., start : self.offset, :] = values
-        return self.keys[..., : self.offset, :], self.values[..., : self.offset, :]
+        self.kv[:, 0, :, start : self.offset, :] = keys
+        self.kv[:, 1, :, start : self.offset, :] = values
+        return self.kv[:, 0, :, : self.offset, :], self.kv[:, 1, :, : self.offset, :]
 
     def reserve(self, shape: tuple, value_size: int, dtype) -> None:
         """Room for L more positions of keys shaped (B, K, L, E) and values of value_size: what
         update_and_fetch needs, and what a caller that writes them itself needs (model/fused.py)."""
         B, K, L, E = shape
+        if value_size != E:
+            raise ValueError(f"keys of {E} and values of {value_size} values a head do not share one buffer")
         needed = self.offset + L
-        if self.keys is not None and needed <= self.keys.shape[2]:
+        if self.kv is not None and needed <= self.kv.shape[3]:
             return
         capacity = -(-needed // self.step) * self.step
-        new_k = mx.zeros((B, K, capacity, E), dtype)
-        new_v = mx.zeros((B, K, capacity, value_size), dtype)
-        if self.keys is not None and self.offset:
-            new_k[..., : self.offset, :] = self.keys[..., : self.offset, :]
-            new_v[..., : self.offset, :] = self.values[..., : self.offset, :]
-        self.keys, self.values = new_k, new_v
+        kv = mx.zeros((B, 2, K, capacity, E), dtype)
+        if self.kv is not None and self.offset:
+            kv[..., : self.offset, :] = self.kv[..., : self.offset, :]
+        self.kv = kv
 
     @property
     def state(self) -> list[mx.array]:
         """The arrays to evaluate (mlx-lm's loops call `mx.eval(c.state)` too)."""
-        return [] if self.keys is None else [self.keys, self.values]
+        return [] if self.kv is None else [self.kv]
 
     @property
     def nbytes(self) -> int:
-        return 0 if self.keys is None else self.keys.nbytes + self.values.nbytes
+        return 0 if self.kv is None else self.kv.nbytes
 
 
 def _map_rows(cache: list, fn) -> list:
@@ -63,7 +73,9 @@ def _map_rows(cache: list, fn) -> list:
     out = []
     for c in cache:
         c = copy.copy(c)
-        if getattr(c, "keys", None) is not None:
+        if isinstance(c, KVCache):
+            c.kv = None if c.kv is None else fn(c.kv)  # rows on axis 0, as in keys and values
+        elif getattr(c, "keys", None) is not None:
             c.keys, c.values = fn(c.keys), fn(c.values)
         elif isinstance(getattr(c, "cache", None), list):  # mlx-lm's ArraysCache (recurrent state)
             c.cache = [None if a is None else fn(a) for a in c.cache]

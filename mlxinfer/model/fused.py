@@ -2,11 +2,12 @@
 
 MLX's CPU back end schedules every node of the graph for ~10 microseconds, and a decode step of a
 30-layer model composed from MLX ops was ~1,200 nodes. Here a layer (model.Block, its `fused`
-hook) is five:
+hook) is four:
 
 * the input norm, then q, k and v as one kernel call (`linear_chain`: the three packed weights read
   side by side, each column's arithmetic its own, so the bits are those of three calls);
-* RoPE and the KV cache update as one primitive per cache (native/qmm/attention.cpp);
+* RoPE and the KV cache update as one primitive (keys and values share one buffer: model/cache.py;
+  native/qmm/attention.cpp);
 * attention, o_proj and the residual as one;
 * the MLP: its norm, gate and up as one call, SwiGLU on the two halves, down, plus the residual.
 
@@ -123,15 +124,14 @@ class FusedBlock:
         cache.reserve((B, a.n_kv_heads, L, E), E, mx.float32)
         k, H, Hk, at = qmm.kernel(), a.n_heads, a.n_kv_heads, cache.offset
         qn, kn = _head_norms(a)
-        cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, -1, *kn)
-        cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True)
+        cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, -1, *kn)
         cache.offset += L
-        return _projected(a, h, partial(k.attend, qkv, cos, sin, cache.keys, cache.values, at, H, Hk, a.scale, -1, *qn))
+        return _projected(a, h, partial(k.attend, qkv, cos, sin, cache.kv, at, H, Hk, a.scale, -1, *qn))
 
     def attention_rows(self, h: mx.array, caches: list[KVCache]) -> mx.array:
         """rows.py's attention (plus the residual) for rows that each have their own one-row cache (and
-        length): norm + q/k/v of all rows in one node, each row's RoPE and cache writes at its own
-        offset (two nodes a row), then attention over every row's own cache, o_proj and + h in one
+        length): norm + q/k/v of all rows in one node, each row's RoPE and cache write at its own
+        offset (one node a row), then attention over every row's own cache, o_proj and + h in one
         node (`attend_rows`: each row's bits are attend's for that row alone)."""
         attn = self.layer.self_attn
         H, Hk = attn.n_heads, attn.n_kv_heads
@@ -143,12 +143,11 @@ class FusedBlock:
         for r, cache in enumerate(caches):
             cache.reserve((1, Hk, 1, E), E, mx.float32)
             at = cache.offset
-            cache.keys = k.write_cache(cache.keys, qkv, cos, sin, at, H, Hk, False, r, *kn)
-            cache.values = k.write_cache(cache.values, qkv, cos, sin, at, H, Hk, True, r)
+            cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, r, *kn)
             offsets.append(at)
             cache.offset = at + 1
-        keys, values = [c.keys for c in caches], [c.values for c in caches]
-        return _projected(attn, h, partial(k.attend_rows, qkv, cos, sin, keys, values, offsets, H, Hk, attn.scale, *qn))
+        kvs = [c.kv for c in caches]
+        return _projected(attn, h, partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, attn.scale, *qn))
 
     def mlp(self, h: mx.array) -> mx.array:
         """h + mlp(norm(h)): one node where the MLP fuses."""

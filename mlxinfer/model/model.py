@@ -134,7 +134,7 @@ class Block(nn.Module):
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = nn.RMSNorm(cfg.hidden_size, eps=cfg.rms_norm_eps)
         self.mlp = SparseMoE(cfg) if i in cfg.moe_layers else MLP(cfg)
-        self.fused = None  # the quantized CPU path's same layer in five larger nodes (fused.py)
+        self.fused = None  # the quantized CPU path's same layer in four larger nodes (fused.py)
 
     def __call__(self, h: mx.array, mask, cache: KVCache | None) -> mx.array:
         if self.fused is not None:

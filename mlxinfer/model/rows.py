@@ -10,7 +10,7 @@ Batch invariance: on the weights as stored, MLX's CPU quantized matmul gives a r
 alone or in a batch, and every per-row op here is the op model.py runs for a one-row batch, on the
 same shapes, so a row's scores are the bits `Model.__call__` gives it alone (tests/test_serve.py
 checks text against `mlxinfer.sample`). The quantized path's kernel and its fused attention
-(fused.FusedBlock.attention_rows: two cache writes a row, one attention node for all rows) compute
+(fused.FusedBlock.attention_rows: one cache write a row, one attention node for all rows) compute
 every row alone too, so the same holds there by construction. On the float32 BLAS path, sgemm over
 A rows and sgemv over one differ in the last bits, as in decode.py's batches.
 

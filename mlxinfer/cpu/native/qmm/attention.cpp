@@ -102,9 +102,9 @@ inline void rotate(const float* x, const float* c, const float* s, float* y, int
   }
 }
 
-// the new positions' keys (rotated: part 0) or values (part 1) into the cache
-void write(const Shapes& d, int part, const float* qkv, const float* cos, const float* sin, const float* norm, float eps,
-           float* cache) {
+// the new positions' keys (rotated) and values into the cache kv (B, 2, Hk, cap, E)
+void write(const Shapes& d, const float* qkv, const float* cos, const float* sin, const float* norm, float eps,
+           float* kv) {
   const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
   std::vector<float> normed(norm ? d.E : 0);
   for (int64_t b = 0; b < d.B; ++b) {
@@ -112,22 +112,19 @@ void write(const Shapes& d, int part, const float* qkv, const float* cos, const 
       const float* row = qkv + (b * d.L + l) * width;
       const int64_t pos = d.offset + l;
       for (int64_t kh = 0; kh < d.Hk; ++kh) {
-        float* at = cache + ((b * d.Hk + kh) * d.cap + pos) * d.E;
-        if (part == 0) {
-          const float* k = row + (d.H + kh) * d.E;
-          if (norm) k = (rms_norm_row(k, norm, normed.data(), d.E, eps), normed.data());  // Qwen3's k_norm
-          rotate(k, cos + pos * half, sin + pos * half, at, d.E);
-        } else {
-          std::memcpy(at, row + (d.H + d.Hk + kh) * d.E, d.E * sizeof(float));
-        }
+        const float* k = row + (d.H + kh) * d.E;
+        if (norm) k = (rms_norm_row(k, norm, normed.data(), d.E, eps), normed.data());  // Qwen3's k_norm
+        rotate(k, cos + pos * half, sin + pos * half, kv + (((b * 2) * d.Hk + kh) * d.cap + pos) * d.E, d.E);
+        std::memcpy(kv + (((b * 2 + 1) * d.Hk + kh) * d.cap + pos) * d.E, row + (d.H + d.Hk + kh) * d.E,
+                    d.E * sizeof(float));
       }
     }
   }
 }
 
 // each (row, head, new position) alone over the written cache
-void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos, const float* sin, const float* keys,
-                const float* values, const float* norm, float eps, float* out) {
+void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos, const float* sin, const float* kv,
+                const float* norm, float eps, float* out) {
   const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
   // per unit: the query rotated, its scores, their softmax, the weighted sum of values
   const int64_t units = d.B * d.H * d.L, group = d.H / d.Hk;
@@ -137,8 +134,8 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
     const float* qh = qkv + (b * d.L + l) * width + h * d.E;
     if (norm) qh = (rms_norm_row(qh, norm, normed.data(), d.E, eps), normed.data());  // Qwen3's q_norm
     rotate(qh, cos + pos * half, sin + pos * half, q.data(), d.E);
-    const float* k = keys + (b * d.Hk + kh) * d.cap * d.E;
-    const float* v = values + (b * d.Hk + kh) * d.cap * d.E;
+    const float* k = kv + ((b * 2) * d.Hk + kh) * d.cap * d.E;
+    const float* v = kv + ((b * 2 + 1) * d.Hk + kh) * d.cap * d.E;
     scores(q.data(), k, T, d.E, p.data());
     float top = -INFINITY;
     for (int64_t t = 0; t < T; ++t) {
@@ -198,20 +195,20 @@ mx::Stream cpu_only(mx::StreamOrDevice s) {
 }
 
 // checks the shapes attention.h describes; returns L
-int check(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& cache, int offset, int H,
+int check(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv, int offset, int H,
           int Hk, int row) {
   auto bad = [](const std::string& what) { return std::invalid_argument("[mlxinfer.attend] " + what); };
   if (H <= 0 || Hk <= 0 || H % Hk) throw bad("n_heads must be a multiple of n_kv_heads");
-  if (cache.ndim() != 4 || cache.shape(1) != Hk || cache.shape(3) % 2) {
-    throw bad("the cache must be (B, n_kv_heads, capacity, E) with an even E");
+  if (kv.ndim() != 5 || kv.shape(1) != 2 || kv.shape(2) != Hk || kv.shape(4) % 2) {
+    throw bad("the cache must be (B, 2, n_kv_heads, capacity, E): keys, then values, with an even E");
   }
-  const int B = cache.shape(0), E = cache.shape(3);
+  const int B = kv.shape(0), E = kv.shape(4);
   if (qkv.ndim() != 3 || qkv.shape(2) != (H + 2 * Hk) * E) throw bad("qkv must be (B, L, (n_heads + 2 n_kv_heads) E)");
   if (row < 0 ? qkv.shape(0) != B : (B != 1 || row >= qkv.shape(0))) {
     throw bad("qkv's rows must be the cache's (or, given a row of qkv, the cache must hold one row)");
   }
   const int L = qkv.shape(1);
-  if (offset < 0 || offset + L > cache.shape(2)) throw bad("the cache has no room for positions offset .. offset + L - 1");
+  if (offset < 0 || offset + L > kv.shape(3)) throw bad("the cache has no room for positions offset .. offset + L - 1");
   if (cos.ndim() != 2 || cos.shape() != sin.shape() || cos.shape(1) * 2 != E || offset + L > cos.shape(0)) {
     throw bad("cos and sin must be (>= offset + L, E / 2)");
   }
@@ -224,39 +221,37 @@ mx::array f32(const mx::array& a, const mx::Stream& s) {
 
 }  // namespace
 
-void check_norm(const std::optional<mx::array>& norm, const mx::array& cache) {
-  if (norm && (norm->ndim() != 1 || norm->shape(0) != cache.shape(3))) {
+void check_norm(const std::optional<mx::array>& norm, const mx::array& kv) {
+  if (norm && (norm->ndim() != 1 || norm->shape(0) != kv.shape(4))) {
     throw std::invalid_argument("[mlxinfer.attend] a head norm's weight must be (E,)");
   }
 }
 
-mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      int offset, int n_heads, int n_kv_heads, bool values, int row, const std::optional<mx::array>& norm,
-                      float eps, mx::StreamOrDevice s) {
+mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array& cos, const mx::array& sin, int offset,
+                      int n_heads, int n_kv_heads, int row, const std::optional<mx::array>& norm, float eps,
+                      mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
-  check(qkv, cos, sin, cache, offset, n_heads, n_kv_heads, row);
-  check_norm(norm, cache);
-  std::vector<mx::array> inputs{f32(cache, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
-  if (norm && !values) inputs.push_back(f32(*norm, stream));
-  auto kind = values ? AttendKind::write_values : AttendKind::write_keys;
+  check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, row);
+  check_norm(norm, kv);
+  std::vector<mx::array> inputs{f32(kv, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
+  if (norm) inputs.push_back(f32(*norm, stream));
   return mx::array(
-      cache.shape(),
+      kv.shape(),
       mx::float32,
-      std::make_shared<Attend>(stream, kind, offset, n_heads, n_kv_heads, 0.0f, row, eps, norm && !values),
+      std::make_shared<Attend>(stream, AttendKind::write, offset, n_heads, n_kv_heads, 0.0f, row, eps, norm.has_value()),
       inputs);
 }
 
-mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
-                 const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row,
-                 const std::optional<mx::array>& norm, float eps, const std::optional<OutProj>& out_proj,
-                 const std::optional<mx::array>& residual, mx::StreamOrDevice s) {
+mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv, int offset,
+                 int n_heads, int n_kv_heads, float scale, int row, const std::optional<mx::array>& norm, float eps,
+                 const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
+                 mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
-  const int L = check(qkv, cos, sin, keys, offset, n_heads, n_kv_heads, row);
-  check_norm(norm, keys);
-  if (values.shape() != keys.shape()) throw std::invalid_argument("[mlxinfer.attend] keys and values must be alike");
-  std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(keys, stream), f32(values, stream)};
+  const int L = check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, row);
+  check_norm(norm, kv);
+  std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(kv, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
-  mx::Shape shape{keys.shape(0), L, n_heads * keys.shape(3)};
+  mx::Shape shape{kv.shape(0), L, n_heads * kv.shape(4)};
   int group_size = 0, bits = 0;
   if (out_proj) {
     const auto& [w, scales, biases, gs, b] = *out_proj;
@@ -281,16 +276,16 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& a : inputs) enc.set_input_array(a);
   enc.set_output_array(out);
-  if (kind_ != AttendKind::attend) {
-    const auto& cache = inputs[0];
-    const Shapes d{cache.shape(0), inputs[1].shape(1), n_heads_, n_kv_heads_, cache.shape(3), cache.shape(2), offset_};
-    const bool in_place = cache.is_donatable() && cache.flags().row_contiguous;
+  if (kind_ == AttendKind::write) {
+    const auto& kv = inputs[0];
+    const Shapes d{kv.shape(0), inputs[1].shape(1), n_heads_, n_kv_heads_, kv.shape(4), kv.shape(3), offset_};
+    const bool in_place = kv.is_donatable() && kv.flags().row_contiguous;
     if (in_place) {
-      out.copy_shared_buffer(cache);  // what MLX's slice update does: the cache is written where it lies
+      out.copy_shared_buffer(kv);  // what MLX's slice update does: the cache is written where it lies
     } else {
       out.set_data(mx::allocator::malloc(out.nbytes()));
     }
-    enc.dispatch([cache = mx::array::unsafe_weak_copy(cache),
+    enc.dispatch([kv = mx::array::unsafe_weak_copy(kv),
                   qkv = mx::array::unsafe_weak_copy(inputs[1]),
                   cos = mx::array::unsafe_weak_copy(inputs[2]),
                   sin = mx::array::unsafe_weak_copy(inputs[3]),
@@ -299,56 +294,50 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
                   in_place,
                   norm = norm_ ? std::optional(mx::array::unsafe_weak_copy(inputs[4])) : std::nullopt,
                   eps = eps_,
-                  first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E,
-                  part = kind_ == AttendKind::write_keys ? 0 : 1]() mutable {
+                  first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E]() mutable {
       std::vector<float> cc, cq, ccos, csin, cn;
-      if (!in_place) std::memcpy(out.data<float>(), dense_rows(cache, cc), out.nbytes());
-      write(d, part, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin),
+      if (!in_place) std::memcpy(out.data<float>(), dense_rows(kv, cc), out.nbytes());
+      write(d, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin),
             norm ? dense_rows(*norm, cn) : nullptr, eps, out.data<float>());
     });
     return;
   }
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  const auto& k = inputs[3];
-  const Shapes d{k.shape(0), inputs[0].shape(1), n_heads_, n_kv_heads_, k.shape(3), k.shape(2), offset_};
+  const auto& kv = inputs[3];
+  const Shapes d{kv.shape(0), inputs[0].shape(1), n_heads_, n_kv_heads_, kv.shape(4), kv.shape(3), offset_};
   std::vector<mx::array> held;
   for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
   enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), d, norm = norm_, eps = eps_,
                 first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E, scale = scale_, gs = out_group_size_,
                 bits = out_bits_, residual = residual_]() mutable {
-    std::vector<float> cq, cc, cs, ck, cv, cn, attended;
-    size_t at = 5 + norm;
+    std::vector<float> cq, cc, cs, ckv, cn, attended;
     float* y = out.data<float>();
     if (bits) attended.resize(d.B * d.L * d.H * d.E);
     attend_all(d, scale, dense_rows(held[0], cq) + first, dense_rows(held[1], cc), dense_rows(held[2], cs),
-               dense_rows(held[3], ck), dense_rows(held[4], cv), norm ? dense_rows(held[5], cn) : nullptr, eps,
-               bits ? attended.data() : y);
-    if (bits) project(held, at, attended.data(), d.B * d.L, d.H * d.E, gs, bits, residual, out);
+               dense_rows(held[3], ckv), norm ? dense_rows(held[4], cn) : nullptr, eps, bits ? attended.data() : y);
+    if (bits) project(held, 4 + norm, attended.data(), d.B * d.L, d.H * d.E, gs, bits, residual, out);
   });
 }
 
 mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
-                      const std::vector<int>& offsets, int n_heads, int n_kv_heads, float scale,
-                      const std::optional<mx::array>& norm, float eps, const std::optional<OutProj>& out_proj,
-                      const std::optional<mx::array>& residual, mx::StreamOrDevice s) {
+                      const std::vector<mx::array>& kvs, const std::vector<int>& offsets, int n_heads,
+                      int n_kv_heads, float scale, const std::optional<mx::array>& norm, float eps,
+                      const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
+                      mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
-  const size_t A = keys.size();
-  if (A == 0 || values.size() != A || offsets.size() != A || qkv.ndim() != 3 || qkv.shape(0) != static_cast<int>(A)) {
-    throw std::invalid_argument("[mlxinfer.attend] attend_rows needs one keys, values and offset per row of qkv");
+  const size_t A = kvs.size();
+  if (A == 0 || offsets.size() != A || qkv.ndim() != 3 || qkv.shape(0) != static_cast<int>(A)) {
+    throw std::invalid_argument("[mlxinfer.attend] attend_rows needs one cache and offset per row of qkv");
   }
   std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
   int L = 0;
   for (size_t r = 0; r < A; ++r) {
-    L = check(qkv, cos, sin, keys[r], offsets[r], n_heads, n_kv_heads, static_cast<int>(r));
-    check_norm(norm, keys[r]);
-    if (values[r].shape() != keys[r].shape()) throw std::invalid_argument("[mlxinfer.attend] keys and values must be alike");
-    if (keys[r].shape(3) != keys[0].shape(3)) throw std::invalid_argument("[mlxinfer.attend] every row's E must be one");
+    L = check(qkv, cos, sin, kvs[r], offsets[r], n_heads, n_kv_heads, static_cast<int>(r));
+    check_norm(norm, kvs[r]);
   }
-  for (const auto& k : keys) inputs.push_back(f32(k, stream));
-  for (const auto& v : values) inputs.push_back(f32(v, stream));
-  mx::Shape shape{static_cast<int>(A), L, n_heads * keys[0].shape(3)};
+  for (const auto& kv : kvs) inputs.push_back(f32(kv, stream));
+  mx::Shape shape{static_cast<int>(A), L, n_heads * kvs[0].shape(4)};
   int group_size = 0, bits = 0;
   if (out_proj) {
     const auto& [w, scales, biases, gs, b] = *out_proj;
@@ -380,8 +369,8 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
                 Hk = n_kv_heads_, scale = scale_, eps = eps_, norm = norm_, gs = out_group_size_, bits = out_bits_,
                 residual = residual_]() mutable {
     const int64_t A = offsets.size(), L = held[0].shape(1), width = held[0].shape(2);
-    const size_t first_key = 3 + norm, first_value = first_key + A;
-    const int64_t E = held[first_key].shape(3);
+    const size_t first_kv = 3 + norm;
+    const int64_t E = held[first_kv].shape(4);
     std::vector<float> cq, cc, cs, cn, attended;
     const float* qkv = dense_rows(held[0], cq);
     const float* cos = dense_rows(held[1], cc);
@@ -391,11 +380,10 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
     if (bits) attended.resize(A * L * H * E);
     float* att = bits ? attended.data() : y;
     auto row = [&](int64_t r) {  // attend(..., row = r)'s call, its bits
-      std::vector<float> ck, cv;
-      const mx::array &k = held[first_key + r], &v = held[first_value + r];
-      const Shapes d{1, L, H, Hk, E, k.shape(2), offsets[r]};
-      attend_all(d, scale, qkv + r * L * width, cos, sin, dense_rows(k, ck), dense_rows(v, cv), nw, eps,
-                 att + r * L * H * E);
+      std::vector<float> ckv;
+      const mx::array& kv = held[first_kv + r];
+      const Shapes d{1, L, H, Hk, E, kv.shape(3), offsets[r]};
+      attend_all(d, scale, qkv + r * L * width, cos, sin, dense_rows(kv, ckv), nw, eps, att + r * L * H * E);
     };
     {
       Pool& pl = pool();
@@ -407,7 +395,7 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         for (int64_t r = 0; r < A; ++r) row(r);
       }
     }
-    if (bits) project(held, first_value + A, attended.data(), A * L, H * E, gs, bits, residual, out);
+    if (bits) project(held, first_kv + A, attended.data(), A * L, H * E, gs, bits, residual, out);
   });
 }
 
@@ -424,8 +412,7 @@ bool AttendRows::is_equivalent(const mx::Primitive& other) const {
 
 std::vector<mx::Shape> AttendRows::output_shapes(const std::vector<mx::array>& inputs) {
   const int A = static_cast<int>(offsets_.size());
-  const auto& k = inputs[3 + norm_];
-  const int width = out_bits_ ? inputs[3 + norm_ + 2 * A].shape(0) : n_heads_ * k.shape(3);
+  const int width = out_bits_ ? inputs[3 + norm_ + A].shape(0) : n_heads_ * inputs[3 + norm_].shape(4);
   return {mx::Shape{A, inputs[0].shape(1), width}};
 }
 
@@ -441,10 +428,10 @@ bool Attend::is_equivalent(const mx::Primitive& other) const {
 }
 
 std::vector<mx::Shape> Attend::output_shapes(const std::vector<mx::array>& inputs) {
-  if (kind_ != AttendKind::attend) return {inputs[0].shape()};
-  const auto& k = inputs[3];
-  const int width = out_bits_ ? inputs[5 + norm_].shape(0) : n_heads_ * k.shape(3);
-  return {mx::Shape{k.shape(0), inputs[0].shape(1), width}};
+  if (kind_ == AttendKind::write) return {inputs[0].shape()};
+  const auto& kv = inputs[3];
+  const int width = out_bits_ ? inputs[4 + norm_].shape(0) : n_heads_ * kv.shape(4);
+  return {mx::Shape{kv.shape(0), inputs[0].shape(1), width}};
 }
 
 }  // namespace mlxinfer

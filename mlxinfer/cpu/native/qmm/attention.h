@@ -17,36 +17,37 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // qkv (B, L, (H + 2 Hk) E): each position's H query heads, then Hk key heads, then Hk value heads.
-// A cache (keys or values) is (B, Hk, capacity, E) with offset + L <= capacity: positions < offset
-// are filled. cos, sin (P, E / 2) with offset + L <= P (non-interleaved RoPE, as rope() applies it).
+// A layer's cache kv is (B, 2, Hk, capacity, E), keys then values in one buffer, with offset + L <=
+// capacity: positions < offset are filled. cos, sin (P, E / 2) with offset + L <= P (non-interleaved
+// RoPE, as rope() applies it).
 //
-// write_cache: the cache with positions offset .. offset + L - 1 written (the keys rotated), in the
-// input's buffer when nothing else holds it (as MLX's slice update does), else in a copy.
+// write_cache: kv with positions offset .. offset + L - 1 written (the keys rotated, the values as
+// they are), in the input's buffer when nothing else holds it (as MLX's slice update does), else in
+// a copy: one single-output node, since MLX cannot donate an input that several sibling outputs hold.
 // attend: (B, L, H E), query l (at position offset + l) over positions 0 .. offset + l of the
-// written caches; query head h reads key/value head h / (H / Hk). Each (row, head, position) is
-// computed alone in a fixed order: a row's bits never depend on B. Three single-output nodes, not
-// one with three outputs: MLX cannot donate an input that several sibling outputs hold.
+// written cache; query head h reads key/value head h / (H / Hk). Each (row, head, position) is
+// computed alone in a fixed order: a row's bits never depend on B.
 // row >= 0: only that row of qkv, for a one-row cache (the server's rows each have their own).
 // norm (E,): each key head (write_cache) or query head (attend) RMS-normalized with these weights
 // and eps before RoPE, as Qwen3's k_norm and q_norm do (rms_norm's arithmetic).
-mx::array write_cache(const mx::array& cache, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      int offset, int n_heads, int n_kv_heads, bool values, int row = -1,
+mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
+                      int offset, int n_heads, int n_kv_heads, int row = -1,
                       const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, mx::StreamOrDevice s = {});
 // out_proj (w, scales, biases, group_size, bits): the output projection applied in the same node,
 // then + residual when given: (B, L, N), the bits of attend, then linear_chain's one stage and its add.
 using OutProj = std::tuple<mx::array, mx::array, mx::array, int, int>;
-mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& keys,
-                 const mx::array& values, int offset, int n_heads, int n_kv_heads, float scale, int row = -1,
+mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv,
+                 int offset, int n_heads, int n_kv_heads, float scale, int row = -1,
                  const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
                  const std::optional<OutProj>& out_proj = std::nullopt,
                  const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
 
 // attend for rows that each have a cache of their own (the server's): row r of qkv (A, L, ...) over
-// keys[r] and values[r] (1, Hk, capacity_r, E) at offsets[r], in one node; each row's bits are those
-// of attend(..., row=r), and out_proj / residual apply to all rows at once, as attend's do.
+// kvs[r] (1, 2, Hk, capacity_r, E) at offsets[r], in one node; each row's bits are those of
+// attend(..., row=r), and out_proj / residual apply to all rows at once, as attend's do.
 mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      const std::vector<mx::array>& keys, const std::vector<mx::array>& values,
-                      const std::vector<int>& offsets, int n_heads, int n_kv_heads, float scale,
+                      const std::vector<mx::array>& kvs, const std::vector<int>& offsets, int n_heads, int n_kv_heads,
+                      float scale,
                       const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
                       const std::optional<OutProj>& out_proj = std::nullopt,
                       const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
@@ -80,7 +81,7 @@ class AttendRows : public mx::UnaryPrimitive {
   bool norm_, residual_;
 };
 
-enum class AttendKind { write_keys, write_values, attend };
+enum class AttendKind { write, attend };
 
 class Attend : public mx::UnaryPrimitive {
  public:
