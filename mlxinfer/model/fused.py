@@ -42,11 +42,11 @@ def _same_layout(mods) -> bool:
 
 
 def _identity(layer, paths) -> tuple:
-    """Which modules `fuse` checked (by dotted path in the layer): the fused call is only for those."""
+    """Which modules `fuse` checked (by path of names in the layer): the fused call is only for those."""
     ids = []
     for path in paths:
         m = layer
-        for name in path.split("."):
+        for name in path:
             m = m[name]  # a Module is a dict of its children
         ids.append(id(m))
     return tuple(ids)
@@ -68,10 +68,10 @@ def _stage(mods, norm=None, swiglu: bool = False) -> tuple:
             [m["biases"] for m in mods], m0.group_size, m0.bits)  # fmt: skip
 
 
-def _qkv(attn, norm, h: mx.array) -> mx.array:
+def _qkv(kernel, attn, norm, h: mx.array) -> mx.array:
     """norm(h) @ [q; k; v].T (+ their biases): (B, L, (H + 2 Hk) E)."""
     mods = (attn.q_proj, attn.k_proj, attn.v_proj)
-    qkv = qmm.kernel().linear_chain(h, [_stage(mods, norm)])
+    qkv = kernel.linear_chain(h, [_stage(mods, norm)])
     if "bias" in mods[0]:
         qkv = qkv + mx.concatenate([m["bias"] for m in mods])
     return qkv
@@ -88,11 +88,11 @@ def _projected(attn, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
 class FusedBlock:
     """model.Block.__call__ for the quantized path (the modules are read at each call)."""
 
-    ATTENTION = ("input_layernorm", "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj")
-    MLP = ("post_attention_layernorm", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+    ATTENTION = (("input_layernorm",),) + tuple(("self_attn", p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
+    MLP = (("post_attention_layernorm",),) + tuple(("mlp", p) for p in ("gate_proj", "up_proj", "down_proj"))
 
     def __init__(self, layer, attention: bool, mlp: bool):
-        self.layer = layer
+        self.layer, self.kernel = layer, qmm.kernel()
         self.attention_checked = _identity(layer, self.ATTENTION) if attention else None
         self.mlp_checked = _identity(layer, self.MLP) if mlp else None
 
@@ -118,11 +118,11 @@ class FusedBlock:
     def _attention(self, h: mx.array, cache: KVCache) -> mx.array:
         a = self.layer.self_attn
         B, L, _ = h.shape
-        qkv = _qkv(a, self.layer.input_layernorm, h)
-        E = qkv.shape[-1] // (a.n_heads + 2 * a.n_kv_heads)
-        cos, sin = a.rope._table.tables(cache.offset + L)
-        cache.reserve((B, a.n_kv_heads, L, E), E, mx.float32)
-        k, H, Hk, at = qmm.kernel(), a.n_heads, a.n_kv_heads, cache.offset
+        k, H, Hk, at = self.kernel, a.n_heads, a.n_kv_heads, cache.offset
+        qkv = _qkv(k, a, self.layer.input_layernorm, h)
+        E = qkv.shape[-1] // (H + 2 * Hk)
+        cos, sin = a.rope._table.tables(at + L)
+        cache.reserve((B, Hk, L, E), E, mx.float32)
         qn, kn = _head_norms(a)
         cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, -1, *kn)
         cache.offset += L
@@ -135,10 +135,10 @@ class FusedBlock:
         node (`attend_rows`: each row's bits are attend's for that row alone)."""
         attn = self.layer.self_attn
         H, Hk = attn.n_heads, attn.n_kv_heads
-        qkv = _qkv(attn, self.layer.input_layernorm, h)  # (A, 1, (H + 2 Hk) E)
+        k, offsets = self.kernel, []
+        qkv = _qkv(k, attn, self.layer.input_layernorm, h)  # (A, 1, (H + 2 Hk) E)
         E = qkv.shape[-1] // (H + 2 * Hk)
         cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
-        k, offsets = qmm.kernel(), []
         qn, kn = _head_norms(attn)
         for r, cache in enumerate(caches):
             cache.reserve((1, Hk, 1, E), E, mx.float32)
@@ -156,7 +156,7 @@ class FusedBlock:
             return h + layer.mlp(layer.post_attention_layernorm(h))
         m = layer.mlp
         stages = [_stage((m.gate_proj, m.up_proj), layer.post_attention_layernorm), _stage((m.down_proj,), swiglu=True)]
-        return qmm.kernel().linear_chain(h, stages, h)
+        return self.kernel.linear_chain(h, stages, h)
 
 
 def fuse(model) -> int:
