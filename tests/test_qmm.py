@@ -34,6 +34,18 @@ EPS = float(np.finfo(np.float32).eps)
 LAYOUTS = [(bits, gs) for bits in (4, 8) for gs in (32, 64, 128)]
 
 
+def test_every_source_is_hashed_and_shipped():
+    """The build key hashes every file of native/qmm (an edit to an unhashed file would keep a stale
+    build), and a wheel (`pip install .`, not -e) carries them all: the first use builds from them."""
+    import fnmatch
+    import tomllib
+
+    assert set(qmm.SOURCES) == {p.name for p in qmm.SOURCE_DIR.iterdir() if p.is_file()}
+    shipped = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    for name in qmm.SOURCES:
+        assert any(fnmatch.fnmatch(f"native/qmm/{name}", pattern) for pattern in shipped["mlxinfer.cpu"]), name
+
+
 def test_kernel_builds_and_agrees_here():
     st = qmm.status()
     assert st["active"], st["reason"]

@@ -28,6 +28,7 @@
 
 #include "pool.h"
 
+#include "scales.h"
 #include "simd.h"
 #ifdef MLXINFER_AVX2
 #define MLXINFER_QMM_AVX2 1
@@ -37,62 +38,10 @@ namespace mlxinfer {
 
 namespace {
 
-
 // Fewer weights than this per call run on one thread: waking a second one costs more than it saves.
 constexpr int64_t kMinWeightsPerThread = 1 << 16;
 
 // ------------------------------------------------------------------ the arithmetic
-
-// Scales and biases are read in their stored dtype and widened to float32 (exact) as they are used,
-// so a float16 checkpoint streams half the scale bytes a float32 copy would.
-struct F32 {
-  using T = float;
-};
-struct F16 {
-  using T = uint16_t;
-};
-struct BF16 {
-  using T = uint16_t;
-};
-
-inline float half_to_float(uint16_t h) {
-  const uint32_t sign = static_cast<uint32_t>(h & 0x8000u) << 16;
-  uint32_t exp = (h >> 10) & 0x1fu, man = h & 0x3ffu, bits;
-  if (exp == 0x1f) {
-    bits = sign | 0x7f800000u | (man << 13);
-  } else if (exp != 0) {
-    bits = sign | ((exp + 112) << 23) | (man << 13);
-  } else if (man == 0) {
-    bits = sign;
-  } else {  // subnormal: normalise
-    int e = -1;
-    do {
-      ++e;
-      man <<= 1;
-    } while (!(man & 0x400u));
-    bits = sign | static_cast<uint32_t>(112 - e) << 23 | ((man & 0x3ffu) << 13);
-  }
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
-
-inline float widen(F32, float v) {
-  return v;
-}
-inline float widen(F16, uint16_t v) {
-#ifdef MLXINFER_QMM_AVX2
-  return _cvtsh_ss(v);  // F16C: the same exact widening, one instruction
-#else
-  return half_to_float(v);
-#endif
-}
-inline float widen(BF16, uint16_t v) {
-  const uint32_t bits = static_cast<uint32_t>(v) << 16;
-  float f;
-  std::memcpy(&f, &bits, 4);
-  return f;
-}
 
 struct Ctx {
   const float* x;  // (M, K) row-major
