@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mlx/allocator.h"
@@ -24,15 +25,9 @@ namespace {
 void project(const std::vector<mx::array>& held, size_t at, const float* attended, int64_t M, int64_t K, int gs, int bits,
              bool residual, mx::array& out) {
   const mx::array &w = held[at], &sc = held[at + 1], &bi = held[at + 2];
-  const auto sd = sc.dtype();
-  const ScaleType st = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
-  float* y = out.data<float>();
-  qmm_f32(attended, {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), w.shape(0)}}, st, y, M, K, gs, bits);
-  if (residual) {
-    std::vector<float> copy;
-    const float* r = dense_rows(held[at + 3], copy);
-    for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
-  }
+  qmm_f32(attended, {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), w.shape(0)}}, scale_type(sc.dtype()),
+          out.data<float>(), M, K, gs, bits);
+  if (residual) add_residual(held[at + 3], out);
 }
 
 mx::Stream cpu_only(mx::StreamOrDevice s) {
@@ -68,6 +63,26 @@ mx::array f32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
 }
 
+// attend's and attend_rows' output projection and residual among the inputs: the output's last
+// dimension becomes the projection's; returns (group_size, bits), (0, 0) without one.
+std::pair<int, int> append_projection(std::vector<mx::array>& inputs, mx::Shape& shape,
+                                      const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
+                                      const mx::Stream& stream) {
+  std::pair<int, int> layout{0, 0};
+  if (out_proj) {
+    const auto& [w, scales, biases, gs, b] = *out_proj;
+    shape.back() = static_cast<int>(append_weights(inputs, shape.back(), {w}, {scales}, {biases}, gs, b, stream));
+    layout = {gs, b};
+  }
+  if (residual) {
+    if (!out_proj || residual->shape() != shape) {
+      throw std::invalid_argument("[mlxinfer.attend] a residual needs out_proj and the output's shape");
+    }
+    inputs.push_back(f32(*residual, stream));
+  }
+  return layout;
+}
+
 }  // namespace
 
 void check_norm(const std::optional<mx::array>& norm, const mx::array& kv) {
@@ -101,18 +116,7 @@ mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& si
   std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(kv, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
   mx::Shape shape{kv.shape(0), L, n_heads * kv.shape(4)};
-  int group_size = 0, bits = 0;
-  if (out_proj) {
-    const auto& [w, scales, biases, gs, b] = *out_proj;
-    shape.back() = static_cast<int>(append_weights(inputs, shape.back(), {w}, {scales}, {biases}, gs, b, stream));
-    group_size = gs, bits = b;
-  }
-  if (residual) {
-    if (!out_proj || residual->shape() != shape) {
-      throw std::invalid_argument("[mlxinfer.attend] a residual needs out_proj and the output's shape");
-    }
-    inputs.push_back(f32(*residual, stream));
-  }
+  const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, stream);
   return mx::array(
       shape,
       mx::float32,
@@ -187,18 +191,7 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
   }
   for (const auto& kv : kvs) inputs.push_back(f32(kv, stream));
   mx::Shape shape{static_cast<int>(A), L, n_heads * kvs[0].shape(4)};
-  int group_size = 0, bits = 0;
-  if (out_proj) {
-    const auto& [w, scales, biases, gs, b] = *out_proj;
-    shape.back() = static_cast<int>(append_weights(inputs, shape.back(), {w}, {scales}, {biases}, gs, b, stream));
-    group_size = gs, bits = b;
-  }
-  if (residual) {
-    if (!out_proj || residual->shape() != shape) {
-      throw std::invalid_argument("[mlxinfer.attend] a residual needs out_proj and the output's shape");
-    }
-    inputs.push_back(f32(*residual, stream));
-  }
+  const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, stream);
   return mx::array(
       shape,
       mx::float32,

@@ -194,8 +194,7 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
         weights.push_back({held[at].data<uint32_t>(), held[at + 1].data<void>(), held[at + 2].data<void>(), held[at].shape(0)});
         N += held[at].shape(0);
       }
-      const auto sd = held[at - 2].dtype();
-      const ScaleType stype = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+      const ScaleType stype = scale_type(held[at - 2].dtype());
       float* y = out.data<float>();
       if (i + 1 < stages.size()) {
         scratch[next].resize(M * N);
@@ -204,13 +203,15 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
       qmm_f32(in, weights, stype, y, M, K, st.group_size, st.bits);
       in = y, K = N;
     }
-    if (residual) {  // the add MLX's h + out would do, element by element
-      std::vector<float> copy;
-      const float* r = dense_rows(held[at], copy);
-      float* y = out.data<float>();
-      for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
-    }
+    if (residual) add_residual(held[at], out);
   });
+}
+
+void add_residual(const mx::array& residual, mx::array& out) {
+  std::vector<float> copy;
+  const float* r = dense_rows(residual, copy);
+  float* y = out.data<float>();
+  for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
 }
 
 mx::array dequantize_rows(
@@ -264,9 +265,8 @@ void DequantizeRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
     std::vector<int32_t> copy;
     const int32_t* id = dense<int32_t>(ids, copy);
     const int64_t N = w.shape(0), Kw = w.shape(1), K = Kw * 32 / bits, G = K / gs;
-    const auto sd = sc.dtype();
-    const ScaleType st = sd == mx::float16 ? ScaleType::f16 : sd == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
-    const size_t width = sd == mx::float32 ? 4 : 2;
+    const ScaleType st = scale_type(sc.dtype());
+    const size_t width = sc.dtype() == mx::float32 ? 4 : 2;
     const auto* s = static_cast<const char*>(sc.data<void>());
     const auto* b = static_cast<const char*>(bi.data<void>());
     float* y = out.data<float>();

@@ -109,6 +109,14 @@ class QuantizedMatmulF32 : public mx::UnaryPrimitive {
 
 enum class ScaleType { f32, f16, bf16 };
 
+// The tag of the dtype a call's scales and biases are stored in (append_weights casts any other to float32).
+inline ScaleType scale_type(mx::Dtype d) {
+  return d == mx::float16 ? ScaleType::f16 : d == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
+}
+
+// out += residual, element by element: the add MLX's h + out would do (a chain's or attention's last step).
+void add_residual(const mx::array& residual, mx::array& out);
+
 // One weight of a call: w (N, K * bits / 32), s and b (N, K / group_size).
 struct Weight {
   const uint32_t* w;
