@@ -34,7 +34,7 @@ from ..errors import MlxinferError
 from . import build as native_build
 
 SOURCE_DIR = Path(native_build.NATIVE) / "qmm"
-SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
+SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
 SOURCES += ("simd.h", "scales.h", "attention.h", "attention.cpp", "attend_math.h", "attend_math.cpp", "bindings.cpp")
 MODULE = "_mlxinfer_qmm"
 ABI = 5  # QMM_ABI in qmm.h

@@ -1,0 +1,298 @@
+// The AVX2 arithmetic of qmm.cpp (included there alone): x in lane order, and the tiles that compute
+// y[m, n] for a few rows and columns at a time. qmm.cpp's opening comment says what stays fixed.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <new>
+#include <vector>
+
+#include "scales.h"
+#include "simd.h"
+#ifdef MLXINFER_AVX2
+#define MLXINFER_QMM_AVX2 1
+#endif
+
+namespace mlxinfer::tiles {
+
+struct Ctx {
+  const float* x;  // (M, K) row-major
+  const float* xp;  // (M, K) in lane order (AVX2 path only)
+  const float* xsum;  // (M, G) group sums of x
+  const uint32_t* w;  // (N, Kw)
+  const void* s;  // (N, G) scales, in the dtype the tag names
+  const void* b;  // (N, G) biases
+  float* y;  // (M, ldy): this weight's N columns start here
+  int64_t M, N, K, G, Kw, ldy;
+  int gs, bits;
+};
+
+#ifdef MLXINFER_QMM_AVX2
+
+inline __m256 widen8(F32, const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline __m256 widen8(F16, const uint16_t* p) {
+  return _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256 widen8(BF16, const uint16_t* p) {
+  const __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(v, 16));
+}
+
+template <class S>
+inline float bias_dot(const typename S::T* b, const float* xs, int64_t G) {
+  __m256 v = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= G; g += 8) v = _mm256_fmadd_ps(widen8(S{}, b + g), _mm256_loadu_ps(xs + g), v);
+  float t = hsum8(v);
+  for (; g < G; ++g) t = std::fma(widen(S{}, b[g]), xs[g], t);
+  return t;
+}
+
+// x reordered so that lane l of sub-vector j of a block (8 words, 8 * V values) holds the value
+// the j-th field of word l multiplies: k = block * 8V + l * V + j. Field j < V - 1 is read from the
+// word by a mask alone, not shifted down, so it arrives as q * 2^(j * bits); its x is stored times
+// 2^-(j * bits) to match. Both scalings are exact powers of two, so each product q * x, and so every
+// sum, has the same bits as with a shift (one instruction fewer per 8 weights).
+inline void lane_order(const float* x, float* xp, int64_t K, int bits) {
+  const int V = 32 / bits, BV = 8 * V;
+  float scale[8];
+  for (int j = 0; j < V; ++j) scale[j] = j == V - 1 ? 1.0f : std::ldexp(1.0f, -j * bits);
+  for (int64_t blk = 0; blk < K / BV; ++blk) {
+    for (int j = 0; j < V; ++j) {
+      for (int l = 0; l < 8; ++l) xp[blk * BV + j * 8 + l] = x[blk * BV + l * V + j] * scale[j];
+    }
+  }
+}
+
+// Scale groups a tile widens up front (K / group_size); avx2_layout sends longer rows to the portable path.
+constexpr int64_t kMaxTileGroups = 1024;
+
+inline const float* widen_row(F32, const float* s, float*, int64_t) {
+  return s;
+}
+template <class S>
+inline const float* widen_row(S, const typename S::T* s, float* buf, int64_t G) {
+  int64_t g = 0;
+  for (; g + 8 <= G; g += 8) _mm256_storeu_ps(buf + g, widen8(S{}, s + g));
+  for (; g < G; ++g) buf[g] = widen(S{}, s[g]);
+  return buf;
+}
+
+// Field f of the words v as q * 2^(f * BITS) in float32 (exact; lane_order scaled x to match). The top
+// field is shifted down, as its bit 31 would read as a sign.
+template <int BITS, int f>
+inline __m256 field(__m256i v) {
+  constexpr int V = 32 / BITS;
+  if constexpr (f == V - 1) return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, f * BITS));
+  return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(((1 << BITS) - 1) << (f * BITS))));
+}
+
+// The scale of each lane at one step (a group; for 4-bit groups of 32 a block holds two, four lanes each).
+template <int BITS, int GS>
+inline __m256 step_scale(const float* sf, int64_t step) {
+  if constexpr (GS * BITS / 32 >= 8) return _mm256_broadcast_ss(sf + step);
+  return _mm256_set_m128(_mm_broadcast_ss(sf + 2 * step + 1), _mm_broadcast_ss(sf + 2 * step));
+}
+
+template <class S>
+inline void finish(const Ctx& c, int64_t m, int64_t n, __m256 acc) {
+  const float bt = bias_dot<S>(static_cast<const typename S::T*>(c.b) + n * c.G, c.xsum + m * c.G, c.G);
+  c.y[m * c.ldy + n] = hsum8(acc) + bt;
+}
+
+template <int F, int V, class Fn>
+inline void each_field(Fn&& fn) {
+  if constexpr (F < V) {
+    fn(std::integral_constant<int, F>{});
+    each_field<F + 1, V>(fn);
+  }
+}
+
+// One row (decode) against NC columns, unpacking the packed words as it goes. Per (m, n): eight lane
+// sums p take q * x field by field, block by block (one FMA each); acc += scale * p each group.
+template <int BITS, int GS, class S, int NC>
+void row_tile(const Ctx& c, int64_t m, int64_t n0) {
+  using T = typename S::T;
+  constexpr int V = 32 / BITS, BV = 8 * V, WG = GS * BITS / 32;  // WG: words per group
+  constexpr int64_t BPG = WG >= 8 ? WG / 8 : 1, GPS = WG >= 8 ? 1 : 2;  // blocks per step, groups per step
+  constexpr int64_t kLine = 64;
+  const int64_t nblk = c.K / BV;
+  const uint32_t* wp[NC];
+  const T* sp[NC];
+  alignas(32) float sbuf[NC][kMaxTileGroups];  // each column's scales widened once (exact)
+  const float* sf[NC];
+  __m256 acc[NC];
+  for (int j = 0; j < NC; ++j) {
+    wp[j] = c.w + (n0 + j) * c.Kw;
+    sp[j] = static_cast<const T*>(c.s) + (n0 + j) * c.G;
+    sf[j] = widen_row(S{}, sp[j], sbuf[j], c.G);
+    acc[j] = _mm256_setzero_ps();
+  }
+  const float* xp = c.xp + m * c.K;
+  for (int64_t blk = 0, step = 0; blk < nblk; blk += BPG, ++step) {
+    __m256 p[NC];
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) p[j] = _mm256_setzero_ps();
+    for (int64_t bb = blk; bb < blk + BPG; ++bb) {
+      __m256i v[NC];
+#pragma GCC unroll 4
+      for (int j = 0; j < NC; ++j) {
+        // the next tile's bytes, one prefetch a cache line (two blocks): a tile reads NC short runs
+        // (a row is K * bits / 8 bytes), too short for the hardware prefetcher to ramp up on
+        if ((bb & 1) == 0) _mm_prefetch(reinterpret_cast<const char*>(wp[j] + 2 * NC * c.Kw + bb * 8), _MM_HINT_T0);
+        v[j] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp[j] + bb * 8));
+      }
+      each_field<0, V>([&](auto f) {
+        const __m256 xv = _mm256_loadu_ps(xp + bb * BV + f * 8);
+#pragma GCC unroll 4
+        for (int j = 0; j < NC; ++j) p[j] = _mm256_fmadd_ps(field<BITS, decltype(f)::value>(v[j]), xv, p[j]);
+      });
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) {
+      if (step % (kLine / static_cast<int64_t>(GPS * sizeof(T))) == 0) {  // the next tile's scales and biases
+        _mm_prefetch(reinterpret_cast<const char*>(sp[j] + NC * c.G + GPS * step), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(static_cast<const T*>(c.b) + (n0 + j + NC) * c.G + GPS * step), _MM_HINT_T0);
+      }
+      acc[j] = _mm256_fmadd_ps(step_scale<BITS, GS>(sf[j], step), p[j], acc[j]);
+    }
+  }
+  for (int j = 0; j < NC; ++j) finish<S>(c, m, n0 + j, acc[j]);
+}
+
+// A column tile's weights unpacked once, in lane order, to the values row_tile's fields give
+// (wf: column j's at j * K): every row of a batch then reads them instead of unpacking again.
+template <int BITS>
+void unpack_cols(const Ctx& c, int64_t n0, int64_t ncols, float* wf) {
+  constexpr int V = 32 / BITS, BV = 8 * V;
+  for (int64_t j = 0; j < ncols; ++j) {
+    const uint32_t* wp = c.w + (n0 + j) * c.Kw;
+    for (int64_t bb = 0; bb < c.K / BV; ++bb) {
+      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + bb * 8));
+      each_field<0, V>([&](auto f) { _mm256_store_ps(wf + j * c.K + bb * BV + f * 8, field<BITS, decltype(f)::value>(v)); });
+    }
+  }
+}
+
+// R rows x NC columns on unpacked weights, with row_tile's arithmetic for each (m, n): the same
+// values in the same order, so a row's bits do not depend on the batch. The running sums acc live in
+// memory (touched once a group), which leaves the registers to the R * NC lane sums p.
+template <int BITS, int GS, class S, int R, int NC>
+void rows_tile(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const float* const* sf) {
+  constexpr int V = 32 / BITS, BV = 8 * V, WG = GS * BITS / 32;
+  constexpr int64_t BPG = WG >= 8 ? WG / 8 : 1;
+  const int64_t nblk = c.K / BV;
+  const float* xr[R];
+  const float* wc[NC];
+  for (int r = 0; r < R; ++r) xr[r] = c.xp + (m0 + r) * c.K;
+  for (int j = 0; j < NC; ++j) wc[j] = wf + j * c.K;
+  alignas(32) float acc[R][NC][8];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) _mm256_store_ps(acc[r][j], _mm256_setzero_ps());
+  }
+  for (int64_t blk = 0, step = 0; blk < nblk; blk += BPG, ++step) {
+    __m256 p[R][NC];
+#pragma GCC unroll 4
+    for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+      for (int j = 0; j < NC; ++j) p[r][j] = _mm256_setzero_ps();
+    }
+    for (int64_t bb = blk; bb < blk + BPG; ++bb) {
+#pragma GCC unroll 8
+      for (int f = 0; f < V; ++f) {
+        const int64_t k = bb * BV + f * 8;
+        __m256 xv[R];
+#pragma GCC unroll 4
+        for (int r = 0; r < R; ++r) xv[r] = _mm256_loadu_ps(xr[r] + k);
+#pragma GCC unroll 4
+        for (int j = 0; j < NC; ++j) {
+          const __m256 q = _mm256_load_ps(wc[j] + k);
+#pragma GCC unroll 4
+          for (int r = 0; r < R; ++r) p[r][j] = _mm256_fmadd_ps(q, xv[r], p[r][j]);
+        }
+      }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) {
+      const __m256 sv = step_scale<BITS, GS>(sf[j], step);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) _mm256_store_ps(acc[r][j], _mm256_fmadd_ps(sv, p[r][j], _mm256_load_ps(acc[r][j])));
+    }
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+#pragma GCC unroll 4
+    for (int j = 0; j < NC; ++j) finish<S>(c, m0 + r, n0 + j, _mm256_load_ps(acc[r][j]));
+  }
+}
+
+template <int BITS, int GS, class S, int NCMAX>
+void row_tiles(const Ctx& c, int64_t m, int64_t n0, int64_t n1) {
+  int64_t n = n0;
+  for (; n + NCMAX <= n1; n += NCMAX) row_tile<BITS, GS, S, NCMAX>(c, m, n);
+  if constexpr (NCMAX > 1) row_tiles<BITS, GS, S, NCMAX / 2>(c, m, n, n1);  // the last < NCMAX columns
+}
+
+// columns t0 .. t1 of rows m0 .. m0 + R - 1, tiles of NCMAX columns then the rest one at a time
+template <int BITS, int GS, class S, int R, int NCMAX>
+void rows_tiles(const Ctx& c, int64_t m0, int64_t t0, int64_t t1, const float* wf, const float* const* sf) {
+  int64_t n = t0;
+  for (; n + NCMAX <= t1; n += NCMAX) rows_tile<BITS, GS, S, R, NCMAX>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0));
+  for (; n < t1; ++n) rows_tile<BITS, GS, S, R, 1>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0));
+}
+
+template <class T>
+struct Aligned {  // 32-byte aligned storage for aligned AVX loads
+  using value_type = T;
+  Aligned() = default;
+  template <class U>
+  Aligned(const Aligned<U>&) {}
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(32)));
+  }
+  void deallocate(T* p, size_t) {
+    ::operator delete(p, std::align_val_t(32));
+  }
+  bool operator==(const Aligned&) const {
+    return true;
+  }
+};
+
+constexpr int64_t kColTile = 16;  // columns unpacked at a time (~36-100 KB of float32: L1/L2)
+
+template <int BITS, int GS, class S>
+void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
+  if (c.M == 1) {
+    row_tiles<BITS, GS, S, 4>(c, 0, n0, n1);
+    return;
+  }
+  // several rows: each column tile is unpacked once, then 3 x 3 tiles (the most lane sums the
+  // registers hold beside their operands) run every row over it
+  const int64_t Gp = (c.G + 7) / 8 * 8;
+  std::vector<float, Aligned<float>> wf(kColTile * c.K), sbuf(kColTile * Gp);
+  const float* sf[kColTile];
+  for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
+    const int64_t t1 = std::min(n1, t0 + kColTile);
+    unpack_cols<BITS>(c, t0, t1 - t0, wf.data());
+    for (int64_t j = 0; j < t1 - t0; ++j) {
+      sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.data() + j * Gp, c.G);
+    }
+    int64_t m = 0;
+    for (; m + 3 <= c.M; m += 3) rows_tiles<BITS, GS, S, 3, 3>(c, m, t0, t1, wf.data(), sf);
+    if (m + 2 <= c.M) rows_tiles<BITS, GS, S, 2, 3>(c, m, t0, t1, wf.data(), sf), m += 2;
+    if (m < c.M) rows_tiles<BITS, GS, S, 1, 3>(c, m, t0, t1, wf.data(), sf);
+  }
+}
+
+inline bool avx2_layout(int64_t K, int bits, int group_size) {
+  return K % (8 * (32 / bits)) == 0 && K / group_size <= kMaxTileGroups;  // whole blocks of 8 packed words
+}
+
+#endif  // MLXINFER_QMM_AVX2
+
+}  // namespace mlxinfer::tiles
