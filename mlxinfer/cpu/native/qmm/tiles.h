@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <new>
+#include <type_traits>
 #include <vector>
 
 #include "scales.h"
