@@ -47,12 +47,14 @@ void scores(const float* q, const float* k, int64_t T, int64_t E, float* s) {
 #ifdef MLXINFER_AVX2
   if (E % 8 == 0) {
     for (int64_t t = 0; t < T; t += 4) {
-      __m256 a[4];
-      for (int i = 0; i < 4; ++i) {
-        a[i] = _mm256_setzero_ps();
-        if (t + i >= T) continue;  // a missing key's lane is computed from zeros and dropped
-        const float* kt = k + (t + i) * E;
-        for (int64_t e = 0; e < E; e += 8) a[i] = _mm256_fmadd_ps(_mm256_loadu_ps(q + e), _mm256_loadu_ps(kt + e), a[i]);
+      // the four keys' FMA chains interleaved (each key's still in e order): four chains in flight
+      // instead of one waiting on the last FMA's latency
+      const float* kt[4];
+      for (int i = 0; i < 4; ++i) kt[i] = k + std::min(t + i, T - 1) * E;  // a missing key repeats the last, dropped
+      __m256 a[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+      for (int64_t e = 0; e < E; e += 8) {
+        const __m256 qv = _mm256_loadu_ps(q + e);
+        for (int i = 0; i < 4; ++i) a[i] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kt[i] + e), a[i]);
       }
       __m128 h[4];
       for (int i = 0; i < 4; ++i) h[i] = _mm_add_ps(_mm256_castps256_ps128(a[i]), _mm256_extractf128_ps(a[i], 1));
