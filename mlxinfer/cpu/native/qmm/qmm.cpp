@@ -42,7 +42,6 @@ constexpr int64_t kMinWeightsPerThread = 1 << 16;
 
 using tiles::Ctx;
 
-
 void group_sums(const float* x, float* xsum, int64_t K, int gs) {
   for (int64_t g = 0; g < K / gs; ++g) {
     float t = 0.0f;

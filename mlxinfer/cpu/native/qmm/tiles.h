@@ -7,7 +7,6 @@
 #include <cstdint>
 #include <new>
 #include <type_traits>
-#include <vector>
 
 #include "scales.h"
 #include "simd.h"
@@ -247,21 +246,15 @@ void rows_tiles(const Ctx& c, int64_t m0, int64_t t0, int64_t t1, const float* w
   for (; n < t1; ++n) rows_tile<BITS, GS, S, R, 1>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0));
 }
 
-template <class T>
-struct Aligned {  // 32-byte aligned storage for aligned AVX loads
-  using value_type = T;
-  Aligned() = default;
-  template <class U>
-  Aligned(const Aligned<U>&) {}
-  T* allocate(size_t n) {
-    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(32)));
-  }
-  void deallocate(T* p, size_t) {
+// Uninitialised 32-byte aligned floats (aligned AVX loads; every element is written before it is read)
+struct Floats {
+  float* p;
+  explicit Floats(size_t n) : p(static_cast<float*>(::operator new(n * sizeof(float), std::align_val_t(32)))) {}
+  ~Floats() {
     ::operator delete(p, std::align_val_t(32));
   }
-  bool operator==(const Aligned&) const {
-    return true;
-  }
+  Floats(const Floats&) = delete;
+  Floats& operator=(const Floats&) = delete;
 };
 
 constexpr int64_t kColTile = 16;  // columns unpacked at a time (~36-100 KB of float32: L1/L2)
@@ -275,18 +268,18 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   // several rows: each column tile is unpacked once, then 3 x 3 tiles (the most lane sums the
   // registers hold beside their operands) run every row over it
   const int64_t Gp = (c.G + 7) / 8 * 8;
-  std::vector<float, Aligned<float>> wf(kColTile * c.K), sbuf(kColTile * Gp);
+  Floats wf(kColTile * c.K), sbuf(kColTile * Gp);
   const float* sf[kColTile];
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
     const int64_t t1 = std::min(n1, t0 + kColTile);
-    unpack_cols<BITS>(c, t0, t1 - t0, wf.data());
+    unpack_cols<BITS>(c, t0, t1 - t0, wf.p);
     for (int64_t j = 0; j < t1 - t0; ++j) {
-      sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.data() + j * Gp, c.G);
+      sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.p + j * Gp, c.G);
     }
     int64_t m = 0;
-    for (; m + 3 <= c.M; m += 3) rows_tiles<BITS, GS, S, 3, 3>(c, m, t0, t1, wf.data(), sf);
-    if (m + 2 <= c.M) rows_tiles<BITS, GS, S, 2, 3>(c, m, t0, t1, wf.data(), sf), m += 2;
-    if (m < c.M) rows_tiles<BITS, GS, S, 1, 3>(c, m, t0, t1, wf.data(), sf);
+    for (; m + 3 <= c.M; m += 3) rows_tiles<BITS, GS, S, 3, 3>(c, m, t0, t1, wf.p, sf);
+    if (m + 2 <= c.M) rows_tiles<BITS, GS, S, 2, 3>(c, m, t0, t1, wf.p, sf), m += 2;
+    if (m < c.M) rows_tiles<BITS, GS, S, 1, 3>(c, m, t0, t1, wf.p, sf);
   }
 }
 
