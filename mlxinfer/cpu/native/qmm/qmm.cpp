@@ -22,8 +22,6 @@
 #include "qmm.h"
 
 #include <algorithm>
-#include <cmath>
-#include <cstring>
 #include <functional>
 #include <mutex>
 #include <vector>
