@@ -44,6 +44,8 @@ void Pool::work() {
     while ((w = wake_.load(std::memory_order_acquire)) == seen) {
       if (++spins % 256 == 0 && std::chrono::steady_clock::now() - start > std::chrono::microseconds(100)) {
         wake_.wait(seen, std::memory_order_acquire);
+      } else if (spins % 8 == 0) {
+        sched_yield();  // a runnable thread of this process (Python building the next step) takes the core
       } else {
         cpu_relax();
       }
