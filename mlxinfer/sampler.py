@@ -244,7 +244,8 @@ def draw_rows(kept: mx.array, temperatures: list[float], subkeys: list) -> mx.ar
     n = kept.shape[0]
     if n < BATCH_DRAW_ROWS or any(k is None for k in subkeys) or not cpu_draw.available():
         keys = [None if k is None else mx.array(k) for k in subkeys]
-        return mx.concatenate([draw(kept[i : i + 1], temperatures[i], keys[i]) for i in range(n)])
+        tokens = [draw(kept[i : i + 1], temperatures[i], keys[i]) for i in range(n)]
+        return tokens[0] if n == 1 else mx.concatenate(tokens)
     greedy = [t == 0 for t in temperatures]
     if all(greedy):
         return mx.argmax(kept, axis=-1)

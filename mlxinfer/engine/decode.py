@@ -134,6 +134,16 @@ def _next_keys(rows: list[RowState]) -> list:
     return keys
 
 
+def _kept(logprobs: mx.array, settings) -> mx.array:
+    """cut_tail's row, or the row itself when greedy: the draw is then its argmax, the one token
+    cut_tail would keep (four ops over the vocabulary fewer a step)."""
+    return logprobs if settings.greedy else cut_tail(logprobs, settings)
+
+
+def _stacked(rows: list[mx.array]) -> mx.array:
+    return rows[0] if len(rows) == 1 else mx.concatenate(rows)  # one row: no copy of its V scores
+
+
 def choose_tokens(
     rows: list[RowState], logits: mx.array, fed: list[mx.array], n_alternatives: int, fast: bool, step_logprobs: bool
 ):
@@ -161,14 +171,14 @@ def choose_tokens(
         else:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
         logprobs = mx.broadcast_to(logprobs, (len(rows), logprobs.shape[-1]))
-        kept = cut_tail(logprobs, settings)
+        kept = _kept(logprobs, settings)
     else:
         rows_logprobs = [
             row.scores(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i], fast)
             for i, row in enumerate(rows)
         ]
-        kept = mx.concatenate([cut_tail(lp, row.spec.settings) for lp, row in zip(rows_logprobs, rows)])
-        logprobs = mx.concatenate(rows_logprobs)
+        kept = _stacked([_kept(lp, row.spec.settings) for lp, row in zip(rows_logprobs, rows)])
+        logprobs = _stacked(rows_logprobs)
     y = draw_rows(kept, [row.spec.settings.temperature for row in rows], _next_keys(rows))
     if not step_logprobs:
         return y, mx.zeros(y.shape), []
