@@ -17,7 +17,7 @@ namespace mlxinfer {
 namespace {
 
 // Work (multiply-adds) below which a call runs on one thread.
-constexpr int64_t kMinWorkPerThread = 1 << 16;
+constexpr int64_t kMinWorkPerThread = 1 << 14;
 
 inline float dot(const float* a, const float* b, int64_t n) {
   int64_t i = 0;
