@@ -7,9 +7,9 @@
 (c) log_softmax against float64, masked (-inf) scores adding nothing;
 (d) write_cache + attend against a float64 RoPE + causal grouped-query attention, rows alone ==
     rows in a batch bit for bit, attend with its output projection and residual == attend, then the
-    chain's one stage, and the server's rows (each its own cache and offset) in one attend_rows
-    node == attend for each row alone, the cache written in place when nothing else holds it and copied
-    when something does;
+    chain's one stage (and with a layer's MLP after it == that MLP as its own chain), and the
+    server's rows (each its own cache and offset) in one attend_rows node == attend for each row
+    alone, the cache written in place when nothing else holds it and copied when something does;
 (e) the embedded model: the fused layers against the composed forward pass they replace (scores
     and greedy text), and the node count of one decode step, side by side; a prompt scored in one
     pass, in chunks and token by token, bit for bit alike.
@@ -184,11 +184,21 @@ def test_attention_against_float64_and_rows_alone(L, offset):
         return out, written
 
     out, written = run(slice(None))
-    o = mx.quantize(normal(40, H * E), group_size=32, bits=4)
-    h = normal(B, L, 40)
+    o = mx.quantize(normal(64, H * E), group_size=32, bits=4)
+    h = normal(B, L, 64)
     projected = K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h)
     chained = K.linear_chain(out, [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)], h)  # the same, two nodes
     assert mx.array_equal(projected, chained).item()
+    # a layer's MLP after it in the same node == the MLP as its own chain node on that result
+    gate_up, down, norm = mx.quantize(normal(128, 64), 32, 4), mx.quantize(normal(64, 64), 32, 4), normal(64)
+    mlp = [("rms_norm", norm, 1e-5, [gate_up[0]], [gate_up[1]], [gate_up[2]], 32, 4),
+           ("swiglu_halves", None, 0.0, [down[0]], [down[1]], [down[2]], 32, 4)]  # fmt: skip
+    layer = K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp)
+    assert mx.array_equal(layer, K.linear_chain(projected, mlp, projected)).item()
+    with pytest.raises(ValueError, match="needs out_proj and a residual"):
+        K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), then=mlp)
+    with pytest.raises(ValueError, match="keep the output's width"):
+        K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp[:1])
     want, want_k, want_v = reference(qkv, keys, np.array(cos), np.array(sin), offset, H, Hk, scale)
     assert np.abs(np.array(out) - want).max() < 1e-5
     assert np.abs(np.array(written[:, 0]) - want_k).max() < 1e-5
@@ -211,6 +221,10 @@ def test_attention_against_float64_and_rows_alone(L, offset):
         )
         stage = [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)]
         assert mx.array_equal(projected, K.linear_chain(together, stage, h)).item()
+        layers = K.attend_rows(
+            mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp
+        )
+        assert mx.array_equal(layers, K.linear_chain(projected, mlp, projected)).item()
         with pytest.raises(ValueError, match="one cache and offset per row"):
             K.attend_rows(mx.array(qkv), cos, sin, caches, offsets[:-1], H, Hk, scale)
 

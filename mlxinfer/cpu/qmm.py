@@ -37,7 +37,7 @@ SOURCE_DIR = Path(native_build.NATIVE) / "qmm"
 SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
 SOURCES += ("simd.h", "scales.h", "attention.h", "attention.cpp", "attend_math.h", "attend_math.cpp", "bindings.cpp")
 MODULE = "_mlxinfer_qmm"
-ABI = 5  # QMM_ABI in qmm.h
+ABI = 6  # QMM_ABI in qmm.h
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 

@@ -2,14 +2,15 @@
 
 MLX's CPU back end schedules every node of the graph for ~10 microseconds, and a decode step of a
 30-layer model composed from MLX ops was ~1,200 nodes. Here a layer (model.Block, its `fused`
-hook) is four:
+hook) is three:
 
 * the input norm, then q, k and v as one kernel call (`linear_chain`: the three packed weights read
   side by side, each column's arithmetic its own, so the bits are those of three calls);
 * RoPE and the KV cache update as one primitive (keys and values share one buffer: model/cache.py;
   native/qmm/attention.cpp);
-* attention, o_proj and the residual as one;
-* the MLP: its norm, gate and up as one call, SwiGLU on the two halves, down, plus the residual.
+* attention, o_proj and the residual, then the MLP (its norm, gate and up as one call, SwiGLU on the
+  two halves, down, plus the residual) as one: the attention node runs linear_chain's stages after
+  it (`then`).
 
 Each chained stage runs the row function its separate op runs (rms_norm, swiglu_halves, the kernel,
 an add), so the bits are those of the ops one node each. Qwen3's q/k head norms run inside the
@@ -77,14 +78,6 @@ def _qkv(kernel, attn, norm, h: mx.array) -> mx.array:
     return qkv
 
 
-def _projected(attn, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
-    """h + o_proj(attend()): o_proj and the residual inside attend's node where o_proj has no bias."""
-    o = attn.o_proj
-    if "bias" in o:
-        return h + o(attend())
-    return attend(out_proj=(o["weight"], o["scales"], o["biases"], o.group_size, o.bits), residual=h)
-
-
 class FusedBlock:
     """model.Block.__call__ for the quantized path (the modules are read at each call)."""
 
@@ -110,10 +103,8 @@ class FusedBlock:
             and isinstance(mask, (str, type(None)))
             and L * (cache.offset + L) <= MAX_FUSED_PAIRS
         ):
-            h = self._attention(h, cache)
-        else:
-            h = h + layer.self_attn(layer.input_layernorm(h), mask, cache)
-        return self.mlp(h)
+            return self._attention(h, cache)
+        return self.mlp(h + layer.self_attn(layer.input_layernorm(h), mask, cache))
 
     def _attention(self, h: mx.array, cache: KVCache) -> mx.array:
         a = self.layer.self_attn
@@ -126,13 +117,13 @@ class FusedBlock:
         qn, kn = _head_norms(a)
         cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, -1, *kn)
         cache.offset += L
-        return _projected(a, h, partial(k.attend, qkv, cos, sin, cache.kv, at, H, Hk, a.scale, -1, *qn))
+        return self._projected(h, partial(k.attend, qkv, cos, sin, cache.kv, at, H, Hk, a.scale, -1, *qn))
 
     def attention_rows(self, h: mx.array, caches: list[KVCache]) -> mx.array:
-        """rows.py's attention (plus the residual) for rows that each have their own one-row cache (and
-        length): norm + q/k/v of all rows in one node, each row's RoPE and cache write at its own
-        offset (one node a row), then attention over every row's own cache, o_proj and + h in one
-        node (`attend_rows`: each row's bits are attend's for that row alone)."""
+        """rows.py's layer for rows that each have their own one-row cache (and length): norm + q/k/v
+        of all rows in one node, each row's RoPE and cache write at its own offset (one node a row),
+        then attention over every row's own cache, o_proj, + h and the MLP in one node
+        (`attend_rows`: each row's bits are attend's for that row alone)."""
         attn = self.layer.self_attn
         H, Hk = attn.n_heads, attn.n_kv_heads
         k, offsets = self.kernel, []
@@ -147,16 +138,29 @@ class FusedBlock:
             offsets.append(at)
             cache.offset = at + 1
         kvs = [c.kv for c in caches]
-        return _projected(attn, h, partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, attn.scale, *qn))
+        return self._projected(h, partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, attn.scale, *qn))
+
+    def _projected(self, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
+        """h = h + o_proj(attend()), then h + mlp(norm(h)): o_proj, the residual and the MLP inside
+        attend's node where o_proj has no bias and the MLP fuses (one node fewer a layer)."""
+        o = self.layer.self_attn.o_proj
+        if "bias" in o:
+            return self.mlp(h + o(attend()))
+        out_proj = (o["weight"], o["scales"], o["biases"], o.group_size, o.bits)
+        if self.mlp_fuses():
+            return attend(out_proj=out_proj, residual=h, then=self._mlp_stages())
+        return self.mlp(attend(out_proj=out_proj, residual=h))
+
+    def _mlp_stages(self) -> list:
+        layer, m = self.layer, self.layer.mlp
+        return [_stage((m.gate_proj, m.up_proj), layer.post_attention_layernorm), _stage((m.down_proj,), swiglu=True)]
 
     def mlp(self, h: mx.array) -> mx.array:
         """h + mlp(norm(h)): one node where the MLP fuses."""
         layer = self.layer
         if not self.mlp_fuses():
             return h + layer.mlp(layer.post_attention_layernorm(h))
-        m = layer.mlp
-        stages = [_stage((m.gate_proj, m.up_proj), layer.post_attention_layernorm), _stage((m.down_proj,), swiglu=True)]
-        return self.kernel.linear_chain(h, stages, h)
+        return self.kernel.linear_chain(h, self._mlp_stages(), h)
 
 
 def fuse(model) -> int:

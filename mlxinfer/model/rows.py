@@ -43,9 +43,9 @@ def step(model: Model, tokens: mx.array, caches: list[list[KVCache]]) -> mx.arra
     for i, layer in enumerate(model.layers):
         rows, fused = [c[i] for c in caches], layer.fused
         if fused is not None and fused.attention_fuses():
-            h = fused.attention_rows(h, rows)
-        else:
-            h = h + _attention(layer.self_attn, layer.input_layernorm(h), rows)
+            h = fused.attention_rows(h, rows)  # the MLP too
+            continue
+        h = h + _attention(layer.self_attn, layer.input_layernorm(h), rows)
         h = fused.mlp(h) if fused is not None else h + layer.mlp(layer.post_attention_layernorm(h))
     return model.logits_from_hidden(h)[:, -1, :]
 

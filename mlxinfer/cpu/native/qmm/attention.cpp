@@ -7,6 +7,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -21,13 +22,24 @@ namespace mlxinfer {
 
 namespace {
 
-// out = attended (M, K) @ the projection held[at .. at + 2] (+ held[at + 3]: linear_chain's stage and add)
+// h = attended (M, K) @ the projection held[at .. at + 2] (+ held[at + 3]: linear_chain's stage and add);
+// out = h, or with `then` h + the chain on h (its arrays after the residual): linear_chain's bits
 void project(const std::vector<mx::array>& held, size_t at, const float* attended, int64_t M, int64_t K, int gs, int bits,
-             bool residual, mx::array& out) {
+             bool residual, const std::vector<Stage>& then, mx::array& out) {
   const mx::array &w = held[at], &sc = held[at + 1], &bi = held[at + 2];
-  qmm_f32(attended, {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), w.shape(0)}}, scale_type(sc.dtype()),
-          out.data<float>(), M, K, gs, bits);
-  if (residual) add_residual(held[at + 3], out);
+  const int64_t N = w.shape(0);
+  std::vector<float> h(then.empty() ? 0 : M * N), copy;
+  float* y = then.empty() ? out.data<float>() : h.data();
+  qmm_f32(attended, {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), N}}, scale_type(sc.dtype()), y, M, K, gs,
+          bits);
+  if (residual) {
+    const float* r = dense_rows(held[at + 3], copy);
+    for (int64_t e = 0; e < M * N; ++e) y[e] += r[e];
+  }
+  if (then.empty()) return;
+  float* o = out.data<float>();
+  run_stages(held, at + 3 + residual, then, h.data(), M, N, o);
+  for (int64_t e = 0; e < M * N; ++e) o[e] += h[e];
 }
 
 mx::Stream cpu_only(mx::StreamOrDevice s) {
@@ -67,6 +79,7 @@ mx::array f32(const mx::array& a, const mx::Stream& s) {
 // dimension becomes the projection's; returns (group_size, bits), (0, 0) without one.
 std::pair<int, int> append_projection(std::vector<mx::array>& inputs, mx::Shape& shape,
                                       const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
+                                      const std::vector<StageArgs>& then, std::vector<Stage>& then_stages,
                                       const mx::Stream& stream) {
   std::pair<int, int> layout{0, 0};
   if (out_proj) {
@@ -79,6 +92,14 @@ std::pair<int, int> append_projection(std::vector<mx::array>& inputs, mx::Shape&
       throw std::invalid_argument("[mlxinfer.attend] a residual needs out_proj and the output's shape");
     }
     inputs.push_back(f32(*residual, stream));
+  }
+  if (!then.empty()) {
+    if (!residual) throw std::invalid_argument("[mlxinfer.attend] a chain after attention needs out_proj and a residual");
+    int64_t width = 0;
+    std::tie(then_stages, width) = append_stages(inputs, shape.back(), then, stream);
+    if (width != shape.back()) {
+      throw std::invalid_argument("[mlxinfer.attend] the chain after attention must keep the output's width");
+    }
   }
   return layout;
 }
@@ -109,19 +130,20 @@ mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv, int offset,
                  int n_heads, int n_kv_heads, float scale, int row, const std::optional<mx::array>& norm, float eps,
                  const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
-                 mx::StreamOrDevice s) {
+                 const std::vector<StageArgs>& then, mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
   const int L = check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, row);
   check_norm(norm, kv);
   std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(kv, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
   mx::Shape shape{kv.shape(0), L, n_heads * kv.shape(4)};
-  const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, stream);
+  std::vector<Stage> stages;
+  const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, then, stages, stream);
   return mx::array(
       shape,
       mx::float32,
       std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale, row, eps, norm.has_value(),
-                               group_size, bits, residual.has_value()),
+                               group_size, bits, residual.has_value(), std::move(stages)),
       inputs);
 }
 
@@ -155,6 +177,7 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     });
     return;
   }
+  if (!then_.empty()) check_stage_layout(inputs, 4 + norm_ + 3 + residual_, then_);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   const auto& kv = inputs[3];
   const Shapes d{kv.shape(0), inputs[0].shape(1), n_heads_, n_kv_heads_, kv.shape(4), kv.shape(3), offset_};
@@ -162,13 +185,13 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
   enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), d, norm = norm_, eps = eps_,
                 first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E, scale = scale_, gs = out_group_size_,
-                bits = out_bits_, residual = residual_]() mutable {
+                bits = out_bits_, residual = residual_, then = then_]() mutable {
     std::vector<float> cq, cc, cs, ckv, cn, attended;
     float* y = out.data<float>();
     if (bits) attended.resize(d.B * d.L * d.H * d.E);
     attend_all(d, scale, dense_rows(held[0], cq) + first, dense_rows(held[1], cc), dense_rows(held[2], cs),
                dense_rows(held[3], ckv), norm ? dense_rows(held[4], cn) : nullptr, eps, bits ? attended.data() : y);
-    if (bits) project(held, 4 + norm, attended.data(), d.B * d.L, d.H * d.E, gs, bits, residual, out);
+    if (bits) project(held, 4 + norm, attended.data(), d.B * d.L, d.H * d.E, gs, bits, residual, then, out);
   });
 }
 
@@ -176,7 +199,7 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
                       const std::vector<mx::array>& kvs, const std::vector<int>& offsets, int n_heads,
                       int n_kv_heads, float scale, const std::optional<mx::array>& norm, float eps,
                       const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
-                      mx::StreamOrDevice s) {
+                      const std::vector<StageArgs>& then, mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
   const size_t A = kvs.size();
   if (A == 0 || offsets.size() != A || qkv.ndim() != 3 || qkv.shape(0) != static_cast<int>(A)) {
@@ -191,12 +214,13 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
   }
   for (const auto& kv : kvs) inputs.push_back(f32(kv, stream));
   mx::Shape shape{static_cast<int>(A), L, n_heads * kvs[0].shape(4)};
-  const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, stream);
+  std::vector<Stage> stages;
+  const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, then, stages, stream);
   return mx::array(
       shape,
       mx::float32,
       std::make_shared<AttendRows>(stream, offsets, n_heads, n_kv_heads, scale, eps, norm.has_value(), group_size, bits,
-                                   residual.has_value()),
+                                   residual.has_value(), std::move(stages)),
       inputs);
 }
 
@@ -204,12 +228,13 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& a : inputs) enc.set_input_array(a);
   enc.set_output_array(out);
+  if (!then_.empty()) check_stage_layout(inputs, 3 + norm_ + offsets_.size() + 3 + residual_, then_);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   std::vector<mx::array> held;
   for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
   enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), offsets = offsets_, H = n_heads_,
                 Hk = n_kv_heads_, scale = scale_, eps = eps_, norm = norm_, gs = out_group_size_, bits = out_bits_,
-                residual = residual_]() mutable {
+                residual = residual_, then = then_]() mutable {
     const int64_t A = offsets.size(), L = held[0].shape(1), width = held[0].shape(2);
     const size_t first_kv = 3 + norm;
     const int64_t E = held[first_kv].shape(4);
@@ -237,7 +262,7 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
         for (int64_t r = 0; r < A; ++r) row(r);
       }
     }
-    if (bits) project(held, first_kv + A, attended.data(), A * L, H * E, gs, bits, residual, out);
+    if (bits) project(held, first_kv + A, attended.data(), A * L, H * E, gs, bits, residual, then, out);
   });
 }
 
@@ -249,7 +274,7 @@ bool AttendRows::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttendRows&>(other);
   return offsets_ == o.offsets_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ &&
       eps_ == o.eps_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ && out_bits_ == o.out_bits_ &&
-      residual_ == o.residual_;
+      residual_ == o.residual_ && then_ == o.then_;
 }
 
 std::vector<mx::Shape> AttendRows::output_shapes(const std::vector<mx::array>& inputs) {
@@ -266,7 +291,7 @@ bool Attend::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const Attend&>(other);
   return kind_ == o.kind_ && offset_ == o.offset_ && row_ == o.row_ && eps_ == o.eps_ && n_heads_ == o.n_heads_ &&
       n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ &&
-      out_bits_ == o.out_bits_ && residual_ == o.residual_;
+      out_bits_ == o.out_bits_ && residual_ == o.residual_ && then_ == o.then_;
 }
 
 std::vector<mx::Shape> Attend::output_shapes(const std::vector<mx::array>& inputs) {

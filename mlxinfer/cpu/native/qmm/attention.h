@@ -11,6 +11,7 @@
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
+#include "qmm.h"
 
 namespace mlxinfer {
 
@@ -35,12 +36,15 @@ mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array
                       const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, mx::StreamOrDevice s = {});
 // out_proj (w, scales, biases, group_size, bits): the output projection applied in the same node,
 // then + residual when given: (B, L, N), the bits of attend, then linear_chain's one stage and its add.
+// then (with out_proj and residual): h = that result, and the node gives h + linear_chain(h, then), the
+// bits of the chain as its own node (a decoder layer's MLP: one node fewer a layer).
 using OutProj = std::tuple<mx::array, mx::array, mx::array, int, int>;
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv,
                  int offset, int n_heads, int n_kv_heads, float scale, int row = -1,
                  const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
                  const std::optional<OutProj>& out_proj = std::nullopt,
-                 const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
+                 const std::optional<mx::array>& residual = std::nullopt, const std::vector<StageArgs>& then = {},
+                 mx::StreamOrDevice s = {});
 
 // attend for rows that each have a cache of their own (the server's): row r of qkv (A, L, ...) over
 // kvs[r] (1, 2, Hk, capacity_r, E) at offsets[r], in one node; each row's bits are those of
@@ -50,12 +54,13 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
                       float scale,
                       const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
                       const std::optional<OutProj>& out_proj = std::nullopt,
-                      const std::optional<mx::array>& residual = std::nullopt, mx::StreamOrDevice s = {});
+                      const std::optional<mx::array>& residual = std::nullopt, const std::vector<StageArgs>& then = {},
+                      mx::StreamOrDevice s = {});
 
 class AttendRows : public mx::UnaryPrimitive {
  public:
   AttendRows(mx::Stream stream, std::vector<int> offsets, int n_heads, int n_kv_heads, float scale, float eps, bool norm,
-             int out_group_size, int out_bits, bool residual)
+             int out_group_size, int out_bits, bool residual, std::vector<Stage> then)
       : mx::UnaryPrimitive(stream),
         offsets_(std::move(offsets)),
         n_heads_(n_heads),
@@ -65,7 +70,8 @@ class AttendRows : public mx::UnaryPrimitive {
         scale_(scale),
         eps_(eps),
         norm_(norm),
-        residual_(residual) {}
+        residual_(residual),
+        then_(std::move(then)) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
@@ -79,6 +85,7 @@ class AttendRows : public mx::UnaryPrimitive {
   int n_heads_, n_kv_heads_, out_group_size_, out_bits_;
   float scale_, eps_;
   bool norm_, residual_;
+  std::vector<Stage> then_;
 };
 
 enum class AttendKind { write, attend };
@@ -87,7 +94,7 @@ class Attend : public mx::UnaryPrimitive {
  public:
   // norm: a head norm's weight among the inputs; out_group_size/out_bits: an output projection (0: none)
   Attend(mx::Stream stream, AttendKind kind, int offset, int n_heads, int n_kv_heads, float scale, int row, float eps,
-         bool norm, int out_group_size = 0, int out_bits = 0, bool residual = false)
+         bool norm, int out_group_size = 0, int out_bits = 0, bool residual = false, std::vector<Stage> then = {})
       : mx::UnaryPrimitive(stream),
         kind_(kind),
         offset_(offset),
@@ -99,7 +106,8 @@ class Attend : public mx::UnaryPrimitive {
         scale_(scale),
         eps_(eps),
         norm_(norm),
-        residual_(residual) {}
+        residual_(residual),
+        then_(std::move(then)) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
@@ -113,6 +121,7 @@ class Attend : public mx::UnaryPrimitive {
   int offset_, n_heads_, n_kv_heads_, row_, out_group_size_, out_bits_;
   float scale_, eps_;
   bool norm_, residual_;
+  std::vector<Stage> then_;
 };
 
 }  // namespace mlxinfer

@@ -60,12 +60,13 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "where it can be");
   m.def("attend", &mlxinfer::attend, "qkv"_a, "cos"_a, "sin"_a, "kv"_a, "offset"_a, "n_heads"_a, "n_kv_heads"_a,
         "scale"_a, "row"_a = -1, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "out_proj"_a = nb::none(),
-        "residual"_a = nb::none(), "stream"_a = nb::none(),
+        "residual"_a = nb::none(), "then"_a = std::vector<mlxinfer::StageArgs>{}, "stream"_a = nb::none(),
         "causal attention of the new positions' queries (rotated) over the written cache: (B, L, H E); with "
-        "out_proj (w, scales, biases, group_size, bits) projected in the same node, then + residual");
+        "out_proj (w, scales, biases, group_size, bits) projected in the same node, then + residual; with then "
+        "(linear_chain's stages), h = that and the node gives h + linear_chain(h, then)");
   m.def("attend_rows", &mlxinfer::attend_rows, "qkv"_a, "cos"_a, "sin"_a, "kvs"_a, "offsets"_a, "n_heads"_a,
         "n_kv_heads"_a, "scale"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "out_proj"_a = nb::none(),
-        "residual"_a = nb::none(), "stream"_a = nb::none(),
+        "residual"_a = nb::none(), "then"_a = std::vector<mlxinfer::StageArgs>{}, "stream"_a = nb::none(),
         "attend for rows with caches of their own (kvs[r] at offsets[r]) in one node: (A, L, H E)");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");

@@ -76,23 +76,11 @@ int64_t append_weights(
   return N;
 }
 
-mx::array linear_chain(
-    const mx::array& x,
-    const std::vector<StageArgs>& stage_args,
-    const std::optional<mx::array>& residual,
-    mx::StreamOrDevice s) {
-  auto stream = mx::to_stream(s, mx::Device::cpu);
-  if (stream.device.type != mx::Device::cpu) {
-    throw std::invalid_argument(std::string(kName) + "runs on a CPU stream only");
-  }
-  if (x.ndim() < 1 || !mx::issubdtype(x.dtype(), mx::floating)) {
-    throw std::invalid_argument(std::string(kName) + "x must be a floating-point array of at least 1 dim");
-  }
-  if (stage_args.empty()) throw std::invalid_argument(std::string(kName) + "a chain needs at least one stage");
+std::pair<std::vector<Stage>, int64_t> append_stages(std::vector<mx::array>& inputs, int64_t K,
+                                                     const std::vector<StageArgs>& stage_args, const mx::Stream& stream) {
   auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
-  std::vector<mx::array> inputs{cast(x, mx::float32)};
+  if (stage_args.empty()) throw std::invalid_argument(std::string(kName) + "a chain needs at least one stage");
   std::vector<Stage> stages;
-  int64_t K = x.shape(-1);
   for (const auto& [name, norm, eps, ws, scales, biases, group_size, bits] : stage_args) {
     const Prologue prologue = prologue_named(name);
     if (prologue == Prologue::rms_norm) {
@@ -111,6 +99,24 @@ mx::array linear_chain(
     stages.push_back({prologue, eps, group_size, bits, static_cast<int>(ws.size())});
     K = N;
   }
+  return {std::move(stages), K};
+}
+
+mx::array linear_chain(
+    const mx::array& x,
+    const std::vector<StageArgs>& stage_args,
+    const std::optional<mx::array>& residual,
+    mx::StreamOrDevice s) {
+  auto stream = mx::to_stream(s, mx::Device::cpu);
+  if (stream.device.type != mx::Device::cpu) {
+    throw std::invalid_argument(std::string(kName) + "runs on a CPU stream only");
+  }
+  if (x.ndim() < 1 || !mx::issubdtype(x.dtype(), mx::floating)) {
+    throw std::invalid_argument(std::string(kName) + "x must be a floating-point array of at least 1 dim");
+  }
+  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
+  std::vector<mx::array> inputs{cast(x, mx::float32)};
+  auto [stages, K] = append_stages(inputs, x.shape(-1), stage_args, stream);
   auto out_shape = x.shape();
   out_shape.back() = static_cast<int>(K);
   if (residual) {
@@ -148,9 +154,8 @@ mx::array quantized_matmul(
   return quantized_matmul_cat(x, {w}, {scales}, {biases}, group_size, bits, s);
 }
 
-void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  size_t at = 1;
-  for (const Stage& st : stages_) {
+void check_stage_layout(const std::vector<mx::array>& inputs, size_t at, const std::vector<Stage>& stages) {
+  for (const Stage& st : stages) {
     at += st.prologue == Prologue::rms_norm;
     for (int i = 0; i < 3 * st.weights; ++i, ++at) {
       if (!inputs[at].flags().row_contiguous) {
@@ -158,6 +163,10 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
       }
     }
   }
+}
+
+void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  check_stage_layout(inputs, 1, stages_);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
   std::vector<mx::array> held;
@@ -168,43 +177,49 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   encoder.set_output_array(out);
   encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), stages = stages_,
                     residual = residual_]() mutable {
-    std::vector<std::vector<float>> scratch(3 * stages.size() + 1);  // x, and per stage a norm weight, its output, the output
-    size_t next = 0, at = 1;
-    int64_t K = held[0].shape(-1);
+    std::vector<float> copy;
+    const int64_t K = held[0].shape(-1);
     const int64_t M = K ? static_cast<int64_t>(held[0].size()) / K : 0;
-    const float* in = dense_rows(held[0], scratch[next++]);
-    for (size_t i = 0; i < stages.size(); ++i) {
-      const Stage& st = stages[i];
-      if (st.prologue == Prologue::rms_norm) {
-        const float* w = dense_rows(held[at++], scratch[next++]);
-        std::vector<float>& y = scratch[next++];
-        y.resize(M * K);
-        for (int64_t r = 0; r < M; ++r) rms_norm_row(in + r * K, w, y.data() + r * K, K, st.eps);
-        in = y.data();
-      } else if (st.prologue == Prologue::swiglu_halves) {
-        const int64_t half = K / 2;
-        std::vector<float>& y = scratch[next++];
-        y.resize(M * half);
-        for (int64_t r = 0; r < M; ++r) swiglu_row(in + r * K, in + r * K + half, y.data() + r * half, half);
-        in = y.data(), K = half;
-      }
-      std::vector<Weight> weights;
-      int64_t N = 0;
-      for (int j = 0; j < st.weights; ++j, at += 3) {
-        weights.push_back({held[at].data<uint32_t>(), held[at + 1].data<void>(), held[at + 2].data<void>(), held[at].shape(0)});
-        N += held[at].shape(0);
-      }
-      const ScaleType stype = scale_type(held[at - 2].dtype());
-      float* y = out.data<float>();
-      if (i + 1 < stages.size()) {
-        scratch[next].resize(M * N);
-        y = scratch[next++].data();
-      }
-      qmm_f32(in, weights, stype, y, M, K, st.group_size, st.bits);
-      in = y, K = N;
-    }
+    const size_t at = run_stages(held, 1, stages, dense_rows(held[0], copy), M, K, out.data<float>());
     if (residual) add_residual(held[at], out);
   });
+}
+
+size_t run_stages(const std::vector<mx::array>& held, size_t at, const std::vector<Stage>& stages, const float* in,
+                  int64_t M, int64_t K, float* out) {
+  std::vector<std::vector<float>> scratch(3 * stages.size());  // per stage a norm weight, its output, the output
+  size_t next = 0;
+  for (size_t i = 0; i < stages.size(); ++i) {
+    const Stage& st = stages[i];
+    if (st.prologue == Prologue::rms_norm) {
+      const float* w = dense_rows(held[at++], scratch[next++]);
+      std::vector<float>& y = scratch[next++];
+      y.resize(M * K);
+      for (int64_t r = 0; r < M; ++r) rms_norm_row(in + r * K, w, y.data() + r * K, K, st.eps);
+      in = y.data();
+    } else if (st.prologue == Prologue::swiglu_halves) {
+      const int64_t half = K / 2;
+      std::vector<float>& y = scratch[next++];
+      y.resize(M * half);
+      for (int64_t r = 0; r < M; ++r) swiglu_row(in + r * K, in + r * K + half, y.data() + r * half, half);
+      in = y.data(), K = half;
+    }
+    std::vector<Weight> weights;
+    int64_t N = 0;
+    for (int j = 0; j < st.weights; ++j, at += 3) {
+      weights.push_back({held[at].data<uint32_t>(), held[at + 1].data<void>(), held[at + 2].data<void>(), held[at].shape(0)});
+      N += held[at].shape(0);
+    }
+    const ScaleType stype = scale_type(held[at - 2].dtype());
+    float* y = out;
+    if (i + 1 < stages.size()) {
+      scratch[next].resize(M * N);
+      y = scratch[next++].data();
+    }
+    qmm_f32(in, weights, stype, y, M, K, st.group_size, st.bits);
+    in = y, K = N;
+  }
+  return at;
 }
 
 void add_residual(const mx::array& residual, mx::array& out) {

@@ -8,13 +8,15 @@
 #include <optional>
 #include <string>
 #include <tuple>
+#include <utility>
+#include <vector>
 
 namespace mlxinfer {
 
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 5;
+constexpr int QMM_ABI = 6;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
@@ -87,6 +89,19 @@ int64_t append_weights(
     int group_size,
     int bits,
     const mx::Stream& stream);
+
+// linear_chain's checks of `stage_args` on an input K wide, their arrays appended to `inputs`; returns
+// the stages and the last one's output width.
+std::pair<std::vector<Stage>, int64_t> append_stages(std::vector<mx::array>& inputs, int64_t K,
+                                                     const std::vector<StageArgs>& stage_args, const mx::Stream& stream);
+
+// The stages on M rows of `in` (K wide), the last one's output into y, their arrays read from held[at ..];
+// returns the index after them. linear_chain's evaluation, and attend's when a chain follows it.
+size_t run_stages(const std::vector<mx::array>& held, size_t at, const std::vector<Stage>& stages, const float* in,
+                  int64_t M, int64_t K, float* y);
+
+// Throws unless the stages' w, scales and biases (from inputs[at]) are row-contiguous, as the kernel reads them.
+void check_stage_layout(const std::vector<mx::array>& inputs, size_t at, const std::vector<Stage>& stages);
 
 class QuantizedMatmulF32 : public mx::UnaryPrimitive {
  public:
