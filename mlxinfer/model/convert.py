@@ -131,7 +131,7 @@ def to_quantized(model):
         qlinear.use_row_ops(model)  # norms and SwiGLU as one node each: a decode step is ~2,400 nodes
         from .fused import fuse
 
-        fuse(model)  # a layer in four nodes (norm + q/k/v, the cache write, attention + o_proj + h, the MLP + h)
+        fuse(model)  # a layer in three nodes (norm + q/k/v, the cache write, attention + o_proj + h + the MLP + h)
     return model
 
 
