@@ -18,11 +18,13 @@ int cores_allowed() {
     int n = std::atoi(env);
     if (n > 0) return n;
   }
+#ifdef __linux__  // the cores this process may run on (taskset, cgroups); elsewhere, all of them
   cpu_set_t set;
   if (sched_getaffinity(0, sizeof(set), &set) == 0) {
     int n = CPU_COUNT(&set);
     if (n > 0) return n;
   }
+#endif
   unsigned n = std::thread::hardware_concurrency();
   return n ? static_cast<int>(n) : 1;
 }
