@@ -28,18 +28,15 @@ void project(const std::vector<mx::array>& held, size_t at, const float* attende
              bool residual, const std::vector<Stage>& then, mx::array& out) {
   const mx::array &w = held[at], &sc = held[at + 1], &bi = held[at + 2];
   const int64_t N = w.shape(0);
-  std::vector<float> h(then.empty() ? 0 : M * N), copy;
+  std::vector<float> h(then.empty() ? 0 : M * N);
   float* y = then.empty() ? out.data<float>() : h.data();
   qmm_f32(attended, {{w.data<uint32_t>(), sc.data<void>(), bi.data<void>(), N}}, scale_type(sc.dtype()), y, M, K, gs,
           bits);
-  if (residual) {
-    const float* r = dense_rows(held[at + 3], copy);
-    for (int64_t e = 0; e < M * N; ++e) y[e] += r[e];
-  }
+  if (residual) add_residual(held[at + 3], y, M * N);
   if (then.empty()) return;
   float* o = out.data<float>();
   run_stages(held, at + 3 + residual, then, h.data(), M, N, o);
-  for (int64_t e = 0; e < M * N; ++e) o[e] += h[e];
+  for (int64_t e = 0; e < M * N; ++e) o[e] += h[e];  // the chain's residual: its own input
 }
 
 mx::Stream cpu_only(mx::StreamOrDevice s) {

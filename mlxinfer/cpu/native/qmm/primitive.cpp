@@ -182,7 +182,7 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
     const int64_t K = held[0].shape(-1);
     const int64_t M = K ? static_cast<int64_t>(held[0].size()) / K : 0;
     const size_t at = run_stages(held, 1, stages, dense_rows(held[0], copy), M, K, out.data<float>());
-    if (residual) add_residual(held[at], out);
+    if (residual) add_residual(held[at], out.data<float>(), out.size());
   });
 }
 
@@ -220,11 +220,10 @@ size_t run_stages(const std::vector<mx::array>& held, size_t at, const std::vect
   return at;
 }
 
-void add_residual(const mx::array& residual, mx::array& out) {
+void add_residual(const mx::array& residual, float* y, size_t n) {
   std::vector<float> copy;
   const float* r = dense_rows(residual, copy);
-  float* y = out.data<float>();
-  for (size_t e = 0; e < out.size(); ++e) y[e] += r[e];
+  for (size_t e = 0; e < n; ++e) y[e] += r[e];
 }
 
 mx::array dequantize_rows(

@@ -129,8 +129,9 @@ inline ScaleType scale_type(mx::Dtype d) {
   return d == mx::float16 ? ScaleType::f16 : d == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
 }
 
-// out += residual, element by element: the add MLX's h + out would do (a chain's or attention's last step).
-void add_residual(const mx::array& residual, mx::array& out);
+// y (n floats) += residual, element by element: the add MLX's h + out would do (a chain's or attention's
+// last step).
+void add_residual(const mx::array& residual, float* y, size_t n);
 
 // One weight of a call: w (N, K * bits / 32), s and b (N, K / group_size).
 struct Weight {
