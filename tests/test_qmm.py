@@ -7,12 +7,14 @@
 (c) lazy evaluation and mx.compile;
 (d) the embedded model on the quantized path against the float32 path: greedy text, and top-1
     agreement and mean KL over quant/data/eval.txt;
-(e) a kernel reported unavailable: one warning line and the old path.
+(e) a kernel reported unavailable: one warning line and the old path;
+(f) on a CPU with AVX-512VL, its build (4 x 4 tiles) gives the avx2 build's bits (3 x 3 tiles).
 Skipped only where the kernel genuinely cannot be built here (no cmake, nanobind or compiler).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -118,6 +120,43 @@ def test_a_row_alone_equals_the_row_in_a_batch(bits, group_size):
         assert mx.array_equal(part, full[start : start + size]).item(), (start, size)
     batched_3d = qmm.quantized_matmul(batch.reshape(8, 8, k), wq, scales, biases, group_size, bits)
     assert mx.array_equal(batched_3d.reshape(64, n), full).item()
+
+
+_AVX2_BUILD = """
+import sys
+import mlx.core as mx
+import numpy as np
+from mlxinfer.cpu import qmm
+assert qmm.available() and qmm.kernel().tile() == "3x3", qmm.status()
+x = mx.array(np.load(sys.argv[1]))
+out = {}
+for bits, gs in ((4, 32), (8, 64), (4, 128)):
+    w = mx.random.normal((200, 768), key=mx.random.key(bits * gs))
+    wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
+    out[f"{bits}-{gs}"] = np.array(qmm.quantized_matmul(x, wq, s, b, gs, bits))
+np.savez(sys.argv[2], **out)
+"""
+
+
+@pytest.mark.skipif(qmm._isa() != "avx512", reason="this CPU has no AVX-512VL: the avx2 build is the one here")
+def test_the_avx512_build_gives_the_avx2_builds_bits(tmp_path):
+    """The avx512 build runs the same AVX2 arithmetic in 4 x 4 tiles (AVX-512VL's 32 registers): every
+    output's bits equal the avx2 build's (3 x 3 tiles), built and run here in a subprocess."""
+    assert qmm.kernel().tile() == "4x4"
+    x = np.array(mx.random.normal((61, 768), key=mx.random.key(3)))  # 61 rows: full tiles and every remainder
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "MLXINFER_QMM_ISA": "avx2"}
+    script = tmp_path / "avx2.py"
+    script.write_text(_AVX2_BUILD)
+    done = subprocess.run([sys.executable, str(script), str(tmp_path / "x.npy"), str(tmp_path / "y.npz")],
+                          capture_output=True, text=True, cwd=ROOT, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    theirs = np.load(tmp_path / "y.npz")
+    for bits, gs in ((4, 32), (8, 64), (4, 128)):
+        w = mx.random.normal((200, 768), key=mx.random.key(bits * gs))
+        wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
+        ours = np.array(qmm.quantized_matmul(mx.array(x), wq, s, b, gs, bits))
+        assert np.array_equal(ours.view(np.uint32), theirs[f"{bits}-{gs}"].view(np.uint32)), (bits, gs)
 
 
 def test_lazy_composes_and_compiles():

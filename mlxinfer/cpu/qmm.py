@@ -14,7 +14,8 @@ where the key hashes the sources, the mlx and nanobind versions, the Python tag 
 new mlx or a new source builds a new copy. The build is atomic (a temporary directory renamed into
 place). If it cannot be built or loaded, or disagrees with mx.quantized_matmul at first use, one
 warning line goes to stderr and callers keep the path they had (`status()` says why).
-MLXINFER_QMM=off turns it off; MLXINFER_QMM_THREADS=N sets the thread count.
+MLXINFER_QMM=off turns it off; MLXINFER_QMM_THREADS=N sets the thread count; MLXINFER_QMM_ISA=avx2 or
+portable builds a narrower variant than the CPU allows (what another machine runs: the same bits).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ SOURCE_DIR = Path(native_build.NATIVE) / "qmm"
 SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
 SOURCES += ("simd.h", "scales.h", "attention.h", "attention.cpp", "attend_math.h", "attend_math.cpp", "bindings.cpp")
 MODULE = "_mlxinfer_qmm"
-ABI = 6  # QMM_ABI in qmm.h
+ABI = 7  # QMM_ABI in qmm.h
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 
@@ -46,10 +47,20 @@ _state: dict = {"checked": False, "active": False, "path": None, "reason": "not 
 _warned = False
 
 
+ISAS = ("", "avx2", "avx512")  # each variant runs wherever the next one does
+
+
 def _isa() -> str:
+    """"avx512": AVX2 code that may use AVX-512VL's 32 vector registers (wider tiles, the same bits);
+    "avx2"; or "" for the portable C++ path. MLXINFER_QMM_ISA may ask for a narrower one."""
     from .draw import _cpu_flags
 
-    return "avx2" if platform.machine() in ("x86_64", "AMD64") and {"avx2", "fma", "f16c"} <= _cpu_flags() else ""
+    flags = _cpu_flags() if platform.machine() in ("x86_64", "AMD64") else set()
+    best = "" if not {"avx2", "fma", "f16c"} <= flags else "avx512" if {"avx512f", "avx512vl"} <= flags else "avx2"
+    asked = os.environ.get("MLXINFER_QMM_ISA", "").strip().lower().replace("portable", "")
+    if "MLXINFER_QMM_ISA" in os.environ and asked in ISAS and ISAS.index(asked) < ISAS.index(best):
+        return asked
+    return best
 
 
 def _versions() -> dict:
@@ -212,6 +223,8 @@ def _check(build_if_missing: bool = True) -> None:
         return
     _module = module
     isa = "AVX2+FMA" if module.avx2() else "portable C++"
+    if module.tile() != "3x3":
+        isa += f" with AVX-512VL's registers ({module.tile()} tiles)"
     _state.update(
         active=True,
         path=str(path),

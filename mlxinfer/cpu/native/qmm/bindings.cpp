@@ -78,5 +78,6 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "non-interleaved RoPE from cos/sin tables, float32, one primitive");
   m.def("abi", [] { return mlxinfer::QMM_ABI; });
   m.def("avx2", &mlxinfer::compiled_with_avx2, "Whether this build runs the AVX2+FMA kernel");
+  m.def("tile", &mlxinfer::tile_shape, "The several-row tiles' shape, rows x columns");
   m.def("threads", &mlxinfer::thread_count, "Threads that share the output columns");
 }

@@ -18,12 +18,15 @@
 //   * the build uses -ffp-contract=off so the compiler cannot fuse a multiply and an add in one
 //     inlined copy of the code and not in another.
 // So a row computed alone has the same bits as the same row inside a batch of 64. Which code path
-// runs (AVX2 or portable) is also chosen from K, the group size and the bits alone.
+// runs (AVX2 or portable) is also chosen from K, the group size and the bits alone. The avx512 build
+// (qmm.py, for CPUs with AVX-512VL) runs the same 256-bit AVX2 code; its 32 vector registers only let
+// the several-row tiles be 4 x 4 instead of 3 x 3, so its bits are the avx2 build's (tests/test_qmm.py).
 #include "qmm.h"
 
 #include <algorithm>
 #include <functional>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "pool.h"
@@ -125,6 +128,14 @@ bool compiled_with_avx2() {
   return true;
 #else
   return false;
+#endif
+}
+
+std::string tile_shape() {
+#ifdef MLXINFER_QMM_AVX2
+  return std::to_string(tiles::kTileRows) + "x" + std::to_string(tiles::kTileCols);
+#else
+  return "3x3";
 #endif
 }
 

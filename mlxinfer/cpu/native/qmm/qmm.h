@@ -16,7 +16,7 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 6;
+constexpr int QMM_ABI = 7;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
@@ -190,6 +190,8 @@ class DequantizeRows : public mx::UnaryPrimitive {
 };
 
 bool compiled_with_avx2();
+// The several-row tiles' shape, rows x columns ("3x3"; "4x4" where AVX-512VL's registers are used).
+std::string tile_shape();
 int thread_count();
 
 } // namespace mlxinfer

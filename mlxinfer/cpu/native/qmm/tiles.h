@@ -259,14 +259,22 @@ struct Floats {
 
 constexpr int64_t kColTile = 16;  // columns unpacked at a time (~36-100 KB of float32: L1/L2)
 
+// The rows x columns of a tile: as many lane sums as the registers hold beside their operands (R x NC
+// sums, R rows of x, one column of weights). AVX-512VL's 32 vector registers take 4 x 4, AVX2's 16
+// take 3 x 3; every (m, n) has the same arithmetic in either, so the shape never changes a bit.
+#ifdef __AVX512VL__
+constexpr int kTileRows = 4, kTileCols = 4;
+#else
+constexpr int kTileRows = 3, kTileCols = 3;
+#endif
+
 template <int BITS, int GS, class S>
 void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   if (c.M == 1) {
     row_tiles<BITS, GS, S, 4>(c, 0, n0, n1);
     return;
   }
-  // several rows: each column tile is unpacked once, then 3 x 3 tiles (the most lane sums the
-  // registers hold beside their operands) run every row over it
+  // several rows: each column tile is unpacked once, then kTileRows x kTileCols tiles run every row over it
   const int64_t Gp = (c.G + 7) / 8 * 8;
   Floats wf(kColTile * c.K), sbuf(kColTile * Gp);
   const float* sf[kColTile];
@@ -277,9 +285,12 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
       sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.p + j * Gp, c.G);
     }
     int64_t m = 0;
-    for (; m + 3 <= c.M; m += 3) rows_tiles<BITS, GS, S, 3, 3>(c, m, t0, t1, wf.p, sf);
-    if (m + 2 <= c.M) rows_tiles<BITS, GS, S, 2, 3>(c, m, t0, t1, wf.p, sf), m += 2;
-    if (m < c.M) rows_tiles<BITS, GS, S, 1, 3>(c, m, t0, t1, wf.p, sf);
+    for (; m + kTileRows <= c.M; m += kTileRows) rows_tiles<BITS, GS, S, kTileRows, kTileCols>(c, m, t0, t1, wf.p, sf);
+    if constexpr (kTileRows > 3) {
+      if (m + 3 <= c.M) rows_tiles<BITS, GS, S, 3, kTileCols>(c, m, t0, t1, wf.p, sf), m += 3;
+    }
+    if (m + 2 <= c.M) rows_tiles<BITS, GS, S, 2, kTileCols>(c, m, t0, t1, wf.p, sf), m += 2;
+    if (m < c.M) rows_tiles<BITS, GS, S, 1, kTileCols>(c, m, t0, t1, wf.p, sf);
   }
 }
 
