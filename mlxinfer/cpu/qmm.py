@@ -51,8 +51,8 @@ ISAS = ("", "avx2", "avx512")  # each variant runs wherever the next one does
 
 
 def _isa() -> str:
-    """"avx512": AVX2 code that may use AVX-512VL's 32 vector registers (wider tiles, the same bits);
-    "avx2"; or "" for the portable C++ path. MLXINFER_QMM_ISA may ask for a narrower one."""
+    """The variant to build: avx512 (AVX2 code that may use AVX-512VL's 32 vector registers: wider
+    tiles, the same bits), avx2, or "" (portable C++). MLXINFER_QMM_ISA may ask for a narrower one."""
     from .draw import _cpu_flags
 
     flags = _cpu_flags() if platform.machine() in ("x86_64", "AMD64") else set()
