@@ -15,7 +15,8 @@ new mlx or a new source builds a new copy. The build is atomic (a temporary dire
 place). If it cannot be built or loaded, or disagrees with mx.quantized_matmul at first use, one
 warning line goes to stderr and callers keep the path they had (`status()` says why).
 MLXINFER_QMM=off turns it off; MLXINFER_QMM_THREADS=N sets the thread count; MLXINFER_QMM_ISA=avx2 or
-portable builds a narrower variant than the CPU allows (what another machine runs: the same bits).
+portable builds a narrower variant than the CPU allows, what another machine runs (avx2 has the avx512
+build's bits; the portable C++ path has its own fixed order).
 """
 
 from __future__ import annotations
