@@ -224,7 +224,7 @@ def _check(build_if_missing: bool = True) -> None:
         return
     _module = module
     isa = "AVX2+FMA" if module.avx2() else "portable C++"
-    if module.tile() != "3x3":
+    if module.avx2() and module.tile() != "3x3":
         isa += f" with AVX-512VL's registers ({module.tile()} tiles)"
     _state.update(
         active=True,

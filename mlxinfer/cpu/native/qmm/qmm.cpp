@@ -135,7 +135,7 @@ std::string tile_shape() {
 #ifdef MLXINFER_QMM_AVX2
   return std::to_string(tiles::kTileRows) + "x" + std::to_string(tiles::kTileCols);
 #else
-  return "3x3";
+  return "1x1";  // the portable path: one (m, n) at a time
 #endif
 }
 

@@ -190,7 +190,7 @@ class DequantizeRows : public mx::UnaryPrimitive {
 };
 
 bool compiled_with_avx2();
-// The several-row tiles' shape, rows x columns ("3x3"; "4x4" where AVX-512VL's registers are used).
+// The several-row tiles' shape, rows x columns: "3x3" (AVX2), "4x4" (AVX-512VL's registers), "1x1" (portable).
 std::string tile_shape();
 int thread_count();
 
