@@ -237,3 +237,11 @@ def test_optional_recursion_still_works(checkpoint_dir):
     out = invoke_cli("generate", *args, "--json-schema", json.dumps(schema))
     assert out.returncode in (0, 1), out.stderr  # 1: cut by --max-tokens, said so
     assert strict_json(out.stdout)["valid"] is (out.returncode == 0)
+
+
+def test_schema_file_nested_past_the_parser_is_one_line(checkpoint_dir, tmp_path):
+    """Was: a RecursionError traceback from json.loads (exit 1)."""
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"type": "object", "properties": {"a": {"enum": ' + "[" * 5000 + "]" * 5000 + "}}}")
+    result = invoke_cli("generate", "-m", str(checkpoint_dir("llama")), "-p", "hi", "--json-schema", str(deep))
+    assert_one_line_error(result, "nests too deeply", "flatten")

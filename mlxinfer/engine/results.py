@@ -55,7 +55,7 @@ class ResultsFile:
         lines = data[:end].splitlines()
         try:
             stored = json.loads(lines[0]) if lines else None
-        except ValueError:
+        except (ValueError, RecursionError):
             stored = None
         if not isinstance(stored, dict) or stored.get("format") != FORMAT:
             raise MlxinferError(f"{param} {self.path} is not a sweep results file; choose another {param}", param)
@@ -70,7 +70,7 @@ class ResultsFile:
             try:
                 record = json.loads(line)
                 self.done[record_key(record)] = record
-            except (ValueError, KeyError, TypeError):
+            except (ValueError, KeyError, TypeError, RecursionError):
                 raise MlxinferError(
                     f"{param} {self.path}: line {n} is not a completion record; the file was edited by hand", param
                 ) from None

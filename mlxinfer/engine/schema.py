@@ -39,6 +39,8 @@ def _read_json(value: Any, param: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise MlxinferError(f"{where} is not valid JSON ({e.msg} at line {e.lineno} column {e.colno})", param) from None
+    except RecursionError:
+        raise MlxinferError(f"{where} nests too deeply to read; flatten it", param) from None
 
 
 def check_object_schema(schema: Any, where: str = "json_schema", param: str = "json_schema") -> dict:

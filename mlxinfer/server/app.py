@@ -108,12 +108,32 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+# Deeper bodies are refused before validation: nothing OpenAI defines nests past a few levels (a
+# json_schema a few dozen), and every later walk over the body (pydantic, the schema compiler) recurses.
+MAX_JSON_DEPTH = 100
+
+
+def _deeper_than(data, limit: int) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
 async def _body(http: HttpRequest, kind):
     raw = await http.body()
     try:
         data = json.loads(raw)  # NaN and Infinity parse; the library refuses them, naming the field
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the body is not valid JSON ({getattr(e, 'msg', type(e).__name__)})", None) from None
+    except RecursionError:
+        raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", None) from None
+    if _deeper_than(data, MAX_JSON_DEPTH):
+        raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", None)
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", None)
     try:
@@ -135,6 +155,8 @@ def _check(state: _State, body) -> None:
             raise from_library(e) from None
         if body.seed + body.n > defaults.SEED_LIMIT:
             raise ApiError(400, "seed + n must stay below 2**63 (rows use seeds seed..seed+n-1)", "seed")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
     stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
     if len(stops) > 4 or any(len(s) > 256 for s in stops):
         raise ApiError(400, "stop takes at most 4 strings of at most 256 characters", "stop")
