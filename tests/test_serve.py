@@ -137,6 +137,9 @@ def test_completions_greedy_with_logprobs(smol, embedded):
     # the tokens as the vocabulary spells them (the text drops the first one's leading space, as sample does)
     assert "".join(lp.tokens).lstrip() == ref[0].lstrip() and len(lp.token_logprobs) == 4
     assert all(len(top) == 2 and lp.tokens[i] in top for i, top in enumerate(lp.top_logprobs))  # greedy: its own best
+    # text_offset: where each token starts in the returned text (the first one's dropped space not counted)
+    starts = [t.lstrip() if i == 0 else t for i, t in enumerate(lp.tokens)]
+    assert lp.text_offset[0] == 0 and all(choice.text[o:].startswith(t) for o, t in zip(lp.text_offset, starts))
 
 
 def test_chat_logprobs(smol):
@@ -297,6 +300,12 @@ def test_hostile_requests_get_their_status_and_the_server_goes_on(tiny):
         ({**chat, "seed": -1}, 400, "seed"),
         ({**chat, "max_tokens": 10**12}, 400, "max_tokens"),
         ({**chat, "logit_bias": {"x": 1}}, 400, "logit_bias"),
+        ({**chat, "logit_bias": {str(model.config.vocab_size): 1}}, 400, "logit_bias"),  # past the vocabulary
+        ({**chat, "stream": True, "logit_bias": {"99999999": 5}}, 400, "logit_bias"),  # before any event
+        ("[" * 1000 + "]" * 1000, 400, None),  # json.loads recurses
+        ({**chat, "metadata": {"deep": json.loads("[" * 150 + "]" * 150)}}, 400, None),  # parses, too deep to walk
+        ({**chat, "tool_choice": "required"}, 400, "tool_choice"),  # no tools
+        ({**chat, "stream_options": {"include_usage": True}}, 400, "stream_options"),  # not streaming
         ({**chat, "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}, 400, None),
         ({**chat, "model": "gpt-4o"}, 404, "model"),
         ({**chat, "messages": [{"role": "user", "content": "x" * 30_000}]}, 413, None),

@@ -67,6 +67,12 @@ def prepare(
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
+    vocab = model.config.vocab_size
+    if resolved.logit_bias and max(resolved.logit_bias) >= vocab:
+        raise MlxinferError(
+            f"logit_bias names token {max(resolved.logit_bias)} but the vocabulary has {vocab}; use ids below that",
+            "logit_bias",
+        )
     ids = encode_prompt(
         tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
     )

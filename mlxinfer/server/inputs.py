@@ -108,6 +108,8 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     """response_format and tools -> prepare's json_schema or tool (both through the grammar mask)."""
     choice = body.tool_choice
     tools = body.tools or []
+    if choice is not None and not tools:
+        raise ApiError(400, "tool_choice is only allowed when tools are given", "tool_choice")
     if tools and choice != "none":
         if body.response_format is not None and body.response_format.type != "text":
             raise ApiError(400, "pass tools or a JSON response_format, not both", "response_format")

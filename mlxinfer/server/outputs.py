@@ -60,6 +60,7 @@ class Choice:
         self.logprobs: list[dict] = []  # chat: content entries; completions: (token, logprob, top) triples
         self.finish_reason: Optional[str] = None
         self.json = None  # constrain.JsonResult for a constrained row
+        self.decoded = 0  # characters of the row's text so far, before stop strings cut it
 
     def add(self, step) -> str:
         """A Step in, the text to show now out (finish_reason set when the row ended)."""
@@ -67,6 +68,7 @@ class Choice:
             self.tokens += 1
             if self.want_logprobs:
                 self.logprobs.append(self._entry(step))
+            self.decoded += len(step.text)
         shown, stopped = self.stops.feed(step.text)
         if stopped:
             self.finish_reason = "stop"
@@ -86,7 +88,9 @@ class Choice:
                 "bytes": list(token.encode("utf-8")),
                 "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in top],
             }
-        return {"token": token, "logprob": _lp(step.logprob), "top": dict(top)}
+        # text_offset: where the token's text starts in the returned text (a token decoded alone may
+        # carry a leading space that the text, detokenized as a whole, does not)
+        return {"token": token, "logprob": _lp(step.logprob), "top": dict(top), "offset": self.decoded}
 
     # -- the response pieces
     def chat_logprobs(self, entries: Optional[list[dict]] = None) -> Optional[dict]:
@@ -98,15 +102,11 @@ class Choice:
         if not self.want_logprobs:
             return None
         entries = self.logprobs if entries is None else entries
-        offsets, at = [], 0
-        for e in entries:
-            offsets.append(at)
-            at += len(e["token"])
         return {
             "tokens": [e["token"] for e in entries],
             "token_logprobs": [e["logprob"] for e in entries],
             "top_logprobs": [e["top"] for e in entries],
-            "text_offset": offsets,
+            "text_offset": [e["offset"] for e in entries],
         }
 
 
