@@ -54,15 +54,19 @@ def _tokens(history, vocab_size: int) -> mx.array:
     return tokens
 
 
+def check_logit_bias(bias: dict[int, float] | None, vocab: int) -> None:
+    """Every id logit_bias names is below the vocabulary's size."""
+    if bias and max(bias) >= vocab:
+        raise MlxinferError(
+            f"logit_bias names token {max(bias)} but the vocabulary has {vocab}; use ids below that", "logit_bias"
+        )
+
+
 def apply_logit_bias(logits: mx.array, bias: dict[int, float] | None) -> mx.array:
     """Add ``bias[token]`` to that token's score (OpenAI's logit_bias)."""
     if not bias:
         return logits
-    vocab = logits.shape[-1]
-    if max(bias) >= vocab:
-        raise MlxinferError(
-            f"logit_bias names token {max(bias)} but the vocabulary has {vocab}; use ids below that", "logit_bias"
-        )
+    check_logit_bias(bias, logits.shape[-1])
     idx = mx.array(list(bias.keys()), dtype=mx.int32)
     return logits.at[..., idx].add(mx.array(list(bias.values()), dtype=logits.dtype))
 

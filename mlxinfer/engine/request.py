@@ -16,6 +16,7 @@ from typing import Any, Mapping, Optional, Sequence
 
 from .. import defaults
 from ..errors import MlxinferError
+from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import Step
@@ -67,12 +68,7 @@ def prepare(
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
-    vocab = model.config.vocab_size
-    if resolved.logit_bias and max(resolved.logit_bias) >= vocab:
-        raise MlxinferError(
-            f"logit_bias names token {max(resolved.logit_bias)} but the vocabulary has {vocab}; use ids below that",
-            "logit_bias",
-        )
+    check_logit_bias(resolved.logit_bias, model.config.vocab_size)  # here, before a row is queued
     ids = encode_prompt(
         tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
     )

@@ -87,7 +87,7 @@ def read_generation_config(directory: Path) -> dict | None:
     try:
         data = json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise MlxinferError(f"{path} is not valid JSON ({type(e).__name__}); fix or delete it") from None
+        raise MlxinferError(f"{path} is not valid JSON ({e}); fix or delete it") from None
     return data if isinstance(data, dict) else None
 
 

@@ -126,14 +126,15 @@ def _deeper_than(data, limit: int) -> bool:
 
 async def _body(http: HttpRequest, kind):
     raw = await http.body()
+    too_deep = ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", None)
     try:
         data = json.loads(raw)  # NaN and Infinity parse; the library refuses them, naming the field
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
         raise ApiError(400, f"the body is not valid JSON ({getattr(e, 'msg', type(e).__name__)})", None) from None
-    except RecursionError:
-        raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", None) from None
+    except RecursionError:  # past the parser's own limit
+        raise too_deep from None
     if _deeper_than(data, MAX_JSON_DEPTH):
-        raise ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", None)
+        raise too_deep
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", None)
     try:

@@ -57,7 +57,7 @@ class Choice:
         self.want_logprobs, self.top = want_logprobs, top
         self.text: list[str] = []
         self.tokens = 0
-        self.logprobs: list[dict] = []  # chat: content entries; completions: (token, logprob, top) triples
+        self.logprobs: list[dict] = []  # chat: content entries; completions: token, logprob, top, offset
         self.finish_reason: Optional[str] = None
         self.json = None  # constrain.JsonResult for a constrained row
         self.decoded = 0  # characters of the row's text so far, before stop strings cut it
