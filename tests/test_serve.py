@@ -188,6 +188,40 @@ def test_strict_tool_call_returned_as_tool_calls(smol):
     assert "".join(pieces) == call.function.arguments
 
 
+def _tool(name: str) -> dict:
+    return {"type": "function", "function": {"name": name, "description": f"{name} a fruit", "parameters": ENUM_SCHEMA}}
+
+
+@pytest.mark.parametrize("names", [["add_fruit"], ["add_fruit", "drop_fruit"]])
+def test_a_cut_tool_call_reads_the_same_streamed_or_not(smol, names):
+    """A call cut by the budget or by a stop string inside its arguments comes back as far as it got,
+    as tool_calls (never as content), the same with and without streaming."""
+    url, _ = smol
+    messages = [{"role": "system", "content": "Call a tool."}, {"role": "user", "content": "Put a fruit on my list."}]
+    common = {"model": model_id(url), "messages": messages, "seed": 3, "tools": [_tool(n) for n in names]}
+    for cut in ({"max_tokens": 3}, {"max_tokens": 40, "stop": ["apple", "banana", "cherry"]}):
+        r = client(url).chat.completions.create(**common, **cut, tool_choice="required")
+        choice = r.choices[0]
+        assert choice.message.content is None and choice.finish_reason == ("length" if "stop" not in cut else "stop")
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        stream = client(url).chat.completions.create(**common, **cut, tool_choice="required", stream=True)
+        name, pieces, reasons, content = None, [], [], []
+        for chunk in stream:
+            for c in chunk.choices:
+                content.append(c.delta.content or "")
+                reasons.append(c.finish_reason)
+                for d in c.delta.tool_calls or []:
+                    name = d.function.name or name
+                    pieces.append(d.function.arguments or "")
+        assert reasons[-1] == choice.finish_reason and reasons.count(None) == len(reasons) - 1  # one end
+        assert "".join(content) == "" and calls == ([(name, "".join(pieces))] if name else [])
+        if "stop" in cut or len(names) == 1:  # the stop string sits in the arguments; one tool's starts at once
+            assert calls and calls[0][0] in names
+            assert calls[0][1].rstrip().endswith('"') or "stop" not in cut  # cut at the value's quote
+            with pytest.raises(json.JSONDecodeError):
+                json.loads(calls[0][1])
+
+
 def test_stop_string_cuts_the_text(smol, fruit_alone):
     url, _ = smol
     ref = fruit_alone[0].text

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import secrets
 import time
 from typing import Optional
@@ -110,16 +111,35 @@ class Choice:
         }
 
 
-def tool_calls(choice: Choice, names: list[str], wrapped: bool) -> Optional[list[dict]]:
-    """The row's JSON as OpenAI's tool_calls (None when the JSON was cut by the token budget)."""
+def tool_calls(choice: Choice, names: list[str], wrapped: bool) -> list[dict]:
+    """The row's JSON as OpenAI's tool_calls. A call cut short (by the token budget or a stop string)
+    is returned as far as it got, as a stream sends it: its arguments are then not valid JSON and the
+    finish_reason says why; a cut call whose name is not yet complete is no call."""
     result = choice.json
-    if result is None or not result.valid:
-        return None
-    if wrapped:
-        name, arguments = result.parsed["name"], json.dumps(result.parsed["arguments"], separators=(",", ":"))
+    if result is not None and result.valid:
+        if wrapped:
+            name = result.parsed["name"]
+            arguments = json.dumps(result.parsed["arguments"], separators=(",", ":"))
+        else:
+            name, arguments = names[0], result.text
     else:
-        name, arguments = names[0], result.text
+        name, arguments = cut_call("".join(choice.text), names, wrapped)
+        if name is None:
+            return []
     return [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}]
+
+
+_WRAPPED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
+
+
+def cut_call(text: str, names: list[str], wrapped: bool) -> tuple[Optional[str], str]:
+    """(name, arguments so far) of a call cut short; several tools: read from {"name": ..., "arguments": ...}."""
+    if not wrapped:
+        return names[0], text
+    head = _WRAPPED_HEAD.match(text)
+    if head is None or json.loads(head.group(1)) not in names:
+        return None, ""
+    return json.loads(head.group(1)), text[head.end() :]
 
 
 def call_id() -> str:

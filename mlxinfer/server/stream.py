@@ -34,7 +34,8 @@ class EngineError(Exception):
 async def _events(
     http: HttpRequest, job: Job, events: asyncio.Queue, choices: list, constrained: bool, poll: bool = True
 ):
-    """(choice index, text to show now) until every choice has ended; a client gone cancels the job.
+    """(choice index, text to show now, whether that choice has ended) until every choice has ended;
+    a client gone cancels the job. A constrained row ends with its JSON, or at a stop string.
 
     poll: ask every POLL_S whether the client is still there (a plain response; a streaming one is
     told by Starlette, which cancels the stream, and two readers of `receive` would race)."""
@@ -57,13 +58,13 @@ async def _events(
             if kind == "json":
                 choice.json = payload
                 done.add(i)
-                yield i, ""
+                yield i, "", True
                 continue
             shown = choice.add(payload)
             if choice.finish_reason is not None and (payload.token is not None or not constrained):
                 job.drop(i)  # a stop string, or the end of a free-text row: nothing more to read
                 done.add(i)
-            yield i, shown
+            yield i, shown, i in done
     finally:
         job.cancel()  # every row has ended (no-op) or the client left (its rows go at the next step)
 
@@ -98,7 +99,7 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
         out = []
         for c in choices:
             calls = outputs.tool_calls(c, plan.tools, plan.wrapped) if plan.tools else None
-            message = {"role": "assistant", "content": None if calls else "".join(c.text)}
+            message = {"role": "assistant", "content": None if plan.tools else "".join(c.text)}
             if calls:
                 message["tool_calls"] = calls
             reason = _finish_reason(c, plan)
@@ -118,7 +119,7 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
         try:
             for c in choices:
                 yield piece(c.index, {"role": "assistant", "content": ""})
-            async for i, text in _events(http, job, events, choices, constrained, poll=False):
+            async for i, text, ended in _events(http, job, events, choices, constrained, poll=False):
                 c = choices[i]
                 entries = c.logprobs[sent[i] :]
                 sent[i] = len(c.logprobs)
@@ -138,11 +139,11 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
                     yield piece(i, {"content": text}, None, lp)
                 elif lp:
                     yield piece(i, {}, None, lp)
-                if c.finish_reason is not None and (c.json is not None or not constrained):
-                    if plan.wrapped and c.json is not None:
-                        calls = outputs.tool_calls(c, plan.tools, True) or []
-                        delta = {"tool_calls": [{"index": 0, **call} for call in calls]}
-                        yield piece(i, delta)
+                if ended:
+                    if plan.wrapped:  # the call (as far as it got) once its name is known: at the end
+                        calls = outputs.tool_calls(c, plan.tools, True)
+                        if calls:
+                            yield piece(i, {"tool_calls": [{"index": 0, **call} for call in calls]})
                     yield piece(i, {}, _finish_reason(c, plan))
             if usage_chunk:
                 yield _sse({**chunk, "choices": [], "usage": outputs.usage(len(request.ids), choices)})
@@ -181,7 +182,7 @@ async def completion_response(state, http, body, plan, request, job, events, see
     async def gen():
         sent = [0] * len(choices)
         try:
-            async for i, text in _events(http, job, events, choices, False, poll=False):
+            async for i, text, _ in _events(http, job, events, choices, False, poll=False):
                 c = choices[i]
                 entries = c.logprobs[sent[i] :]
                 sent[i] = len(c.logprobs)
