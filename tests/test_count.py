@@ -385,7 +385,7 @@ def test_hub_reads_only_config_and_headers(tmp_path, monkeypatch):
         path = st.name
 
     PathInfo.size = size
-    monkeypatch.setattr(hub, "hf_hub_download", lambda repo, name: str(tmp_path / name))
+    monkeypatch.setattr(hub, "hf_hub_download", lambda repo, name, **kw: str(tmp_path / name))
     monkeypatch.setattr(hub, "get_safetensors_metadata", lambda repo: meta)
     monkeypatch.setattr(hub, "get_paths_info", lambda repo, paths: [PathInfo()])
     r = count("someone/tiny-qwen3")
@@ -474,3 +474,22 @@ def test_cli_hub_offline(tmp_path):
         timeout=120,
     )
     assert_one_line_error(p, "Qwen/Qwen3-0.6B", "HF_HUB_OFFLINE")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [["count"], ["topk", "-p", "hi", "-m"]])
+def test_cli_hub_out_of_reach(tmp_path, command):
+    """No HF_HUB_OFFLINE, a hub that does not resolve: one line at once, not huggingface_hub's ~23 s of
+    logged retries (count) or an HTTP library's traceback (count read the safetensors headers first)."""
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://hub.invalid")
+    for name in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
+        env.pop(name, None)
+    p = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", *command, "Qwen/Qwen3-0.6B"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert_one_line_error(p, "Qwen/Qwen3-0.6B", "cannot be reached")

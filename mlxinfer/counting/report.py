@@ -121,15 +121,9 @@ def _open(source) -> tuple[str, str, ModelConfig, list[dict] | None, gguf.GGUFHe
         h = gguf.read_header(src.path, tokenizer=False)
         return src.name, "gguf", gguf.config_from_header(h), None, h, []
     if src.kind == "hub":
+        cfg = ModelConfig.from_file(sources.hub_config(src.name), undescribed=True)  # first: a hub out of reach says so
         files, notes = sources.hub_headers(src.name)
-        return (
-            src.name,
-            "hub",
-            ModelConfig.from_file(sources.hub_config(src.name), undescribed=True),
-            files,
-            None,
-            notes,
-        )
+        return src.name, "hub", cfg, files, None, notes
     if src.kind == "config":  # a config file alone: nothing stored to compare with
         return src.name, "config", ModelConfig.from_file(src.path, undescribed=True), None, None, []
     cfg = ModelConfig.from_file(src.path, undescribed=True)

@@ -103,7 +103,7 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
 def download(repo_id: str, patterns: list[str] | None = None) -> Path:
     """Fetch a hub repo's model files through huggingface_hub (its cache, HF_HOME, HF_HUB_OFFLINE)."""
     from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
         path = snapshot_download(repo_id, allow_patterns=patterns or HUB_PATTERNS)
@@ -114,8 +114,8 @@ def download(repo_id: str, patterns: list[str] | None = None) -> Path:
         ) from None
     except RepositoryNotFoundError:
         raise MlxinferError(f"no repository {repo_id} on the Hugging Face hub; check the repo id") from None
-    except (HfHubHTTPError, OSError) as e:
-        raise MlxinferError(f"could not download {repo_id}: {_first(e)}") from None
+    except Exception as e:  # noqa: BLE001 - HfHubHTTPError, OSError, and the HTTP library's own errors
+        raise MlxinferError(f"could not download {repo_id}: {_first(e)}; try again, or pass a local path") from None
     if not (Path(path) / "config.json").exists():
         raise MlxinferError(f"{repo_id} has no config.json; it is not a model repository this tool can load")
     return Path(path)
@@ -126,17 +126,30 @@ def hub_config(repo_id: str) -> Path:
     import huggingface_hub as hub
     from huggingface_hub import errors
 
+    unreachable = f"{repo_id}: config.json is not in the local Hugging Face cache and the hub cannot be reached"
     try:
+        try:
+            return Path(hub.hf_hub_download(repo_id, "config.json", local_files_only=True))
+        except errors.LocalEntryNotFoundError:
+            pass
+        if not offline():
+            # one request without retries first: hf_hub_download retries a hub out of reach for ~23 s,
+            # logging each try, before it says so
+            try:
+                hub.get_hf_file_metadata(hub.hf_hub_url(repo_id, "config.json"))
+            except errors.HfHubHTTPError:
+                raise  # the hub answered: no such repository or file, named below
+            except Exception as e:  # noqa: BLE001 - the HTTP library's own connection errors
+                raise MlxinferError(f"{unreachable} ({_first(e)}); try again online or pass a local path") from None
         return Path(hub.hf_hub_download(repo_id, "config.json"))
     except errors.LocalEntryNotFoundError:
         off = " (HF_HUB_OFFLINE is set)" if offline() else ""
-        raise MlxinferError(
-            f"{repo_id}: config.json is not in the local Hugging Face cache and the hub "
-            f"cannot be reached{off}; try again online or pass a local path"
-        ) from None
+        raise MlxinferError(f"{unreachable}{off}; try again online or pass a local path") from None
     except (errors.RepositoryNotFoundError, errors.GatedRepoError):
         raise MlxinferError(f"no accessible repository {repo_id} on the Hugging Face hub; check the id") from None
-    except (errors.HfHubHTTPError, OSError) as e:  # EntryNotFoundError too: no config.json
+    except MlxinferError:
+        raise
+    except Exception as e:  # noqa: BLE001 - EntryNotFoundError (no config.json), OSError, the HTTP library's errors
         raise MlxinferError(f"could not read {repo_id}/config.json from the hub: {_first(e)}") from None
 
 
@@ -152,11 +165,13 @@ def hub_headers(repo_id: str) -> tuple[list[dict] | None, list[str]]:
         meta = hub.get_safetensors_metadata(repo_id)
     except errors.NotASafetensorsRepoError:
         return None, [f"{repo_id} has no safetensors files; counted from config.json alone"]
-    except (errors.HfHubHTTPError, errors.SafetensorsParsingError, OSError) as e:
+    # headers are extra figures, never needed: any failure of the hub client (its HTTP library's own
+    # errors included, which huggingface_hub 2 lets through unwrapped) is a note
+    except Exception as e:  # noqa: BLE001
         return None, [f"safetensors headers not read ({_first(e)}); counted from config.json alone"]
     try:
         sizes = {p.path: p.size for p in hub.get_paths_info(repo_id, list(meta.files_metadata))}
-    except (errors.HfHubHTTPError, OSError):
+    except Exception:  # noqa: BLE001 - file sizes are extra too
         sizes = {}
     files = []
     for fname, fm in sorted(meta.files_metadata.items()):
