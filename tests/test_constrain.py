@@ -221,6 +221,37 @@ def test_every_allowed_token_keeps_a_valid_prefix(embedded):
     assert _ids(done.allowed()) == sorted(tok.eos_token_ids)
 
 
+def test_or_text_takes_the_json_or_text_that_does_not_open_it(embedded):
+    """tool_choice auto's grammar: the schema's JSON, or plain text; the first character decides."""
+    from mlxinfer.engine.constrain import finish
+
+    _, tok = embedded
+    _, schema = load_tool(TOOL_FILE)
+    compiled = compile_schema(tok, schema, or_text=True)
+    assert compiled is not compile_schema(tok, schema)  # cached apart from the JSON-only grammar
+    eos = sorted(tok.eos_token_ids)[0]
+    call = '{"items":[{"name":"basil","quantity":1,"unit":"bunch"}]}'
+    for text, finished in ((call, True), ("Basil is an herb. {not a call}", False)):
+        mask = _state(tok, compiled, text)
+        assert mask.is_finished() == finished and mask.is_accepting() and mask.allowed()[eos]
+        ids = tok.encode(text, add_special_tokens=False)
+        result = finish(compiled.mask(), text, ids, "stop")
+        assert result.text_answer == (not finished) and result.valid == finished
+        assert result.parsed == (json.loads(call) if finished else None)
+    start = compiled.mask().allowed()
+    # neither an empty answer nor a leading space
+    assert not start[eos] and not start[tok.encode(" Basil", add_special_tokens=False)[0]]
+    assert (
+        start[tok.encode("Basil", add_special_tokens=False)[0]] and start[tok.encode("{", add_special_tokens=False)[0]]
+    )
+    wrong = _state(tok, compiled, '{"items":').allowed()  # once opened, the JSON must be the schema's
+    assert (
+        not wrong[tok.encode('"', add_special_tokens=False)[0]] and wrong[tok.encode("[", add_special_tokens=False)[0]]
+    )
+    with pytest.raises(MlxinferError, match="or_text needs json_schema or tool"):
+        Constraint.read(None, None, or_text=True)
+
+
 def test_padded_rows_are_always_masked(loaded):
     model, tok = loaded("llama")
     compiled = compile_schema(tok, load_schema(RECIPE))

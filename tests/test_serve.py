@@ -222,6 +222,45 @@ def test_a_cut_tool_call_reads_the_same_streamed_or_not(smol, names):
                 json.loads(calls[0][1])
 
 
+def _answer(url, stream: bool, **kw) -> tuple[str, str, list]:
+    """(finish_reason, content, [(name, arguments)]) of one chat request, streamed or not."""
+    if not stream:
+        c = client(url).chat.completions.create(model=model_id(url), **kw).choices[0]
+        calls = [(t.function.name, t.function.arguments) for t in c.message.tool_calls or []]
+        return c.finish_reason, c.message.content, calls
+    reason, content, calls = None, "", []
+    for chunk in client(url).chat.completions.create(model=model_id(url), stream=True, **kw):
+        for c in chunk.choices:
+            reason, content = c.finish_reason or reason, content + (c.delta.content or "")
+            calls += [(d.function.name, d.function.arguments) for d in c.delta.tool_calls or []]
+    return reason, content or None, calls
+
+
+def test_tool_choice_auto_answers_with_a_call_or_with_text(smol, embedded):
+    """OpenAI's default with tools: the model may call or answer in text; both ways through the grammar,
+    the same streamed or not. logit_bias on the tokens that open a JSON object picks the way here."""
+    url, _ = smol
+    opening = [i for t, i in embedded[1].get_vocab().items() if t.startswith("{")]
+    tools = [_tool("add_fruit"), _tool("drop_fruit")]
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Put a fruit on my list."}]
+    for bias, is_call in ((100, True), (-100, False)):
+        kw = {
+            "messages": messages,
+            "tools": tools,
+            "max_tokens": 30,
+            "seed": 4,
+            "logit_bias": dict.fromkeys(opening, bias),
+        }
+        plain, streamed = _answer(url, False, **kw), _answer(url, True, **kw)
+        assert plain == streamed
+        reason, content, calls = plain
+        if is_call:
+            assert reason == "tool_calls" and content is None and calls[0][0] in ("add_fruit", "drop_fruit")
+            jsonschema.validate(json.loads(calls[0][1]), ENUM_SCHEMA)
+        else:
+            assert reason in ("stop", "length") and calls == [] and content and not content.startswith("{")
+
+
 def test_stop_string_cuts_the_text(smol, fruit_alone):
     url, _ = smol
     ref = fruit_alone[0].text

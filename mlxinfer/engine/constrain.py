@@ -90,6 +90,7 @@ class CompiledSchema:
     table: TokenTable
     compile_seconds: float
     _pristine: Any = field(repr=False, default=None)  # an LLMatcher that has consumed nothing
+    or_text: bool = False  # plain text is an answer too (schema.validate_schema)
 
     def matcher(self):
         """A fresh matcher at the start of the grammar (a copy: no recompilation)."""
@@ -103,7 +104,9 @@ class CompiledSchema:
 _GRAMMARS: dict[tuple[int, str], CompiledSchema] = {}
 
 
-def compile_schema(tokenizer, schema: dict, where: str = "json_schema", param: str = "json_schema") -> CompiledSchema:
+def compile_schema(
+    tokenizer, schema: dict, where: str = "json_schema", param: str = "json_schema", or_text: bool = False
+) -> CompiledSchema:
     """Compile an object schema for this tokenizer; cached for the life of the process.
 
     A feature the engine cannot express is a one-line MlxinferError here, before any
@@ -113,11 +116,11 @@ def compile_schema(tokenizer, schema: dict, where: str = "json_schema", param: s
 
     check_object_schema(schema, where, param)
     table = token_table(tokenizer)
-    key = (id(table), json.dumps(schema, sort_keys=True))
+    key = (id(table), json.dumps(schema, sort_keys=True), or_text)
     if key in _GRAMMARS:
         return _GRAMMARS[key]
     start = time.perf_counter()
-    grammar = validate_schema(schema, where, param)
+    grammar = validate_schema(schema, where, param, or_text)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, table.ll)
     if is_error:
         raise MlxinferError(
@@ -130,7 +133,7 @@ def compile_schema(tokenizer, schema: dict, where: str = "json_schema", param: s
     forced = probe.compute_ff_tokens()
     if probe.is_error() or (forced and not probe.consume_tokens(forced)) or probe.is_error():
         raise _too_complex(where, param, probe.get_error())
-    compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher)
+    compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher, or_text)
     _GRAMMARS[key] = compiled
     return compiled
 
@@ -332,6 +335,7 @@ class JsonResult:
     valid: bool
     finish_reason: str  # "stop" (the JSON closed) or "length" (cut: not valid)
     warning: str = ""
+    text_answer: bool = False  # or_text: the answer is plain text, not the JSON (parsed None, valid False)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -344,6 +348,8 @@ def finish(mask: GrammarMask, text: str, tokens: list[int], finish_reason: str) 
     its finish reason becomes "stop" (the grammar allowed nothing but the end).
     """
     mask.advance([t for t in tokens if t >= 0])
+    if mask.compiled.or_text and not text.startswith("{"):
+        return JsonResult(text, None, False, finish_reason, text_answer=True)
     complete = mask.is_finished() or (finish_reason == "stop" and mask.is_accepting())
     if complete:
         try:

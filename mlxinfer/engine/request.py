@@ -59,12 +59,14 @@ def prepare(
     thinking: bool = False,
     raw_special_tokens: bool = False,
     explain_mask: bool = False,
+    or_text: bool = False,
 ) -> Request:
     """Check the arguments, read the constraint (a tool adds its system text), resolve the settings
     over generation_config.json, encode the prompt (user text is never control tokens) and check
-    that prompt + max_tokens fit the context."""
+    that prompt + max_tokens fit the context. or_text: plain text is an answer too, besides the
+    JSON (OpenAI's tool_choice "auto"; the text cannot start with "{")."""
     check_max_tokens(max_tokens)
-    constraint = Constraint.read(json_schema, tool, explain_mask)  # bad schemas fail here
+    constraint = Constraint.read(json_schema, tool, explain_mask, or_text)  # bad schemas fail here
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
@@ -75,7 +77,7 @@ def prepare(
     check_context(model, len(ids), max_tokens)
     compiled = None
     if constraint is not None:
-        compiled = compile_schema(tokenizer, constraint.schema, constraint.where, constraint.param)
+        compiled = compile_schema(tokenizer, constraint.schema, constraint.where, constraint.param, or_text)
     return Request(ids, resolved, note, max_tokens, constraint, compiled, model.config.vocab_size)
 
 

@@ -18,6 +18,7 @@ from ..errors import MlxinferError
 # The output's whitespace is fixed: compact JSON, {"a":1,"b":[2,3]}. Free whitespace would
 # let a model (and any random-weight model) pad with newlines and spaces forever.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
+TEXT_ANSWER = r"/[^{\s][\s\S]*/"  # or_text's other branch: any text that does not open a JSON object
 
 
 def _read_json(value: Any, param: str) -> Any:
@@ -71,13 +72,20 @@ def schema_from_tool(tool: Any) -> dict:
     return check_object_schema(tool["input_schema"], "tool input_schema", "tool")
 
 
-def validate_schema(schema: dict, where: str = "json_schema", param: str = "json_schema") -> str:
+def validate_schema(schema: dict, where: str = "json_schema", param: str = "json_schema", or_text: bool = False) -> str:
     """Compile `schema` to llguidance's grammar text without a tokenizer (so before any model
-    loads): a feature the engine cannot express is a one-line MlxinferError here."""
+    loads): a feature the engine cannot express is a one-line MlxinferError here.
+
+    or_text: the answer is the JSON or plain text (OpenAI's tool_choice "auto"). Text may not start
+    with "{" or with whitespace, so the first character says which: a "{" begins the JSON."""
     from llguidance import LLMatcher
 
     try:
-        grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
+        if or_text:
+            inline = json.dumps({**schema, "x-guidance": JSON_OPTIONS})
+            grammar = LLMatcher.grammar_from_lark(f"start: json | text\njson: %json {inline}\ntext: {TEXT_ANSWER}\n")
+        else:
+            grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
     except (ValueError, RecursionError) as e:
         raise MlxinferError(f"{where} cannot be compiled: {_one_line(e)}", param) from None
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
@@ -95,6 +103,7 @@ class Constraint:
     schema: dict
     tool: dict | None
     explain: bool = False
+    or_text: bool = False  # plain text is an answer too (validate_schema)
 
     @property
     def where(self) -> str:
@@ -105,7 +114,9 @@ class Constraint:
         return "tool" if self.tool is not None else "json_schema"
 
     @classmethod
-    def read(cls, json_schema: Any, tool: Any, explain_mask: bool = False) -> "Constraint | None":
+    def read(
+        cls, json_schema: Any, tool: Any, explain_mask: bool = False, or_text: bool = False
+    ) -> "Constraint | None":
         """json_schema / tool as dicts, inline JSON or file paths; None when neither is given."""
         if json_schema is not None and tool is not None:
             raise MlxinferError("pass json_schema or tool, not both", "json_schema", "tool")
@@ -114,12 +125,13 @@ class Constraint:
             schema = schema_from_tool(tool)
         elif json_schema is not None:
             tool, schema = None, check_object_schema(_read_json(json_schema, "json_schema"))
-        elif explain_mask:
-            raise MlxinferError("explain_mask needs json_schema or tool", "explain_mask", "json_schema", "tool")
+        elif explain_mask or or_text:
+            flag = "explain_mask" if explain_mask else "or_text"
+            raise MlxinferError(f"{flag} needs json_schema or tool", flag, "json_schema", "tool")
         else:
             return None
-        constraint = cls(schema, tool, explain_mask)
-        validate_schema(schema, constraint.where, constraint.param)
+        constraint = cls(schema, tool, explain_mask, or_text)
+        validate_schema(schema, constraint.where, constraint.param, or_text)
         return constraint
 
 

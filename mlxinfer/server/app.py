@@ -174,6 +174,7 @@ async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: 
         max_tokens=asked if asked is not None else 1,
         json_schema=plan.json_schema,
         tool=plan.tool,
+        or_text=plan.or_text,
         chat=plan.chat,
         system=plan.system,
     )

@@ -72,7 +72,8 @@ class Plan:
     json_schema: Optional[dict] = None
     tool: Optional[dict] = None
     tools: Optional[list[str]] = None  # function names when the answer is a tool call
-    wrapped: bool = False  # several tools: the JSON is {"name": ..., "arguments": ...}
+    wrapped: bool = False  # several tools, or auto: the JSON is {"name": ..., "arguments": ...}
+    or_text: bool = False  # tool_choice auto: plain text is an answer too
 
 
 def _text(message: Message, where: str) -> str:
@@ -114,7 +115,8 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         if body.response_format is not None and body.response_format.type != "text":
             raise ApiError(400, "pass tools or a JSON response_format, not both", "response_format")
         if isinstance(choice, str) or choice is None:
-            chosen = tools  # "required", and "auto" too: this server makes strict calls only (see README)
+            chosen = tools
+            plan.or_text = choice != "required"  # "auto", OpenAI's default with tools: a call or text
         else:
             chosen = [t for t in tools if t.function.name == choice.function.name]
             if not chosen:
@@ -124,7 +126,7 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
             raise ApiError(400, "tools: two functions have the same name", "tools")
         plan.tools = names
         params = [t.function.parameters or {"type": "object", "properties": {}} for t in chosen]
-        if len(chosen) == 1:
+        if len(chosen) == 1 and not plan.or_text:
             f = chosen[0].function
             plan.tool = {"name": f.name, "description": f.description or "", "input_schema": params[0], "strict": True}
             return
@@ -143,7 +145,15 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         }
         if plan.system is None:
             listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
-            plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
+            plan.system = (
+                f"You can call these tools: {listed}. To call one, answer with only the call as JSON: name and "
+                "arguments. Otherwise answer in plain text."
+                if plan.or_text
+                else f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
+            )
+            system = next((m for m in plan.prompt if m["role"] == "system"), None)
+            if plan.or_text and system is not None:  # auto: the model must know its tools to choose
+                system["content"] = f"{system['content']}\n\n{plan.system}".strip()
         return
     fmt = body.response_format
     if fmt is None or fmt.type == "text":

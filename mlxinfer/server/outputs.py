@@ -62,6 +62,7 @@ class Choice:
         self.finish_reason: Optional[str] = None
         self.json = None  # constrain.JsonResult for a constrained row
         self.decoded = 0  # characters of the row's text so far, before stop strings cut it
+        self.head = ""  # the first character shown: "{" opens a call when tool_choice is auto
 
     def add(self, step) -> str:
         """A Step in, the text to show now out (finish_reason set when the row ended)."""
@@ -77,6 +78,7 @@ class Choice:
             shown += self.stops.flush()
             self.finish_reason = step.finish_reason
         self.text.append(shown)
+        self.head = self.head or shown[:1]
         return shown
 
     def _entry(self, step) -> dict:

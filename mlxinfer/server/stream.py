@@ -69,7 +69,14 @@ async def _events(
         job.cancel()  # every row has ended (no-op) or the client left (its rows go at the next step)
 
 
+def _text_answer(choice: outputs.Choice, plan: Plan) -> bool:
+    """tool_choice auto: the model answered in text (it did not open the call's JSON)."""
+    return plan.or_text and choice.head != "{"
+
+
 def _finish_reason(choice: outputs.Choice, plan: Plan) -> str:
+    if _text_answer(choice, plan):
+        return choice.finish_reason or "stop"
     if choice.json is not None:
         # the grammar's word: a JSON closed exactly at the budget is complete ("stop"), a cut one "length"
         return "tool_calls" if plan.tools and choice.json.valid else choice.json.finish_reason
@@ -98,8 +105,9 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
             return JSONResponse(error_body(e.status, e.message), status_code=e.status)
         out = []
         for c in choices:
-            calls = outputs.tool_calls(c, plan.tools, plan.wrapped) if plan.tools else None
-            message = {"role": "assistant", "content": None if plan.tools else "".join(c.text)}
+            call = plan.tools is not None and not _text_answer(c, plan)
+            calls = outputs.tool_calls(c, plan.tools, plan.wrapped) if call else None
+            message = {"role": "assistant", "content": None if call else "".join(c.text)}
             if calls:
                 message["tool_calls"] = calls
             reason = _finish_reason(c, plan)
@@ -124,7 +132,9 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
                 entries = c.logprobs[sent[i] :]
                 sent[i] = len(c.logprobs)
                 lp = c.chat_logprobs(entries) if entries else None
-                if text and plan.tools and not plan.wrapped:  # one tool: its arguments as they come
+                if text and (not plan.tools or _text_answer(c, plan)):
+                    yield piece(i, {"content": text}, None, lp)
+                elif text and plan.tools and not plan.wrapped:  # one tool: its arguments as they come
                     call = {"index": 0, "function": {"arguments": text}}
                     if not opened[i]:
                         opened[i] = True
@@ -135,12 +145,10 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
                             "function": {"name": plan.tools[0], "arguments": text},
                         }
                     yield piece(i, {"tool_calls": [call]}, None, lp)
-                elif text and not plan.tools:
-                    yield piece(i, {"content": text}, None, lp)
                 elif lp:
                     yield piece(i, {}, None, lp)
                 if ended:
-                    if plan.wrapped:  # the call (as far as it got) once its name is known: at the end
+                    if plan.wrapped and not _text_answer(c, plan):  # the call (as far as it got): at the end
                         calls = outputs.tool_calls(c, plan.tools, True)
                         if calls:
                             yield piece(i, {"tool_calls": [{"index": 0, **call} for call in calls]})
