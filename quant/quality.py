@@ -64,6 +64,14 @@ class QualityReport:
         return asdict(self)
 
 
+def check_options(max_tokens: int | None, window: int) -> None:
+    """evaluate's token options, checked alone (quantize --report checks them before it writes)."""
+    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
+        raise MlxinferError(f"window must be 2 tokens or more, got {window!r}", "window")
+    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
+        raise MlxinferError(f"max_tokens must be 2 or more, got {max_tokens!r}", "max_tokens")
+
+
 def evaluate(
     reference,
     candidates,
@@ -80,10 +88,7 @@ def evaluate(
     say = progress or (lambda _line: None)
     if not candidates:
         raise MlxinferError("candidates is empty; give at least one model to compare with the reference", "candidates")
-    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-        raise MlxinferError(f"window must be 2 tokens or more, got {window!r}", "window")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
-        raise MlxinferError(f"max_tokens must be 2 or more, got {max_tokens!r}", "max_tokens")
+    check_options(max_tokens, window)
     path = Path(text) if text else TEXT
     if not path.is_file():
         raise MlxinferError(f"text: no file at {path}", "text")

@@ -6,7 +6,7 @@ from typing import Optional
 
 import typer
 
-from mlxinfer import defaults
+from mlxinfer import MlxinferError, defaults
 
 from cli import flags
 from cli.common import JsonOption, print_json
@@ -58,6 +58,12 @@ def quantize_command(
     from quant import quantize
 
     flags.use(source="SRC", out="OUT")
+    if report:
+        from quant.quality import check_options
+
+        check_options(max_tokens, window)  # before OUT is written
+    elif max_tokens is not None or window != defaults.QUALITY_WINDOW:
+        raise MlxinferError("--max-tokens and --window go with --report; add --report or drop them", "max_tokens")
     summary = quantize(
         src,
         out,

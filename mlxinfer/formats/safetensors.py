@@ -42,7 +42,11 @@ def shard_names(folder: Path) -> list[str]:
     *.safetensors in the folder. Empty when there are none."""
     index = folder / INDEX
     if not index.is_file():
-        return sorted(p.name for p in folder.glob("*.safetensors"))
+        found = sorted(folder.glob("*.safetensors"))
+        for p in found:
+            if not p.is_file():
+                raise MlxinferError(f"{p} is a directory, not a safetensors file; put the model's weights file there")
+        return [p.name for p in found]
     try:
         weight_map = json.loads(index.read_text())["weight_map"]
         names = sorted(set(weight_map.values()))
