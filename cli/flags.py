@@ -44,6 +44,14 @@ FLAGS = {  # cli/options.py adds the flags of the options it declares
     "window": "--window",
     "text": "--text",
     "candidates": "CANDIDATES",
+    "host": "--host",
+    "port": "--port",
+    "max_rows": "--max-rows",
+    "max_queue": "--max-queue",
+    "max_body_bytes": "--max-body-bytes",
+    "default_max_tokens": "--default-max-tokens",
+    "prompt_cache_bytes": "--prompt-cache-mb",
+    "log_level": "--log-level",
 }
 _overrides: dict[str, str] = {}
 

@@ -24,7 +24,9 @@ import uvicorn
 
 import checkpoints
 import mlxinfer
+from conftest import assert_one_line_error, invoke_cli
 from mlxinfer import MlxinferError, create_app
+from mlxinfer.server.run import listen
 
 FRUIT = "Name one fruit."
 ENUM_SCHEMA = {
@@ -514,3 +516,34 @@ def test_multi_turn_and_cors_and_small_parts(tiny):
     assert [is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "10.0.0.1")] == [1, 1, 1, 0, 0]
     stops = StopStrings(["END"])
     assert [stops.feed("abcE"), stops.feed("N"), stops.feed("Dx")] == [("ab", False), ("c", False), ("", True)]
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["--port", "-1"], "--port must be 0-65535"),
+        (["--port", "70000"], "--port must be 0-65535"),
+        (["--host", ""], "--host must be an address"),
+        (["--host", "no such host"], "cannot listen on no such host"),
+        (["--log-level", "loud"], "--log-level must be one of"),
+        (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
+        (["--default-max-tokens", "0"], "--default-max-tokens must be at least 1"),
+        (["--max-rows", "0"], "--max-rows must be at least 1"),
+        (["--max-queue", "-1"], "--max-queue must be 0"),
+        (["-m", "/nowhere/model"], "no model at"),
+    ],
+)
+def test_serve_options_are_checked_before_the_model_loads(args, fragment):
+    """One line and exit 2 before any load (the options first, then the port bound, then the model)."""
+    assert_one_line_error(invoke_cli("serve", "--port", "0", *args), fragment)
+
+
+def test_serve_on_a_port_in_use_is_one_line():
+    taken = listen("127.0.0.1", 0)  # bound (serve's own bind, before its model would load)
+    try:
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert port != 0
+        assert_one_line_error(invoke_cli("serve", "--port", str(port)), f"cannot listen on 127.0.0.1:{port}")
+    finally:
+        taken.close()

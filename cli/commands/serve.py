@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Optional
 
 import typer
 
 from mlxinfer import defaults
 
+from cli.common import JsonOption, print_json
 from cli.options import takes
 
 
@@ -38,7 +40,10 @@ def serve(
         min=0,
         help="MiB of prefilled prompts kept for requests that repeat them; 0: none.",
     ),
-    log_level: str = typer.Option("info", "--log-level", help="uvicorn's log level."),
+    log_level: str = typer.Option(
+        "info", "--log-level", help="uvicorn's log level: critical, error, warning, info, debug, trace."
+    ),
+    json_out: bool = JsonOption,
     **options,
 ):
     """Serve the model over OpenAI's HTTP API: every request's seed is its own random stream."""
@@ -58,4 +63,11 @@ def serve(
         default_max_tokens=default_max_tokens,
         prompt_cache_bytes=prompt_cache_mb * 2**20,
         log_level=log_level,
+        announce=_announce if json_out else None,
     )
+
+
+def _announce(info: dict) -> None:
+    """--json: where it serves, as JSON on stdout, flushed (a script reading the pipe waits for it)."""
+    print_json(info)
+    sys.stdout.flush()

@@ -195,6 +195,21 @@ async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: 
     return request, job, events, base
 
 
+def check_limits(max_rows, max_queue, max_body_bytes, default_max_tokens, prompt_cache_bytes) -> None:
+    """The server's bounds, each a whole number in range (checked before a model loads)."""
+
+    def whole(value, name: str, least: int, what: str) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise MlxinferError(f"{name} must be {what}, got {value!r}", name)
+
+    whole(max_rows, "max_rows", 1, "at least 1")
+    whole(max_queue, "max_queue", 0, "0 (no queue) or more")
+    whole(max_body_bytes, "max_body_bytes", 1, "at least 1")
+    if default_max_tokens is not None:
+        whole(default_max_tokens, "default_max_tokens", 1, "at least 1 (or unset: up to the context)")
+    whole(prompt_cache_bytes, "prompt_cache_bytes", 0, "0 (no prompt cache) or more")
+
+
 def create_app(
     model,
     tokenizer,
@@ -215,6 +230,7 @@ def create_app(
     that repeat them (0: none)."""
     from ..engine.constrain import token_table
 
+    check_limits(max_rows, max_queue, max_body_bytes, default_max_tokens, prompt_cache_bytes)
     try:
         token_table(tokenizer)  # here, once: the grammar's token table for json_schema/tools (see inputs._Parked)
     except MlxinferError:

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import socket
 import sys
-from typing import Optional
+from typing import Callable, Optional
 
 from .. import defaults
+from ..errors import MlxinferError
 
 log = logging.getLogger("mlxinfer.server")
 
@@ -19,6 +21,26 @@ def is_loopback(host: str) -> bool:
         return ipaddress.ip_address(host.strip("[]")).is_loopback
     except ValueError:
         return False  # a name that may resolve anywhere: treat as beyond loopback
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The listening socket, bound before the model loads: a bad address or a port in use is one line
+    at once (uvicorn would log it over several lines after the load)."""
+    if not isinstance(host, str) or not host.strip():
+        raise MlxinferError("host must be an address to bind, e.g. 127.0.0.1 (or 0.0.0.0, with an API key)", "host")
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise MlxinferError(f"port must be 0-65535 (0: any free port), got {port!r}", "port")
+    try:
+        family, kind, proto, _, address = socket.getaddrinfo(
+            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        sock = socket.socket(family, kind, proto)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
+        sock.bind(address)
+    except OSError as e:
+        why = e.strerror or type(e).__name__
+        raise MlxinferError(f"cannot listen on {host}:{port} ({why}); pick another port or address", "port") from None
+    return sock
 
 
 def serve(
@@ -37,37 +59,56 @@ def serve(
     default_max_tokens: Optional[int] = None,
     prompt_cache_bytes: int = defaults.SERVE_PROMPT_CACHE_BYTES,
     log_level: str = "info",
+    announce: Optional[Callable[[dict], None]] = None,
 ) -> None:
     """Serve `model` (a loaded model with `tokenizer`, or anything mlxinfer.load takes) on host:port
     until interrupted. Binds 127.0.0.1 unless told otherwise; beyond loopback without an api_key it
-    warns, since anyone who can reach the port can then use the model."""
+    warns, since anyone who can reach the port can then use the model. Every option is checked, and
+    the port bound, before the model loads. `announce`: called with where it serves, once listening
+    (default: one line on stderr)."""
     import uvicorn
+    from uvicorn.config import LOG_LEVELS
 
     from ..model.loading import load
-    from .app import create_app
+    from .app import check_limits, create_app
 
-    if tokenizer is None:
-        model, tokenizer = load(model, compute_dtype)
-    if not is_loopback(host) and api_key is None:
-        print(
-            f"warning: serving on {host}, beyond loopback, without an API key: anyone who reaches port {port} "
-            "can use this model (pass --api-key)",
-            file=sys.stderr,
+    check_limits(max_rows, max_queue, max_body_bytes, default_max_tokens, prompt_cache_bytes)
+    if not isinstance(log_level, str) or log_level.lower() not in LOG_LEVELS:
+        raise MlxinferError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", "log_level")
+    sock = listen(host, port)
+    port = sock.getsockname()[1]
+    try:
+        if tokenizer is None:
+            model, tokenizer = load(model, compute_dtype)
+        if not is_loopback(host) and api_key is None:
+            print(
+                f"warning: serving on {host}, beyond loopback, without an API key: anyone who reaches port {port} "
+                "can use this model (pass --api-key)",
+                file=sys.stderr,
+            )
+        app = create_app(
+            model,
+            tokenizer,
+            api_key=api_key,
+            max_rows=max_rows,
+            max_queue=max_queue,
+            cors=cors,
+            model_name=model_name,
+            max_body_bytes=max_body_bytes,
+            default_max_tokens=default_max_tokens,
+            prompt_cache_bytes=prompt_cache_bytes,
         )
-    app = create_app(
-        model,
-        tokenizer,
-        api_key=api_key,
-        max_rows=max_rows,
-        max_queue=max_queue,
-        cors=cors,
-        model_name=model_name,
-        max_body_bytes=max_body_bytes,
-        default_max_tokens=default_max_tokens,
-        prompt_cache_bytes=prompt_cache_bytes,
-    )
-    print(
-        f"mlxinfer serve: {model.info.name} ({model.info.definition}, {model.info.compute_dtype}) on http://{host}:{port}/v1",
-        file=sys.stderr,
-    )
-    uvicorn.run(app, host=host, port=port, log_level=log_level, timeout_graceful_shutdown=5)
+        url = f"http://{host if ':' not in host or host.startswith('[') else f'[{host}]'}:{port}/v1"
+        info = {"url": url, "model": model.info.name, "definition": model.info.definition}
+        info["compute_dtype"] = model.info.compute_dtype
+        if announce is None:
+            print(
+                f"mlxinfer serve: {info['model']} ({info['definition']}, {info['compute_dtype']}) on {url}",
+                file=sys.stderr,
+            )
+        else:
+            announce(info)
+        config = uvicorn.Config(app, log_level=log_level.lower(), timeout_graceful_shutdown=5)
+        uvicorn.Server(config).run(sockets=[sock])
+    finally:
+        sock.close()
