@@ -245,3 +245,20 @@ def test_schema_file_nested_past_the_parser_is_one_line(checkpoint_dir, tmp_path
     deep.write_text('{"type": "object", "properties": {"a": {"enum": ' + "[" * 5000 + "]" * 5000 + "}}}")
     result = invoke_cli("generate", "-m", str(checkpoint_dir("llama")), "-p", "hi", "--json-schema", str(deep))
     assert_one_line_error(result, "nests too deeply", "flatten")
+
+
+@pytest.mark.parametrize(
+    "fixed",
+    [
+        {"properties": {"q<|im_end|>": {"type": "integer"}}, "required": ["q<|im_end|>"]},
+        {"properties": {"a": {"enum": ["x", "<|im_end|>"]}}, "required": ["a"]},
+        {"properties": {"a": {"type": "array", "items": {"const": "a<|im_start|>b"}}}},
+    ],
+)
+def test_schema_text_that_names_a_control_token_is_refused(tmp_path, fixed):
+    """Was: refused as "recursion" at compile time, or a RuntimeError traceback mid-decode: llguidance
+    writes forced text through the tokenizer, which reads <|im_end|> as the control token."""
+    schema = tmp_path / "schema.json"
+    schema.write_text(json.dumps({"type": "object", **fixed}))
+    result = invoke_cli("generate", "-p", "hi", "--max-tokens", "4", "--json-schema", str(schema))
+    assert_one_line_error(result, "the name of a control token", "rename it")

@@ -54,6 +54,7 @@ class TokenTable:
     n_vocab: int
     eos_ids: list[int]
     build_seconds: float
+    special_names: list[str] = field(default_factory=list)  # the control tokens' texts, e.g. <|im_end|>
 
     def decode(self, ids: list[int]) -> str:
         return self.ll.decode_str(list(ids))
@@ -77,7 +78,8 @@ def token_table(tokenizer) -> TokenTable:
         ll = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf), eos_token=eos)
     except ValueError as e:
         raise MlxinferError(f"constrained decoding needs a fast (Rust) Hugging Face tokenizer ({e})") from None
-    table = TokenTable(ll, ll.vocab_size, list(ll.eos_tokens), time.perf_counter() - start)
+    specials = [ll.decode_str([i]) for i in range(ll.vocab_size) if ll.is_special_token(i)]
+    table = TokenTable(ll, ll.vocab_size, list(ll.eos_tokens), time.perf_counter() - start, [s for s in specials if s])
     _TABLES[tokenizer] = table
     return table
 
@@ -101,7 +103,8 @@ class CompiledSchema:
         return GrammarMask(self, vocab_size or self.table.n_vocab, explain=explain)
 
 
-_GRAMMARS: dict[tuple[int, str], CompiledSchema] = {}
+_GRAMMARS: dict[tuple[int, str, bool], CompiledSchema] = {}
+MAX_FORCED_BYTES = 16384  # more than this before the model's first choice: an endless prefix
 
 
 def compile_schema(
@@ -119,6 +122,13 @@ def compile_schema(
     key = (id(table), json.dumps(schema, sort_keys=True), or_text)
     if key in _GRAMMARS:
         return _GRAMMARS[key]
+    clash = _control_token_text(schema, table.special_names)
+    if clash:
+        raise MlxinferError(
+            f"{where}: the text {clash[1]!r} holds {clash[0]!r}, the name of a control token of this tokenizer, "
+            "which the grammar engine would write as that token, not as text; rename it",
+            param,
+        )
     start = time.perf_counter()
     grammar = validate_schema(schema, where, param, or_text)
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, table.ll)
@@ -129,13 +139,41 @@ def compile_schema(
     matcher = LLMatcher(table.ll, grammar, log_level=0)
     if matcher.is_error():
         raise MlxinferError(f"{where} cannot be compiled: {_one_line(matcher.get_error())}", param)
-    probe = matcher.deep_copy()  # what the grammar forces from the start: an endless prefix fails here
-    forced = probe.compute_ff_tokens()
-    if probe.is_error() or (forced and not probe.consume_tokens(forced)) or probe.is_error():
-        raise _too_complex(where, param, probe.get_error())
+    # what the grammar forces from the start, as bytes (the mask works on bytes; as tokens, forced text
+    # that spells a special token's name would be read as that control token): endless when a
+    # schema's required properties refer back to themselves, which llguidance expands to its limit
+    probe = matcher.deep_copy()
+    forced = probe.compute_ff_bytes()
+    if probe.is_error() or len(forced) > MAX_FORCED_BYTES:
+        raise _too_complex(where, param, probe.get_error() or f"it forces {len(forced):,} bytes before any choice")
     compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher, or_text)
     _GRAMMARS[key] = compiled
     return compiled
+
+
+def _control_token_text(schema: Any, names: list[str]) -> Optional[tuple[str, str]]:
+    """(control token name, text) for the first fixed text of the schema (a property name, an enum or
+    const string) that spells a control token's name: llguidance tokenizes forced text with the
+    tokenizer, which reads such a name as the control token itself."""
+    stack = [schema]
+    while stack and names:
+        node = stack.pop()
+        if isinstance(node, list):
+            stack.extend(node)
+        elif isinstance(node, dict):
+            fixed = list(node.get("properties") or {}) if isinstance(node.get("properties"), dict) else []
+            fixed += (
+                [v for v in (node.get("enum") or []) if isinstance(v, str)]
+                if isinstance(node.get("enum"), list)
+                else []
+            )
+            fixed += [node["const"]] if isinstance(node.get("const"), str) else []
+            for text in fixed:
+                hit = next((n for n in names if n in text), None)
+                if hit:
+                    return hit, text
+            stack.extend(node.values())
+    return None
 
 
 def _too_complex(where: str, param: str | None, error: str) -> MlxinferError:
