@@ -123,8 +123,9 @@ def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
     [
         (lambda d: (d / "config.json").write_text("[" * 100_000), "not valid JSON"),  # was a RecursionError
         (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json"),
+        (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").mkdir()), "is a directory"),
     ],
-    ids=["deeply-nested", "a-directory"],
+    ids=["deeply-nested", "a-directory", "weights-a-directory"],
 )
 def test_unreadable_config(checkpoint_dir, tmp_path, write, fragment):
     bad = tmp_path / "bad"

@@ -393,11 +393,15 @@ def _no_leftovers(parent: Path, name: str) -> None:
         (["--bits", "16", "--head-bits", "8"], ["--head-bits 8", "quantized"]),
         (["--dtype", "int8"], ["--dtype int8"]),
         (["--max-shard-size", "lots"], ["size"]),
+        (["--report", "--max-tokens", "0"], ["--max-tokens must be 2 or more"]),  # was: after OUT was written
+        (["--report", "--window", "1"], ["--window must be 2"]),
+        (["--max-tokens", "8"], ["--report"]),  # was: ignored
     ],
 )
 def test_bad_options_are_one_line_errors(checkpoint_dir, tmp_path, args, fragments):
     result = invoke_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "out"), *args)
     assert_one_line_error(result, *fragments)
+    assert not (tmp_path / "out").exists()  # nothing written half-way
     _no_leftovers(tmp_path, "out")
 
 
