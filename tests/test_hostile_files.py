@@ -99,6 +99,7 @@ def test_config_layer_count_against_the_tensors(checkpoint_dir, tmp_path, layers
         ('"hidden_size": 1180591620717411303424', "hidden_size"),  # 2**70: was an MLX TypeError
         ('"rms_norm_eps": "small"', "rms_norm_eps"),
         ('"rope_theta": -1', "rope_theta"),
+        ('"max_position_embeddings": 0', "max_position_embeddings"),  # was: silently 2048
         ('"rope_scaling": [1, 2]', "rope_scaling"),
         ('"rope_scaling": {"rope_type": "linear"}', "factor"),
         ('"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}', "high"),

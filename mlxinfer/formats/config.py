@@ -124,7 +124,7 @@ class ModelConfig:
             rope_theta=_number(d, "rope_theta", 10000.0, where, 0.0, 1e30),
             rope_scaling=rope_scaling,
             max_position_embeddings=_positive_int(
-                {"max_position_embeddings": d.get("max_position_embeddings") or arch.context},
+                {"max_position_embeddings": arch.context, **_given(d, "max_position_embeddings")},  # 0 is an error
                 "max_position_embeddings",
                 where,
             ),
@@ -277,3 +277,8 @@ def _check_rope_scaling(scaling, where: str) -> None:
 def _short(value, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _given(d: dict, key: str) -> dict:
+    """{key: value} when config.json sets it (null counts as unset), else {}."""
+    return {key: d[key]} if d.get(key) is not None else {}
