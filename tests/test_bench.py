@@ -82,3 +82,4 @@ def test_bench_cli_json_and_bad_input(checkpoint_dir):
     assert data["bandwidth_source"] == "given"
     assert_one_line_error(invoke_cli("bench", "-m", path, "--gen-tokens", "1"), "gen-tokens")
     assert_one_line_error(invoke_cli("bench", "-m", path, "--bandwidth", "-1"), "bandwidth")
+    assert_one_line_error(invoke_cli("bench", "-m", path, "--bandwidth", "inf"), "finite")  # was: accepted

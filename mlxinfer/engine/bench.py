@@ -8,6 +8,7 @@ Tokens must match mlx-lm's, or the row says they differ.
 
 from __future__ import annotations
 
+import math
 import statistics
 import subprocess
 import sys
@@ -196,8 +197,8 @@ def run_bench(
         raise MlxinferError(f"gen_tokens must be at least 2, got {gen_tokens}", "gen_tokens")
     if repeats < 1:
         raise MlxinferError(f"repeats must be at least 1, got {repeats}", "repeats")
-    if bandwidth_gb_s is not None and not bandwidth_gb_s > 0:
-        raise MlxinferError(f"bandwidth_gb_s must be positive (GB/s), got {bandwidth_gb_s}", "bandwidth_gb_s")
+    if bandwidth_gb_s is not None and not 0 < bandwidth_gb_s < math.inf:
+        raise MlxinferError(f"bandwidth_gb_s must be a positive, finite GB/s, got {bandwidth_gb_s}", "bandwidth_gb_s")
     engines, load_s, paths, models = {}, {}, {}, {}
     start = time.perf_counter()
     model, tokenizer = load(source, compute_dtype="bfloat16")  # the weights as stored, as mlx_lm.load keeps them
