@@ -188,7 +188,7 @@ def test_another_experiments_file_is_refused_and_left_alone(tiny, tmp_path):
         (["-p", "hi", "--temps", ""], ["--temps is empty", "no cells"]),
         (["-p", "hi", "--top-p", ""], ["--top-p is empty"]),
         (["-p", "hi", "--batch-size", "0"], ["--batch-size must be"]),
-        (["-p", "hi", "--temps", "0.5,-1"], ["--temp must be >= 0"]),
+        (["-p", "hi", "--temps", "0.5,-1"], ["--temps must be >= 0"]),  # the grid's flag, not generate's --temp
         (["-p", "hi", "--seed-range", "4:4"], ["--seed-range 4:4 is empty"]),
         ([], ["--prompt", "--prompts"]),
     ],
@@ -203,6 +203,17 @@ def test_bad_sweep_input(tiny, tmp_path, args, fragments):
     r = invoke_cli("sweep", "-m", path, *seeds, "--out", str(out), *args)
     assert_one_line_error(r, *fragments)
     assert not out.exists()
+
+
+def test_resume_needs_out_and_an_empty_out_starts_afresh(tiny, tmp_path):
+    path, _ = tiny
+    r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--resume")
+    assert_one_line_error(r, "--resume needs --out")  # was: ignored
+    out = tmp_path / "touched.jsonl"
+    out.touch()  # was: "cannot be written (File exists)"
+    r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--out", str(out), "--json")
+    assert r.returncode == 0, r.stderr
+    assert len(out.read_text().splitlines()) == 3  # the header and two completions
 
 
 # ----------------------------------------------------------------------------- across processes

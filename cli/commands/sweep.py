@@ -8,6 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
+from cli import flags
 from cli.common import load_model, other_rank, parse_numbers, print_json, progress_bar, sharding_line
 from cli.options import chat_kwargs, max_tokens_option, seeds, takes
 
@@ -35,6 +36,7 @@ def sweep(
     import mlxinfer
     from mlxinfer import MlxinferError
 
+    flags.use(temperature="--temps")  # a grid value's error names the grid's flag
     seed_ids = seeds(options)
     if bool(prompt) == bool(prompts_file):
         raise MlxinferError("give prompts with --prompt (repeated) or --prompts FILE, one of the two")

@@ -46,8 +46,8 @@ class ResultsFile:
             )
         if exists:
             self._read(param)
-        else:
-            self._write_lines([self.header], create=True, param=param)
+        else:  # a new file, or an empty one (touched by hand, or left by a run killed at once)
+            self._write_lines([self.header], create=not self.path.exists(), param=param)
 
     def _read(self, param: str) -> None:
         data = self.path.read_bytes()

@@ -158,6 +158,10 @@ def sweep(
     resume=True skips the completions it already holds (it must be the same experiment).
     raw_special_tokens: see encode_prompt.
     """
+    if resume and out is None:
+        raise MlxinferError("resume needs out, the results file to continue", "resume", "out")
+    if out is not None and not str(out).strip():
+        raise MlxinferError("out is empty; give a .jsonl path", "out")
     plan = _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw_special_tokens)
     size = check_batch_size(batch_size)
     group = rank_group.seed_group(model)
