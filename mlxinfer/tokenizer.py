@@ -66,7 +66,9 @@ def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
     try:
         return mlx_lm_load_tokenizer(directory, {"trust_remote_code": False}, eos_token_ids=eos_token_ids)
     except Exception as e:  # transformers/tokenizers parsing the checkpoint's files: their problem, one line
-        raise MlxinferError(f"the tokenizer in {directory} could not be loaded ({_first_line(e)})") from None
+        raise MlxinferError(
+            f"the tokenizer in {directory} could not be loaded ({_first_line(e)}); re-download its tokenizer files"
+        ) from None
 
 
 def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):

@@ -91,7 +91,8 @@ def evaluate(
     check_options(max_tokens, window)
     path = Path(text) if text else TEXT
     if not path.is_file():
-        raise MlxinferError(f"text: no file at {path}", "text")
+        what = "is a directory" if path.is_dir() else "does not exist"
+        raise MlxinferError(f"text {path} {what}; pass a UTF-8 text file", "text")
     try:
         content = path.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:

@@ -9,6 +9,7 @@ import shutil
 import struct
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from conftest import assert_one_line_error, invoke_cli, run_cli
 
@@ -123,7 +124,7 @@ def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
     "write,fragment",
     [
         (lambda d: (d / "config.json").write_text("[" * 100_000), "not valid JSON"),  # was a RecursionError
-        (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json"),
+        (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json is not a file"),
         (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").mkdir()), "is a directory"),
     ],
     ids=["deeply-nested", "a-directory", "weights-a-directory"],
@@ -285,3 +286,17 @@ def test_safetensors_header_is_checked(checkpoint_dir, tmp_path, edit, fragment)
     _edit_header(bad, edit)
     assert_one_line_error(invoke_cli("count", str(bad)), fragment)
     assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
+
+
+def test_a_cut_or_float64_safetensors_file_says_what_to_do(checkpoint_dir, tmp_path):
+    from safetensors.numpy import save_file
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    save_file({"extra.weight": np.zeros(4, np.float64)}, str(bad / "extra.safetensors"))
+    result = invoke_cli("topk", "-m", str(bad), "-p", "hi")
+    assert_one_line_error(result, "extra.safetensors", "MLX cannot load", "convert")  # was: "re-download it"
+    (bad / "extra.safetensors").unlink()
+    weights = bad / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "a cut download?", "re-download it")

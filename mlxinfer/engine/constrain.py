@@ -134,7 +134,9 @@ def compile_schema(
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, table.ll)
     if is_error:
         raise MlxinferError(
-            f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}", param
+            f"{where} is not a valid JSON Schema or uses a feature constrained decoding cannot express: "
+            f"{_one_line(messages[0])}",
+            param,
         )
     matcher = LLMatcher(table.ll, grammar, log_level=0)
     if matcher.is_error():

@@ -28,6 +28,8 @@ def _read_json(value: Any, param: str) -> Any:
     text, where = str(value), param
     if not text.lstrip().startswith(("{", "[")):
         path = Path(text).expanduser()
+        if path.is_dir():
+            raise MlxinferError(f"{param}: {text} is a directory; pass a .json file or inline JSON {{...}}", param)
         if not path.is_file():
             raise MlxinferError(
                 f"{param}: '{text}' is neither a file nor inline JSON; pass a .json file or {{...}}", param
@@ -91,7 +93,9 @@ def validate_schema(schema: dict, where: str = "json_schema", param: str = "json
     is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
     if is_error:
         raise MlxinferError(
-            f"{where} uses a feature constrained decoding cannot express: {_one_line(messages[0])}", param
+            f"{where} is not a valid JSON Schema or uses a feature constrained decoding cannot express: "
+            f"{_one_line(messages[0])}",
+            param,
         )
     return grammar
 

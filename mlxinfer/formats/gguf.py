@@ -104,7 +104,10 @@ class _Reader:
         """A count read from the file, checked against the bytes left (each item needs `item_bytes`)."""
         n = self.scalar(10)
         if n * item_bytes > self.size - self.pos:
-            raise MlxinferError(f"{self.path} has a corrupt header ({n:,} {what}, more than the file can hold)")
+            raise MlxinferError(
+                f"{self.path} has a corrupt header ({n:,} {what}, more than the file can hold: a cut download?); "
+                "re-download it"
+            )
         return n
 
     def scalar(self, t: int):
@@ -130,7 +133,8 @@ class _Reader:
             pos += 8
             if n > size - pos:
                 raise MlxinferError(
-                    f"{self.path} has a corrupt header ({n:,} string bytes, more than the file can hold)"
+                    f"{self.path} has a corrupt header ({n:,} string bytes, more than the file can hold: a cut "
+                    "download?); re-download it"
                 )
             if keep:
                 append(buf[pos : pos + n].decode("utf-8", errors="replace"))

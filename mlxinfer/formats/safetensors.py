@@ -97,7 +97,10 @@ def file_entry(name: str, header: dict, file_bytes: int | None, head: int | None
                 "re-download it"
             )
         if not start <= end or end - start != n * DTYPES[dtype] or (file_bytes is not None and head + end > file_bytes):
-            raise MlxinferError(f"{where} has a corrupt safetensors header ({tname} does not fit its bytes)")
+            raise MlxinferError(
+                f"{where} has a corrupt safetensors header ({tname} does not fit its bytes: a cut download?); "
+                "re-download it"
+            )
         tensors.append({"name": tname, "dtype": dtype, "shape": shape, "params": n, "bytes": end - start})
     spans = sorted((tuple(header[t["name"]]["data_offsets"]), t["name"]) for t in tensors if t["bytes"])
     for (a, first), (b, second) in zip(spans, spans[1:]):

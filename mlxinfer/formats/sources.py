@@ -94,6 +94,8 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return ModelSource("gguf", ggufs[0], text)
+        if (path / "config.json").exists():
+            raise MlxinferError(f"{path / 'config.json'} is not a file; put the model's config.json there", "source")
         raise MlxinferError(f"no config.json in {path}; point at a model directory that has one", "source")
     if text.endswith((".gguf", ".json", ".safetensors")) or text.startswith((".", "/", "~")) or not REPO_ID.match(text):
         raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'", "source")

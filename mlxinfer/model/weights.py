@@ -69,6 +69,12 @@ def read_safetensors(directory: Path) -> dict[str, mx.array]:
         try:
             weights.update(mx.load(str(path)))
         except Exception as e:  # mlx raises RuntimeError/ValueError for a bad header or short file
+            if "unsupported dtype" in str(e):  # a well-formed file MLX cannot load (F64, ...)
+                raise MlxinferError(
+                    f"{path} holds a tensor type MLX cannot load ({e}); convert the weights to float32, "
+                    "float16 or bfloat16",
+                    "source",
+                ) from None
             raise MlxinferError(f"{path} is not a readable safetensors file ({e}); re-download it", "source") from None
     return {k: v for k, v in weights.items() if not _IGNORED.search(k)}
 
