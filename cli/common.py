@@ -39,6 +39,8 @@ def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
 
     out = []
     for value in values:
+        if "," in value and any(not chunk.strip() for chunk in value.split(",")):
+            raise MlxinferError(f"{option} '{value}' has an empty item between commas; drop the extra comma")
         for part in value.replace(",", " ").split():
             try:
                 out.append(kind(part))

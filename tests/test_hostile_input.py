@@ -77,6 +77,25 @@ def test_temperatures_too_small_for_float32(checkpoint_dir, args, fragment):
     assert ok["rows"][0]["probs"] == [1.0]
 
 
+@pytest.mark.parametrize(
+    "args,fragment",
+    [
+        (["topk", "--temps", "1,,2"], "empty item"),  # was: the empty item dropped
+        (["sample", "--csv", "--json", "--seeds", "2"], "--csv and --json"),  # was: JSON, silently
+        (["generate", "--tool", '{"name": "t", "input_schema": {"type": "object"}, "strict": "yes"}'], "strict"),
+        (["generate", "--tool", '{"input_schema": {"type": "object"}}'], "needs name and input_schema"),
+    ],
+)
+def test_flags_that_were_half_read(checkpoint_dir, args, fragment):
+    assert_one_line_error(invoke_cli(*args, "-m", str(checkpoint_dir("llama")), "-p", "hi"), fragment)
+
+
+def test_a_blank_model_and_a_trailing_comma_are_named(checkpoint_dir):
+    assert_one_line_error(invoke_cli("topk", "-m", " ", "-p", "hi"), "--model is blank")  # was: "no model at : "
+    bench = invoke_cli("bench", "-m", str(checkpoint_dir("llama")), "--prompt-tokens", "4,", "--no-llama-cpp")
+    assert_one_line_error(bench, "--prompt-tokens '4,' has an empty item")
+
+
 def test_sample_rows_that_stop_before_the_others(loaded):
     """Found by the fuzzer (`sample --temp 214 --seeds 100`): when some rows of a batch drew an end of
     turn and others went on, the loop indexed the empty list of alternatives (no --logprobs): IndexError."""

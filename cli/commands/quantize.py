@@ -23,13 +23,14 @@ def quantize_command(
         ..., help="The directory to write (refused if it exists and is not empty, unless --force)."
     ),
     bits: int = typer.Option(
-        4, "--bits", help="Bits per weight: 2, 3, 4, 5, 6 or 8; 16 writes float weights (dequantizes)."
+        4, "--bits", help="Bits per weight: 1, 2, 3, 4, 5, 6 or 8; 16 writes float weights (dequantizes)."
     ),
     group_size: int = typer.Option(64, "--group-size", help="Weights per scale/bias group: 32, 64 or 128."),
     head_bits: Optional[int] = typer.Option(
         None,
         "--head-bits",
-        help="The output table's bits (the shared table when tied): 8, or 16 to leave it in float. Default: --bits.",
+        help="The output table's bits (the shared table when tied): a --bits value (8 keeps it close), or 16 to "
+        "leave it in float. Default: --bits.",
     ),
     embed_bits: Optional[int] = typer.Option(
         None, "--embed-bits", help="The input embedding table's bits; 16 leaves it in float. Default: --bits."

@@ -25,6 +25,8 @@ def sample(
     import mlxinfer
 
     seed_ids = seeds(options)
+    if csv_out and options["json_out"]:
+        raise mlxinfer.MlxinferError("--csv and --json each choose the output; pass one of them")
     batch_size = mlxinfer.check_batch_size(options["batch_size"])
     sampling = settings(options)
     schema = {"json_schema": options["json_schema"], "tool": options["tool"]}

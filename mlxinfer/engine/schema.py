@@ -67,10 +67,16 @@ def schema_from_tool(tool: Any) -> dict:
     missing = [k for k in ("name", "input_schema") if k not in tool]
     if missing:
         raise MlxinferError(
-            f"tool lacks {' and '.join(missing)}; a tool definition needs name, description and input_schema", "tool"
+            f"tool lacks {' and '.join(missing)}; a tool definition needs name and input_schema (and may have "
+            "description and strict)",
+            "tool",
         )
     if not isinstance(tool["name"], str) or not tool["name"]:
         raise MlxinferError("tool: name must be a non-empty string", "tool")
+    if not isinstance(tool.get("description", ""), str):
+        raise MlxinferError(f"tool: description must be a string, got a JSON {_kind(tool['description'])}", "tool")
+    if not isinstance(tool.get("strict", True), bool):
+        raise MlxinferError(f"tool: strict must be true or false, got {json.dumps(tool['strict'])}", "tool")
     return check_object_schema(tool["input_schema"], "tool input_schema", "tool")
 
 

@@ -77,6 +77,8 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
     if is_embedded(source):
         return ModelSource("gguf", embedded_model_path(), EMBEDDED_NAME)
     text = str(source)
+    if not text.strip():
+        raise MlxinferError("source is blank; omit it for the embedded model, or give a path or a repo id", "source")
     path = Path(text).expanduser()
     if path.is_file() and path.suffix == ".safetensors":  # a weights file: its folder
         path = path.parent
