@@ -185,6 +185,7 @@ def test_another_experiments_file_is_refused_and_left_alone(tiny, tmp_path):
     [
         (["--prompts", "EMPTY"], ["--prompts", "holds no prompt"]),
         (["--prompts", "LATIN1"], ["--prompts", "not UTF-8"]),
+        (["--prompts", "LONG"], ["#2 of the 2 prompts ('x x x", "context"]),  # which prompt is too long
         (["-p", "hi", "--temps", ""], ["--temps is empty", "no cells"]),
         (["-p", "hi", "--top-p", ""], ["--top-p is empty"]),
         (["-p", "hi", "--batch-size", "0"], ["--batch-size must be"]),
@@ -197,7 +198,8 @@ def test_bad_sweep_input(tiny, tmp_path, args, fragments):
     path, _ = tiny
     (tmp_path / "EMPTY").write_text("\n  \n")
     (tmp_path / "LATIN1").write_bytes("caf\xe9 au lait\n".encode("latin-1"))
-    args = [str(tmp_path / a) if a in ("EMPTY", "LATIN1") else a for a in args]
+    (tmp_path / "LONG").write_text("hi\n" + "x " * 20_000 + "\n")
+    args = [str(tmp_path / a) if a in ("EMPTY", "LATIN1", "LONG") else a for a in args]
     seeds = [] if "--seed-range" in args else ["--seeds", "2"]
     out = tmp_path / "never.jsonl"
     r = invoke_cli("sweep", "-m", path, *seeds, "--out", str(out), *args)

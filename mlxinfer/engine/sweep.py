@@ -117,7 +117,15 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
         raise MlxinferError("settings must be a non-empty list of settings (see settings_grid)", "settings")
     seed_ids = seed_list(seeds)
     options = dict(max_tokens=max_tokens, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw)
-    ids = [prepare(model, tokenizer, p, **options).ids for p in prompts]
+    ids = []
+    for n, p in enumerate(prompts, start=1):
+        try:
+            ids.append(prepare(model, tokenizer, p, **options).ids)
+        except MlxinferError as e:  # which of the prompts (a --prompts file's nth prompt line)
+            if len(prompts) == 1:
+                raise
+            head = p[:40] + "..." if isinstance(p, str) and len(p) > 40 else p if isinstance(p, str) else "ids"
+            raise MlxinferError(f"#{n} of the {len(prompts)} prompts ({head!r}): {e}", *e.params) from None
     resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
     texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]
