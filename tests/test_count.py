@@ -347,6 +347,16 @@ def test_untied_decided_by_weights_when_config_is_silent(tmp_path):
     assert r.stored["extra"] == {}
 
 
+def test_an_unknown_architecture_that_says_tied_is_not_called_silent(tmp_path):
+    """Was: for a model_type this tool does not know, the note said config.json did not say, when it did."""
+    from safetensors.numpy import save_file
+
+    cfg = {**TINY, "model_type": "frobnet", "tie_word_embeddings": True}
+    save_file(tiny_tensors(with_lm_head=False), str(write_config(tmp_path, cfg) / "model.safetensors"))
+    r = count(tmp_path)
+    assert r.config["tie_word_embeddings"] and not any("does not say" in n for n in r.notes)
+
+
 def test_embedded_gguf():
     r = count(None)
     assert r.source == "gguf" and r.config["tie_word_embeddings"]

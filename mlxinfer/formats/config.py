@@ -161,7 +161,7 @@ class ModelConfig:
             head_dim=number("head_dim") or (number("hidden_size") // heads if heads else 0),
             max_position_embeddings=number("max_position_embeddings") or 4096,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", text.get("tie_word_embeddings", False))),
-            tie_word_embeddings_given=False,
+            tie_word_embeddings_given="tie_word_embeddings" in d or "tie_word_embeddings" in text,
             dtype=_dtype(d, where),
             quantization=_quantization(d, where),
             described=False,
