@@ -253,6 +253,12 @@ def encode_prompt(
             "this model has no chat template; pass chat=False to feed the prompt as plain text", "chat=False"
         )
     text = _render(tokenizer, messages, thinking)
+    if thinking and text == _render(tokenizer, messages, False):
+        raise MlxinferError(
+            "thinking does nothing here: this model's chat template renders the same with and without it "
+            "(Qwen3's has the switch); drop thinking",
+            "thinking",
+        )
     specials = _special_tokens(tokenizer)
     pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
     if raw_special_tokens or not specials or not any(pattern.search(m["content"]) for m in messages):

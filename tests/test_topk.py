@@ -7,7 +7,7 @@ import math
 
 import mlx.core as mx
 import pytest
-from conftest import invoke_cli
+from conftest import assert_one_line_error, invoke_cli
 
 from mlxinfer.tokenizer import encode_prompt
 
@@ -130,3 +130,8 @@ def test_the_table_make_run_prints(herb_table):
             *(f"{p:.3f}" for p in want["probs"]),
         ]
     assert rows[len(herb_table["rows"])] == ["", "top rows hold", "", "", *(f"{m:.3f}" for m in herb_table["mass"])]
+
+
+def test_thinking_on_a_template_without_the_switch_is_refused():
+    """Was: --thinking was accepted and did nothing on a chat template that has no enable_thinking."""
+    assert_one_line_error(invoke_cli("topk", "-p", "Name one fruit.", "--thinking"), "--thinking does nothing here")
