@@ -145,9 +145,11 @@ def resolve_settings(
         what = _show(settings, changed) if changed else "mlxinfer defaults (temperature 1.0, nothing cut)"
         return settings, f"sampling: {what}, set by you"
     mine = user_settings(settings)
-    from_cfg = {}
+    from_cfg, overridden = {}, []
     if generation_config is not None:
-        from_cfg = {k: v for k, v in _config_values(generation_config, where).items() if k not in mine}
+        in_cfg = _config_values(generation_config, where)
+        from_cfg = {k: v for k, v in in_cfg.items() if k not in mine}
+        overridden = [k for k in in_cfg if k in mine]
         replace(SamplerSettings(), **from_cfg).validate(where)
     resolved = replace(SamplerSettings(), **{**from_cfg, **mine}).validate()
     parts = [f"{_show(resolved, mine)} set by you"] if mine else []
@@ -156,6 +158,8 @@ def resolve_settings(
         parts.append(
             f"{_show(resolved, from_cfg)} from the model's {where}" + (" (do_sample false: greedy)" if greedy else "")
         )
+    elif overridden:
+        parts.append(f"the {where}'s {', '.join(overridden)} overridden")
     else:
         parts.append(f"no {where}" if generation_config is None else f"{where} sets no sampling option")
     if not mine and not from_cfg:

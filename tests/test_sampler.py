@@ -393,6 +393,8 @@ def test_generation_config_defaults_and_overrides():
     s, note = resolve_settings({}, None)
     assert s == SamplerSettings() and "no generation_config.json" in note
     assert "\n" not in note
+    s, note = resolve_settings({"temperature": 0.5}, {"temperature": -1})  # was: "sets no sampling option"
+    assert s.temperature == 0.5 and "generation_config.json's temperature overridden" in note
 
 
 BAD = [
