@@ -28,6 +28,7 @@ __all__ = [
     "quantize",
     "convert_gguf",
     "evaluate",
+    "check_quality_options",
     "quantize_tensor",
     "dequantize_tensor",
 ]
@@ -40,6 +41,7 @@ def __getattr__(name):
         "quantize": "export",
         "convert_gguf": "export",
         "evaluate": "quality",
+        "check_quality_options": "quality",
         "quantize_tensor": "affine",
         "dequantize_tensor": "affine",
     }

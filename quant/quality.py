@@ -64,7 +64,7 @@ class QualityReport:
         return asdict(self)
 
 
-def check_options(max_tokens: int | None, window: int) -> None:
+def check_quality_options(max_tokens: int | None, window: int) -> None:
     """evaluate's token options, checked alone (quantize --report checks them before it writes)."""
     if isinstance(window, bool) or not isinstance(window, int) or window < 2:
         raise MlxinferError(f"window must be 2 tokens or more, got {window!r}", "window")
@@ -88,7 +88,7 @@ def evaluate(
     say = progress or (lambda _line: None)
     if not candidates:
         raise MlxinferError("candidates is empty; give at least one model to compare with the reference", "candidates")
-    check_options(max_tokens, window)
+    check_quality_options(max_tokens, window)
     path = Path(text) if text else TEXT
     if not path.is_file():
         what = "is a directory" if path.is_dir() else "does not exist"

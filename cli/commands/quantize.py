@@ -60,9 +60,9 @@ def quantize_command(
 
     flags.use(source="SRC", out="OUT")
     if report:
-        from quant.quality import check_options
+        from quant import check_quality_options
 
-        check_options(max_tokens, window)  # before OUT is written
+        check_quality_options(max_tokens, window)  # before OUT is written
     elif max_tokens is not None or window != defaults.QUALITY_WINDOW:
         raise MlxinferError("--max-tokens and --window go with --report; add --report or drop them", "max_tokens")
     summary = quantize(
