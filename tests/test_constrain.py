@@ -239,8 +239,12 @@ def test_or_text_takes_the_json_or_text_that_does_not_open_it(embedded):
         assert result.text_answer == (not finished) and result.valid == finished
         assert result.parsed == (json.loads(call) if finished else None)
     start = compiled.mask().allowed()
-    # neither an empty answer nor a leading space
-    assert not start[eos] and not start[tok.encode(" Basil", add_special_tokens=False)[0]]
+    # no empty answer, no leading newline; one leading space is a word start (SentencePiece's ▁Basil)
+    assert not start[eos] and not start[tok.encode("\n", add_special_tokens=False)[0]]
+    assert (
+        start[tok.encode(" Basil", add_special_tokens=False)[0]]
+        and not start[tok.encode(" {", add_special_tokens=False)[0]]
+    )
     assert (
         start[tok.encode("Basil", add_special_tokens=False)[0]] and start[tok.encode("{", add_special_tokens=False)[0]]
     )
@@ -250,6 +254,13 @@ def test_or_text_takes_the_json_or_text_that_does_not_open_it(embedded):
     )
     with pytest.raises(MlxinferError, match="or_text needs json_schema or tool"):
         Constraint.read(None, None, or_text=True)
+
+
+def test_a_tool_may_leave_description_and_strict_null():
+    tool = {"name": "t", "description": None, "strict": None, "input_schema": {"type": "object"}}
+    assert Constraint.read(None, tool).tool["name"] == "t"  # null is common in generated tool files
+    with pytest.raises(MlxinferError, match="strict must be true or false"):
+        Constraint.read(None, {**tool, "strict": "yes"})
 
 
 def test_padded_rows_are_always_masked(loaded):

@@ -126,8 +126,9 @@ def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
         (lambda d: (d / "config.json").write_text("[" * 100_000), "not valid JSON"),  # was a RecursionError
         (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json is not a file"),
         (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").mkdir()), "is a directory"),
+        (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").symlink_to(d / "gone")), "gone"),
     ],
-    ids=["deeply-nested", "a-directory", "weights-a-directory"],
+    ids=["deeply-nested", "a-directory", "weights-a-directory", "weights-a-broken-link"],
 )
 def test_unreadable_config(checkpoint_dir, tmp_path, write, fragment):
     bad = tmp_path / "bad"

@@ -201,7 +201,8 @@ def test_a_cut_tool_call_reads_the_same_streamed_or_not(smol, names):
     url, _ = smol
     messages = [{"role": "system", "content": "Call a tool."}, {"role": "user", "content": "Put a fruit on my list."}]
     common = {"model": model_id(url), "messages": messages, "seed": 3, "tools": [_tool(n) for n in names]}
-    for cut in ({"max_tokens": 3}, {"max_tokens": 40, "stop": ["apple", "banana", "cherry"]}):
+    cuts = ({"max_tokens": 3}, {"max_tokens": 40, "stop": ["apple", "banana", "cherry"]}, {"stop": ["{"]})
+    for cut in cuts:  # the last: cut before anything is written, which is no call in either mode
         r = client(url).chat.completions.create(**common, **cut, tool_choice="required")
         choice = r.choices[0]
         assert choice.message.content is None and choice.finish_reason == ("length" if "stop" not in cut else "stop")
@@ -217,7 +218,9 @@ def test_a_cut_tool_call_reads_the_same_streamed_or_not(smol, names):
                     pieces.append(d.function.arguments or "")
         assert reasons[-1] == choice.finish_reason and reasons.count(None) == len(reasons) - 1  # one end
         assert "".join(content) == "" and calls == ([(name, "".join(pieces))] if name else [])
-        if "stop" in cut or len(names) == 1:  # the stop string sits in the arguments; one tool's starts at once
+        if cut == {"stop": ["{"]}:
+            assert calls == []
+        elif "stop" in cut or len(names) == 1:  # the stop string sits in the arguments; one tool's starts at once
             assert calls and calls[0][0] in names
             assert calls[0][1].rstrip().endswith('"') or "stop" not in cut  # cut at the value's quote
             with pytest.raises(json.JSONDecodeError):
@@ -525,6 +528,7 @@ def test_multi_turn_and_cors_and_small_parts(tiny):
         (["--port", "70000"], "--port must be 0-65535"),
         (["--host", ""], "--host must be an address"),
         (["--host", "no such host"], "cannot listen on no such host"),
+        (["--host", "a" * 64], "cannot listen on"),  # was: a UnicodeError traceback (IDNA label too long)
         (["--log-level", "loud"], "--log-level must be one of"),
         (["--max-body-bytes", "0"], "--max-body-bytes must be at least 1"),
         (["--default-max-tokens", "0"], "--default-max-tokens must be at least 1"),
@@ -539,9 +543,8 @@ def test_serve_options_are_checked_before_the_model_loads(args, fragment):
 
 
 def test_serve_on_a_port_in_use_is_one_line():
-    taken = listen("127.0.0.1", 0)  # bound (serve's own bind, before its model would load)
+    taken = listen("127.0.0.1", 0)  # bound and listening (serve's own, before its model would load)
     try:
-        taken.listen()
         port = taken.getsockname()[1]
         assert port != 0
         assert_one_line_error(invoke_cli("serve", "--port", str(port)), f"cannot listen on 127.0.0.1:{port}")

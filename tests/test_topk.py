@@ -135,3 +135,4 @@ def test_the_table_make_run_prints(herb_table):
 def test_thinking_on_a_template_without_the_switch_is_refused():
     """Was: --thinking was accepted and did nothing on a chat template that has no enable_thinking."""
     assert_one_line_error(invoke_cli("topk", "-p", "Name one fruit.", "--thinking"), "--thinking does nothing here")
+    assert_one_line_error(invoke_cli("topk", "-p", "Name one fruit.", "--thinking", "--no-chat"), "--no-chat skips")

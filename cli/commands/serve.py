@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 from typing import Optional
 
@@ -9,7 +10,7 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import JsonOption, print_json
+from cli.common import JsonOption
 from cli.options import takes
 
 
@@ -68,6 +69,7 @@ def serve(
 
 
 def _announce(info: dict) -> None:
-    """--json: where it serves, as JSON on stdout, flushed (a script reading the pipe waits for it)."""
-    print_json(info)
+    """--json: where it serves, as one line of JSON on stdout, flushed (a script reading the pipe
+    reads one line while the server runs on)."""
+    sys.stdout.write(json.dumps(info, ensure_ascii=False) + "\n")
     sys.stdout.flush()

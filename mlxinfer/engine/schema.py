@@ -18,7 +18,9 @@ from ..errors import MlxinferError
 # The output's whitespace is fixed: compact JSON, {"a":1,"b":[2,3]}. Free whitespace would
 # let a model (and any random-weight model) pad with newlines and spaces forever.
 JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separator": ":"}
-TEXT_ANSWER = r"/[^{\s][\s\S]*/"  # or_text's other branch: any text that does not open a JSON object
+# or_text's other branch: any text that does not open a JSON object; one leading space is allowed, as a
+# SentencePiece word start (▁Hello) reads " Hello" to the grammar
+TEXT_ANSWER = r"/ ?[^{\s][\s\S]*/"
 
 
 def _read_json(value: Any, param: str) -> Any:
@@ -73,9 +75,9 @@ def schema_from_tool(tool: Any) -> dict:
         )
     if not isinstance(tool["name"], str) or not tool["name"]:
         raise MlxinferError("tool: name must be a non-empty string", "tool")
-    if not isinstance(tool.get("description", ""), str):
+    if not isinstance(tool.get("description") or "", str):  # null: none
         raise MlxinferError(f"tool: description must be a string, got a JSON {_kind(tool['description'])}", "tool")
-    if not isinstance(tool.get("strict", True), bool):
+    if not isinstance(tool.get("strict", True), (bool, type(None))):
         raise MlxinferError(f"tool: strict must be true or false, got {json.dumps(tool['strict'])}", "tool")
     return check_object_schema(tool["input_schema"], "tool input_schema", "tool")
 
@@ -85,7 +87,8 @@ def validate_schema(schema: dict, where: str = "json_schema", param: str = "json
     loads): a feature the engine cannot express is a one-line MlxinferError here.
 
     or_text: the answer is the JSON or plain text (OpenAI's tool_choice "auto"). Text may not start
-    with "{" or with whitespace, so the first character says which: a "{" begins the JSON."""
+    with "{" (nor with whitespace, but for one space), so the first character says which: a "{" begins
+    the JSON."""
     from llguidance import LLMatcher
 
     try:
@@ -147,7 +150,7 @@ class Constraint:
 
 def tool_system(tool: dict) -> str:
     """The system message `generate --tool` uses when none is given: the tool's name and description."""
-    return f"You call the tool {tool['name']}: {tool.get('description', '')} Answer with the tool's input as JSON."
+    return f"You call the tool {tool['name']}: {tool.get('description') or ''} Answer with the tool's input as JSON."
 
 
 def _kind(value: Any) -> str:

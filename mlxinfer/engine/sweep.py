@@ -125,7 +125,8 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
             if len(prompts) == 1:
                 raise
             head = p[:40] + "..." if isinstance(p, str) and len(p) > 40 else p if isinstance(p, str) else "ids"
-            raise MlxinferError(f"#{n} of the {len(prompts)} prompts ({head!r}): {e}", *e.params) from None
+            # after the message: a front end swaps the first mention of a parameter for its flag
+            raise MlxinferError(f"{e} (#{n} of the {len(prompts)} prompts: {head!r})", *e.params) from None
     resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
     texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]

@@ -44,6 +44,10 @@ def shard_names(folder: Path) -> list[str]:
     if not index.is_file():
         found = sorted(folder.glob("*.safetensors"))
         for p in found:
+            if p.is_symlink() and not p.exists():
+                raise MlxinferError(
+                    f"{p} is a link to a file that is gone (a partly deleted download?); re-download it"
+                )
             if not p.is_file():
                 raise MlxinferError(f"{p} is a directory, not a safetensors file; put the model's weights file there")
         return [p.name for p in found]

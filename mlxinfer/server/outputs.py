@@ -137,7 +137,7 @@ _WRAPPED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arg
 def cut_call(text: str, names: list[str], wrapped: bool) -> tuple[Optional[str], str]:
     """(name, arguments so far) of a call cut short; several tools: read from {"name": ..., "arguments": ...}."""
     if not wrapped:
-        return names[0], text
+        return (names[0], text) if text else (None, "")  # nothing written: no call, as a stream sends none
     head = _WRAPPED_HEAD.match(text)
     if head is None or json.loads(head.group(1)) not in names:
         return None, ""

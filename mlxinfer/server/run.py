@@ -24,23 +24,35 @@ def is_loopback(host: str) -> bool:
 
 
 def listen(host: str, port: int) -> socket.socket:
-    """The listening socket, bound before the model loads: a bad address or a port in use is one line
-    at once (uvicorn would log it over several lines after the load)."""
+    """The listening socket, bound and listening before the model loads: a bad address or a port in
+    use is one line at once (uvicorn would log it over several lines after the load), and a second
+    server on the same port is refused while this one loads. A name that resolves to both takes
+    IPv4 first, as uvicorn does (macOS lists ::1 first for localhost)."""
     if not isinstance(host, str) or not host.strip():
         raise MlxinferError("host must be an address to bind, e.g. 127.0.0.1 (or 0.0.0.0, with an API key)", "host")
     if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
         raise MlxinferError(f"port must be 0-65535 (0: any free port), got {port!r}", "port")
+    sock = None
     try:
-        family, kind, proto, _, address = socket.getaddrinfo(
-            host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
-        )[0]
+        found = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+        family, kind, proto, _, address = min(found, key=lambda a: a[0] != socket.AF_INET)
         sock = socket.socket(family, kind, proto)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn binds
         sock.bind(address)
-    except OSError as e:
-        why = e.strerror or type(e).__name__
-        raise MlxinferError(f"cannot listen on {host}:{port} ({why}); pick another port or address", "port") from None
+        sock.listen(2048)  # uvicorn's backlog
+    except (OSError, UnicodeError) as e:  # UnicodeError: a host name IDNA cannot encode (a label over 63)
+        if sock is not None:
+            sock.close()
+        why = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise MlxinferError(
+            f"cannot listen on {address_text(host, port)} ({why}); pick another port or address", "port"
+        ) from None
     return sock
+
+
+def address_text(host: str, port: int) -> str:
+    """host:port, with an IPv6 address in brackets ([::1]:8080)."""
+    return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def serve(
@@ -98,7 +110,7 @@ def serve(
             default_max_tokens=default_max_tokens,
             prompt_cache_bytes=prompt_cache_bytes,
         )
-        url = f"http://{host if ':' not in host or host.startswith('[') else f'[{host}]'}:{port}/v1"
+        url = f"http://{address_text(host, port)}/v1"
         info = {"url": url, "model": model.info.name, "definition": model.info.definition}
         info["compute_dtype"] = model.info.compute_dtype
         if announce is None:
