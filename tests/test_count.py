@@ -395,6 +395,7 @@ def test_hub_reads_only_config_and_headers(tmp_path, monkeypatch):
         path = st.name
 
     PathInfo.size = size
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # no request: config.json from the (stubbed) cache
     monkeypatch.setattr(hub, "hf_hub_download", lambda repo, name, **kw: str(tmp_path / name))
     monkeypatch.setattr(hub, "get_safetensors_metadata", lambda repo: meta)
     monkeypatch.setattr(hub, "get_paths_info", lambda repo, paths: [PathInfo()])

@@ -221,3 +221,15 @@ def test_truncated_gguf(tmp_path):
 
 def test_missing_path():
     assert_one_line_error(invoke_cli("topk", "--model", "./no/such/dir", "--prompt", "hi"), "no model at")
+
+
+@pytest.mark.slow
+def test_count_of_a_cached_repo_with_the_hub_out_of_reach(tmp_path, checkpoint_dir):
+    """Not offline, but the hub does not resolve: the cached config.json, at once (no ~23 s of retries)."""
+    home = _hub_cache(tmp_path, "tiny-org/tiny-qwen3", checkpoint_dir("qwen3"))
+    env = {"HF_HOME": str(home), "HF_ENDPOINT": "http://hub.invalid", "HF_HUB_OFFLINE": "0"}
+    result = run_cli("count", "tiny-org/tiny-qwen3", "--json", env=env, timeout=60)
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["source"] == "hub" and report["total"] > 0
+    assert any("headers not read" in n for n in report["notes"])

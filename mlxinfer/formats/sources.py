@@ -132,19 +132,18 @@ def hub_config(repo_id: str) -> Path:
 
     unreachable = f"{repo_id}: config.json is not in the local Hugging Face cache and the hub cannot be reached"
     try:
-        try:
-            return Path(hub.hf_hub_download(repo_id, "config.json", local_files_only=True))
-        except errors.LocalEntryNotFoundError:
-            pass
         if not offline():
             # one request without retries first: hf_hub_download retries a hub out of reach for ~23 s,
-            # logging each try, before it says so
+            # logging each try, before it falls back to the cache or says so
             try:
                 hub.get_hf_file_metadata(hub.hf_hub_url(repo_id, "config.json"))
             except errors.HfHubHTTPError:
                 raise  # the hub answered: no such repository or file, named below
             except Exception as e:  # noqa: BLE001 - the HTTP library's own connection errors
-                raise MlxinferError(f"{unreachable} ({_first(e)}); try again online or pass a local path") from None
+                try:  # out of reach: the cached copy, as hf_hub_download would give after its retries
+                    return Path(hub.hf_hub_download(repo_id, "config.json", local_files_only=True))
+                except errors.LocalEntryNotFoundError:
+                    raise MlxinferError(f"{unreachable} ({_first(e)}); try again online or pass a local path") from None
         return Path(hub.hf_hub_download(repo_id, "config.json"))
     except errors.LocalEntryNotFoundError:
         off = " (HF_HUB_OFFLINE is set)" if offline() else ""
