@@ -43,6 +43,19 @@ from ..views import Step
 log = logging.getLogger("mlxinfer.server")
 
 
+def check_whole(value, name: str, least: int, what: str) -> None:
+    """`value` is a whole number >= least, else a one-line error naming `name` ("must be {what}")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise MlxinferError(f"{name} must be {what}, got {value!r}", name)
+
+
+def check_bounds(max_rows, max_queue, prompt_cache_bytes) -> None:
+    """The engine's bounds (the server checks them before a model loads)."""
+    check_whole(max_rows, "max_rows", 1, "at least 1")
+    check_whole(max_queue, "max_queue", 0, "0 (no queue) or more")
+    check_whole(prompt_cache_bytes, "prompt_cache_bytes", 0, "0 (no prompt cache) or more")
+
+
 class QueueFull(Exception):
     """More requests are waiting than the queue bound allows: the caller should retry later."""
 
@@ -160,10 +173,7 @@ class Batcher:
         step_timeout: float = 0.5,
         prompt_cache_bytes: int = SERVE_PROMPT_CACHE_BYTES,
     ):
-        if max_rows < 1 or max_queue < 0:
-            raise MlxinferError("max_rows must be at least 1 and max_queue at least 0", "max_rows", "max_queue")
-        if prompt_cache_bytes < 0:
-            raise MlxinferError("prompt_cache_bytes must be 0 (no prompt cache) or more", "prompt_cache_bytes")
+        check_bounds(max_rows, max_queue, prompt_cache_bytes)
         self.model, self.tokenizer = model, tokenizer
         self.max_rows, self.max_queue, self.prefill_budget = max_rows, max_queue, prefill_budget
         self.per_row = row_walk.supports(model)  # one forward for all rows; else one per request

@@ -163,15 +163,12 @@ def _control_token_text(schema: Any, names: list[str]) -> Optional[tuple[str, st
         if isinstance(node, list):
             stack.extend(node)
         elif isinstance(node, dict):
-            fixed = list(node.get("properties") or {}) if isinstance(node.get("properties"), dict) else []
-            fixed += (
-                [v for v in (node.get("enum") or []) if isinstance(v, str)]
-                if isinstance(node.get("enum"), list)
-                else []
-            )
-            fixed += [node["const"]] if isinstance(node.get("const"), str) else []
+            properties, enum, const = node.get("properties"), node.get("enum"), node.get("const")
+            fixed = list(properties) if isinstance(properties, dict) else []
+            fixed += enum if isinstance(enum, list) else []
+            fixed.append(const)
             for text in fixed:
-                hit = next((n for n in names if n in text), None)
+                hit = next((n for n in names if n in text), None) if isinstance(text, str) else None
                 if hit:
                     return hit, text
             stack.extend(node.values())

@@ -33,6 +33,7 @@ from ..settings import SamplerSettings, resolve_settings
 from ..views import SweepRecord, SweepReport
 from . import ranks as rank_group
 from . import results
+from .schema import _one_line
 from .decode import Prefilled, RowSpec, decode, prefill
 from .request import Collector, check_batch_size, prepare, seed_list
 from .summary import summarize
@@ -124,7 +125,7 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
         except MlxinferError as e:  # which of the prompts (a --prompts file's nth prompt line)
             if len(prompts) == 1:
                 raise
-            head = p[:40] + "..." if isinstance(p, str) and len(p) > 40 else p if isinstance(p, str) else "ids"
+            head = _one_line(p, 43) if isinstance(p, str) else "token ids"
             # after the message: a front end swaps the first mention of a parameter for its flag
             raise MlxinferError(f"{e} (#{n} of the {len(prompts)} prompts: {head!r})", *e.params) from None
     resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]

@@ -113,6 +113,12 @@ class ModelConfig:
                 )
             head_dim = ints["hidden_size"] // heads
         attention_bias = bool(d.get("attention_bias", False))
+        # unset or null: the architecture's; 0 is an error
+        context = (
+            _positive_int(d, "max_position_embeddings", where)
+            if d.get("max_position_embeddings") is not None
+            else arch.context
+        )
         rope_scaling = d.get("rope_scaling")
         if rope_scaling is not None and arch.ours:  # mlx-lm's classes read their own kinds (yarn, ...)
             _check_rope_scaling(rope_scaling, where)
@@ -123,11 +129,7 @@ class ModelConfig:
             rms_norm_eps=_number(d, "rms_norm_eps", 1e-6, where, 0.0, 1.0),
             rope_theta=_number(d, "rope_theta", 10000.0, where, 0.0, 1e30),
             rope_scaling=rope_scaling,
-            max_position_embeddings=_positive_int(
-                {"max_position_embeddings": arch.context, **_given(d, "max_position_embeddings")},  # 0 is an error
-                "max_position_embeddings",
-                where,
-            ),
+            max_position_embeddings=context,
             tie_word_embeddings=bool(d.get("tie_word_embeddings", arch.tied)),
             tie_word_embeddings_given="tie_word_embeddings" in d,
             qkv_bias=attention_bias if arch.qkv_bias is None else arch.qkv_bias,
@@ -277,8 +279,3 @@ def _check_rope_scaling(scaling, where: str) -> None:
 def _short(value, limit: int = 60) -> str:
     text = repr(value)
     return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def _given(d: dict, key: str) -> dict:
-    """{key: value} when config.json sets it (null counts as unset), else {}."""
-    return {key: d[key]} if d.get(key) is not None else {}

@@ -24,7 +24,7 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .. import defaults
-from ..engine.batcher import Batcher, Job, QueueFull
+from ..engine.batcher import Batcher, Job, QueueFull, check_bounds, check_whole
 from ..engine.request import check_seed
 from ..errors import MlxinferError
 from .errors import ApiError, error_body, from_library, from_validation
@@ -196,18 +196,11 @@ async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: 
 
 
 def check_limits(max_rows, max_queue, max_body_bytes, default_max_tokens, prompt_cache_bytes) -> None:
-    """The server's bounds, each a whole number in range (checked before a model loads)."""
-
-    def whole(value, name: str, least: int, what: str) -> None:
-        if isinstance(value, bool) or not isinstance(value, int) or value < least:
-            raise MlxinferError(f"{name} must be {what}, got {value!r}", name)
-
-    whole(max_rows, "max_rows", 1, "at least 1")
-    whole(max_queue, "max_queue", 0, "0 (no queue) or more")
-    whole(max_body_bytes, "max_body_bytes", 1, "at least 1")
+    """The server's bounds and the engine's, each a whole number in range (checked before a model loads)."""
+    check_bounds(max_rows, max_queue, prompt_cache_bytes)
+    check_whole(max_body_bytes, "max_body_bytes", 1, "at least 1")
     if default_max_tokens is not None:
-        whole(default_max_tokens, "default_max_tokens", 1, "at least 1 (or unset: up to the context)")
-    whole(prompt_cache_bytes, "prompt_cache_bytes", 0, "0 (no prompt cache) or more")
+        check_whole(default_max_tokens, "default_max_tokens", 1, "at least 1 (or unset: up to the context)")
 
 
 def create_app(

@@ -139,9 +139,8 @@ def cut_call(text: str, names: list[str], wrapped: bool) -> tuple[Optional[str],
     if not wrapped:
         return (names[0], text) if text else (None, "")  # nothing written: no call, as a stream sends none
     head = _WRAPPED_HEAD.match(text)
-    if head is None or json.loads(head.group(1)) not in names:
-        return None, ""
-    return json.loads(head.group(1)), text[head.end() :]
+    name = json.loads(head.group(1)) if head else None
+    return (name, text[head.end() :]) if name in names else (None, "")
 
 
 def call_id() -> str:
