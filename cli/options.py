@@ -24,6 +24,8 @@ MODEL_HELP = (
 )
 COMPUTE_HELP = (
     "quantized (quantized weights stay packed; float32 arithmetic through the batch-invariant CPU kernel), "
+    "int8 (quantized's weights, each matmul's input rounded to 8 bits per group and multiplied as integers, "
+    "llama.cpp's arithmetic: faster on a CPU, still batch-invariant, never picked by auto), "
     "float32 (dequantize once; every matmul through BLAS), bfloat16 (the weights as stored, MLX's own kernels: "
     "bit-exact with mlx-lm), or auto (quantized on a CPU when the kernel is built and takes the weights; else "
     "float32 with a fast BLAS when it fits in a third of RAM; else as stored)."

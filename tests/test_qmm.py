@@ -22,6 +22,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import ROOT
+from int8_cases import INT8_CASES, int8_case
 
 import mlxinfer
 from mlxinfer.cpu import qmm
@@ -127,6 +128,7 @@ import sys
 import mlx.core as mx
 import numpy as np
 from mlxinfer.cpu import qmm
+from int8_cases import INT8_CASES, int8_case
 assert qmm.available() and qmm.kernel().tile() == "3x3", qmm.status()
 x = mx.array(np.load(sys.argv[1]))
 out = {}
@@ -134,18 +136,25 @@ for bits, gs in ((4, 32), (8, 64), (4, 128)):
     w = mx.random.normal((200, 768), key=mx.random.key(bits * gs))
     wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
     out[f"{bits}-{gs}"] = np.array(qmm.quantized_matmul(x, wq, s, b, gs, bits))
+k = qmm.kernel()
+for bits, gs, K in INT8_CASES:
+    w8, s8, b8, x8 = int8_case(k, bits, gs, K)
+    out[f"int8-{bits}-{gs}"] = np.array(k.quantized_matmul(x8, w8, s8, b8, gs, bits | k.int8_flag()))
 np.savez(sys.argv[2], **out)
 """
 
 
-@pytest.mark.skipif(qmm._isa() != "avx512", reason="this CPU has no AVX-512VL: the avx2 build is the one here")
+@pytest.mark.skipif(
+    not qmm._isa().startswith("avx512"), reason="this CPU has no AVX-512VL: the avx2 build is the one here"
+)
 def test_the_avx512_build_gives_the_avx2_builds_bits(tmp_path):
     """The avx512 build runs the same AVX2 arithmetic in 4 x 4 tiles (AVX-512VL's 32 registers): every
-    output's bits equal the avx2 build's (3 x 3 tiles), built and run here in a subprocess."""
+    output's bits equal the avx2 build's (3 x 3 tiles), built and run here in a subprocess. So do the
+    int8 path's, whose integer sums are VNNI instructions in one build and AVX2's maddubs in the other."""
     assert qmm.kernel().tile() == "4x4"
     x = np.array(mx.random.normal((61, 768), key=mx.random.key(3)))  # 61 rows: full tiles and every remainder
     np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "MLXINFER_QMM_ISA": "avx2"}
+    env = {**os.environ, "MLXINFER_QMM_ISA": "avx2", "PYTHONPATH": str(ROOT / "tests")}
     script = tmp_path / "avx2.py"
     script.write_text(_AVX2_BUILD)
     done = subprocess.run([sys.executable, str(script), str(tmp_path / "x.npy"), str(tmp_path / "y.npz")],
@@ -157,6 +166,11 @@ def test_the_avx512_build_gives_the_avx2_builds_bits(tmp_path):
         wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
         ours = np.array(qmm.quantized_matmul(mx.array(x), wq, s, b, gs, bits))
         assert np.array_equal(ours.view(np.uint32), theirs[f"{bits}-{gs}"].view(np.uint32)), (bits, gs)
+    k = qmm.kernel()
+    for bits, gs, K in INT8_CASES:
+        w8, s8, b8, x8 = int8_case(k, bits, gs, K)
+        ours = np.array(k.quantized_matmul(x8, w8, s8, b8, gs, bits | k.int8_flag()))
+        assert np.array_equal(ours.view(np.uint32), theirs[f"int8-{bits}-{gs}"].view(np.uint32)), (bits, gs, K)
 
 
 def test_lazy_composes_and_compiles():

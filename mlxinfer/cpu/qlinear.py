@@ -12,11 +12,13 @@ from . import qmm
 
 class _Packed(nn.Module):
     float32_activations = True  # model/params.py's weights_kind reads it
+    int8 = False  # True once repacked for the int8 kernel (int8_twin): then MLX cannot dequantize `weight`
 
     def __init__(self, m: nn.Module):
         super().__init__()
         self._kernel = qmm.kernel()
         self.group_size, self.bits, self.mode = m.group_size, m.bits, "affine"
+        self.kernel_bits = m.bits  # what the kernel's calls pass: the bits, with the int8 layout's flag
         self.weight = m["weight"]
         # scales and biases stay as stored (float16 for GGUF): the kernel widens them to float32 exactly
         self.scales, self.biases = m["scales"], m["biases"]
@@ -24,7 +26,7 @@ class _Packed(nn.Module):
 
     def _matmul(self, x: mx.array) -> mx.array:
         return self._kernel.quantized_matmul(
-            x, self["weight"], self["scales"], self["biases"], self.group_size, self.bits
+            x, self["weight"], self["scales"], self["biases"], self.group_size, self.kernel_bits
         )
 
 
@@ -48,7 +50,7 @@ class QuantizedEmbeddingF32(_Packed):
     def __call__(self, ids: mx.array) -> mx.array:
         # one node, the bits of mx.dequantize on the gathered rows with their scales widened (~28 nodes)
         return self._kernel.dequantize_rows(
-            ids, self["weight"], self["scales"], self["biases"], self.group_size, self.bits
+            ids, self["weight"], self["scales"], self["biases"], self.group_size, self.kernel_bits
         )
 
     def as_linear(self, x: mx.array) -> mx.array:
@@ -65,6 +67,24 @@ def takes(m: nn.Module) -> bool:
 def twin(m: nn.Module) -> nn.Module:
     """The float32-activation twin of a QuantizedLinear/QuantizedEmbedding that `takes` accepts."""
     return QuantizedEmbeddingF32(m) if isinstance(m, nn.QuantizedEmbedding) else QuantizedLinearF32(m)
+
+
+def int8_twin(m):
+    """A twin repacked in place for the int8 kernel (native/qmm/int8.cpp: the same bytes in its own order,
+    scales and biases one per lane) where its layout allows (4-bit rows need K % 64 == 0; others keep
+    the float32 kernel, batch-invariant too). Anything else (None, a float layer) is returned as it is."""
+    if not isinstance(m, _Packed):
+        return m
+    k, K = m._kernel, m["weight"].shape[-1] * 32 // m.bits
+    if not k.int8_supports(K, m.group_size, m.bits):
+        return m
+    m.unfreeze()
+    m.weight = k.repack_int8(m["weight"], m.group_size, m.bits)
+    m.scales = k.int8_lane_groups(m["scales"], K, m.group_size)
+    m.biases = k.int8_lane_groups(m["biases"], K, m.group_size)
+    m.kernel_bits, m.int8 = m.bits | k.int8_flag(), True
+    m.freeze()
+    return m
 
 
 class RMSNormF32(nn.Module):

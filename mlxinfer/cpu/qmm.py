@@ -37,9 +37,19 @@ from . import build as native_build
 
 SOURCE_DIR = Path(native_build.NATIVE) / "qmm"
 SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
-SOURCES += ("simd.h", "scales.h", "attention.h", "attention.cpp", "attend_math.h", "attend_math.cpp", "bindings.cpp")
+SOURCES += (
+    "int8.h",
+    "int8.cpp",
+    "simd.h",
+    "scales.h",
+    "attention.h",
+    "attention.cpp",
+    "attend_math.h",
+    "attend_math.cpp",
+    "bindings.cpp",
+)
 MODULE = "_mlxinfer_qmm"
-ABI = 7  # QMM_ABI in qmm.h
+ABI = 8  # QMM_ABI in qmm.h
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 
@@ -48,7 +58,7 @@ _state: dict = {"checked": False, "active": False, "path": None, "reason": "not 
 _warned = False
 
 
-ISAS = ("", "avx2", "avx512")  # each variant runs wherever the next one does
+ISAS = ("", "avx2", "avx512", "avx512vnni")  # each variant runs wherever the next one does
 
 
 def _isa() -> str:
@@ -58,6 +68,8 @@ def _isa() -> str:
 
     flags = _cpu_flags() if platform.machine() in ("x86_64", "AMD64") else set()
     best = "" if not {"avx2", "fma", "f16c"} <= flags else "avx512" if {"avx512f", "avx512vl"} <= flags else "avx2"
+    if best == "avx512" and "avx512_vnni" in flags:
+        best = "avx512vnni"
     asked = os.environ.get("MLXINFER_QMM_ISA", "").strip().lower().replace("portable", "")
     if "MLXINFER_QMM_ISA" in os.environ and asked in ISAS and ISAS.index(asked) < ISAS.index(best):
         return asked

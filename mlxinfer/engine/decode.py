@@ -76,7 +76,7 @@ def prefill(
 ) -> Prefilled:
     """Run the prompt through the model in chunks of `step_size`, filling a new one-row cache."""
     cache = model.make_cache()
-    last_in_chunk = model.info.compute_dtype in ("float32", "quantized") and hasattr(model, "run_layers")
+    last_in_chunk = model.info.compute_dtype in ("float32", "quantized", "int8") and hasattr(model, "run_layers")
     head = ids if last_in_chunk else ids[:-1]
     logits, done = None, 0
     while done < len(head):

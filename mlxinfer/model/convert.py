@@ -119,14 +119,20 @@ def to_float32(model):
     return model
 
 
-def to_quantized(model):
+def to_quantized(model, int8: bool = False):
     """In place: every QuantizedLinear/QuantizedEmbedding whose layout the kernel takes -> its twin in
     cpu/qlinear.py (packed weights kept, float32 scales, biases and activations); any other quantized
-    module dequantized as to_float32 does; other floats upcast; evaluated. Needs qmm.available()."""
+    module dequantized as to_float32 does; other floats upcast; evaluated. Needs qmm.available().
+    int8: the twins whose layout the int8 kernel takes repacked for it (activations rounded to 8 bits)."""
     from ..cpu import qlinear
 
     _check_dequantizable(model)
-    _convert(model, lambda m: qlinear.twin(m) if qlinear.takes(m) else _float32_twin(m), "quantized")
+
+    def twin(m):
+        new = qlinear.twin(m) if qlinear.takes(m) else _float32_twin(m)
+        return qlinear.int8_twin(new) if int8 else new
+
+    _convert(model, twin, "int8" if int8 else "quantized")
     if mx.default_device().type == mx.DeviceType.cpu:
         qlinear.use_row_ops(model)  # norms and SwiGLU as one node each: a decode step is ~2,400 nodes
         from .fused import fuse
@@ -148,7 +154,7 @@ def apply(model, dtype: str):
     """Apply a choose_compute_dtype result in place: float32 and quantized convert, bfloat16 leaves the
     weights as loaded (on the CPU, bf16 stacked experts excepted: see experts_to_float32_on_cpu).
     "quantized" where the kernel is unavailable: one warning line, then what `auto` picks without it."""
-    if dtype == "quantized":
+    if dtype in ("quantized", "int8"):
         from ..cpu import qmm
         from .dtype_rule import auto_rule, current_facts
         from .params import float32_nbytes
@@ -158,7 +164,7 @@ def apply(model, dtype: str):
         if not any(qlinear.takes(m) for _, m in model.named_modules()):
             return to_float32(model)  # nothing stays packed: the quantized path is the float32 one
         if mx.default_device().type == mx.DeviceType.cpu and qmm.available():
-            return to_quantized(model)
+            return to_quantized(model, int8=dtype == "int8")
         qmm.warn_once(qmm.status()["reason"] if mx.default_device().type == mx.DeviceType.cpu else "not a CPU device")
         facts = {**current_facts(), "quantized_kernel": False}
         dtype = auto_rule(model_bytes_float32=float32_nbytes(model), quantized_weights=True, **facts)[0]

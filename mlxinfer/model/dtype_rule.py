@@ -2,6 +2,8 @@
 
 quantized  weights stay quantized; every quantized Linear runs through the batch-invariant
            float32 kernel (cpu/qmm.py), everything else in float32
+int8       quantized's, but each matmul's input rounded to 8 bits per group and multiplied as integers
+           (llama.cpp's arithmetic, native/qmm/int8.cpp): faster on a CPU, batch-invariant, never `auto`
 float32    dequantize every quantized Linear/Embedding once and upcast the rest (BLAS matmuls)
 bfloat16   keep the weights exactly as loaded (bf16, or quantized with MLX's own kernels:
            bit-exact with mlx-lm)
@@ -14,7 +16,7 @@ from __future__ import annotations
 
 import os
 
-CHOICES = ("quantized", "float32", "bfloat16", "auto")
+CHOICES = ("quantized", "int8", "float32", "bfloat16", "auto")
 RAM_FRACTION = 3  # float32 weights must fit in under 1/RAM_FRACTION of physical memory
 AUTO_RULE = (
     "auto: quantized (weights kept quantized, float32 arithmetic) on a CPU when the weights are quantized "
@@ -92,8 +94,8 @@ def check_compute_dtype(requested: str) -> None:
 
 
 def choose_compute_dtype(requested: str, model_bytes_float32: int, quantized_weights: bool = False) -> str:
-    """ "quantized", "float32" or "bfloat16" ("bfloat16" = keep the weights as loaded) for a request of
-    quantized|float32|bfloat16|auto. quantized_weights: whether the quantized path could take the model."""
+    """ "quantized", "int8", "float32" or "bfloat16" ("bfloat16" = keep the weights as loaded) for a request of
+    quantized|int8|float32|bfloat16|auto. quantized_weights: whether the quantized path could take the model."""
     check_compute_dtype(requested)
     if requested != "auto":
         return requested

@@ -38,7 +38,7 @@ MAX_FUSED_PAIRS = 1 << 16
 def _same_layout(mods) -> bool:
     return (
         all(isinstance(m, qlinear.QuantizedLinearF32) for m in mods)
-        and len({(m.group_size, m.bits, m["scales"].dtype, "bias" in m) for m in mods}) == 1
+        and len({(m.group_size, m.kernel_bits, m["scales"].dtype, "bias" in m) for m in mods}) == 1
     )
 
 
@@ -66,7 +66,7 @@ def _stage(mods, norm=None, swiglu: bool = False) -> tuple:
     prologue = "rms_norm" if norm is not None else "swiglu_halves" if swiglu else ""
     weight, eps = (norm["weight"], norm.eps) if norm is not None else (None, 0.0)
     return (prologue, weight, eps, [m["weight"] for m in mods], [m["scales"] for m in mods],
-            [m["biases"] for m in mods], m0.group_size, m0.bits)  # fmt: skip
+            [m["biases"] for m in mods], m0.group_size, m0.kernel_bits)  # fmt: skip
 
 
 def _qkv(kernel, attn, norm, h: mx.array) -> mx.array:
@@ -146,7 +146,7 @@ class FusedBlock:
         o = self.layer.self_attn.o_proj
         if "bias" in o:
             return self.mlp(h + o(attend()))
-        out_proj = (o["weight"], o["scales"], o["biases"], o.group_size, o.bits)
+        out_proj = (o["weight"], o["scales"], o["biases"], o.group_size, o.kernel_bits)
         if self.mlp_fuses():
             return attend(out_proj=out_proj, residual=h, then=self._mlp_stages())
         return self.mlp(attend(out_proj=out_proj, residual=h))

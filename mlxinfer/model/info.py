@@ -15,7 +15,8 @@ class ModelInfo:
     definition: str  # which forward pass runs: "mlxinfer llama", "mlx-lm gemma3_text"
     source: ModelSource | None = None
     generation_config: dict | None = None  # the checkpoint's generation_config.json, if any
-    # "quantized" (packed weights, float32 arithmetic), "float32" (dequantized for BLAS) or "bfloat16" (as stored)
+    # "quantized" (packed weights, float32 arithmetic), "int8" (packed, activations rounded to 8 bits),
+    # "float32" (dequantized for BLAS) or "bfloat16" (as stored)
     compute_dtype: str = "bfloat16"
     weights: str = ""  # how they are held now: "4-bit quantized (activations float16)", "float32"
     cpu_kernels: bool = False  # the float32 CPU path's RoPE table and polynomial exp

@@ -49,6 +49,8 @@ def dequantize(packed, scales, biases, group_size: int, bits: int, dtype=None, m
 
 def dequantize_module(m, dtype=None):
     """A QuantizedLinear/QuantizedEmbedding's weight, dequantized as `dequantize` does."""
+    if getattr(m, "int8", False):  # the int8 kernel's own layout (cpu/qlinear.int8_twin): MLX would misread it
+        raise ValueError("a layer repacked for the int8 kernel cannot be dequantized; load the model again")
     return dequantize(m.weight, m.scales, m.get("biases"), m.group_size, m.bits, dtype, getattr(m, "mode", "affine"))
 
 
@@ -60,7 +62,8 @@ def weights_kind(model) -> str:
         if is_quantized(module):
             bits = sorted({m.bits for _, m in model.named_modules() if is_quantized(m)})
             if getattr(module, "float32_activations", False):
-                return f"{'/'.join(map(str, bits))}-bit quantized (activations float32)"
+                int8 = any(getattr(m, "int8", False) for _, m in model.named_modules())
+                return f"{'/'.join(map(str, bits))}-bit quantized (activations {'int8' if int8 else 'float32'})"
             return f"{module.bits}-bit quantized (activations {str(module.scales.dtype).split('.')[-1]})"
     dtypes = sorted({str(p.dtype).split(".")[-1] for _, p in tree_flatten(model.parameters())})
     return "/".join(dtypes)

@@ -7,6 +7,7 @@
 #include <nanobind/stl/vector.h>
 
 #include "attention.h"
+#include "int8.h"
 #include "qmm.h"
 #include "rows.h"
 
@@ -76,6 +77,17 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "silu(gate) * up in float32, one primitive");
   m.def("rope", &mlxinfer::rope, "x"_a, "cos"_a, "sin"_a, "offset"_a, nb::kw_only(), "stream"_a = nb::none(),
         "non-interleaved RoPE from cos/sin tables, float32, one primitive");
+  m.def("repack_int8", &mlxinfer::repack_int8_array, "w"_a, "group_size"_a, "bits"_a,
+        "w (MLX's affine layout) in the int8 path's layout, the same shape and bytes (int8.cpp); its matmuls take "
+        "bits | int8_flag()");
+  m.def("qmm_int8", &mlxinfer::qmm_i8_array, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
+        "reference"_a = false,
+        "x (M, K) @ W.T for w in repack_int8's layout, evaluated now; reference: the portable code, value by value");
+  m.def("int8_lane_groups", &mlxinfer::lane_groups_array, "scales"_a, "K"_a, "group_size"_a,
+        "scales or biases (N, K / group_size) as the int8 layout's lanes (N, int8_lanes(K, group_size))");
+  m.def("int8_lanes", &mlxinfer::int8_lanes, "K"_a, "group_size"_a);
+  m.def("int8_flag", [] { return mlxinfer::kInt8Layout; });
+  m.def("int8_supports", &mlxinfer::int8_supports, "K"_a, "group_size"_a, "bits"_a);
   m.def("abi", [] { return mlxinfer::QMM_ABI; });
   m.def("avx2", &mlxinfer::compiled_with_avx2, "Whether this build runs the AVX2+FMA kernel");
   m.def("tile", &mlxinfer::tile_shape, "The several-row tiles' shape, rows x columns");

@@ -9,6 +9,7 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "int8.h"
 #include "qmm.h"
 #include "rows.h"
 
@@ -40,9 +41,11 @@ int64_t append_weights(
     int bits,
     const mx::Stream& stream) {
   auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
-  if (bits != 4 && bits != 8) {
+  const bool int8 = int8_layout(bits);  // the int8 path's layout (int8.h): the flag above the bits
+  if ((bits & ~(kInt8Layout | 0xff)) || (value_bits(bits) != 4 && value_bits(bits) != 8)) {
     throw std::invalid_argument(std::string(kName) + "bits must be 4 or 8, not " + std::to_string(bits));
   }
+  bits = value_bits(bits);
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument(
         std::string(kName) + "group_size must be 32, 64 or 128, not " + std::to_string(group_size));
@@ -65,9 +68,13 @@ int64_t append_weights(
           std::to_string(w.shape(1)) + " words of " + std::to_string(bits) + "-bit values) in groups of " +
           std::to_string(group_size));
     }
-    const mx::Shape groups{w.shape(0), static_cast<int>(K / group_size)};
+    if (int8 && !int8_supports(K, group_size, bits)) {
+      throw std::invalid_argument(std::string(kName) + "the int8 layout takes 4-bit rows in multiples of 64 values");
+    }
+    const mx::Shape groups{w.shape(0), static_cast<int>(int8 ? int8_lanes(K, group_size) : K / group_size)};
     if (scales[i].shape() != groups || biases[i].shape() != groups) {
-      throw std::invalid_argument(std::string(kName) + "scales and biases must have shape (N, K / group_size)");
+      throw std::invalid_argument(std::string(kName) + "scales and biases must have shape (N, K / group_size)" +
+                                  (int8 ? " as int8 lanes (int8_lane_groups)" : ""));
     }
     inputs.push_back(w);
     inputs.push_back(cast(scales[i], sdtype));
@@ -238,15 +245,18 @@ mx::array dequantize_rows(
   const std::string name = "[mlxinfer.dequantize_rows] ";
   if (stream.device.type != mx::Device::cpu) throw std::invalid_argument(name + "runs on a CPU stream only");
   if (!mx::issubdtype(ids.dtype(), mx::integer)) throw std::invalid_argument(name + "ids must be integers");
-  if ((bits != 4 && bits != 8) || (group_size != 32 && group_size != 64 && group_size != 128)) {
+  const int vb = value_bits(bits);
+  if ((bits & ~(kInt8Layout | 0xff)) || (vb != 4 && vb != 8) ||
+      (group_size != 32 && group_size != 64 && group_size != 128)) {
     throw std::invalid_argument(name + "takes 4 or 8 bits in groups of 32, 64 or 128");
   }
   if (w.dtype() != mx::uint32 || w.ndim() != 2) {
     throw std::invalid_argument(name + "w must be a 2-D uint32 array (mx.quantize's output)");
   }
-  const int64_t K = static_cast<int64_t>(w.shape(1)) * 32 / bits;
-  const mx::Shape groups{w.shape(0), static_cast<int>(K / group_size)};
-  if (K % group_size || scales.shape() != groups || biases.shape() != groups) {
+  const int64_t K = static_cast<int64_t>(w.shape(1)) * 32 / vb;
+  const bool int8 = int8_layout(bits) && int8_supports(K, group_size, vb);
+  const mx::Shape groups{w.shape(0), static_cast<int>(int8 ? int8_lanes(K, group_size) : K / group_size)};
+  if (K % group_size || (int8_layout(bits) && !int8_supports(K, group_size, vb)) || scales.shape() != groups || biases.shape() != groups) {
     throw std::invalid_argument(name + "scales and biases must have shape (N, K / group_size)");
   }
   auto sdtype = scales.dtype();
@@ -276,7 +286,8 @@ void DequantizeRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
                     out = mx::array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
     std::vector<int32_t> copy;
     const int32_t* id = dense<int32_t>(ids, copy);
-    const int64_t N = w.shape(0), Kw = w.shape(1), K = Kw * 32 / bits, G = K / gs;
+    const int64_t N = w.shape(0), Kw = w.shape(1), K = Kw * 32 / value_bits(bits);
+    const int64_t G = int8_layout(bits) ? int8_lanes(K, gs) : K / gs;  // scales a row
     const ScaleType st = scale_type(sc.dtype());
     const size_t width = sc.dtype() == mx::float32 ? 4 : 2;
     const auto* s = static_cast<const char*>(sc.data<void>());

@@ -23,6 +23,8 @@
 // the several-row tiles be 4 x 4 instead of 3 x 3, so its bits are the avx2 build's (tests/test_qmm.py).
 #include "qmm.h"
 
+#include "int8.h"
+
 #include <algorithm>
 #include <functional>
 #include <mutex>
@@ -106,6 +108,7 @@ std::function<void(int64_t, int64_t)> pick_range(const Ctx& c, bool avx2) {
 
 void dequantize_row(const uint32_t* w, const void* s, const void* b, ScaleType scale_type, float* y, int64_t K,
                     int group_size, int bits) {
+  if (int8_layout(bits)) return dequantize_row_i8(w, s, b, scale_type, y, K, group_size, value_bits(bits));
   auto run = [&]<class S>(S) {
     const auto* sp = static_cast<const typename S::T*>(s);
     const auto* bp = static_cast<const typename S::T*>(b);
@@ -145,6 +148,7 @@ int thread_count() {
 
 void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale_type, float* y, int64_t M, int64_t K,
              int group_size, int bits) {
+  if (int8_layout(bits)) return qmm_i8(x, weights, scale_type, y, M, K, group_size, value_bits(bits));
   int64_t ldy = 0;
   for (const Weight& wt : weights) ldy += wt.N;
   if (M == 0 || ldy == 0) return;

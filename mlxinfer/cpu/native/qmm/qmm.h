@@ -16,7 +16,7 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 7;
+constexpr int QMM_ABI = 8;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
@@ -180,7 +180,7 @@ class DequantizeRows : public mx::UnaryPrimitive {
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     auto shape = inputs[0].shape();
-    shape.push_back(static_cast<int>(static_cast<int64_t>(inputs[1].shape(1)) * 32 / bits_));
+    shape.push_back(static_cast<int>(static_cast<int64_t>(inputs[1].shape(1)) * 32 / (bits_ & 0xff)));
     return {shape};
   }
 
