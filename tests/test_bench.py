@@ -16,12 +16,14 @@ def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
         str(checkpoint_dir("llama", 4, 64)), prompt_tokens=(4, 9), gen_tokens=3, repeats=1, bandwidth_gb_s=10.0
     )
     engines = {r.engine for r in report.rows}
-    assert engines == {"mlx-lm", "mlxinfer", "mlxinfer quantized", "mlxinfer float32"}  # 4-bit: the kernel takes it
-    assert len(report.rows) == 8
+    # 4-bit: the kernel takes it, with float32 activations and with int8 ones
+    assert engines == {"mlx-lm", "mlxinfer", "mlxinfer quantized", "mlxinfer int8", "mlxinfer float32"}
+    assert len(report.rows) == 10
     base = {r.prompt_tokens: r for r in report.rows if r.engine == "mlx-lm"}
     assert sorted(base) == [4, 9]
     for r in report.rows:
-        assert r.same_tokens, r  # greedy tokens equal mlx-lm's, on each of our paths
+        # greedy tokens equal mlx-lm's on each of our float paths (int8 rounds the activations: near ties may flip)
+        assert r.same_tokens or r.engine == "mlxinfer int8", r
         assert r.prefill_tokens_per_s > 0 and r.decode_tokens_per_s > 0 and r.ttft_s > 0
         # each ratio is this row's speed over mlx-lm's row at the same prompt length (itself: 1)
         mlx_lm = base[r.prompt_tokens]
@@ -36,6 +38,9 @@ def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
         report.roofline["mlxinfer quantized"]["bytes_per_token"]
         < report.roofline["mlxinfer float32"]["bytes_per_token"]
     )
+    # ... and the int8 path the same codes in its own order, with scales and biases one per lane (a few more)
+    int8, quantized = (report.roofline[f"mlxinfer {p}"]["bytes_per_token"] for p in ("int8", "quantized"))
+    assert quantized <= int8 < report.roofline["mlxinfer float32"]["bytes_per_token"]
     assert report.roofline["mlxinfer"]["max_tokens_per_s"] == pytest.approx(
         10.0e9 / report.roofline["mlxinfer"]["bytes_per_token"]
     )

@@ -14,9 +14,10 @@ where the key hashes the sources, the mlx and nanobind versions, the Python tag 
 new mlx or a new source builds a new copy. The build is atomic (a temporary directory renamed into
 place). If it cannot be built or loaded, or disagrees with mx.quantized_matmul at first use, one
 warning line goes to stderr and callers keep the path they had (`status()` says why).
-MLXINFER_QMM=off turns it off; MLXINFER_QMM_THREADS=N sets the thread count; MLXINFER_QMM_ISA=avx2 or
-portable builds a narrower variant than the CPU allows, what another machine runs (avx2 has the avx512
-build's bits; the portable C++ path has its own fixed order).
+MLXINFER_QMM=off turns it off; MLXINFER_QMM_THREADS=N sets the thread count; MLXINFER_QMM_ISA=avx512,
+avx2 or portable builds a narrower variant than the CPU allows, what another machine runs (avx2 has the
+avx512 and avx512vnni builds' bits; the portable C++ path has its own fixed order for the float32
+kernel, and the int8 path's bits everywhere). The same extension holds the int8 path (int8.cpp).
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "primitive.cpp", "po
 SOURCES += (
     "int8.h",
     "int8.cpp",
+    "int8_tiles.h",
     "simd.h",
     "scales.h",
     "attention.h",
@@ -62,8 +64,9 @@ ISAS = ("", "avx2", "avx512", "avx512vnni")  # each variant runs wherever the ne
 
 
 def _isa() -> str:
-    """The variant to build: avx512 (AVX2 code that may use AVX-512VL's 32 vector registers: wider
-    tiles, the same bits), avx2, or "" (portable C++). MLXINFER_QMM_ISA may ask for a narrower one."""
+    """The variant to build: avx512vnni (avx512, and the int8 path's integer dot products as VNNI
+    instructions), avx512 (AVX2 code that may use AVX-512VL's 32 vector registers: wider tiles, the same
+    bits), avx2, or "" (portable C++). MLXINFER_QMM_ISA may ask for a narrower one."""
     from .draw import _cpu_flags
 
     flags = _cpu_flags() if platform.machine() in ("x86_64", "AMD64") else set()

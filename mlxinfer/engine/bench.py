@@ -221,7 +221,7 @@ def run_bench(
 
     paths_to_run = ["float32"] if fast_path else []
     if quantizable(model) and qmm.available():  # weights kept packed, the batch-invariant kernel
-        paths_to_run.insert(0, "quantized")
+        paths_to_run[:0] = ["quantized", "int8"]  # int8: llama.cpp's arithmetic, beside llama.cpp
     for dtype in paths_to_run:
         start = time.perf_counter()
         fast, _ = load(source, compute_dtype=dtype)
