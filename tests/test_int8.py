@@ -151,6 +151,8 @@ def test_the_model_runs_every_packed_layer_on_int8(embedded_int8):
     assert packed and all(m.int8 for m in packed)
     with pytest.raises(ValueError, match="int8 kernel"):
         params.dequantize_module(packed[0])
+    with pytest.raises(mlxinfer.MlxinferError, match="other than int8"):
+        mlxinfer.mlx_lm_twin(model)
 
 
 def test_the_lessons_greedy_text_and_the_distance_to_float32(embedded_int8, embedded_fast):

@@ -185,8 +185,9 @@ def _import(path: str):
 
 
 def verify(module) -> str | None:
-    """None if the module computes mx.quantized_matmul's result here (float32 rounding apart) and a row
-    alone equals the same row in a batch, bit for bit; else what differed."""
+    """None if the module computes mx.quantized_matmul's result here (float32 rounding apart), a row
+    alone equals the same row in a batch, bit for bit, and the int8 path equals its portable code; else
+    what differed."""
     import mlx.core as mx
 
     key = mx.random.key(20261201)
@@ -204,6 +205,12 @@ def verify(module) -> str | None:
             return f"its {bits}-bit result differs from mx.quantized_matmul's by {err:.2g}"
         if not same:
             return f"its {bits}-bit row alone differs from the same row in a batch"
+        # the int8 path: its vector code gives its portable code's bits (int8.cpp)
+        w8 = module.repack_int8(wq, group_size, bits)
+        s8, b8 = (module.int8_lane_groups(a, 256, group_size) for a in (scales, biases))
+        fast = module.quantized_matmul(x, w8, s8, b8, group_size, bits | module.int8_flag(), stream=mx.cpu)
+        if not mx.array_equal(fast, module.qmm_int8(x, w8, s8, b8, group_size, bits, reference=True)).item():
+            return f"its {bits}-bit int8 path differs from its portable code"
     return None
 
 
@@ -241,6 +248,7 @@ def _check(build_if_missing: bool = True) -> None:
     isa = "AVX2+FMA" if module.avx2() else "portable C++"
     if module.avx2() and module.tile() != "3x3":
         isa += f" with AVX-512VL's registers ({module.tile()} tiles)"
+    isa += f"; int8 dot products: {module.int8_isa()}"
     _state.update(
         active=True,
         path=str(path),

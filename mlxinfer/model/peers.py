@@ -18,6 +18,13 @@ def mlx_lm_twin(model) -> nn.Module:
     A model loaded through mlx-lm's own class (definition "mlx-lm ...") is its own twin."""
     if not model.info.definition.startswith("mlxinfer "):
         return model
+    if model.info.compute_dtype == "int8":  # its weights are in the int8 kernel's order (cpu/qlinear.int8_twin)
+        from ..errors import MlxinferError
+
+        raise MlxinferError(
+            "mlx-lm's twin needs the weights in MLX's layout; load the model with compute_dtype other than int8",
+            "compute_dtype",
+        )
     cfg = model.config
     arch = importlib.import_module(f"mlx_lm.models.{cfg.model_type}")
     args = arch.ModelArgs.from_dict(

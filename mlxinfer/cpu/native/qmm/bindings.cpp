@@ -87,6 +87,7 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "scales or biases (N, K / group_size) as the int8 layout's lanes (N, int8_lanes(K, group_size))");
   m.def("int8_lanes", &mlxinfer::int8_lanes, "K"_a, "group_size"_a);
   m.def("int8_flag", [] { return mlxinfer::kInt8Layout; });
+  m.def("int8_isa", &mlxinfer::int8_isa, "How this build sums the int8 path's products: VNNI, AVX2 or portable C++");
   m.def("int8_supports", &mlxinfer::int8_supports, "K"_a, "group_size"_a, "bits"_a);
   m.def("abi", [] { return mlxinfer::QMM_ABI; });
   m.def("avx2", &mlxinfer::compiled_with_avx2, "Whether this build runs the AVX2+FMA kernel");

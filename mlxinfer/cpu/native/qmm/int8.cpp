@@ -168,6 +168,16 @@ std::function<void(int64_t, int64_t)> pick(const Ctx8& c, bool reference) {
 
 }  // namespace
 
+const char* int8_isa() {
+#if defined(MLXINFER_QMM_AVX2) && defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  return "AVX-512 VNNI";
+#elif defined(MLXINFER_QMM_AVX2)
+  return "AVX2 maddubs";
+#else
+  return "portable C++";
+#endif
+}
+
 bool int8_supports(int64_t K, int group_size, int bits) {
   return (bits == 4 || bits == 8) && (group_size == 32 || group_size == 64 || group_size == 128) && K > 0 &&
       K % group_size == 0 && (bits == 8 || K % 64 == 0);

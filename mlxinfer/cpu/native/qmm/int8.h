@@ -19,6 +19,9 @@ inline bool int8_layout(int bits) {
   return (bits & kInt8Layout) != 0;
 }
 
+// "AVX-512 VNNI", "AVX2 maddubs" or "portable C++": how this build sums the int8 path's products (the same bits).
+const char* int8_isa();
+
 // Whether the int8 path takes K values in groups of group_size at `bits` (4: K a multiple of 64).
 bool int8_supports(int64_t K, int group_size, int bits);
 
