@@ -128,6 +128,12 @@ def embedded_quantized():
     return mlxinfer.load(None, compute_dtype="quantized")
 
 
+@pytest.fixture(scope="session")
+def embedded_int8():
+    """The embedded model on the int8 path (the quantized path's layers, activations rounded to 8 bits)."""
+    return mlxinfer.load(None, compute_dtype="int8")
+
+
 HERB = "Name one herb to add to tomato soup. Answer with one word."
 HERB_SEEDS = dict(seeds=16, settings={"temperature": 1.0}, max_tokens=5, batch_size=16)
 

@@ -139,11 +139,6 @@ def nn_quantized(wq, s, b, gs: int, bits: int):
 # ---------------------------------------------------------------- the embedded model
 
 
-@pytest.fixture(scope="module")
-def embedded_int8():
-    return mlxinfer.load(None, compute_dtype="int8")
-
-
 def test_the_model_runs_every_packed_layer_on_int8(embedded_int8):
     model, _ = embedded_int8
     assert model.info.compute_dtype == "int8" and "activations int8" in model.info.weights

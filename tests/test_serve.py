@@ -334,13 +334,24 @@ def test_a_repeated_prompt_reuses_its_prefill_and_gives_the_same_text(tiny):
     assert off.engine.batcher.status()["prompt_cache"] == {"prompts": 0, "bytes": 0, "hits": 0}
 
 
-@pytest.mark.parametrize("path", ["bfloat16", "quantized"])
+@pytest.fixture(scope="module")
+def smol_int8(embedded_int8):
+    """The embedded model on the int8 path: the quantized path's rows, activations rounded to 8 bits."""
+    app = create_app(*embedded_int8, max_rows=8, max_body_bytes=100_000)
+    with running(app) as url:
+        yield url, app
+
+
+@pytest.mark.parametrize("path", ["bfloat16", "quantized", "int8"])
 def test_eight_streams_on_the_embedded_model_each_equal_sample(path, request):
     """The real 4-bit model (GQA, per-row RoPE offsets): prompts of different lengths, all in flight.
-    Both paths give a row the same bits alone or in a batch: as stored (MLX's quantized matmul) and
-    quantized (the extension's kernel and per-row attention)."""
-    url, _ = request.getfixturevalue("smol" if path == "bfloat16" else "smol_quantized")
-    embedded = request.getfixturevalue("embedded" if path == "bfloat16" else "embedded_quantized")
+    Every path gives a row the same bits alone or in a batch: as stored (MLX's quantized matmul),
+    quantized and int8 (the extension's kernels and per-row attention)."""
+    server = {"bfloat16": "smol", "quantized": "smol_quantized", "int8": "smol_int8"}[path]
+    url, _ = request.getfixturevalue(server)
+    embedded = request.getfixturevalue(
+        {"bfloat16": "embedded", "quantized": "embedded_quantized"}.get(path, "embedded_int8")
+    )
     prompts = ["Fruit:", "Name one herb:", "The capital of France is", "Hello"]
     cases = [(prompts[i % 4], 40 + i, {"temperature": 1.0}) for i in range(8)]
     refs = [texts(*embedded, p, [s], st, 4, chat=False)[0] for p, s, st in cases]  # no adjustment: the shared draw
