@@ -27,8 +27,10 @@ if not qmm.available():
 
 K8 = qmm.kernel()
 FLAG = K8.int8_flag()
-# K values: 576 = 18 groups of 32 (8 + 8 + 2), 1408 = 11 groups of 128 (8 + 2 + 1), 960 = 15 groups of 64 (8+4+2+1)
+# K values: 576 = 18 groups of 32 (8 + 8 + 2), 1408 = 11 groups of 128 (8 + 2 + 1), 960 = 15 groups of 64 (8+4+2+1);
+# 8-bit groups of 32 also take an odd number of groups (544 = 8 + 8 + 1: a segment of one operand)
 CASES = [(bits, gs, k) for bits in (4, 8) for gs, k in ((32, 576), (32, 256), (64, 960), (128, 1408), (128, 1024))]
+CASES += [(8, 32, 544)]
 
 
 def int8_weights(n: int, k: int, bits: int, gs: int, seed: int):
@@ -107,6 +109,18 @@ def test_the_repacked_table_holds_mlx_values(bits, gs, k):
     assert mx.array_equal(got, want).item()
 
 
+def test_tiny_inputs_round_alike_in_the_vector_and_portable_code():
+    """A group whose max|x| is below 127 / FLT_MAX (3.7e-37) rounds to zeros (127 / max|x| is not finite),
+    in both codes alike; a small but ordinary group (1e-30) still rounds to its 8-bit grid."""
+    _, (w8, s8, b8) = int8_weights(30, 576, 4, 32, seed=9)
+    x = mx.random.normal((4, 576), key=mx.random.key(4)) * mx.array([[1e-38], [1e-40], [1e-30], [1.0]])
+    fast = K8.quantized_matmul(x, w8, s8, b8, 32, 4 | FLAG)
+    assert mx.array_equal(fast, K8.qmm_int8(x, w8, s8, b8, 32, 4, reference=True)).item()
+    assert (fast[:2] == 0).all().item() and (fast[2:] != 0).all().item()
+    with pytest.raises(ValueError, match="group size"):
+        K8.int8_lanes(64, 0)
+
+
 def test_a_group_with_inf_or_nan_gives_nan():
     _, (w8, s8, b8) = int8_weights(20, 576, 4, 32, seed=8)
     x = mx.random.normal((3, 576), key=mx.random.key(1))
@@ -144,7 +158,7 @@ def test_the_model_runs_every_packed_layer_on_int8(embedded_int8):
     assert model.info.compute_dtype == "int8" and "activations int8" in model.info.weights
     packed = [m for _, m in model.named_modules() if isinstance(m, qlinear._Packed)]
     assert packed and all(m.int8 for m in packed)
-    with pytest.raises(ValueError, match="int8 kernel"):
+    with pytest.raises(mlxinfer.MlxinferError, match="int8 kernel"):
         params.dequantize_module(packed[0])
     with pytest.raises(mlxinfer.MlxinferError, match="other than int8"):
         mlxinfer.mlx_lm_twin(model)

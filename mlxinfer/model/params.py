@@ -50,7 +50,12 @@ def dequantize(packed, scales, biases, group_size: int, bits: int, dtype=None, m
 def dequantize_module(m, dtype=None):
     """A QuantizedLinear/QuantizedEmbedding's weight, dequantized as `dequantize` does."""
     if getattr(m, "int8", False):  # the int8 kernel's own layout (cpu/qlinear.int8_twin): MLX would misread it
-        raise ValueError("a layer repacked for the int8 kernel cannot be dequantized; load the model again")
+        from ..errors import MlxinferError
+
+        raise MlxinferError(
+            "a layer repacked for the int8 kernel cannot be dequantized; load the model again with that compute_dtype",
+            "compute_dtype",
+        )
     return dequantize(m.weight, m.scales, m.get("biases"), m.group_size, m.bits, dtype, getattr(m, "mode", "affine"))
 
 

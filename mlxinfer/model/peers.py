@@ -18,7 +18,7 @@ def mlx_lm_twin(model) -> nn.Module:
     A model loaded through mlx-lm's own class (definition "mlx-lm ...") is its own twin."""
     if not model.info.definition.startswith("mlxinfer "):
         return model
-    if model.info.compute_dtype == "int8":  # its weights are in the int8 kernel's order (cpu/qlinear.int8_twin)
+    if any(getattr(m, "int8", False) for _, m in model.named_modules()):  # the int8 kernel's order (qlinear.int8_twin)
         from ..errors import MlxinferError
 
         raise MlxinferError(

@@ -17,7 +17,7 @@
 // in a segment of ts groups, operand j's byte 4 l + t holds value ((j P + l % P) 4 + t) of group g0 + l / P,
 // P = 8 / ts, so that lane l of an integer dot product (4 bytes a lane) only ever sums within one group.
 // 8-bit codes are those bytes; 4-bit codes pack operands 2i and 2i + 1 as one 32-byte vector's low and high
-// nibbles. Scales and biases keep MLX's layout.
+// nibbles. Scales and biases are stored one per lane of each segment (int8_lane_groups: (N, int8_lanes)).
 #include "int8.h"
 
 #include <algorithm>
@@ -40,7 +40,8 @@ using namespace int8_tiles;
 constexpr int64_t kMinWeightsPerThread = 1 << 16;  // as qmm.cpp
 
 // Row m's side of the arithmetic: xq (K bytes, operand order) and, per segment and lane, d and float(X).
-// A group holding inf or NaN gets d = NaN (its outputs are NaN, as the float32 path's would be).
+// A group holding inf or NaN gets d = NaN (its outputs are NaN, as the float32 path's would be); a group too
+// small for 127 / max|x| to be finite (max|x| < 3.7e-37) rounds to zeros, as an all-zero group does.
 void quantize_row(const float* x, int8_t* xq, float* dl, float* xl, float* d, float* inv, int64_t K, int gs,
                   const std::vector<Seg>& segs) {
   const int64_t G = K / gs;
@@ -52,8 +53,10 @@ void quantize_row(const float* x, int8_t* xq, float* dl, float* xl, float* d, fl
       finite = finite && std::isfinite(v);
       amax = std::max(amax, std::fabs(v));
     }
-    d[g] = finite ? amax / 127.0f : NAN;
-    inv[g] = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+    const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;
+    const bool tiny = !std::isfinite(scale);
+    d[g] = !finite ? NAN : tiny ? 0.0f : amax / 127.0f;
+    inv[g] = finite && !tiny ? scale : 0.0f;
   }
   std::fill(xl, xl + 8 * segs.size(), 0.0f);
   int32_t lane_sum[8];
@@ -104,7 +107,9 @@ void quantize_row_avx2(const float* x, int8_t* xq, float* dl, float* xl, int gs,
       t = _mm_max_ps(t, _mm_movehl_ps(t, t));
       const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
       const bool finite = _mm256_movemask_ps(bad) == 0;
-      const float d = finite ? amax / 127.0f : NAN, inv = finite && amax > 0.0f ? 127.0f / amax : 0.0f;
+      const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;  // quantize_row's steps, the same cases
+      const bool tiny = !std::isfinite(scale);
+      const float d = !finite ? NAN : tiny ? 0.0f : amax / 127.0f, inv = finite && !tiny ? scale : 0.0f;
       const __m256 iv = _mm256_set1_ps(inv);
       for (int i = 0; i < gs; i += 32) {
         __m256i v[4];
@@ -184,6 +189,9 @@ bool int8_supports(int64_t K, int group_size, int bits) {
 }
 
 int64_t int8_lanes(int64_t K, int group_size) {
+  if ((group_size != 32 && group_size != 64 && group_size != 128) || K <= 0 || K % group_size) {
+    throw std::invalid_argument("[mlxinfer.int8_lanes] K must be a positive multiple of a group size of 32, 64 or 128");
+  }
   return 8 * static_cast<int64_t>(segments(K / group_size, group_size).size());
 }
 
@@ -311,8 +319,9 @@ mx::array repack_int8_array(const mx::array& w, int group_size, int bits) {
 }
 
 mx::array lane_groups_array(const mx::array& scales, int64_t K, int group_size) {
+  int8_lanes(K, group_size);  // throws unless K is a whole number of groups of 32, 64 or 128
   const int64_t G = K / group_size;
-  if (scales.ndim() != 2 || scales.shape(1) != G || K % group_size) {
+  if (scales.ndim() != 2 || scales.shape(1) != G) {
     throw std::invalid_argument("[mlxinfer.int8_lane_groups] scales must be (N, K / group_size)");
   }
   const auto segs = segments(G, group_size);

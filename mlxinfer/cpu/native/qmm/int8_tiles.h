@@ -20,7 +20,7 @@ struct Seg {
   int ops;  // operands: ts * gs / 32
 };
 
-std::vector<Seg> segments(int64_t G, int gs) {
+inline std::vector<Seg> segments(int64_t G, int gs) {
   std::vector<Seg> out;
   int64_t g = 0, op = 0;
   auto add = [&](int ts) {
