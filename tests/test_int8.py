@@ -13,13 +13,14 @@ the products summed as exact integers.
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from conftest import ROOT
 
 import mlxinfer
 from mlxinfer.cpu import qlinear, qmm
-from mlxinfer.model import params
+from mlxinfer.model import convert, params
 from mlxinfer.tokenizer import encode_prompt
 
 if not qmm.available():
@@ -138,13 +139,21 @@ def test_a_layout_it_does_not_take_stays_on_the_float32_kernel():
     layer = nn_quantized(wq, s, b, 32, 4)
     twin = qlinear.int8_twin(qlinear.twin(layer))
     assert not twin.int8 and twin.kernel_bits == 4
+
+    class One(nn.Module):  # a model whose only layer the int8 kernel cannot take: the quantized path, named so
+        def __init__(self):
+            super().__init__()
+            self.proj = nn_quantized(wq, s, b, 32, 4)
+
+    model = One()
+    model.info = mlxinfer.ModelInfo.unnamed("test")
+    convert.to_quantized(model, int8=True)
+    assert model.info.compute_dtype == "quantized" and not model.proj.int8
     with pytest.raises(ValueError, match="int8 layout"):
         K8.quantized_matmul(mx.zeros((1, 96)), wq, s, b, 32, 4 | FLAG)
 
 
 def nn_quantized(wq, s, b, gs: int, bits: int):
-    import mlx.nn as nn
-
     layer = nn.QuantizedLinear(wq.shape[1] * 32 // bits, wq.shape[0], bias=False, group_size=gs, bits=bits)
     layer.weight, layer.scales, layer.biases = wq, s, b
     return layer

@@ -67,6 +67,19 @@ def embedded_config():
     return gguf.config_from_header(gguf.read_header(sources.resolve(None).path, tokenizer=False))
 
 
+def test_a_path_for_one_process_is_refused_for_a_split_model():
+    """The quantized and int8 paths run in one process: asked for across ranks, one line says so before any
+    file is read (they became bfloat16 without a word)."""
+
+    class TwoRanks:
+        def size(self):
+            return 2
+
+    for dtype in ("quantized", "int8"):
+        with pytest.raises(MlxinferError, match=f"compute_dtype '{dtype}' runs in one process only"):
+            mlxinfer.load("/nonexistent", compute_dtype=dtype, group=TwoRanks())
+
+
 def test_plan_splits_by_groups_of_query_heads():
     """SmolLM2: 9 query heads in 3 KV groups of 3. Two ranks take 2 groups and 1; three take one each;
     four is more ranks than KV heads."""

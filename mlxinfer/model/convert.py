@@ -133,6 +133,8 @@ def to_quantized(model, int8: bool = False):
         return qlinear.int8_twin(new) if int8 else new
 
     _convert(model, twin, "int8" if int8 else "quantized")
+    if int8 and not any(getattr(m, "int8", False) for _, m in model.named_modules()):
+        model.info = replace(model.info, compute_dtype="quantized")  # no layout fitted: say which path runs
     if mx.default_device().type == mx.DeviceType.cpu:
         qlinear.use_row_ops(model)  # norms and SwiGLU as one node each: a decode step is ~2,400 nodes
         from .fused import fuse

@@ -35,6 +35,12 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     """
     dtype_rule.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
     sharded = group is not None and group.size() > 1
+    if sharded and compute_dtype in ("quantized", "int8"):  # distributed.finish: float32 or as stored
+        raise MlxinferError(
+            f"compute_dtype '{compute_dtype}' runs in one process only; a model split across ranks runs float32 "
+            "or as stored: use float32, bfloat16 or auto",
+            "compute_dtype",
+        )
     if sharded:  # the same model on every rank, and a split that works, before any weight is read
         distributed.preflight(source, group)
     src = sources.resolve(source)
