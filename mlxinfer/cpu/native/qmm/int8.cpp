@@ -24,12 +24,10 @@
 #include <cmath>
 #include <cstring>
 #include <functional>
-#include <mutex>
 #include <stdexcept>
 #include <string>
 
 #include "int8_tiles.h"
-#include "pool.h"
 
 namespace mlxinfer {
 
@@ -37,11 +35,19 @@ namespace {
 
 using namespace int8_tiles;
 
-constexpr int64_t kMinWeightsPerThread = 1 << 16;  // as qmm.cpp
+// A group's d and 1 / step from its largest |x|. A group holding inf or NaN gets d = NaN (its outputs are NaN,
+// as the float32 path's would be); a group too small for 127 / max|x| to be finite (max|x| < 3.7e-37) rounds
+// to zeros, as an all-zero group does.
+struct GroupScale {
+  float d, inv;
+};
+inline GroupScale group_scale(float amax, bool finite) {
+  const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;
+  const bool tiny = !std::isfinite(scale);
+  return {!finite ? NAN : tiny ? 0.0f : amax / 127.0f, finite && !tiny ? scale : 0.0f};
+}
 
 // Row m's side of the arithmetic: xq (K bytes, operand order) and, per segment and lane, d and float(X).
-// A group holding inf or NaN gets d = NaN (its outputs are NaN, as the float32 path's would be); a group too
-// small for 127 / max|x| to be finite (max|x| < 3.7e-37) rounds to zeros, as an all-zero group does.
 void quantize_row(const float* x, int8_t* xq, float* dl, float* xl, float* d, float* inv, int64_t K, int gs,
                   const std::vector<Seg>& segs) {
   const int64_t G = K / gs;
@@ -53,10 +59,8 @@ void quantize_row(const float* x, int8_t* xq, float* dl, float* xl, float* d, fl
       finite = finite && std::isfinite(v);
       amax = std::max(amax, std::fabs(v));
     }
-    const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;
-    const bool tiny = !std::isfinite(scale);
-    d[g] = !finite ? NAN : tiny ? 0.0f : amax / 127.0f;
-    inv[g] = finite && !tiny ? scale : 0.0f;
+    const GroupScale gsc = group_scale(amax, finite);
+    d[g] = gsc.d, inv[g] = gsc.inv;
   }
   std::fill(xl, xl + 8 * segs.size(), 0.0f);
   int32_t lane_sum[8];
@@ -107,9 +111,7 @@ void quantize_row_avx2(const float* x, int8_t* xq, float* dl, float* xl, int gs,
       t = _mm_max_ps(t, _mm_movehl_ps(t, t));
       const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
       const bool finite = _mm256_movemask_ps(bad) == 0;
-      const float scale = amax > 0.0f ? 127.0f / amax : 0.0f;  // quantize_row's steps, the same cases
-      const bool tiny = !std::isfinite(scale);
-      const float d = !finite ? NAN : tiny ? 0.0f : amax / 127.0f, inv = finite && !tiny ? scale : 0.0f;
+      const auto [d, inv] = group_scale(amax, finite);
       const __m256 iv = _mm256_set1_ps(inv);
       for (int i = 0; i < gs; i += 32) {
         __m256i v[4];
@@ -233,13 +235,7 @@ void dequantize_row_i8(const uint32_t* w, const void* s, const void* b, ScaleTyp
       y[k] = scaled + widen(S{}, bp[e]);
     });
   };
-  if (scale_type == ScaleType::f16) {
-    run(F16{});
-  } else if (scale_type == ScaleType::bf16) {
-    run(BF16{});
-  } else {
-    run(F32{});
-  }
+  with_scale_type(scale_type, run);
 }
 
 void qmm_i8(const float* x, const std::vector<Weight>& weights, ScaleType scale_type, float* y, int64_t M, int64_t K,
@@ -264,31 +260,15 @@ void qmm_i8(const float* x, const std::vector<Weight>& weights, ScaleType scale_
   }
   std::vector<Ctx8> ctx(weights.size());
   std::vector<std::function<void(int64_t, int64_t)>> range(weights.size());
-  struct Chunk {
-    size_t weight;
-    int64_t n0, n1;
-  };
-  std::vector<Chunk> chunks;
-  Pool& p = pool();
-  const int64_t threads = std::min<int64_t>(p.size(), std::max<int64_t>(1, ldy * K / kMinWeightsPerThread));
-  const int64_t per = std::max<int64_t>(4, (ldy / (4 * threads) + 3) / 4 * 4);
   int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
     Ctx8& c = ctx[i];
     c = {xq.data(), dl.data(), xl.data(), reinterpret_cast<const uint8_t*>(weights[i].w), weights[i].s, weights[i].b,
          y + col, M, weights[i].N, K, G, ldy, K * bits / 8, L, group_size, bits, &segs};
-    range[i] = scale_type == ScaleType::f16 ? pick<F16>(c, reference)
-        : scale_type == ScaleType::bf16     ? pick<BF16>(c, reference)
-                                            : pick<F32>(c, reference);
-    for (int64_t n = 0; n < c.N; n += per) chunks.push_back({i, n, std::min(c.N, n + per)});
+    range[i] = with_scale_type(scale_type, [&]<class S>(S) { return pick<S>(c, reference); });
     col += c.N;
   }
-  std::unique_lock<std::mutex> lock(p.busy(), std::try_to_lock);
-  if (threads <= 1 || !lock.owns_lock()) {
-    for (const Chunk& ch : chunks) range[ch.weight](ch.n0, ch.n1);
-    return;
-  }
-  p.run([&](int i) { range[chunks[i].weight](chunks[i].n0, chunks[i].n1); }, static_cast<int>(chunks.size()));
+  run_columns(weights, K, range);
 }
 
 namespace {

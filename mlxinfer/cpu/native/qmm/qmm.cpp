@@ -117,13 +117,7 @@ void dequantize_row(const uint32_t* w, const void* s, const void* b, ScaleType s
       y[k] = scaled + widen(S{}, bp[k / group_size]);
     }
   };
-  if (scale_type == ScaleType::f16) {
-    run(F16{});
-  } else if (scale_type == ScaleType::bf16) {
-    run(BF16{});
-  } else {
-    run(F32{});
-  }
+  with_scale_type(scale_type, run);
 }
 
 bool compiled_with_avx2() {
@@ -164,10 +158,25 @@ void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale
     for (int64_t m = 0; m < M; ++m) tiles::lane_order(x + m * K, xp.data() + m * K, K, bits);
   }
 #endif
-  // one context per weight (its columns of y), and a fixed split of all their columns into chunks
-  // (multiples of 4, so that full tiles stay full; a chunk never spans two weights)
+  // one context per weight (its columns of y)
   std::vector<Ctx> ctx(weights.size());
   std::vector<std::function<void(int64_t, int64_t)>> range(weights.size());
+  int64_t col = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    Ctx& c = ctx[i];
+    c.x = x, c.w = weights[i].w, c.s = weights[i].s, c.b = weights[i].b, c.y = y + col;
+    c.M = M, c.N = weights[i].N, c.K = K, c.G = G, c.Kw = K * bits / 32, c.ldy = ldy;
+    c.gs = group_size, c.bits = bits, c.xsum = xsum.data(), c.xp = xp.data();
+    range[i] = with_scale_type(scale_type, [&]<class S>(S) { return pick_range<S>(c, avx2); });
+    col += c.N;
+  }
+  run_columns(weights, K, range);
+}
+
+void run_columns(const std::vector<Weight>& weights, int64_t K,
+                 const std::vector<std::function<void(int64_t, int64_t)>>& range) {
+  int64_t ldy = 0;
+  for (const Weight& wt : weights) ldy += wt.N;
   struct Chunk {
     size_t weight;
     int64_t n0, n1;
@@ -176,17 +185,8 @@ void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale
   Pool& p = pool();
   const int64_t threads = std::min<int64_t>(p.size(), std::max<int64_t>(1, ldy * K / kMinWeightsPerThread));
   const int64_t per = std::max<int64_t>(4, (ldy / (4 * threads) + 3) / 4 * 4);
-  int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
-    Ctx& c = ctx[i];
-    c.x = x, c.w = weights[i].w, c.s = weights[i].s, c.b = weights[i].b, c.y = y + col;
-    c.M = M, c.N = weights[i].N, c.K = K, c.G = G, c.Kw = K * bits / 32, c.ldy = ldy;
-    c.gs = group_size, c.bits = bits, c.xsum = xsum.data(), c.xp = xp.data();
-    range[i] = scale_type == ScaleType::f16 ? pick_range<F16>(c, avx2)
-        : scale_type == ScaleType::bf16     ? pick_range<BF16>(c, avx2)
-                                            : pick_range<F32>(c, avx2);
-    for (int64_t n = 0; n < c.N; n += per) chunks.push_back({i, n, std::min(c.N, n + per)});
-    col += c.N;
+    for (int64_t n = 0; n < weights[i].N; n += per) chunks.push_back({i, n, std::min(weights[i].N, n + per)});
   }
   std::unique_lock<std::mutex> lock(p.busy(), std::try_to_lock);
   if (threads <= 1 || !lock.owns_lock()) {  // same results: the split never changes an output's arithmetic

@@ -4,7 +4,9 @@
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
+#include "scales.h"
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <tuple>
@@ -129,6 +131,14 @@ inline ScaleType scale_type(mx::Dtype d) {
   return d == mx::float16 ? ScaleType::f16 : d == mx::bfloat16 ? ScaleType::bf16 : ScaleType::f32;
 }
 
+// fn(F16{}), fn(BF16{}) or fn(F32{}): a template over the scales' stored type, for the one st names
+template <class Fn>
+decltype(auto) with_scale_type(ScaleType st, Fn&& fn) {
+  if (st == ScaleType::f16) return fn(F16{});
+  if (st == ScaleType::bf16) return fn(BF16{});
+  return fn(F32{});
+}
+
 // y (n floats) += residual, element by element: the add MLX's h + out would do (a chain's or attention's
 // last step).
 void add_residual(const mx::array& residual, float* y, size_t n);
@@ -146,6 +156,13 @@ struct Weight {
 // the bits are those of separate calls). Scales and biases in the dtype scale_type names.
 void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale_type, float* y, int64_t M, int64_t K,
              int group_size, int bits);
+
+// range[i](n0, n1) computes weight i's output columns n0 .. n1 - 1. The columns of all the weights, split into
+// chunks (multiples of 4, so that full tiles stay full; a chunk never spans two weights), run on the pool's
+// threads, or on this one where the work is small or the pool busy: which thread runs a chunk never changes
+// an output's arithmetic. qmm_f32's and qmm_i8's split.
+void run_columns(const std::vector<Weight>& weights, int64_t K,
+                 const std::vector<std::function<void(int64_t, int64_t)>>& range);
 
 // Row `w` of a quantized table dequantized in float32 (K values): q * scale + bias, two roundings, as
 // mx.dequantize computes it.
