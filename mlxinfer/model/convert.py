@@ -16,7 +16,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 from ..errors import MlxinferError
 from . import shard
-from .params import dequantize_module, is_quantized, weights_kind
+from .params import dequantize_module, has_int8_layers, is_quantized, weights_kind
 
 
 def experts_to_float32_on_cpu(model) -> bool:
@@ -133,7 +133,7 @@ def to_quantized(model, int8: bool = False):
         return qlinear.int8_twin(new) if int8 else new
 
     _convert(model, twin, "int8" if int8 else "quantized")
-    if int8 and not any(getattr(m, "int8", False) for _, m in model.named_modules()):
+    if int8 and not has_int8_layers(model):
         model.info = replace(model.info, compute_dtype="quantized")  # no layout fitted: say which path runs
     if mx.default_device().type == mx.DeviceType.cpu:
         qlinear.use_row_ops(model)  # norms and SwiGLU as one node each: a decode step is ~2,400 nodes

@@ -47,6 +47,11 @@ def dequantize(packed, scales, biases, group_size: int, bits: int, dtype=None, m
     return mx.dequantize(packed, scales, biases, **kwargs).astype(dtype or mx.float32)
 
 
+def has_int8_layers(model) -> bool:
+    """Whether any layer is repacked for the int8 kernel (cpu/qlinear.int8_twin): its weights in that kernel's order."""
+    return any(getattr(m, "int8", False) for _, m in model.named_modules())
+
+
 def dequantize_module(m, dtype=None):
     """A QuantizedLinear/QuantizedEmbedding's weight, dequantized as `dequantize` does."""
     if getattr(m, "int8", False):  # the int8 kernel's own layout (cpu/qlinear.int8_twin): MLX would misread it
@@ -67,8 +72,8 @@ def weights_kind(model) -> str:
         if is_quantized(module):
             bits = sorted({m.bits for _, m in model.named_modules() if is_quantized(m)})
             if getattr(module, "float32_activations", False):
-                int8 = any(getattr(m, "int8", False) for _, m in model.named_modules())
-                return f"{'/'.join(map(str, bits))}-bit quantized (activations {'int8' if int8 else 'float32'})"
+                activations = "int8" if has_int8_layers(model) else "float32"
+                return f"{'/'.join(map(str, bits))}-bit quantized (activations {activations})"
             return f"{module.bits}-bit quantized (activations {str(module.scales.dtype).split('.')[-1]})"
     dtypes = sorted({str(p.dtype).split(".")[-1] for _, p in tree_flatten(model.parameters())})
     return "/".join(dtypes)

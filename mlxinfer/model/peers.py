@@ -12,13 +12,15 @@ import importlib
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from .params import has_int8_layers
+
 
 def mlx_lm_twin(model) -> nn.Module:
     """mlx-lm's Llama/Qwen2/Qwen3/Qwen3-MoE model holding exactly our tensors (quantized modules alike).
     A model loaded through mlx-lm's own class (definition "mlx-lm ...") is its own twin."""
     if not model.info.definition.startswith("mlxinfer "):
         return model
-    if any(getattr(m, "int8", False) for _, m in model.named_modules()):  # the int8 kernel's order (qlinear.int8_twin)
+    if has_int8_layers(model):  # its weights are in the int8 kernel's order (cpu/qlinear.int8_twin)
         from ..errors import MlxinferError
 
         raise MlxinferError(
