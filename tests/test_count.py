@@ -470,20 +470,19 @@ def test_cli_errors(tmp_path):
     assert_one_line_error(run_cli(tmp_path / "nowhere" / "config.json"), "no model at")
 
 
+def mlxinfer_with_hub(tmp_path, args: list, timeout: int, **hub_env) -> subprocess.CompletedProcess:
+    """`python -m mlxinfer ARGS` in a process of its own (huggingface_hub reads HF_HOME when it is first
+    imported), with an empty hub cache under tmp_path and hub_env's variables, no other cache or offline flag."""
+    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), **hub_env)
+    for name in {"HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"} - set(hub_env):
+        env.pop(name, None)
+    run = [sys.executable, "-m", "mlxinfer", *args]
+    return subprocess.run(run, cwd=REPO, capture_output=True, text=True, env=env, timeout=timeout)
+
+
 @pytest.mark.slow
 def test_cli_hub_offline(tmp_path):
-    env = dict(os.environ, HF_HUB_OFFLINE="1", HF_HOME=str(tmp_path / "hf"))
-    env.pop("HF_HUB_CACHE", None)
-    env.pop("HUGGINGFACE_HUB_CACHE", None)
-    # a process of its own: huggingface_hub reads HF_HOME when it is first imported
-    p = subprocess.run(
-        [sys.executable, "-m", "mlxinfer", "count", "Qwen/Qwen3-0.6B"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-    )
+    p = mlxinfer_with_hub(tmp_path, ["count", "Qwen/Qwen3-0.6B"], 120, HF_HUB_OFFLINE="1")
     assert_one_line_error(p, "Qwen/Qwen3-0.6B", "HF_HUB_OFFLINE")
 
 
@@ -492,15 +491,5 @@ def test_cli_hub_offline(tmp_path):
 def test_cli_hub_out_of_reach(tmp_path, command):
     """No HF_HUB_OFFLINE, a hub that does not resolve: one line at once, not huggingface_hub's ~23 s of
     logged retries (count) or an HTTP library's traceback (count read the safetensors headers first)."""
-    env = dict(os.environ, HF_HOME=str(tmp_path / "hf"), HF_ENDPOINT="http://hub.invalid")
-    for name in ("HF_HUB_OFFLINE", "HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
-        env.pop(name, None)
-    p = subprocess.run(
-        [sys.executable, "-m", "mlxinfer", *command, "Qwen/Qwen3-0.6B"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-    )
+    p = mlxinfer_with_hub(tmp_path, [*command, "Qwen/Qwen3-0.6B"], 60, HF_ENDPOINT="http://hub.invalid")
     assert_one_line_error(p, "Qwen/Qwen3-0.6B", "cannot be reached")

@@ -193,20 +193,10 @@ def test_the_lessons_greedy_text_and_the_distance_to_float32(embedded_int8, embe
 
 
 def test_the_model_scores_a_row_alone_as_in_a_batch(embedded_int8):
-    model, _ = embedded_int8
+    from test_qmm import assert_rows_score_alone_as_in_a_batch
+
     rows = [list(range(200 + 5 * i, 221 + 5 * i)) for i in range(6)]
-
-    def run(batch):
-        cache = model.make_cache()
-        first = model(mx.array(batch), cache)[:, -1, :]
-        step = model(mx.argmax(first, axis=-1)[:, None], cache)[:, -1, :]
-        mx.eval(first, step)
-        return first, step
-
-    first, step = run(rows)
-    for i in (0, 5):
-        alone_first, alone_step = run([rows[i]])
-        assert mx.array_equal(alone_first[0], first[i]).item() and mx.array_equal(alone_step[0], step[i]).item(), i
+    assert_rows_score_alone_as_in_a_batch(embedded_int8[0], rows, (0, 5))
 
 
 def test_seeded_draws_in_a_batch_equal_each_seed_alone(embedded_int8):
