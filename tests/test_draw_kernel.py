@@ -131,6 +131,25 @@ def test_rows_draw_what_categorical_draws(kernel, vocab, dtype):
     assert checked == 135
 
 
+def test_a_batch_split_over_two_threads_draws_what_categorical_draws(kernel, monkeypatch):
+    """From 2 * SPLIT_ROWS rows on, half the rows are drawn on a helper thread: every row's token is
+    still the one mx.random.categorical draws for that row alone, odd row counts included."""
+    monkeypatch.setattr(cpu_draw, "_cores", lambda: 2)
+    used = []
+    real = cpu_draw.concurrent.futures.ThreadPoolExecutor.submit
+    monkeypatch.setattr(
+        cpu_draw.concurrent.futures.ThreadPoolExecutor, "submit", lambda *a, **k: used.append(1) or real(*a, **k)
+    )
+    for rows in (2 * cpu_draw.SPLIT_ROWS - 1, 2 * cpu_draw.SPLIT_ROWS, 2 * cpu_draw.SPLIT_ROWS + 9):
+        chains = np.stack([np.array(mx.random.key(1000 + s)) for s in range(rows)])
+        _, subkeys = keychain.split(chains)
+        scaled = scores_for("flat", rows, 4099, rows)
+        want = [mx.random.categorical(scaled[i : i + 1], key=mx.array(subkeys[i])).item() for i in range(rows)]
+        got = cpu_draw.draw_rows(np.asarray(scaled), keychain.uniform(subkeys), kernel)
+        assert got.tolist() == want, rows
+    assert len(used) == 2  # the two batches of 2 * SPLIT_ROWS rows or more, not the one below
+
+
 def test_a_tie_at_the_threshold_resolves_as_mlx_does(kernel):
     """Scores [0, b] with u * (1 + e**b) == 1 exactly: MLX counts c_j <= threshold, so token 1.
     Search b near log(1/u - 1) until the float32 arithmetic ties."""
