@@ -31,10 +31,12 @@ from typing import Any, Callable, Optional
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ..cpu import draw as cpu_draw
 from ..defaults import SERVE_PROMPT_CACHE_BYTES
 from ..errors import MlxinferError
 from ..model import rows as row_walk
 from ..model.cache import fork, keep_rows
+from ..model.finite import finite_rows
 from .decode import Prefilled, RowState, choose_tokens, prefill, top_alternatives
 from .constrain import finish
 from .request import Request
@@ -189,6 +191,7 @@ class Batcher:
         self._prompts = _PromptCache(prompt_cache_bytes)
         self._stopped = threading.Event()
         _settle(model)
+        cpu_draw.available()  # its check at first use (~60 ms) now, not in the first step of many rows
         _on_engine_thread(self._run)
 
     # ------------------------------------------------------------------------- any thread
@@ -298,7 +301,7 @@ class Batcher:
         try:
             tokens = mx.array([m.token for m in live], dtype=mx.int32)
             logits = self._forward(live, tokens)
-            finite = mx.all(mx.isfinite(logits), axis=-1)  # checked per row before any draw is shown
+            finite = finite_rows(logits)  # checked per row before any draw is shown
             fed = [tokens[p : p + 1] for p in range(len(live))]
             top = max(m.job.top_logprobs for m in live)
             want = any(m.job.logprobs for m in live)
