@@ -302,6 +302,7 @@ class Batcher:
             tokens = mx.array([m.token for m in live], dtype=mx.int32)
             logits = self._forward(live, tokens)
             finite = finite_rows(logits)  # checked per row before any draw is shown
+            mx.async_eval(logits, finite)  # the forward runs while the draw is set up (keys, masks)
             fed = [tokens[p : p + 1] for p in range(len(live))]
             top = max(m.job.top_logprobs for m in live)
             want = any(m.job.logprobs for m in live)
