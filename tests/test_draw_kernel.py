@@ -7,8 +7,10 @@ mx.random.split/uniform, and its tokens with mx.random.categorical's, row by row
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
+import time
 
 import mlx.core as mx
 import numpy as np
@@ -148,6 +150,30 @@ def test_a_batch_split_over_two_threads_draws_what_categorical_draws(kernel, mon
         got = cpu_draw.draw_rows(np.asarray(scaled), keychain.uniform(subkeys), kernel)
         assert got.tolist() == want, rows
     assert len(used) == 2  # the two batches of 2 * SPLIT_ROWS rows or more, not the one below
+
+
+def test_a_forked_child_draws_a_split_batch(kernel, monkeypatch):
+    """The helper thread does not survive fork: a child that draws a split batch makes its own
+    (before, its submit would wait forever on the parent's thread)."""
+    monkeypatch.setattr(cpu_draw, "_cores", lambda: 2)
+    rows = 2 * cpu_draw.SPLIT_ROWS
+    x = np.random.default_rng(5).normal(size=(rows, 257)).astype(np.float32)
+    u = np.linspace(0.05, 0.95, rows, dtype=np.float32)
+    want = cpu_draw.draw_rows(x, u, kernel).tolist()  # the parent's helper now exists
+    assert cpu_draw._helper is not None
+    pid = os.fork()
+    if pid == 0:  # the child: exit 0 only if it drew the parent's tokens
+        os._exit(0 if cpu_draw.draw_rows(x, u, kernel).tolist() == want else 1)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        time.sleep(0.05)
+    os.kill(pid, 9)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's draw did not finish in 30 s")
 
 
 def test_a_tie_at_the_threshold_resolves_as_mlx_does(kernel):

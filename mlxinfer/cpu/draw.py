@@ -138,6 +138,15 @@ def draw_rows(scaled: np.ndarray, uniforms: np.ndarray, lib=None) -> np.ndarray:
     return out
 
 
+def _forget_helper() -> None:  # a forked child has none of the parent's threads: it makes its own
+    global _helper
+    _helper = None
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_helper)
+
+
 def _cores() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
 
