@@ -333,6 +333,7 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
     # the server's step (model/rows.py): rows of different lengths, each its own cache, one pass for
     # all; each row's scores are the bits of its prompt run alone
     from mlxinfer.model import rows
+    from mlxinfer.model.cache import KVCache
 
     prompts, caches, alone = [ids[:5], ids[:11], ids[:2]], [], []
     for p in prompts:
@@ -340,9 +341,21 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
         mx.eval(model(mx.array([p[:-1]]), cache), [c.state for c in cache])
         caches.append(cache)
         alone.append(model(mx.array([p]), model.make_cache())[0, -1])
-    together = rows.step(model, mx.array([p[-1] for p in prompts]), caches)
+    written = [[KVCache() for _ in c] for c in caches]  # the same caches, for owned=True
+    for mine, theirs in zip(written, caches):
+        for a, b in zip(mine, theirs):
+            a.kv, a.offset = mx.array(b.kv), b.offset  # a copy of its own, as cache.fork makes
+    tokens = mx.array([p[-1] for p in prompts])
+    together = rows.step(model, tokens, caches)
+    in_place = rows.step(model, tokens, written, owned=True)  # the writes inside the attention node
     for r in range(len(prompts)):
         assert mx.array_equal(together[r], alone[r]).item(), r
+        assert mx.array_equal(in_place[r], alone[r]).item(), r
+        for a, b in zip(written[r], caches[r]):
+            assert a.offset == b.offset and mx.array_equal(a.kv, b.kv).item()
+    # the next position, written into the same buffers, against the write node's
+    assert mx.array_equal(rows.step(model, tokens, written, owned=True), rows.step(model, tokens, caches)).item()
+    assert all(c[0].offset == len(p) + 1 for c, p in zip(written, prompts))
 
 
 def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded_quantized):

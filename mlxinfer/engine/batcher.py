@@ -322,7 +322,8 @@ class Batcher:
 
     def _forward(self, live: list[_Live], tokens: mx.array) -> mx.array:
         if self.per_row:
-            return row_walk.step(self.model, tokens, [m.cache for m in live])
+            # each row's cache is its own copy (cache.fork, KVCache.reserve), held by its _Live alone
+            return row_walk.step(self.model, tokens, [m.cache for m in live], owned=True)
         out, at = [], 0
         for group in _groups(live):
             n = len(group.members)

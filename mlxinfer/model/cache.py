@@ -84,7 +84,8 @@ def _map_rows(cache: list, fn) -> list:
 
 
 def fork(cache: list, rows: int) -> list:
-    """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...)."""
+    """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...), in new buffers
+    (mx.array copies, as repeat does): the server's rows write theirs in place (model/rows.py)."""
     return _map_rows(cache, lambda a: mx.repeat(a, rows, axis=0) if rows > 1 else mx.array(a))
 
 

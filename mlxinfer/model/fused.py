@@ -119,11 +119,13 @@ class FusedBlock:
         cache.offset += L
         return self._projected(h, partial(k.attend, qkv, cos, sin, cache.kv, at, H, Hk, a.scale, -1, *qn))
 
-    def attention_rows(self, h: mx.array, caches: list[KVCache]) -> mx.array:
+    def attention_rows(self, h: mx.array, caches: list[KVCache], owned: bool = False) -> mx.array:
         """rows.py's layer for rows that each have their own one-row cache (and length): norm + q/k/v
-        of all rows in one node, each row's RoPE and cache write at its own offset (one node a row),
-        then attention over every row's own cache, o_proj, + h and the MLP in one node
-        (`attend_rows`: each row's bits are attend's for that row alone)."""
+        of all rows in one node, each row's RoPE and cache write at its own offset, then attention
+        over every row's own cache, o_proj, + h and the MLP in one node (`attend_rows`: each row's
+        bits are attend's for that row alone). The writes are one node a row, or, where the caller
+        says each row's cache buffer is its own (`owned`, rows.step) and there is no head norm,
+        inside the attention node, in place: 30 nodes a step where there were 30 x (A + 1)."""
         attn = self.layer.self_attn
         H, Hk = attn.n_heads, attn.n_kv_heads
         k, offsets = self.kernel, []
@@ -131,14 +133,17 @@ class FusedBlock:
         E = qkv.shape[-1] // (H + 2 * Hk)
         cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
         qn, kn = _head_norms(attn)
+        in_node = owned and not attn.qk_norm
         for r, cache in enumerate(caches):
             cache.reserve((1, Hk, 1, E), E, mx.float32)
             at = cache.offset
-            cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, r, *kn)
+            if not in_node:
+                cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, r, *kn)
             offsets.append(at)
             cache.offset = at + 1
         kvs = [c.kv for c in caches]
-        return self._projected(h, partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, attn.scale, *qn))
+        attend = partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, attn.scale, *qn, write_in_place=in_node)
+        return self._projected(h, attend)
 
     def _projected(self, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
         """h = h + o_proj(attend()), then h + mlp(norm(h)): o_proj, the residual and the MLP inside

@@ -35,15 +35,19 @@ def supports(model) -> bool:
     return all(hasattr(attn, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "n_heads"))
 
 
-def step(model: Model, tokens: mx.array, caches: list[list[KVCache]]) -> mx.array:
+def step(model: Model, tokens: mx.array, caches: list[list[KVCache]], owned: bool = False) -> mx.array:
     """Scores (A, V) for the next token of each row: `tokens` (A,) are the tokens just drawn and
-    caches[r] is row r's one-row cache (a list over layers), updated in place."""
+    caches[r] is row r's one-row cache (a list over layers), updated in place.
+
+    owned: each row's cache arrays are held by nothing else that must keep their old contents (the
+    server's rows, each forked into a copy of its own: cache.fork); the quantized path then writes
+    the new keys and values inside its attention node, into those buffers (fused.attention_rows)."""
     A = tokens.shape[0]
     h = model.embed(tokens.reshape(A, 1))  # (A, 1, D)
     for i, layer in enumerate(model.layers):
         rows, fused = [c[i] for c in caches], layer.fused
         if fused is not None and fused.attention_fuses():
-            h = fused.attention_rows(h, rows)  # the MLP too
+            h = fused.attention_rows(h, rows, owned)  # the MLP too
             continue
         h = h + _attention(layer.self_attn, layer.input_layernorm(h), rows)
         h = fused.mlp(h) if fused is not None else h + layer.mlp(layer.post_attention_layernorm(h))

@@ -196,9 +196,17 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
                       const std::vector<mx::array>& kvs, const std::vector<int>& offsets, int n_heads,
                       int n_kv_heads, float scale, const std::optional<mx::array>& norm, float eps,
                       const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
-                      const std::vector<StageArgs>& then, mx::StreamOrDevice s) {
+                      const std::vector<StageArgs>& then, bool write_in_place, mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
   const size_t A = kvs.size();
+  if (write_in_place && norm) {
+    throw std::invalid_argument("[mlxinfer.attend] write_in_place writes keys without a head norm: write_cache them");
+  }
+  for (const auto& kv : kvs) {
+    if (write_in_place && kv.dtype() != mx::float32) {
+      throw std::invalid_argument("[mlxinfer.attend] write_in_place needs float32 caches (a copy would be written)");
+    }
+  }
   if (A == 0 || offsets.size() != A || qkv.ndim() != 3 || qkv.shape(0) != static_cast<int>(A)) {
     throw std::invalid_argument("[mlxinfer.attend] attend_rows needs one cache and offset per row of qkv");
   }
@@ -217,7 +225,7 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
       shape,
       mx::float32,
       std::make_shared<AttendRows>(stream, offsets, n_heads, n_kv_heads, scale, eps, norm.has_value(), group_size, bits,
-                                   residual.has_value(), std::move(stages)),
+                                   residual.has_value(), std::move(stages), write_in_place),
       inputs);
 }
 
@@ -226,10 +234,18 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   for (auto& a : inputs) enc.set_input_array(a);
   enc.set_output_array(out);
   if (!then_.empty()) check_stage_layout(inputs, 3 + norm_ + offsets_.size() + 3 + residual_, then_);
+  if (write_) {
+    for (size_t r = 0; r < offsets_.size(); ++r) {
+      const auto& kv = inputs[3 + norm_ + r];
+      if (!kv.flags().row_contiguous || kv.data_size() != kv.size()) {
+        throw std::runtime_error("[mlxinfer.attend] write_in_place needs each cache in a buffer of its own");
+      }
+    }
+  }
   out.set_data(mx::allocator::malloc(out.nbytes()));
   std::vector<mx::array> held;
   for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
-  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), offsets = offsets_, H = n_heads_,
+  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), in_place = write_, offsets = offsets_, H = n_heads_,
                 Hk = n_kv_heads_, scale = scale_, eps = eps_, norm = norm_, gs = out_group_size_, bits = out_bits_,
                 residual = residual_, then = then_]() mutable {
     const int64_t A = offsets.size(), L = held[0].shape(1), width = held[0].shape(2);
@@ -247,6 +263,9 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
       std::vector<float> ckv;
       const mx::array& kv = held[first_kv + r];
       const Shapes d{1, L, H, Hk, E, kv.shape(3), offsets[r]};
+      if (in_place) {  // the buffer is this row's alone (checked above, promised by the caller): written where it lies
+        write(d, qkv + r * L * width, cos, sin, nullptr, 0.0f, const_cast<float*>(kv.data<float>()));
+      }
       attend_all(d, scale, qkv + r * L * width, cos, sin, dense_rows(kv, ckv), nw, eps, att + r * L * H * E);
     };
     {
@@ -269,7 +288,7 @@ void AttendRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool AttendRows::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const AttendRows&>(other);
-  return offsets_ == o.offsets_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ &&
+  return write_ == o.write_ && offsets_ == o.offsets_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ &&
       eps_ == o.eps_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ && out_bits_ == o.out_bits_ &&
       residual_ == o.residual_ && then_ == o.then_;
 }

@@ -49,19 +49,24 @@ mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& si
 // attend for rows that each have a cache of their own (the server's): row r of qkv (A, L, ...) over
 // kvs[r] (1, 2, Hk, capacity_r, E) at offsets[r], in one node; each row's bits are those of
 // attend(..., row=r), and out_proj / residual apply to all rows at once, as attend's do.
+// write_in_place: the node first writes each row's new keys and values into kvs[r] itself, the bits
+// write_cache(..., row=r) gives, where one write node a row was (30 x A nodes a step). The caller
+// promises that each kvs[r] is float32, row-contiguous and held by nothing that must keep its old
+// contents (the server's rows: each row's cache is its own copy, model/rows.py); no head norm.
 mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::array& sin,
                       const std::vector<mx::array>& kvs, const std::vector<int>& offsets, int n_heads, int n_kv_heads,
                       float scale,
                       const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
                       const std::optional<OutProj>& out_proj = std::nullopt,
                       const std::optional<mx::array>& residual = std::nullopt, const std::vector<StageArgs>& then = {},
-                      mx::StreamOrDevice s = {});
+                      bool write_in_place = false, mx::StreamOrDevice s = {});
 
 class AttendRows : public mx::UnaryPrimitive {
  public:
   AttendRows(mx::Stream stream, std::vector<int> offsets, int n_heads, int n_kv_heads, float scale, float eps, bool norm,
-             int out_group_size, int out_bits, bool residual, std::vector<Stage> then)
+             int out_group_size, int out_bits, bool residual, std::vector<Stage> then, bool write)
       : mx::UnaryPrimitive(stream),
+        write_(write),
         offsets_(std::move(offsets)),
         n_heads_(n_heads),
         n_kv_heads_(n_kv_heads),
@@ -81,6 +86,7 @@ class AttendRows : public mx::UnaryPrimitive {
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
  private:
+  bool write_;
   std::vector<int> offsets_;
   int n_heads_, n_kv_heads_, out_group_size_, out_bits_;
   float scale_, eps_;

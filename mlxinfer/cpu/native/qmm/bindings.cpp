@@ -67,8 +67,10 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "(linear_chain's stages), h = that and the node gives h + linear_chain(h, then)");
   m.def("attend_rows", &mlxinfer::attend_rows, "qkv"_a, "cos"_a, "sin"_a, "kvs"_a, "offsets"_a, "n_heads"_a,
         "n_kv_heads"_a, "scale"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "out_proj"_a = nb::none(),
-        "residual"_a = nb::none(), "then"_a = std::vector<mlxinfer::StageArgs>{}, "stream"_a = nb::none(),
-        "attend for rows with caches of their own (kvs[r] at offsets[r]) in one node: (A, L, H E)");
+        "residual"_a = nb::none(), "then"_a = std::vector<mlxinfer::StageArgs>{}, "write_in_place"_a = false,
+        "stream"_a = nb::none(),
+        "attend for rows with caches of their own (kvs[r] at offsets[r]) in one node: (A, L, H E); with "
+        "write_in_place, each row's new keys and values are first written into kvs[r] itself (attention.h)");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");
   m.def("rms_norm", &mlxinfer::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
