@@ -202,11 +202,6 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
   if (write_in_place && norm) {
     throw std::invalid_argument("[mlxinfer.attend] write_in_place writes keys without a head norm: write_cache them");
   }
-  for (const auto& kv : kvs) {
-    if (write_in_place && kv.dtype() != mx::float32) {
-      throw std::invalid_argument("[mlxinfer.attend] write_in_place needs float32 caches (a copy would be written)");
-    }
-  }
   if (A == 0 || offsets.size() != A || qkv.ndim() != 3 || qkv.shape(0) != static_cast<int>(A)) {
     throw std::invalid_argument("[mlxinfer.attend] attend_rows needs one cache and offset per row of qkv");
   }
@@ -216,6 +211,9 @@ mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::arra
   for (size_t r = 0; r < A; ++r) {
     L = check(qkv, cos, sin, kvs[r], offsets[r], n_heads, n_kv_heads, static_cast<int>(r));
     check_norm(norm, kvs[r]);
+    if (write_in_place && kvs[r].dtype() != mx::float32) {
+      throw std::invalid_argument("[mlxinfer.attend] write_in_place needs float32 caches (a copy would be written)");
+    }
   }
   for (const auto& kv : kvs) inputs.push_back(f32(kv, stream));
   mx::Shape shape{static_cast<int>(A), L, n_heads * kvs[0].shape(4)};
