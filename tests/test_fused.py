@@ -227,6 +227,20 @@ def test_attention_against_float64_and_rows_alone(L, offset):
         assert mx.array_equal(layers, K.linear_chain(projected, mlp, projected)).item()
         with pytest.raises(ValueError, match="one cache and offset per row"):
             K.attend_rows(mx.array(qkv), cos, sin, caches, offsets[:-1], H, Hk, scale)
+        # the writes inside the node, into copies of the caches before write_cache: the same caches
+        # and the same output; and what it refuses (it would write into a copy, or into a shared buffer)
+        own = [mx.array(kv[r : r + 1]) for r in range(B)]
+        in_node = K.attend_rows(mx.array(qkv), cos, sin, own, offsets, H, Hk, scale, write_in_place=True)
+        assert mx.array_equal(in_node, together).item()
+        assert all(mx.array_equal(a, b).item() for a, b in zip(own, caches))
+        with pytest.raises(ValueError, match="float32 caches"):
+            halves = [c.astype(mx.bfloat16) for c in own]
+            K.attend_rows(mx.array(qkv), cos, sin, halves, offsets, H, Hk, scale, write_in_place=True)
+        with pytest.raises(ValueError, match="without a head norm"):
+            K.attend_rows(mx.array(qkv), cos, sin, own, offsets, H, Hk, scale, normal(E), 1e-6, write_in_place=True)
+        shared = [mx.broadcast_to(mx.zeros((1, 1, 1, 1, 1)), c.shape) for c in own]  # one element for all
+        with pytest.raises(RuntimeError, match="a buffer of its own"):
+            mx.eval(K.attend_rows(mx.array(qkv), cos, sin, shared, offsets, H, Hk, scale, write_in_place=True))
 
 
 def _address(a: mx.array) -> int:
