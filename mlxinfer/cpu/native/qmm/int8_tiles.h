@@ -194,8 +194,13 @@ void tile(const Ctx8& c, int64_t m0, int64_t n0, const uint8_t* const* cols) {
     }
     e += 8;
   }
-  for (int r = 0; r < R; ++r) {
-    for (int j = 0; j < NC; ++j) c.y[(m0 + r) * c.ldy + n0 + j] = hsum8(_mm256_load_ps(f[r][j]));  // tree8's order
+  for (int r = 0; r < R; ++r) {  // tree8's order
+    if constexpr (NC == 4) {
+      const __m128 y = hsum8x4(_mm256_load_ps(f[r][0]), _mm256_load_ps(f[r][1]), _mm256_load_ps(f[r][2]), _mm256_load_ps(f[r][3]));
+      _mm_storeu_ps(c.y + (m0 + r) * c.ldy + n0, y);
+    } else {
+      for (int j = 0; j < NC; ++j) c.y[(m0 + r) * c.ldy + n0 + j] = hsum8(_mm256_load_ps(f[r][j]));
+    }
   }
 }
 
@@ -236,6 +241,7 @@ void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
         cols[j] = out;
       }
     }
+    if (unpack && t1 < n1) prefetch(c.w + t1 * c.rowbytes, (std::min(n1, t1 + kColTile) - t1) * c.rowbytes);
     if (c.M == 1) {
       if (c.bits == 4) {
         tile_cols<true, true, S, 1>(c, 0, t0, t1, cols);

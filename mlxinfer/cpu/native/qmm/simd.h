@@ -48,6 +48,22 @@ inline float hsum8(__m256 v) {
   t = _mm_add_ss(t, _mm_movehdup_ps(t));
   return _mm_cvtss_f32(t);
 }
+
+// Asks for n bytes from p into the cache ahead of use: a batch's tile loops read the next column
+// tile's stored weights once, after computing on this one, and they come from memory (measured: the
+// load after unpacking held ~80% of its samples; with this the 32-row output table 5.0 -> 4.3 ms)
+inline void prefetch(const void* p, int64_t n) {
+  for (int64_t off = 0; off < n; off += 64) _mm_prefetch(static_cast<const char*>(p) + off, _MM_HINT_T0);
+}
+
+// hsum8 of four vectors at once, in its order (p = low half + high half, then (p0 + p2) + (p1 + p3))
+inline __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
+  auto half = [](__m256 v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); };
+  const __m128 pa = half(a), pb = half(b), pc = half(c), pd = half(d);
+  const __m128 ab = _mm_add_ps(_mm_shuffle_ps(pa, pb, _MM_SHUFFLE(1, 0, 1, 0)), _mm_shuffle_ps(pa, pb, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m128 cd = _mm_add_ps(_mm_shuffle_ps(pc, pd, _MM_SHUFFLE(1, 0, 1, 0)), _mm_shuffle_ps(pc, pd, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm_hadd_ps(ab, cd);  // [a0 + a2, a1 + a3, b0 + b2, b1 + b3] pairwise: a's, b's, c's, d's sums
+}
 #endif
 
 }  // namespace mlxinfer
