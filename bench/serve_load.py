@@ -6,6 +6,10 @@ same weights), then:
 1. N seeded streaming clients at once vs the same N requests one after another: aggregate
    tokens/s and its ratio, p50/p99 time to first token, and how many texts equal the one-at-a-time
    run's (the seed's own stream: all N on the weights as stored, nearly all on the float32 path).
+   The load comes from one asyncio loop on httpx (`--client raw`, as vLLM's benchmark_serving
+   streams with aiohttp) or from N official openai clients (`--client openai`); both phases use the
+   same one. The clients run on the server's own cores here: the share of them the client took
+   during the concurrent phase is printed beside the figures (~0.04 raw, ~0.19 openai, 2 cores).
 2. R small requests in a row, the server's RSS sampled every 50: flat memory means no leak.
 3. With --mlx-lm: the same concurrent load against mlx_lm.server, and whether a seeded request
    gives the same text twice, alone and under load.
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import subprocess
@@ -89,6 +94,55 @@ def one(url: str, model: str, prompt: str, seed: int, max_tokens: int, http=None
     return {"text": "".join(text), "tokens": tokens or len(text), "ttft": first or total, "seconds": total}
 
 
+def body(model: str, prompt: str, seed: int, max_tokens: int) -> dict:
+    """The request `one` sends through the openai client, as JSON."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "seed": seed, "temperature": 1.0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+
+
+async def one_raw(http, model: str, prompt: str, seed: int, max_tokens: int) -> dict:
+    """`one` on a bare async HTTP client: the same request and the same fields read from its
+    server-sent events, parsed with json.loads (the openai client builds a pydantic object per chunk)."""
+    start, text, first, tokens = time.perf_counter(), [], None, 0
+    async with http.stream("POST", "/v1/chat/completions", json=body(model, prompt, seed, max_tokens)) as r:
+        if r.status_code != 200:
+            raise SystemExit(f"status {r.status_code}: {(await r.aread())[:300]!r}")
+        async for line in r.aiter_lines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for c in chunk.get("choices") or []:
+                piece = (c.get("delta") or {}).get("content")
+                if piece:
+                    first = first if first is not None else time.perf_counter() - start
+                    text.append(piece)
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+    total = time.perf_counter() - start
+    return {"text": "".join(text), "tokens": tokens or len(text), "ttft": first or total, "seconds": total}
+
+
+def load_raw(url: str, model: str, n: int, max_tokens: int, concurrent: bool) -> tuple[list[dict], float]:
+    """`load` with one_raw: one event loop, one connection per request in flight."""
+    import asyncio
+
+    import httpx
+
+    cases = [(PROMPTS[i % len(PROMPTS)], 1000 + i) for i in range(n)]
+
+    async def run() -> tuple[list[dict], float]:
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
+            start = time.perf_counter()
+            if concurrent:
+                out = await asyncio.gather(*(one_raw(http, model, *c, max_tokens) for c in cases))
+            else:
+                out = [await one_raw(http, model, *c, max_tokens) for c in cases]
+            return list(out), time.perf_counter() - start
+
+    return asyncio.run(run())
+
+
 def load(url: str, model: str, n: int, max_tokens: int, concurrent: bool) -> tuple[list[dict], float]:
     """The n requests, one after another on one client or all at once on n clients (made before the
     clock starts: ~25 ms of CPU each, on the server's cores, is the client's cost, not the
@@ -111,14 +165,25 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def compare(url: str, model: str, n: int, max_tokens: int, label: str) -> dict:
+def compare(url: str, model: str, n: int, max_tokens: int, label: str, client_kind: str = "raw") -> dict:
+    """Both phases through the same client: `raw` (one_raw) or `openai` (one)."""
+    import resource
+
+    def cpu() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
     one(url, model, PROMPTS[0], 1, 2)  # warm-up
-    seq, seq_s = load(url, model, n, max_tokens, concurrent=False)
-    con, con_s = load(url, model, n, max_tokens, concurrent=True)
+    run = load_raw if client_kind == "raw" else load
+    seq, seq_s = run(url, model, n, max_tokens, concurrent=False)
+    before = cpu()
+    con, con_s = run(url, model, n, max_tokens, concurrent=True)
+    client_cpu = cpu() - before
     seq_tps, con_tps = sum(r["tokens"] for r in seq) / seq_s, sum(r["tokens"] for r in con) / con_s
     ttft = [r["ttft"] for r in con]
     row = {
         "server": label,
+        "client": client_kind,
         "clients": n,
         "sequential_tok_s": round(seq_tps, 1),
         "concurrent_tok_s": round(con_tps, 1),
@@ -126,6 +191,7 @@ def compare(url: str, model: str, n: int, max_tokens: int, label: str) -> dict:
         "ttft_p50_s": round(statistics.median(ttft), 3),
         "ttft_p99_s": round(pct(ttft, 0.99), 3),
         "same_text_as_one_at_a_time": f"{sum(a['text'] == b['text'] for a, b in zip(seq, con))}/{n}",
+        "client_cpu_share_concurrent": round(client_cpu / (con_s * (os.cpu_count() or 1)), 2),  # of all cores
     }
     print(json.dumps(row), flush=True)
     return row
@@ -174,6 +240,13 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--requests", type=int, default=1000, help="small requests in a row for the memory check")
     p.add_argument("--mlx-lm", default=None, help="a model directory to serve with mlx_lm.server as well")
+    p.add_argument(
+        "--client",
+        choices=("raw", "openai"),
+        default="raw",
+        help="load generator: raw (one asyncio loop, json.loads per event, as vLLM's benchmark_serving "
+        "uses aiohttp) or openai (the official client, a thread each; its parsing shares the server's cores)",
+    )
     p.add_argument("--phases", default="load,seeds,memory", help="which of load, seeds, memory to run (mlxinfer)")
     a = p.parse_args()
     phases = set(a.phases.split(","))
@@ -193,7 +266,7 @@ def main() -> None:
 
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         if "load" in phases:
-            compare(url, model, a.clients, a.max_tokens, "mlxinfer serve")
+            compare(url, model, a.clients, a.max_tokens, "mlxinfer serve", a.client)
         if "seeds" in phases:
             reproducible(url, model, a.max_tokens)
         if "memory" in phases:
@@ -207,7 +280,7 @@ def main() -> None:
         proc = start(cmd, port)
         url = f"http://127.0.0.1:{port}"
         try:
-            compare(url, a.mlx_lm, a.clients, a.max_tokens, "mlx_lm.server")
+            compare(url, a.mlx_lm, a.clients, a.max_tokens, "mlx_lm.server", a.client)
             reproducible(url, a.mlx_lm, a.max_tokens)
         finally:
             proc.terminate()
