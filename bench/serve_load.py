@@ -68,20 +68,28 @@ def client(url: str):
     return openai.OpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
 
 
+def body(model: str, prompt: str, seed: int, max_tokens: int) -> dict:
+    """The seeded streaming chat request both clients send."""
+    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
+            "seed": seed, "temperature": 1.0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+
+
+def cases(n: int) -> list[tuple[str, int]]:
+    """The n requests' (prompt, seed), the same in every phase and for either client."""
+    return [(PROMPTS[i % len(PROMPTS)], 1000 + i) for i in range(n)]
+
+
+def result(start: float, text: list[str], first: float | None, tokens: int) -> dict:
+    total = time.perf_counter() - start
+    return {"text": "".join(text), "tokens": tokens or len(text), "ttft": first or total, "seconds": total}
+
+
 def one(url: str, model: str, prompt: str, seed: int, max_tokens: int, http=None) -> dict:
     """One seeded streaming chat request: its text, tokens, time to first token, total time.
     `http`: the openai client to send it with (a new one if None)."""
     http = http or client(url)
     start = time.perf_counter()
-    stream = http.chat.completions.create(
-        model=model,
-        messages=[{"role": "user", "content": prompt}],
-        max_tokens=max_tokens,
-        seed=seed,
-        temperature=1.0,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
+    stream = http.chat.completions.create(**body(model, prompt, seed, max_tokens))
     text, first, tokens = [], None, 0
     for chunk in stream:
         for c in chunk.choices:
@@ -90,14 +98,7 @@ def one(url: str, model: str, prompt: str, seed: int, max_tokens: int, http=None
                 text.append(c.delta.content)
         if chunk.usage:
             tokens = chunk.usage.completion_tokens
-    total = time.perf_counter() - start
-    return {"text": "".join(text), "tokens": tokens or len(text), "ttft": first or total, "seconds": total}
-
-
-def body(model: str, prompt: str, seed: int, max_tokens: int) -> dict:
-    """The request `one` sends through the openai client, as JSON."""
-    return {"model": model, "messages": [{"role": "user", "content": prompt}], "max_tokens": max_tokens,
-            "seed": seed, "temperature": 1.0, "stream": True, "stream_options": {"include_usage": True}}  # fmt: skip
+    return result(start, text, first, tokens)
 
 
 async def one_raw(http, model: str, prompt: str, seed: int, max_tokens: int) -> dict:
@@ -118,8 +119,7 @@ async def one_raw(http, model: str, prompt: str, seed: int, max_tokens: int) -> 
                     text.append(piece)
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
-    total = time.perf_counter() - start
-    return {"text": "".join(text), "tokens": tokens or len(text), "ttft": first or total, "seconds": total}
+    return result(start, text, first, tokens)
 
 
 def load_raw(url: str, model: str, n: int, max_tokens: int, concurrent: bool) -> tuple[list[dict], float]:
@@ -128,16 +128,16 @@ def load_raw(url: str, model: str, n: int, max_tokens: int, concurrent: bool) ->
 
     import httpx
 
-    cases = [(PROMPTS[i % len(PROMPTS)], 1000 + i) for i in range(n)]
+    requests = cases(n)
 
     async def run() -> tuple[list[dict], float]:
         limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
         async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
             start = time.perf_counter()
             if concurrent:
-                out = await asyncio.gather(*(one_raw(http, model, *c, max_tokens) for c in cases))
+                out = await asyncio.gather(*(one_raw(http, model, *c, max_tokens) for c in requests))
             else:
-                out = [await one_raw(http, model, *c, max_tokens) for c in cases]
+                out = [await one_raw(http, model, *c, max_tokens) for c in requests]
             return list(out), time.perf_counter() - start
 
     return asyncio.run(run())
@@ -147,16 +147,16 @@ def load(url: str, model: str, n: int, max_tokens: int, concurrent: bool) -> tup
     """The n requests, one after another on one client or all at once on n clients (made before the
     clock starts: ~25 ms of CPU each, on the server's cores, is the client's cost, not the
     server's), and the seconds from the first request sent to the last response read."""
-    cases = [(PROMPTS[i % len(PROMPTS)], 1000 + i) for i in range(n)]
+    requests = cases(n)
     if not concurrent:
         http = client(url)
         start = time.perf_counter()
-        out = [one(url, model, *c, max_tokens, http) for c in cases]
+        out = [one(url, model, *c, max_tokens, http) for c in requests]
         return out, time.perf_counter() - start
     clients = [client(url) for _ in range(n)]
     with ThreadPoolExecutor(n) as pool:
         start = time.perf_counter()
-        out = list(pool.map(lambda i: one(url, model, *cases[i], max_tokens, clients[i]), range(n)))
+        out = list(pool.map(lambda i: one(url, model, *requests[i], max_tokens, clients[i]), range(n)))
     return out, time.perf_counter() - start
 
 
