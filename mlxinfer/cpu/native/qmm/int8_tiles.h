@@ -241,7 +241,7 @@ void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
         cols[j] = out;
       }
     }
-    if (t1 < n1) prefetch(c.w + t1 * c.rowbytes, (std::min(n1, t1 + kColTile) - t1) * c.rowbytes);
+    prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
     if (c.M == 1) {
       if (c.bits == 4) {
         tile_cols<true, true, S, 1>(c, 0, t0, t1, cols);

@@ -2,6 +2,7 @@
 // exp), eight lanes at a time where the build has AVX2+FMA, and the same steps one value at a time.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -42,25 +43,31 @@ inline __m256 exp8(__m256 v) {
   return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 
+// lanes i + lanes i + 4: the first step of hsum8's tree
+inline __m128 fold8(__m256 v) {
+  return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+}
+
 inline float hsum8(__m256 v) {
-  __m128 t = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  __m128 t = fold8(v);
   t = _mm_add_ps(t, _mm_movehl_ps(t, t));
   t = _mm_add_ss(t, _mm_movehdup_ps(t));
   return _mm_cvtss_f32(t);
 }
 
-// Asks for n bytes from p into the cache ahead of use: the tile loops read the next column tile's
-// stored weights after computing on this one, and they come from memory (measured: the load after
-// unpacking held ~80% of its samples; with this the 32-row output table 5.0 -> 4.3 ms, and the int8
-// path's one-row step ~6.5 -> ~5 ms)
-inline void prefetch(const void* p, int64_t n) {
-  for (int64_t off = 0; off < n; off += 64) _mm_prefetch(static_cast<const char*>(p) + off, _MM_HINT_T0);
+// Asks for the stored columns t1 .. min(n1, t1 + cols) of a weight (colbytes apart from w) ahead of
+// use: the tile loops read the next column tile's weights after computing on this one, and they come
+// from memory (measured: the load after unpacking held ~80% of its samples; with this the 32-row
+// output table 5.0 -> 4.3 ms, and the int8 path's one-row step ~6.5 -> ~5 ms)
+inline void prefetch_cols(const void* w, int64_t t1, int64_t n1, int64_t cols, int64_t colbytes) {
+  const char* p = static_cast<const char*>(w) + t1 * colbytes;
+  const int64_t n = (std::min(n1, t1 + cols) - t1) * colbytes;
+  for (int64_t off = 0; off < n; off += 64) _mm_prefetch(p + off, _MM_HINT_T0);
 }
 
 // hsum8 of four vectors at once, in its order (p = low half + high half, then (p0 + p2) + (p1 + p3))
 inline __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
-  auto half = [](__m256 v) { return _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1)); };
-  const __m128 pa = half(a), pb = half(b), pc = half(c), pd = half(d);
+  const __m128 pa = fold8(a), pb = fold8(b), pc = fold8(c), pd = fold8(d);
   const __m128 ab = _mm_add_ps(_mm_shuffle_ps(pa, pb, _MM_SHUFFLE(1, 0, 1, 0)), _mm_shuffle_ps(pa, pb, _MM_SHUFFLE(3, 2, 3, 2)));
   const __m128 cd = _mm_add_ps(_mm_shuffle_ps(pc, pd, _MM_SHUFFLE(1, 0, 1, 0)), _mm_shuffle_ps(pc, pd, _MM_SHUFFLE(3, 2, 3, 2)));
   return _mm_hadd_ps(ab, cd);  // [a0 + a2, a1 + a3, b0 + b2, b1 + b3] pairwise: a's, b's, c's, d's sums

@@ -281,7 +281,7 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
     const int64_t t1 = std::min(n1, t0 + kColTile);
     unpack_cols<BITS>(c, t0, t1 - t0, wf.p);
-    if (t1 < n1) prefetch(c.w + t1 * c.Kw, (std::min(n1, t1 + kColTile) - t1) * c.Kw * 4);
+    prefetch_cols(c.w, t1, n1, kColTile, c.Kw * 4);
     for (int64_t j = 0; j < t1 - t0; ++j) {
       sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.p + j * Gp, c.G);
     }
