@@ -23,7 +23,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import ROOT
-from int8_cases import INT8_CASES, int8_case
+from build_cases import FLOAT_LAYOUTS, INT8_CASES, float_weight, kernel_outputs, model_scores
 
 import mlxinfer
 from mlxinfer.cpu import qmm
@@ -129,20 +129,44 @@ import sys
 import mlx.core as mx
 import numpy as np
 from mlxinfer.cpu import qmm
-from int8_cases import INT8_CASES, int8_case
+from build_cases import kernel_outputs
 assert qmm.available() and qmm.kernel().tile() == "3x3", qmm.status()
-x = mx.array(np.load(sys.argv[1]))
-out = {}
-for bits, gs in ((4, 32), (8, 64), (4, 128)):
-    w = mx.random.normal((200, 768), key=mx.random.key(bits * gs))
-    wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
-    out[f"{bits}-{gs}"] = np.array(qmm.quantized_matmul(x, wq, s, b, gs, bits))
-k = qmm.kernel()
-for bits, gs, K in INT8_CASES:
-    w8, s8, b8, x8 = int8_case(k, bits, gs, K)
-    out[f"int8-{bits}-{gs}"] = np.array(k.quantized_matmul(x8, w8, s8, b8, gs, bits | k.int8_flag()))
-np.savez(sys.argv[2], **out)
+np.savez(sys.argv[2], **kernel_outputs(mx.array(np.load(sys.argv[1]))))
 """
+
+_PORTABLE_BUILD = """
+import sys
+import mlx.core as mx
+import numpy as np
+from mlxinfer.cpu import qmm
+from build_cases import FLOAT_LAYOUTS, float_weight, kernel_outputs, model_scores
+assert qmm.available() and not qmm.kernel().avx2(), qmm.status()
+x = mx.array(np.load(sys.argv[1]))
+for bits, gs in FLOAT_LAYOUTS:  # a row alone: the same bits as in the batch
+    w = float_weight(bits, gs)
+    full = qmm.quantized_matmul(x, *w, gs, bits)
+    for r in (0, 7, 60):
+        assert mx.array_equal(qmm.quantized_matmul(x[r : r + 1], *w, gs, bits), full[r : r + 1]).item(), (bits, gs, r)
+np.savez(sys.argv[2], **kernel_outputs(x), **model_scores())
+"""
+
+
+def other_build(tmp_path, isa: str, script: str) -> tuple[np.ndarray, dict]:
+    """x (61, 768: full tiles and every remainder), and what `script` saved from it, run in a
+    subprocess on the `isa` build (MLXINFER_QMM_ISA: built there if it is not yet)."""
+    x = np.array(mx.random.normal((61, 768), key=mx.random.key(3)))
+    np.save(tmp_path / "x.npy", x)
+    env = {**os.environ, "MLXINFER_QMM_ISA": isa, "PYTHONPATH": str(ROOT / "tests")}
+    path = tmp_path / f"{isa}.py"
+    path.write_text(script)
+    done = subprocess.run([sys.executable, str(path), str(tmp_path / "x.npy"), str(tmp_path / "y.npz")],
+                          capture_output=True, text=True, cwd=ROOT, env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    return x, dict(np.load(tmp_path / "y.npz"))
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
 @pytest.mark.skipif(
@@ -153,64 +177,11 @@ def test_the_avx512_build_gives_the_avx2_builds_bits(tmp_path):
     output's bits equal the avx2 build's (3 x 3 tiles), built and run here in a subprocess. So do the
     int8 path's, whose integer sums are VNNI instructions in one build and AVX2's maddubs in the other."""
     assert qmm.kernel().tile() == "4x4"
-    x = np.array(mx.random.normal((61, 768), key=mx.random.key(3)))  # 61 rows: full tiles and every remainder
-    np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "MLXINFER_QMM_ISA": "avx2", "PYTHONPATH": str(ROOT / "tests")}
-    script = tmp_path / "avx2.py"
-    script.write_text(_AVX2_BUILD)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "x.npy"), str(tmp_path / "y.npz")],
-                          capture_output=True, text=True, cwd=ROOT, env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    theirs = np.load(tmp_path / "y.npz")
-    for bits, gs in ((4, 32), (8, 64), (4, 128)):
-        w = mx.random.normal((200, 768), key=mx.random.key(bits * gs))
-        wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
-        ours = np.array(qmm.quantized_matmul(mx.array(x), wq, s, b, gs, bits))
-        assert np.array_equal(ours.view(np.uint32), theirs[f"{bits}-{gs}"].view(np.uint32)), (bits, gs)
-    k = qmm.kernel()
-    for bits, gs, K in INT8_CASES:
-        w8, s8, b8, x8 = int8_case(k, bits, gs, K)
-        ours = np.array(k.quantized_matmul(x8, w8, s8, b8, gs, bits | k.int8_flag()))
-        assert np.array_equal(ours.view(np.uint32), theirs[f"int8-{bits}-{gs}"].view(np.uint32)), (bits, gs, K)
-
-
-_PORTABLE_BUILD = """
-import sys
-import mlx.core as mx
-import numpy as np
-import mlxinfer
-from mlxinfer.cpu import qmm
-from mlxinfer.model import rows
-from mlxinfer.tokenizer import encode_prompt
-from int8_cases import INT8_CASES, int8_case
-assert qmm.available() and not qmm.kernel().avx2(), qmm.status()
-x = mx.array(np.load(sys.argv[1]))
-out = {}
-for bits, gs in ((4, 32), (8, 64), (4, 128)):
-    w = mx.random.normal((200, 768), key=mx.random.key(bits * gs))
-    wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
-    full = qmm.quantized_matmul(x, wq, s, b, gs, bits)
-    for r in (0, 7, 60):  # a row alone: the same bits as in the batch
-        assert mx.array_equal(qmm.quantized_matmul(x[r : r + 1], wq, s, b, gs, bits), full[r : r + 1]).item()
-    out[f"{bits}-{gs}"] = np.array(full)
-k = qmm.kernel()
-for bits, gs, K in INT8_CASES:
-    w8, s8, b8, x8 = int8_case(k, bits, gs, K)
-    out[f"int8-{bits}-{gs}"] = np.array(k.quantized_matmul(x8, w8, s8, b8, gs, bits | k.int8_flag()))
-# the embedded model on the quantized path (its fused layers' portable code): two prompts' last
-# scores, then one decode step of both rows together, each row at its own offset
-model, tok = mlxinfer.load(None, compute_dtype="quantized")
-caches, last = [], []
-for text in ("Name one fruit.", "Name one herb to add to tomato soup."):
-    ids = encode_prompt(tok, text)
-    cache = model.make_cache()
-    last.append(model(mx.array([ids]), cache=cache)[0, -1])
-    caches.append(cache)
-out["prefill"] = np.array(mx.stack(last))
-tokens = mx.argmax(mx.stack(last), axis=-1).astype(mx.int32)
-out["step"] = np.array(rows.step(model, tokens, caches))
-np.savez(sys.argv[2], **out)
-"""
+    x, theirs = other_build(tmp_path, "avx2", _AVX2_BUILD)
+    ours = kernel_outputs(mx.array(x))
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert same_bits(ours[name], theirs[name]), name
 
 
 def test_the_portable_build_agrees_with_this_one(tmp_path):
@@ -219,39 +190,18 @@ def test_the_portable_build_agrees_with_this_one(tmp_path):
     order) agrees with this build's within float32 rounding; its int8 path gives this build's bits; and
     the embedded model's fused layers (prefill, and a two-row decode step at two offsets) give this
     build's scores within rounding and the same top token."""
-    from mlxinfer.model import rows
-
-    x = np.array(mx.random.normal((61, 768), key=mx.random.key(3)))
-    np.save(tmp_path / "x.npy", x)
-    env = {**os.environ, "MLXINFER_QMM_ISA": "portable", "PYTHONPATH": str(ROOT / "tests")}
-    script = tmp_path / "portable.py"
-    script.write_text(_PORTABLE_BUILD)
-    done = subprocess.run([sys.executable, str(script), str(tmp_path / "x.npy"), str(tmp_path / "y.npz")],
-                          capture_output=True, text=True, cwd=ROOT, env=env)  # fmt: skip
-    assert done.returncode == 0, done.stderr[-2000:]
-    theirs = np.load(tmp_path / "y.npz")
-    for bits, gs in ((4, 32), (8, 64), (4, 128)):
-        w = mx.random.normal((200, 768), key=mx.random.key(bits * gs))
-        wq, s, b = mx.quantize(w, group_size=gs, bits=bits)
-        ours = np.array(qmm.quantized_matmul(mx.array(x), wq, s, b, gs, bits))
+    x, theirs = other_build(tmp_path, "portable", _PORTABLE_BUILD)
+    ours = kernel_outputs(mx.array(x))
+    for bits, gs in FLOAT_LAYOUTS:
+        wq, s, b = float_weight(bits, gs)
         bound = 768 * EPS * np.abs(x) @ np.abs(np.array(mx.dequantize(wq, s, b, group_size=gs, bits=bits))).T
-        assert np.all(np.abs(ours - theirs[f"{bits}-{gs}"]) <= 2 * bound + 1e-30), (bits, gs)
-    k = qmm.kernel()
-    for bits, gs, K in INT8_CASES:
-        w8, s8, b8, x8 = int8_case(k, bits, gs, K)
-        ours = np.array(k.quantized_matmul(x8, w8, s8, b8, gs, bits | k.int8_flag()))
-        assert np.array_equal(ours.view(np.uint32), theirs[f"int8-{bits}-{gs}"].view(np.uint32)), (bits, gs, K)
-    model, tok = mlxinfer.load(None, compute_dtype="quantized")
-    caches, last = [], []
-    for text in ("Name one fruit.", "Name one herb to add to tomato soup."):
-        cache = model.make_cache()
-        last.append(model(mx.array([encode_prompt(tok, text)]), cache=cache)[0, -1])
-        caches.append(cache)
-    step = np.array(rows.step(model, mx.argmax(mx.stack(last), axis=-1).astype(mx.int32), caches))
-    for name, ours in (("prefill", np.array(mx.stack(last))), ("step", step)):
+        assert np.all(np.abs(ours[f"{bits}-{gs}"] - theirs[f"{bits}-{gs}"]) <= 2 * bound + 1e-30), (bits, gs)
+    for bits, gs, _ in INT8_CASES:
+        assert same_bits(ours[f"int8-{bits}-{gs}"], theirs[f"int8-{bits}-{gs}"]), (bits, gs)
+    for name, scores in model_scores().items():
         # measured: 6e-5 and 8e-5 of scores up to ~31 (30 layers of float32 sums in another order)
-        assert np.abs(ours - theirs[name]).max() <= 2e-5 * np.abs(ours).max(), name
-        assert np.array_equal(ours.argmax(-1), theirs[name].argmax(-1)), name
+        assert np.abs(scores - theirs[name]).max() <= 2e-5 * np.abs(scores).max(), name
+        assert np.array_equal(scores.argmax(-1), theirs[name].argmax(-1)), name
 
 
 def test_lazy_composes_and_compiles():
