@@ -10,6 +10,8 @@ same weights), then:
    streams with aiohttp) or from N official openai clients (`--client openai`); both phases use the
    same one. The clients run on the server's own cores here: the share of them the client took
    during the concurrent phase is printed beside the figures (~0.04 raw, ~0.19 openai, 2 cores).
+   `--rounds R` runs the two phases in turn R times on one server and prints each round's ratio,
+   then their median and range: this machine drifts 20-30% within minutes, adjacent phases do not.
 2. R small requests in a row, the server's RSS sampled every 50: flat memory means no leak.
 3. With --mlx-lm: the same concurrent load against mlx_lm.server, and whether a seeded request
    gives the same text twice, alone and under load.
@@ -165,8 +167,13 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(round(q * (len(ordered) - 1))))]
 
 
-def compare(url: str, model: str, n: int, max_tokens: int, label: str, client_kind: str = "raw") -> dict:
-    """Both phases through the same client: `raw` (one_raw) or `openai` (one)."""
+def compare(
+    url: str, model: str, n: int, max_tokens: int, label: str, client_kind: str = "raw", rounds: int = 1
+) -> list:
+    """Both phases through the same client, `raw` (one_raw) or `openai` (one), `rounds` times in turn
+    (one after another, then at once, then again): a ratio from two phases minutes apart would carry
+    the machine's drift (20-30% here), one from adjacent phases does not. A row per round, then, for
+    several, their median and range."""
     import resource
 
     def cpu() -> float:
@@ -175,15 +182,27 @@ def compare(url: str, model: str, n: int, max_tokens: int, label: str, client_ki
 
     one(url, model, PROMPTS[0], 1, 2)  # warm-up
     run = load_raw if client_kind == "raw" else load
-    seq, seq_s = run(url, model, n, max_tokens, concurrent=False)
-    before = cpu()
-    con, con_s = run(url, model, n, max_tokens, concurrent=True)
-    client_cpu = cpu() - before
+    rows = []
+    for i in range(rounds):
+        seq, seq_s = run(url, model, n, max_tokens, concurrent=False)
+        before = cpu()
+        con, con_s = run(url, model, n, max_tokens, concurrent=True)
+        rows.append(measured(label, client_kind, n, seq, seq_s, con, con_s, cpu() - before, i + 1))
+    if rounds > 1:
+        ratios = sorted(r["ratio"] for r in rows)
+        summary = {"server": label, "client": client_kind, "rounds": rounds, "ratio_median": statistics.median(ratios),
+                   "ratio_min": ratios[0], "ratio_max": ratios[-1]}  # fmt: skip
+        print(json.dumps(summary), flush=True)
+    return rows
+
+
+def measured(label: str, client_kind: str, n: int, seq, seq_s, con, con_s, client_cpu, round_: int) -> dict:
     seq_tps, con_tps = sum(r["tokens"] for r in seq) / seq_s, sum(r["tokens"] for r in con) / con_s
     ttft = [r["ttft"] for r in con]
     row = {
         "server": label,
         "client": client_kind,
+        "round": round_,
         "clients": n,
         "sequential_tok_s": round(seq_tps, 1),
         "concurrent_tok_s": round(con_tps, 1),
@@ -247,11 +266,12 @@ def main() -> None:
         help="load generator: raw (one asyncio loop, json.loads per event, as vLLM's benchmark_serving "
         "uses aiohttp) or openai (the official client, a thread each; its parsing shares the server's cores)",
     )
+    p.add_argument("--rounds", type=int, default=1, help="load rounds in turn (one after another, then at once)")
     p.add_argument("--phases", default="load,seeds,memory", help="which of load, seeds, memory to run (mlxinfer)")
     a = p.parse_args()
     phases = set(a.phases.split(","))
-    if not 1 <= a.clients <= 64 or not 1 <= a.requests <= 5000:
-        raise SystemExit("--clients must be 1..64 and --requests 1..5000")
+    if not 1 <= a.clients <= 64 or not 1 <= a.requests <= 5000 or not 1 <= a.rounds <= 20:
+        raise SystemExit("--clients must be 1..64, --requests 1..5000 and --rounds 1..20")
 
     port = free_port()
     code = (
@@ -266,7 +286,7 @@ def main() -> None:
 
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
         if "load" in phases:
-            compare(url, model, a.clients, a.max_tokens, "mlxinfer serve", a.client)
+            compare(url, model, a.clients, a.max_tokens, "mlxinfer serve", a.client, a.rounds)
         if "seeds" in phases:
             reproducible(url, model, a.max_tokens)
         if "memory" in phases:
@@ -280,7 +300,7 @@ def main() -> None:
         proc = start(cmd, port)
         url = f"http://127.0.0.1:{port}"
         try:
-            compare(url, a.mlx_lm, a.clients, a.max_tokens, "mlx_lm.server", a.client)
+            compare(url, a.mlx_lm, a.clients, a.max_tokens, "mlx_lm.server", a.client, a.rounds)
             reproducible(url, a.mlx_lm, a.max_tokens)
         finally:
             proc.terminate()
