@@ -190,7 +190,8 @@ def compare(
         rows.append(measured(label, client_kind, n, seq, seq_s, con, con_s, cpu() - before, i + 1))
     if rounds > 1:
         ratios = sorted(r["ratio"] for r in rows)
-        summary = {"server": label, "client": client_kind, "rounds": rounds, "ratio_median": statistics.median(ratios),
+        median = round(statistics.median(ratios), 2)
+        summary = {"server": label, "client": client_kind, "rounds": rounds, "ratio_median": median,
                    "ratio_min": ratios[0], "ratio_max": ratios[-1]}  # fmt: skip
         print(json.dumps(summary), flush=True)
     return rows

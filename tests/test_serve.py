@@ -335,6 +335,30 @@ def test_a_repeated_prompt_reuses_its_prefill_and_gives_the_same_text(tiny):
     assert off.engine.batcher.status()["prompt_cache"] == {"prompts": 0, "bytes": 0, "hits": 0}
 
 
+def test_queued_requests_on_one_prompt_join_in_one_step(tiny):
+    """The prefill budget counts the prompts that are prefilled: a repeat of a prompt taken in the same
+    step, or one the prompt cache holds, is a fork (an experiment's many seeds on one prompt join at once)."""
+    from types import SimpleNamespace
+
+    from mlxinfer.engine.batcher import Batcher, Job
+    from mlxinfer.engine.decode import prefill
+
+    _, _, model, tok = tiny
+    engine = Batcher(model, tok, max_rows=32, prefill_budget=100)
+    engine.close()  # its thread parks: the queue below is read on this thread alone
+
+    def job(ids: list[int]) -> Job:
+        return Job(SimpleNamespace(ids=ids), [0], lambda *_: None)
+
+    same = [job(list(range(60))) for _ in range(20)]  # one 60-token prompt, 20 requests
+    others = [job(list(range(100 + 60 * i, 160 + 60 * i))) for i in range(3)]  # three other prompts
+    engine._pending.extend(same + others)
+    assert engine._next_jobs() == same  # 60 tokens, then nothing for each repeat; 60 more would pass 100
+    engine._prompts.put(prefill(model, others[1].request.ids))
+    assert engine._next_jobs() == others[:2]  # 60, then the held prompt for nothing; 60 more would pass 100
+    assert engine._next_jobs() == others[2:]
+
+
 @pytest.fixture(scope="module")
 def smol_int8(embedded_int8):
     """The embedded model on the int8 path: the quantized path's rows, activations rounded to 8 bits."""

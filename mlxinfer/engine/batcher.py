@@ -146,6 +146,10 @@ class _PromptCache:
         self.hits += 1
         return kept[0]
 
+    def holds(self, ids: tuple) -> bool:
+        """Whether `get` would find these ids (without counting a hit or reordering)."""
+        return ids in self._kept
+
     def put(self, prefilled: Prefilled) -> Prefilled:
         # a cache's state: our KVCache's arrays, or mlx-lm's (which may hold offsets and Nones too)
         leaves = tree_flatten([c.state for c in prefilled.cache] + [prefilled.logits])
@@ -255,18 +259,22 @@ class Batcher:
         """The queued jobs to prefill before the next step, first come first served: those that fit
         beside the rows in flight, up to `prefill_budget` prompt tokens (at least one job). Several at
         once shorten the ramp when many requests arrive together; the budget bounds how long the rows
-        in flight wait for their next token. Cancelled jobs are dropped."""
-        jobs, rows, tokens = [], len(self._live), 0
+        in flight wait for their next token. A prompt the prompt cache holds, or one already taken
+        this time, costs nothing (a fork): an experiment's requests on one prompt join in one step.
+        Cancelled jobs are dropped."""
+        jobs, rows, tokens, taken = [], len(self._live), 0, set()
         while self._pending:
             job = self._pending[0]
             if job.cancelled:
                 self._pending.popleft()
                 continue
-            n = len(job.request.ids)
+            ids = tuple(job.request.ids)
+            n = 0 if ids in taken or self._prompts.holds(ids) else len(ids)
             if rows + len(job.seeds) > self.max_rows or (jobs and tokens + n > self.prefill_budget):
                 break
             jobs.append(self._pending.popleft())
             rows, tokens = rows + len(job.seeds), tokens + n
+            taken.add(ids)
         return jobs
 
     def _admit(self, job: Job) -> None:
