@@ -168,8 +168,9 @@ def reference(qkv, keys, cos, sin, offset, H, Hk, scale):
 
 
 @pytest.mark.parametrize("L,offset", [(1, 0), (1, 37), (5, 11), (16, 0)])
-def test_attention_against_float64_and_rows_alone(L, offset):
-    B, H, Hk, E, cap = 3, 6, 2, 16, 64
+@pytest.mark.parametrize("H,Hk,E", [(6, 2, 16), (10, 2, 48), (8, 1, 64)])  # query heads a KV head: 3, 5, 8
+def test_attention_against_float64_and_rows_alone(L, offset, H, Hk, E):
+    B, cap = 3, 64
     scale = E**-0.5
     angles = np.arange(cap)[:, None] * (10000.0 ** (-np.arange(0, E, 2) / E))[None]
     cos, sin = mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
