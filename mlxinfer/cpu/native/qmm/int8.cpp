@@ -28,6 +28,7 @@
 #include <string>
 
 #include "int8_tiles.h"
+#include "pool.h"
 
 namespace mlxinfer {
 
@@ -247,17 +248,20 @@ void qmm_i8(const float* x, const std::vector<Weight>& weights, ScaleType scale_
   const auto segs = segments(G, group_size);
   const int64_t L = 8 * static_cast<int64_t>(segs.size());
   std::vector<int8_t> xq(M * K);
-  std::vector<float> dl(M * L), xl(M * L), d(G), inv(G);
-  for (int64_t m = 0; m < M; ++m) {
+  std::vector<float> dl(M * L), xl(M * L);
+  for_rows(M, 4 * K, [&](int64_t m0, int64_t m1) {  // a value's max, scale, round and place: ~4 plain ones
+    std::vector<float> d(G), inv(G);
+    for (int64_t m = m0; m < m1; ++m) {
 #ifdef MLXINFER_QMM_AVX2
-    if (!reference) {
-      quantize_row_avx2(x + m * K, xq.data() + m * K, dl.data() + m * L, xl.data() + m * L, group_size, segs);
-      continue;
-    }
+      if (!reference) {
+        quantize_row_avx2(x + m * K, xq.data() + m * K, dl.data() + m * L, xl.data() + m * L, group_size, segs);
+        continue;
+      }
 #endif
-    quantize_row(x + m * K, xq.data() + m * K, dl.data() + m * L, xl.data() + m * L, d.data(), inv.data(), K,
-                 group_size, segs);
-  }
+      quantize_row(x + m * K, xq.data() + m * K, dl.data() + m * L, xl.data() + m * L, d.data(), inv.data(), K,
+                   group_size, segs);
+    }
+  });
   std::vector<Ctx8> ctx(weights.size());
   std::vector<std::function<void(int64_t, int64_t)>> range(weights.size());
   int64_t col = 0;

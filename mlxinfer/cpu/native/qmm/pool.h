@@ -86,4 +86,19 @@ class Pool {
 // first use and again in a child after fork.
 Pool& pool();
 
+// fn(r0, r1) over rows [0, M) in chunks on the pool's threads where the pool is free and the rows are
+// worth waking it for (work: values a row touches), else fn(0, M) here. A row's result depends on that
+// row alone, so how the rows are split never changes a bit. A batch's row ops (activations rounded to
+// 8 bits, norms, SwiGLU) ran on the node's one thread while the other cores waited.
+template <class Fn>
+void for_rows(int64_t M, int64_t work, Fn&& fn) {
+  constexpr int64_t kMinRowsWork = 1 << 14;
+  Pool& p = pool();
+  if (M < 2 || p.size() < 2 || M * work < kMinRowsWork) return fn(int64_t{0}, M);
+  std::unique_lock<std::mutex> lock(p.busy(), std::try_to_lock);
+  if (!lock.owns_lock()) return fn(int64_t{0}, M);
+  const int64_t per = (M + 2 * p.size() - 1) / (2 * p.size()), chunks = (M + per - 1) / per;
+  p.run([&](int i) { fn(i * per, std::min<int64_t>(M, (i + 1) * per)); }, static_cast<int>(chunks));
+}
+
 }  // namespace mlxinfer

@@ -10,6 +10,7 @@
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "int8.h"
+#include "pool.h"
 #include "qmm.h"
 #include "rows.h"
 
@@ -205,12 +206,16 @@ size_t run_stages(const std::vector<mx::array>& held, size_t at, const std::vect
     if (st.prologue == Prologue::rms_norm) {
       const float* w = dense_rows(held[at++], copies[i]);
       float* y = buffer(M * K);
-      for (int64_t r = 0; r < M; ++r) rms_norm_row(in + r * K, w, y + r * K, K, st.eps);
+      for_rows(M, K, [&](int64_t r0, int64_t r1) {
+        for (int64_t r = r0; r < r1; ++r) rms_norm_row(in + r * K, w, y + r * K, K, st.eps);
+      });
       in = y;
     } else if (st.prologue == Prologue::swiglu_halves) {
       const int64_t half = K / 2;
       float* y = buffer(M * half);
-      for (int64_t r = 0; r < M; ++r) swiglu_row(in + r * K, in + r * K + half, y + r * half, half);
+      for_rows(M, 8 * half, [&](int64_t r0, int64_t r1) {  // an exp a value: worth ~8 plain ones
+        for (int64_t r = r0; r < r1; ++r) swiglu_row(in + r * K, in + r * K + half, y + r * half, half);
+      });
       in = y, K = half;
     }
     std::vector<Weight> weights;
