@@ -1,8 +1,10 @@
 """Continuous batching: one engine thread owns the model; requests join and leave between steps.
 
-Each loop of the engine thread admits at most one queued request (its prompt prefilled, its
-first tokens drawn from the prefill's scores, exactly as decode.decode draws them), then decodes
-one token for every row in flight, and drops the rows that finished or whose client went away.
+Each loop of the engine thread admits the queued requests that fit (their prompts prefilled, or
+forked from the prompt cache, their first tokens drawn from the prefill's scores, exactly as
+decode.decode draws them), then decodes one token for every row in flight, and drops the rows that
+finished or whose client went away. Which rows go on is decided as soon as a step's tokens are
+drawn; the tokens reach their clients (detokenized, told) while the next step's forward runs.
 On our own definitions (model/rows.py) every row has a one-row KV cache of its own and one forward
 pass serves all rows; mlx-lm's classes run one forward per request over that request's rows.
 
@@ -29,7 +31,6 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Optional
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 from ..cpu import draw as cpu_draw
 from ..defaults import SERVE_PROMPT_CACHE_BYTES
@@ -37,8 +38,9 @@ from ..errors import MlxinferError
 from ..model import rows as row_walk
 from ..model.cache import fork, keep_rows
 from ..model.finite import finite_rows
-from .decode import Prefilled, RowState, choose_tokens, prefill, top_alternatives
+from .decode import RowState, choose_tokens, prefill, top_alternatives
 from .constrain import finish
+from .prompt_cache import PromptCache
 from .request import Request
 from ..views import Step
 
@@ -127,44 +129,6 @@ class _Group:
         self.members: list[_Live] = []
 
 
-class _PromptCache:
-    """Prefilled prompts by their exact token ids, least recently used first out, within a byte bound.
-    A prompt that comes again (an eval's repeated question, the same chat with other seeds) forks the
-    kept cache instead of running the prompt again. Reuse gives the bits a new prefill would: a
-    prompt is prefilled alone, the same way every time. Forks never write into the kept arrays
-    (MLX writes a cache in place only when nothing else holds it)."""
-
-    def __init__(self, max_bytes: int):
-        self.max_bytes, self.hits, self.bytes = max_bytes, 0, 0
-        self._kept: collections.OrderedDict[tuple, tuple[Prefilled, int]] = collections.OrderedDict()
-
-    def get(self, ids: list[int]) -> Optional[Prefilled]:
-        kept = self._kept.get(tuple(ids))
-        if kept is None:
-            return None
-        self._kept.move_to_end(tuple(ids))
-        self.hits += 1
-        return kept[0]
-
-    def holds(self, ids: tuple) -> bool:
-        """Whether `get` would find these ids (without counting a hit or reordering)."""
-        return ids in self._kept
-
-    def put(self, prefilled: Prefilled) -> Prefilled:
-        # a cache's state: our KVCache's arrays, or mlx-lm's (which may hold offsets and Nones too)
-        leaves = tree_flatten([c.state for c in prefilled.cache] + [prefilled.logits])
-        size = sum(a.nbytes for _, a in leaves if isinstance(a, mx.array))
-        if size <= self.max_bytes:
-            self._kept[tuple(prefilled.ids)] = (prefilled, size)
-            self.bytes += size
-            while self.bytes > self.max_bytes:
-                self.bytes -= self._kept.popitem(last=False)[1][1]
-        return prefilled
-
-    def status(self) -> dict:
-        return {"prompts": len(self._kept), "bytes": self.bytes, "hits": self.hits}
-
-
 class Batcher:
     """The engine: `submit` from any thread, events back through each job's `emit`."""
 
@@ -187,12 +151,13 @@ class Batcher:
         self.stop_ids = set(tokenizer.eos_token_ids)
         self._pending: collections.deque[Job] = collections.deque()
         self._live: list[_Live] = []
+        self._undelivered: list[tuple] = []  # (row, token, logprob, alternatives, finish reason) decided, not yet told
         self._cv = threading.Condition()
         self._closed = False
         self._idle_wait = step_timeout
         self.steps = 0  # decode steps run (for /health and the bench)
         self.tokens = 0
-        self._prompts = _PromptCache(prompt_cache_bytes)
+        self._prompts = PromptCache(prompt_cache_bytes)
         self._stopped = threading.Event()
         _settle(model)
         cpu_draw.available()  # its check at first use (~60 ms) now, not in the first step of many rows
@@ -245,11 +210,16 @@ class Batcher:
                 if self._closed:
                     break
                 jobs = self._next_jobs()
+            if jobs:
+                self._deliver()  # the last step's tokens first: the prefills below would hold them back
             for job in jobs:
                 self._admit(job)
             self._drop_cancelled()
             if self._live:
                 self._step()
+            if not self._live:
+                self._deliver()
+        self._deliver()
         for live in self._live:  # shutting down: whoever still waits hears why
             self._fail(live.job, 503, "the server is shutting down")
         for job in self._pending:
@@ -302,7 +272,8 @@ class Batcher:
             group = _Group(fork(prefilled.cache, len(rows)))
             members = [_Live(job, i, row, None, group, 0) for i, row in enumerate(rows)]
             group.members = list(members)
-        self._live.extend(self._emit_all(members, y.tolist(), lp.tolist(), alts))
+        self._live.extend(self._decide(members, y.tolist(), lp.tolist(), alts))
+        self._deliver()
 
     def _step(self) -> None:
         live = self._live
@@ -311,6 +282,7 @@ class Batcher:
             logits = self._forward(live, tokens)
             finite = finite_rows(logits)  # checked per row before any draw is shown
             mx.async_eval(logits, finite)  # the forward runs while the draw is set up (keys, masks)
+            self._deliver()  # and while the last step's tokens go to their clients
             fed = [tokens[p : p + 1] for p in range(len(live))]
             top = max(m.job.top_logprobs for m in live)
             want = any(m.job.logprobs for m in live)
@@ -318,6 +290,7 @@ class Batcher:
             mx.eval(y, lp, alts, finite)
         except Exception as e:  # noqa: BLE001 - the step failed for everyone in it: end them, go on
             log.error("decode step failed:\n%s", traceback.format_exc())
+            self._deliver()  # what they drew before it, then the error
             for job in {id(m.job): m.job for m in live}.values():
                 self._fail(job, 500, f"internal error during decode ({type(e).__name__})")
             return
@@ -326,7 +299,7 @@ class Batcher:
         bad = {id(m.job): m.job for p, m in enumerate(live) if not ok[p]}
         for job in bad.values():
             self._fail(job, 500, "the model's scores became NaN or inf during decode; this request was ended")
-        self._live = self._emit_all(live, y.tolist(), lp.tolist(), alts, skip=set(bad))
+        self._live = self._decide(live, y.tolist(), lp.tolist(), alts, skip=set(bad))
 
     def _forward(self, live: list[_Live], tokens: mx.array) -> mx.array:
         if self.per_row:
@@ -339,8 +312,9 @@ class Batcher:
             at += n
         return mx.concatenate(out) if len(out) > 1 else out[0]
 
-    def _emit_all(self, members: list[_Live], tokens, chosen, alts, skip=frozenset()) -> list[_Live]:
-        """Hand each row's new token to its job (decode.decode's rules) and return the rows going on."""
+    def _decide(self, members: list[_Live], tokens, chosen, alts, skip=frozenset()) -> list[_Live]:
+        """Which rows go on after these tokens (decode.decode's rules), their hand-over queued for
+        `_deliver`: the next step's forward can start before the clients hear of this one."""
         keep = []
         for p, m in enumerate(members):
             if id(m.job) in skip or m.job.gone(m.index):
@@ -355,20 +329,35 @@ class Batcher:
             else:
                 row.generated += 1
                 self.tokens += 1
+                if row.spec.mask is not None and row.spec.mask.should_stop(token):
+                    reason = "stop"
+                elif row.generated >= row.spec.max_tokens:
+                    reason = "length"
+            self._undelivered.append((m, token, chosen[p], alts[p] if alts else None, reason))
+            if reason is None:
+                m.token = token
+                keep.append(m)
+        if not self.per_row:
+            _shrink_groups(members, keep)
+        return keep
+
+    def _deliver(self) -> None:
+        """Hand the decided tokens to their jobs: text, log-probability and alternatives, then for a
+        row that ended its last piece and reason (and a constrained row's JSON)."""
+        queued, self._undelivered = self._undelivered, []
+        for m, token, chosen, alts, reason in queued:
+            if m.job.cancelled:
+                continue
+            row = m.row
+            if token not in row.stop_ids:
                 row.detok.add_token(token)
                 segment = row.detok.last_segment  # reading it takes it: once
                 m.text.append(segment)
                 m.tokens.append(token)
                 k = m.job.top_logprobs
-                alternatives = top_alternatives(self.tokenizer, alts[p])[:k] if k and alts else []
-                m.job.tell("step", m.index, _step(token, segment, chosen[p], alternatives))
-                if row.spec.mask is not None and row.spec.mask.should_stop(token):
-                    reason = "stop"
-                elif row.generated >= row.spec.max_tokens:
-                    reason = "length"
+                alternatives = top_alternatives(self.tokenizer, alts)[:k] if k and alts is not None else []
+                m.job.tell("step", m.index, _step(token, segment, chosen, alternatives))
             if reason is None:
-                m.token = token
-                keep.append(m)
                 continue
             row.detok.finalize()
             stop = token if token in row.stop_ids else None
@@ -382,9 +371,6 @@ class Batcher:
                     self._fail(m.job, 500, f"constrained decoding failed: {e}")
                     continue
                 m.job.tell("json", m.index, checked)
-        if not self.per_row:
-            _shrink_groups(members, keep)
-        return keep
 
     def _drop_cancelled(self) -> None:
         if any(m.job.gone(m.index) for m in self._live):

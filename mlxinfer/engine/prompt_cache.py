@@ -1,0 +1,50 @@
+"""The server's prompt cache: prefilled prompts kept by their token ids, so that a prompt asked again
+(an eval's repeated question, one prompt under many seeds) forks a prefill instead of running one."""
+
+from __future__ import annotations
+
+import collections
+from typing import Optional
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from .decode import Prefilled
+
+
+class PromptCache:
+    """Prefilled prompts by their exact token ids, least recently used first out, within a byte bound.
+    A prompt that comes again (an eval's repeated question, the same chat with other seeds) forks the
+    kept cache instead of running the prompt again. Reuse gives the bits a new prefill would: a
+    prompt is prefilled alone, the same way every time. Forks never write into the kept arrays
+    (MLX writes a cache in place only when nothing else holds it)."""
+
+    def __init__(self, max_bytes: int):
+        self.max_bytes, self.hits, self.bytes = max_bytes, 0, 0
+        self._kept: collections.OrderedDict[tuple, tuple[Prefilled, int]] = collections.OrderedDict()
+
+    def get(self, ids: list[int]) -> Optional[Prefilled]:
+        kept = self._kept.get(tuple(ids))
+        if kept is None:
+            return None
+        self._kept.move_to_end(tuple(ids))
+        self.hits += 1
+        return kept[0]
+
+    def holds(self, ids: tuple) -> bool:
+        """Whether `get` would find these ids (without counting a hit or reordering)."""
+        return ids in self._kept
+
+    def put(self, prefilled: Prefilled) -> Prefilled:
+        # a cache's state: our KVCache's arrays, or mlx-lm's (which may hold offsets and Nones too)
+        leaves = tree_flatten([c.state for c in prefilled.cache] + [prefilled.logits])
+        size = sum(a.nbytes for _, a in leaves if isinstance(a, mx.array))
+        if size <= self.max_bytes:
+            self._kept[tuple(prefilled.ids)] = (prefilled, size)
+            self.bytes += size
+            while self.bytes > self.max_bytes:
+                self.bytes -= self._kept.popitem(last=False)[1][1]
+        return prefilled
+
+    def status(self) -> dict:
+        return {"prompts": len(self._kept), "bytes": self.bytes, "hits": self.hits}
