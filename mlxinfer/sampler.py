@@ -239,14 +239,15 @@ def draw(logprobs: mx.array, temperature: float, key: mx.array | None = None) ->
 BATCH_DRAW_ROWS = 8
 
 
-def draw_rows(kept: mx.array, temperatures: list[float], subkeys: list) -> mx.array:
+def draw_rows(kept: mx.array, temperatures: list[float], subkeys: list, min_rows: int = BATCH_DRAW_ROWS) -> mx.array:
     """One token per row of cut log-probabilities (A, V): row i is what
     ``draw(kept[i : i + 1], temperatures[i], key)`` gives with ``key = mx.array(subkeys[i])``
-    (None: the global stream, drawn in row order). On a CPU, BATCH_DRAW_ROWS or more seeded rows
-    are drawn in one call to the checked native kernel (cpu/draw.py) instead of one
-    mx.random.categorical per row: the same tokens."""
+    (None: the global stream, drawn in row order). On a CPU, min_rows or more seeded rows are drawn
+    in one call to the checked native kernel (cpu/draw.py) instead of one mx.random.categorical per
+    row: the same tokens. min_rows=1 for a caller that reads every step's tokens on the host anyway
+    (the server's engine: it gains nothing from a lazy draw, and one row's MLX draw is ~1.2 ms)."""
     n = kept.shape[0]
-    if n < BATCH_DRAW_ROWS or any(k is None for k in subkeys) or not cpu_draw.available():
+    if n < min_rows or any(k is None for k in subkeys) or not cpu_draw.available():
         keys = [None if k is None else mx.array(k) for k in subkeys]
         tokens = [draw(kept[i : i + 1], temperatures[i], keys[i]) for i in range(n)]
         return tokens[0] if n == 1 else mx.concatenate(tokens)

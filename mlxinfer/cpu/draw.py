@@ -7,7 +7,8 @@ draw_rows.c computes the same token for all rows in one vectorised pass, with ML
 MLX 0.32's inverse-CDF arithmetic. It is used only where it is known to agree:
 
 * Linux on x86_64 (where MLX's CPU exp is the scalar code the C file copies), MLX's default
-  device a CPU, every row of the batch seeded, 8 rows or more (sampler.BATCH_DRAW_ROWS), the
+  device a CPU, every row of the batch seeded, 8 rows or more (sampler.BATCH_DRAW_ROWS; the server's
+  engine, which reads each step's tokens on the host anyway: 1 or more), the
   library built (at first use, or `python -m mlxinfer.cpu.draw`);
 * the library from this version's source (an ABI number) and, if built with AVX2/FMA, a CPU that has them;
 * and, once per process, `verify()` finds its exp equal to mx.exp (bit for bit, rounding edges

@@ -256,7 +256,7 @@ class Batcher:
             rows = [_ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
             last = mx.array(request.ids[-1:], dtype=mx.int32)
             y, lp, alts = choose_tokens(
-                rows, prefilled.logits, [last] * len(rows), job.top_logprobs, self.fast, job.logprobs
+                rows, prefilled.logits, [last] * len(rows), job.top_logprobs, self.fast, job.logprobs, host_draw=True
             )
             mx.eval(y, lp, alts)
         except MlxinferError as e:  # the prefill's scores are NaN or inf: the model's fault, named
@@ -286,7 +286,7 @@ class Batcher:
             fed = [tokens[p : p + 1] for p in range(len(live))]
             top = max(m.job.top_logprobs for m in live)
             want = any(m.job.logprobs for m in live)
-            y, lp, alts = choose_tokens([m.row for m in live], logits, fed, top, self.fast, want)
+            y, lp, alts = choose_tokens([m.row for m in live], logits, fed, top, self.fast, want, host_draw=True)
             mx.eval(y, lp, alts, finite)
         except Exception as e:  # noqa: BLE001 - the step failed for everyone in it: end them, go on
             log.error("decode step failed:\n%s", traceback.format_exc())

@@ -31,7 +31,7 @@ from ..cpu import kernels
 from ..errors import MlxinferError
 from ..model.cache import fork, keep_rows
 from ..model.finite import check_scores
-from ..sampler import cut_tail, draw_rows, make_logits_processors
+from ..sampler import BATCH_DRAW_ROWS, cut_tail, draw_rows, make_logits_processors
 from ..settings import SamplerSettings
 from ..views import Alternative, Stats, Step
 
@@ -145,7 +145,13 @@ def _stacked(rows: list[mx.array]) -> mx.array:
 
 
 def choose_tokens(
-    rows: list[RowState], logits: mx.array, fed: list[mx.array], n_alternatives: int, fast: bool, step_logprobs: bool
+    rows: list[RowState],
+    logits: mx.array,
+    fed: list[mx.array],
+    n_alternatives: int,
+    fast: bool,
+    step_logprobs: bool,
+    host_draw: bool = False,
 ):
     """One draw per row: tokens (A,), their log-probabilities (A,), and the best alternatives.
 
@@ -157,6 +163,8 @@ def choose_tokens(
     the normalisation is skipped: a draw does not depend on a shift of its row, and MLX's CPU exp
     over 49k scores a row was a sixth of a 64-row step. The draw's bits then differ from mlx-lm's in
     the last place, as the float32 path's scores already do.
+    host_draw: the caller reads each step's tokens on the host before the next (the server's
+    engine), so the native draw serves from one seeded row on: it has no lazy draw to lose.
     """
     settings = rows[0].spec.settings
     if (
@@ -179,7 +187,8 @@ def choose_tokens(
         ]
         kept = _stacked([_kept(lp, row.spec.settings) for lp, row in zip(rows_logprobs, rows)])
         logprobs = _stacked(rows_logprobs)
-    y = draw_rows(kept, [row.spec.settings.temperature for row in rows], _next_keys(rows))
+    temperatures, keys = [row.spec.settings.temperature for row in rows], _next_keys(rows)
+    y = draw_rows(kept, temperatures, keys, min_rows=1 if host_draw else BATCH_DRAW_ROWS)
     if not step_logprobs:
         return y, mx.zeros(y.shape), []
     chosen = mx.take_along_axis(logprobs, y[:, None], axis=-1)[:, 0]  # (A,)
