@@ -41,15 +41,6 @@ inline void axpy(float w, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = std::fma(w, x[i], y[i]);
 }
 
-// rows t0 .. t1 of E floats at `at` on their way to the cache (none where at is null): the next block the
-// unit reads, asked for while this one is computed (the caches are too large to stay in any cache)
-inline void prefetch_rows(const float* at, int64_t t0, int64_t t1, int64_t E) {
-#ifdef MLXINFER_AVX2
-  if (!at) return;
-  for (const float *p = at + t0 * E, *end = at + t1 * E; p < end; p += 16) _mm_prefetch(reinterpret_cast<const char*>(p), _MM_HINT_T0);
-#endif
-}
-
 // Query heads that share a key/value head are computed together, up to kHeads at a time: each key and
 // value vector is loaded once for all of them, and their independent chains fill the FMA pipeline. Every
 // head's arithmetic is the one it has alone (each chain in the same order), so its bits are too.
@@ -61,12 +52,14 @@ constexpr int kHeads = 2;  // 8 sums and 4 keys of 16
 
 // s[g][t] = dot(q[g], k_t) for t < T, g < G. Four keys share one lane reduction, which gives every key the
 // same tree, ((0+4)+(1+5)) + ((2+6)+(3+7)): a key's score depends on neither its neighbours nor T nor G.
+// then: the values, asked for (simd.h's prefetch_cols) at the positions these keys are read, so that
+// they are in cache when weighted_sum reads them (the caches are too large to stay in any cache).
 template <int G>
 void scores(const float* const* q, const float* k, int64_t T, int64_t E, float* const* s, const float* then) {
 #ifdef MLXINFER_AVX2
   if (E % 8 == 0) {
     for (int64_t t = 0; t < T; t += 4) {
-      prefetch_rows(then, t, std::min<int64_t>(T, t + 4), E);
+      prefetch_cols(then, t, T, 4, E * sizeof(float));
       const float* kt[4];
       for (int i = 0; i < 4; ++i) kt[i] = k + std::min(t + i, T - 1) * E;  // a missing key repeats the last, dropped
       __m256 a[G][4];
@@ -98,13 +91,14 @@ void scores(const float* const* q, const float* k, int64_t T, int64_t E, float* 
 }
 
 // y[g] = sum_t p[g][t] * v_t, each element's FMAs in t order from 0 (the tail's axpy is the same chain),
-// 32 elements of every y[g] held in registers at a time
+// 32 elements of every y[g] held in registers at a time. then: the next KV head's keys to ask for
+// meanwhile (none after a row's last).
 template <int G>
 void weighted_sum(const float* const* p, const float* v, int64_t T, int64_t E, float* const* y, const float* then) {
   int64_t e0 = 0;
 #ifdef MLXINFER_AVX2
   for (; e0 + 32 <= E; e0 += 32) {
-    if (e0 == 0) prefetch_rows(then, 0, T, E);
+    if (e0 == 0 && then) prefetch_cols(then, 0, T, T, E * sizeof(float));
     __m256 acc[G][4];
     for (int g = 0; g < G; ++g) {
       for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
