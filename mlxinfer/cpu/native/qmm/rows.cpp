@@ -8,6 +8,7 @@
 
 #include "mlx/allocator.h"
 #include "mlx/backend/cpu/encoder.h"
+#include "pool.h"
 #include "simd.h"
 
 
@@ -188,13 +189,15 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       const int64_t n = out.ndim() ? out.shape(-1) : 1, in = x.ndim() ? x.shape(-1) : 1;  // in: n or 2n
       const int64_t rows = n ? static_cast<int64_t>(out.size()) / n : 0;
       float* y = out.data<float>();
-      for (int64_t r = 0; r < rows; ++r) {
-        if (kind == RowKind::log_softmax) {
-          log_softmax_row(p + r * in, y + r * n, n);
-        } else {
-          swiglu_row(p + r * in, p + r * in + n, y + r * n, n);  // gate, then up
+      for_rows(rows, 8 * n, [&](int64_t r0, int64_t r1) {  // an exp a value: worth ~8 plain ones
+        for (int64_t r = r0; r < r1; ++r) {
+          if (kind == RowKind::log_softmax) {
+            log_softmax_row(p + r * in, y + r * n, n);
+          } else {
+            swiglu_row(p + r * in, p + r * in + n, y + r * n, n);  // gate, then up
+          }
         }
-      }
+      });
     });
     return;
   }
@@ -214,13 +217,15 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     float* y = out.data<float>();
     const int64_t n = a.ndim() ? a.shape(-1) : 1;
     const int64_t rows = n ? static_cast<int64_t>(a.size()) / n : 0;
-    for (int64_t r = 0; r < rows; ++r) {
-      if (kind == RowKind::rms_norm) {
-        rms_norm_row(pa + r * n, pb, y + r * n, n, eps);
-      } else {
-        swiglu_row(pa + r * n, pb + r * n, y + r * n, n);
+    for_rows(rows, kind == RowKind::rms_norm ? n : 8 * n, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        if (kind == RowKind::rms_norm) {
+          rms_norm_row(pa + r * n, pb, y + r * n, n, eps);
+        } else {
+          swiglu_row(pa + r * n, pb + r * n, y + r * n, n);
+        }
       }
-    }
+    });
   });
 }
 
