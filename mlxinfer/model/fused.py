@@ -119,28 +119,34 @@ class FusedBlock:
         cache.offset += L
         return self._projected(h, partial(k.attend, qkv, cos, sin, cache.kv, at, H, Hk, a.scale, -1, *qn))
 
-    def attention_rows(self, h: mx.array, caches: list[KVCache], owned: bool = False) -> mx.array:
+    def attention_rows(
+        self, h: mx.array, caches: list[KVCache], owned: bool = False, offsets: list[int] | None = None
+    ) -> mx.array:
         """rows.py's layer for rows that each have their own one-row cache (and length): norm + q/k/v
         of all rows in one node, each row's RoPE and cache write at its own offset, then attention
         over every row's own cache, o_proj, + h and the MLP in one node (`attend_rows`: each row's
         bits are attend's for that row alone). The writes are one node a row, or, where the caller
         says each row's cache buffer is its own (`owned`, rows.step) and there is no head norm,
-        inside the attention node, in place: 30 nodes a step where there were 30 x (A + 1)."""
+        inside the attention node, in place: 30 nodes a step where there were 30 x (A + 1).
+
+        offsets: the rows' positions, given where the caller has made room for one more in every
+        row's buffers (rows.step, once a step, not once a layer); the node checks each row's room."""
         attn = self.layer.self_attn
         H, Hk = attn.n_heads, attn.n_kv_heads
-        k, offsets = self.kernel, []
+        k = self.kernel
         qkv = _qkv(k, attn, self.layer.input_layernorm, h)  # (A, 1, (H + 2 Hk) E)
         E = qkv.shape[-1] // (H + 2 * Hk)
-        cos, sin = attn.rope._table.tables(max(c.offset for c in caches) + 1)
+        if offsets is None:
+            offsets = [c.offset for c in caches]
+            for cache in caches:
+                cache.reserve((1, Hk, 1, E), E, mx.float32)
+        cos, sin = attn.rope._table.tables(max(offsets) + 1)
         qn, kn = _head_norms(attn)
         in_node = owned and not attn.qk_norm
         for r, cache in enumerate(caches):
-            cache.reserve((1, Hk, 1, E), E, mx.float32)
-            at = cache.offset
             if not in_node:
-                cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, r, *kn)
-            offsets.append(at)
-            cache.offset = at + 1
+                cache.kv = k.write_cache(cache.kv, qkv, cos, sin, offsets[r], H, Hk, r, *kn)
+            cache.offset += 1
         kvs = [c.kv for c in caches]
         attend = partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, attn.scale, *qn, write_in_place=in_node)
         return self._projected(h, attend)

@@ -47,10 +47,13 @@ def step(model: Model, tokens: mx.array, caches: list[list[KVCache]], owned: boo
     the new keys and values inside its attention node, into those buffers (fused.attention_rows)."""
     A = tokens.shape[0]
     h = model.embed(tokens.reshape(A, 1))  # (A, 1, D)
+    # a row's layers are written together, so layer 0 tells each row's position and room for all
+    offsets = [c[0].offset for c in caches]
+    roomy = all(c[0].kv is not None and at < c[0].kv.shape[3] for c, at in zip(caches, offsets))
     for i, layer in enumerate(model.layers):
         rows, fused = [c[i] for c in caches], layer.fused
         if fused is not None and fused.attention_fuses():
-            h = fused.attention_rows(h, rows, owned)  # the MLP too
+            h = fused.attention_rows(h, rows, owned, offsets if roomy else None)  # the MLP too
         else:
             h = h + _attention(layer.self_attn, layer.input_layernorm(h), rows)
             h = fused.mlp(h) if fused is not None else h + layer.mlp(layer.post_attention_layernorm(h))
