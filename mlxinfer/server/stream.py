@@ -46,10 +46,13 @@ async def _events(
                 asked = time.monotonic()
                 if await http.is_disconnected():
                     return
-            try:
-                kind, i, payload = await asyncio.wait_for(events.get(), POLL_S)
-            except asyncio.TimeoutError:
-                continue
+            if not poll:  # no deadline to keep: wait_for would make a task and a timer for every token
+                kind, i, payload = await events.get()
+            else:
+                try:
+                    kind, i, payload = await asyncio.wait_for(events.get(), POLL_S)
+                except asyncio.TimeoutError:
+                    continue
             if kind == "error":
                 raise EngineError(*payload)
             choice = choices[i]
