@@ -194,7 +194,16 @@ void tile(const Ctx8& c, int64_t m0, int64_t n0, const uint8_t* const* cols) {
     }
     e += 8;
   }
-  for (int r = 0; r < R; ++r) {  // tree8's order
+  int r = 0;
+  if constexpr (NC == 4) {  // two rows at once (hsum8x8: the same additions as hsum8x4)
+    for (; r + 1 < R; r += 2) {
+      const __m256 y = hsum8x8(_mm256_load_ps(f[r][0]), _mm256_load_ps(f[r][1]), _mm256_load_ps(f[r][2]), _mm256_load_ps(f[r][3]),
+                               _mm256_load_ps(f[r + 1][0]), _mm256_load_ps(f[r + 1][1]), _mm256_load_ps(f[r + 1][2]), _mm256_load_ps(f[r + 1][3]));
+      _mm_storeu_ps(c.y + (m0 + r) * c.ldy + n0, _mm256_castps256_ps128(y));
+      _mm_storeu_ps(c.y + (m0 + r + 1) * c.ldy + n0, _mm256_extractf128_ps(y, 1));
+    }
+  }
+  for (; r < R; ++r) {  // tree8's order
     if constexpr (NC == 4) {
       const __m128 y = hsum8x4(_mm256_load_ps(f[r][0]), _mm256_load_ps(f[r][1]), _mm256_load_ps(f[r][2]), _mm256_load_ps(f[r][3]));
       _mm_storeu_ps(c.y + (m0 + r) * c.ldy + n0, y);

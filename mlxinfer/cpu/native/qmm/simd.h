@@ -73,6 +73,17 @@ inline __m128 hsum8x4(__m256 a, __m256 b, __m256 c, __m256 d) {
   const __m128 cd = _mm_add_ps(_mm_shuffle_ps(pc, pd, _MM_SHUFFLE(1, 0, 1, 0)), _mm_shuffle_ps(pc, pd, _MM_SHUFFLE(3, 2, 3, 2)));
   return _mm_hadd_ps(ab, cd);  // [a0 + a2, a1 + a3, b0 + b2, b1 + b3] pairwise: a's, b's, c's, d's sums
 }
+
+// hsum8x4(a, b, c, d) and hsum8x4(e, f, g, h) as one vector, the same additions in both halves at once
+inline __m256 hsum8x8(__m256 a, __m256 b, __m256 c, __m256 d, __m256 e, __m256 f, __m256 g, __m256 h) {
+  auto fold = [](__m256 x, __m256 y) {  // [fold8(x) | fold8(y)]
+    return _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x20), _mm256_permute2f128_ps(x, y, 0x31));
+  };
+  const __m256 ae = fold(a, e), bf = fold(b, f), cg = fold(c, g), dh = fold(d, h);
+  const __m256 abef = _mm256_add_ps(_mm256_shuffle_ps(ae, bf, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(ae, bf, _MM_SHUFFLE(3, 2, 3, 2)));
+  const __m256 cdgh = _mm256_add_ps(_mm256_shuffle_ps(cg, dh, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(cg, dh, _MM_SHUFFLE(3, 2, 3, 2)));
+  return _mm256_hadd_ps(abef, cdgh);
+}
 #endif
 
 }  // namespace mlxinfer
