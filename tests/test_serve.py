@@ -589,6 +589,22 @@ def test_serve_options_are_checked_before_the_model_loads(args, fragment):
     assert_one_line_error(invoke_cli("serve", "--port", "0", *args), fragment)
 
 
+def test_the_server_options_are_declared_once_and_checked_before_a_load():
+    """serve and create_app take ServerOptions' fields: an unknown one or a bad value is refused before
+    the model loads (the model named here does not exist), and serve's docstring names every field."""
+    from dataclasses import fields
+
+    from mlxinfer.server.app import ServerOptions
+
+    with pytest.raises(MlxinferError, match="no option 'max_row'; its options: api_key, max_rows"):
+        mlxinfer.serve("/nowhere/model", port=0, max_row=4)
+    with pytest.raises(MlxinferError, match="max_rows must be at least 1"):
+        mlxinfer.serve("/nowhere/model", port=0, max_rows=0)
+    with pytest.raises(MlxinferError, match="not both"):
+        create_app(None, None, ServerOptions(), max_rows=4)
+    assert all(f.name in mlxinfer.serve.__doc__ for f in fields(ServerOptions))
+
+
 def test_serve_on_a_port_in_use_is_one_line():
     taken = listen("127.0.0.1", 0)  # bound and listening (serve's own, before its model would load)
     try:

@@ -33,7 +33,7 @@ from typing import Any, Callable, Optional
 import mlx.core as mx
 
 from ..cpu import draw as cpu_draw
-from ..defaults import SERVE_PROMPT_CACHE_BYTES
+from ..defaults import SERVE_MAX_QUEUE, SERVE_MAX_ROWS, SERVE_PROMPT_CACHE_BYTES
 from ..errors import MlxinferError
 from ..model import rows as row_walk
 from ..model.cache import fork, keep_rows
@@ -137,8 +137,8 @@ class Batcher:
         model,
         tokenizer,
         *,
-        max_rows: int = 32,
-        max_queue: int = 64,
+        max_rows: int = SERVE_MAX_ROWS,
+        max_queue: int = SERVE_MAX_QUEUE,
         prefill_budget: int = 512,
         step_timeout: float = 0.5,
         prompt_cache_bytes: int = SERVE_PROMPT_CACHE_BYTES,

@@ -15,6 +15,7 @@ import hmac
 import json
 import secrets
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, fields
 from typing import Optional
 
 from pydantic import ValidationError
@@ -36,10 +37,10 @@ MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
 
 
 class _State:
-    def __init__(self, model, tokenizer, batcher: Batcher, model_id: str, **limits):
+    def __init__(self, model, tokenizer, batcher: Batcher, model_id: str, default_max_tokens: Optional[int]):
         self.model, self.tokenizer, self.batcher, self.model_id = model, tokenizer, batcher, model_id
         self.names = {model_id, model.info.name}
-        self.default_max_tokens = limits["default_max_tokens"]
+        self.default_max_tokens = default_max_tokens
         self.fingerprint = "mlxinfer-" + "-".join(model.info.definition.split()[1:]) + f"-{model.info.compute_dtype}"
 
 
@@ -195,47 +196,52 @@ async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: 
     return request, job, events, base
 
 
-def check_limits(max_rows, max_queue, max_body_bytes, default_max_tokens, prompt_cache_bytes) -> None:
-    """The server's bounds and the engine's, each a whole number in range (checked before a model loads)."""
-    check_bounds(max_rows, max_queue, prompt_cache_bytes)
-    check_whole(max_body_bytes, "max_body_bytes", 1, "at least 1")
-    if default_max_tokens is not None:
-        check_whole(default_max_tokens, "default_max_tokens", 1, "at least 1 (or unset: up to the context)")
+@dataclass(frozen=True)
+class ServerOptions:
+    """What create_app and serve take besides the model, declared once: each is checked when the
+    options are made (serve makes them before a model loads)."""
+
+    api_key: Optional[str] = None  # required as a Bearer token on /v1
+    max_rows: int = defaults.SERVE_MAX_ROWS  # rows (seeds) in flight at most
+    max_queue: int = defaults.SERVE_MAX_QUEUE  # requests waiting at most; past it: 429
+    cors: Optional[list[str]] = None  # origins allowed by CORS; none by default
+    model_name: Optional[str] = None  # the id clients send as `model` (default: the model's name)
+    max_body_bytes: int = defaults.SERVE_MAX_BODY_BYTES  # the largest request body; past it: 413
+    default_max_tokens: Optional[int] = None  # the budget when a request sets none (None: up to the context)
+    prompt_cache_bytes: int = defaults.SERVE_PROMPT_CACHE_BYTES  # prefilled prompts kept for repeats; 0: none
+
+    def __post_init__(self):
+        check_bounds(self.max_rows, self.max_queue, self.prompt_cache_bytes)
+        check_whole(self.max_body_bytes, "max_body_bytes", 1, "at least 1")
+        if self.default_max_tokens is not None:
+            check_whole(self.default_max_tokens, "default_max_tokens", 1, "at least 1 (or unset: up to the context)")
+
+    @classmethod
+    def of(cls, given: dict) -> "ServerOptions":
+        names = [f.name for f in fields(cls)]
+        unknown = sorted(set(given) - set(names))
+        if unknown:
+            raise MlxinferError(f"the server has no option {unknown[0]!r}; its options: {', '.join(names)}")
+        return cls(**given)
 
 
-def create_app(
-    model,
-    tokenizer,
-    *,
-    api_key: Optional[str] = None,
-    max_rows: int = defaults.SERVE_MAX_ROWS,
-    max_queue: int = defaults.SERVE_MAX_QUEUE,
-    cors: Optional[list[str]] = None,
-    model_name: Optional[str] = None,
-    max_body_bytes: int = defaults.SERVE_MAX_BODY_BYTES,
-    default_max_tokens: Optional[int] = None,
-    prompt_cache_bytes: int = defaults.SERVE_PROMPT_CACHE_BYTES,
-):
+def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **given):
     """An ASGI app serving `model`: one engine thread (batcher.Batcher) with at most `max_rows` rows in
-    flight and `max_queue` requests waiting (past it: 429). `api_key`: required as a Bearer token on
-    /v1. `cors`: origins allowed (none by default). `default_max_tokens`: the budget when a request
-    sets none (None: up to the context). `prompt_cache_bytes`: prefilled prompts kept for requests
-    that repeat them (0: none)."""
+    flight and `max_queue` requests waiting. `options`: a ServerOptions, or its fields as keywords
+    (create_app(model, tokenizer, max_rows=8, api_key="..."))."""
     from ..engine.constrain import token_table
 
-    check_limits(max_rows, max_queue, max_body_bytes, default_max_tokens, prompt_cache_bytes)
+    if options is not None and given:
+        raise MlxinferError("give create_app a ServerOptions or its fields as keywords, not both")
+    o = options if options is not None else ServerOptions.of(given)
     try:
         token_table(tokenizer)  # here, once: the grammar's token table for json_schema/tools (see inputs._Parked)
     except MlxinferError:
         pass  # a tokenizer llguidance cannot read: JSON requests say so (400), plain text is served
-    batcher = Batcher(model, tokenizer, max_rows=max_rows, max_queue=max_queue, prompt_cache_bytes=prompt_cache_bytes)
-    state = _State(
-        model,
-        tokenizer,
-        batcher,
-        model_name or model_id_for(model),
-        default_max_tokens=default_max_tokens,
+    batcher = Batcher(
+        model, tokenizer, max_rows=o.max_rows, max_queue=o.max_queue, prompt_cache_bytes=o.prompt_cache_bytes
     )
+    state = _State(model, tokenizer, batcher, o.model_name or model_id_for(model), o.default_max_tokens)
 
     async def health(http):
         return JSONResponse({"status": "ok", "model": state.model_id, **batcher.status()})
@@ -288,11 +294,11 @@ def create_app(
         Route("/v1/completions", completions, methods=["POST"]),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _not_found, 405: _not_allowed})
-    if cors:
+    if o.cors:
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(cors), allow_methods=["*"], allow_headers=["*"])
-    guarded = _Guard(app, max_body_bytes, api_key)
+        app.add_middleware(CORSMiddleware, allow_origins=list(o.cors), allow_methods=["*"], allow_headers=["*"])
+    guarded = _Guard(app, o.max_body_bytes, o.api_key)
     guarded.engine = state  # for tests and embedding: the model, the batcher, the served id
     return guarded
 
@@ -305,4 +311,4 @@ async def _not_allowed(http, exc):
     return JSONResponse(error_body(405, f"{http.method} is not allowed on {http.url.path}", None), status_code=405)
 
 
-__all__ = ["create_app"]
+__all__ = ["ServerOptions", "create_app"]

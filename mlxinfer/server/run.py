@@ -61,30 +61,24 @@ def serve(
     tokenizer=None,
     host: str = defaults.SERVE_HOST,
     port: int = defaults.SERVE_PORT,
-    api_key: Optional[str] = None,
     compute_dtype: str = "auto",
-    max_rows: int = defaults.SERVE_MAX_ROWS,
-    max_queue: int = defaults.SERVE_MAX_QUEUE,
-    cors: Optional[list[str]] = None,
-    model_name: Optional[str] = None,
-    max_body_bytes: int = defaults.SERVE_MAX_BODY_BYTES,
-    default_max_tokens: Optional[int] = None,
-    prompt_cache_bytes: int = defaults.SERVE_PROMPT_CACHE_BYTES,
     log_level: str = "info",
     announce: Optional[Callable[[dict], None]] = None,
+    **options,
 ) -> None:
     """Serve `model` (a loaded model with `tokenizer`, or anything mlxinfer.load takes) on host:port
-    until interrupted. Binds 127.0.0.1 unless told otherwise; beyond loopback without an api_key it
-    warns, since anyone who can reach the port can then use the model. Every option is checked, and
-    the port bound, before the model loads. `announce`: called with where it serves, once listening
-    (default: one line on stderr)."""
+    until interrupted. `options`: the app's (app.ServerOptions: api_key, max_rows, max_queue, cors,
+    model_name, max_body_bytes, default_max_tokens, prompt_cache_bytes). Binds 127.0.0.1 unless told
+    otherwise; beyond loopback without an api_key it warns, since anyone who can reach the port can
+    then use the model. Every option is checked, and the port bound, before the model loads.
+    `announce`: called with where it serves, once listening (default: one line on stderr)."""
     import uvicorn
     from uvicorn.config import LOG_LEVELS
 
     from ..model.loading import load
-    from .app import check_limits, create_app
+    from .app import ServerOptions, create_app
 
-    check_limits(max_rows, max_queue, max_body_bytes, default_max_tokens, prompt_cache_bytes)
+    checked = ServerOptions.of(options)
     if not isinstance(log_level, str) or log_level.lower() not in LOG_LEVELS:
         raise MlxinferError(f"log_level must be one of {', '.join(LOG_LEVELS)}, got {log_level!r}", "log_level")
     sock = listen(host, port)
@@ -92,24 +86,13 @@ def serve(
     try:
         if tokenizer is None:
             model, tokenizer = load(model, compute_dtype)
-        if not is_loopback(host) and api_key is None:
+        if not is_loopback(host) and checked.api_key is None:
             print(
                 f"warning: serving on {host}, beyond loopback, without an API key: anyone who reaches port {port} "
                 "can use this model (pass --api-key)",
                 file=sys.stderr,
             )
-        app = create_app(
-            model,
-            tokenizer,
-            api_key=api_key,
-            max_rows=max_rows,
-            max_queue=max_queue,
-            cors=cors,
-            model_name=model_name,
-            max_body_bytes=max_body_bytes,
-            default_max_tokens=default_max_tokens,
-            prompt_cache_bytes=prompt_cache_bytes,
-        )
+        app = create_app(model, tokenizer, checked)
         url = f"http://{address_text(host, port)}/v1"
         info = {"url": url, "model": model.info.name, "definition": model.info.definition}
         info["compute_dtype"] = model.info.compute_dtype
