@@ -216,6 +216,10 @@ def test_resume_needs_out_and_an_empty_out_starts_afresh(tiny, tmp_path):
     r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     assert len(out.read_text().splitlines()) == 3  # the header and two completions
+    missing = tmp_path / "no" / "such" / "out.jsonl"
+    r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--out", str(missing))
+    assert_one_line_error(r, f"the folder {missing.parent} does not exist; create it first")  # was: "(No such file...)"
+    assert not (tmp_path / "no").exists()
 
 
 # ----------------------------------------------------------------------------- across processes

@@ -90,6 +90,12 @@ class ResultsFile:
         try:
             fd = os.open(self.path, flags, 0o644)
         except OSError as e:
+            folder = Path(self.path).parent
+            if not folder.is_dir():  # a sweep writes its one file, not the folders to it (convert makes its folder)
+                raise MlxinferError(
+                    f"{param} {self.path}: the folder {folder} does not exist; create it first or write elsewhere",
+                    param,
+                ) from None
             raise MlxinferError(
                 f"{param} {self.path} cannot be written ({e.strerror}); choose another {param}", param
             ) from None
