@@ -189,6 +189,14 @@ def test_strict_tool_call_returned_as_tool_calls(smol):
     )
     pieces = [d.function.arguments for ch in stream for c in ch.choices for d in (c.delta.tool_calls or [])]
     assert "".join(pieces) == call.function.arguments
+    # a forced call is the answer, so a response_format beside it does not apply (OpenAI takes both)
+    r = client(url).chat.completions.create(
+        model=model_id(url), messages=messages, max_tokens=12, seed=3, tools=[tool], tool_choice="required",
+        response_format={"type": "json_object"},
+    )  # fmt: skip
+    assert [(c.function.name, c.function.arguments) for c in r.choices[0].message.tool_calls] == [
+        (call.function.name, call.function.arguments)
+    ]
 
 
 def _tool(name: str) -> dict:
@@ -419,6 +427,7 @@ def test_hostile_requests_get_their_status_and_the_server_goes_on(tiny):
         ("[" * 1000 + "]" * 1000, 400, None),  # json.loads recurses
         ({**chat, "metadata": {"deep": json.loads("[" * 150 + "]" * 150)}}, 400, None),  # parses, too deep to walk
         ({**chat, "tool_choice": "required"}, 400, "tool_choice"),  # no tools
+        ({**chat, "tools": [_tool("add_fruit")], "response_format": {"type": "json_object"}}, 400, "response_format"),
         ({**chat, "stream_options": {"include_usage": True}}, 400, "stream_options"),  # not streaming
         ({**chat, "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}, 400, None),
         ({**chat, "model": "gpt-4o"}, 404, "model"),

@@ -112,15 +112,19 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     if choice is not None and not tools:
         raise ApiError(400, "tool_choice is only allowed when tools are given", "tool_choice")
     if tools and choice != "none":
-        if body.response_format is not None and body.response_format.type != "text":
-            raise ApiError(400, "pass tools or a JSON response_format, not both", "response_format")
-        if isinstance(choice, str) or choice is None:
-            chosen = tools
-            plan.or_text = choice != "required"  # "auto", OpenAI's default with tools: a call or text
-        else:
-            chosen = [t for t in tools if t.function.name == choice.function.name]
-            if not chosen:
-                raise ApiError(400, f"tool_choice names '{choice.function.name}', which is not in tools", "tool_choice")
+        named = choice is not None and not isinstance(choice, str)
+        plan.or_text = not named and choice != "required"  # "auto", OpenAI's default with tools: a call or text
+        if plan.or_text and body.response_format is not None and body.response_format.type != "text":
+            raise ApiError(
+                400,
+                'tool_choice "auto" with a JSON response_format is not supported: send tool_choice "required" '
+                "(the answer is a call) or no tools (the answer is the JSON)",
+                "response_format",
+            )
+        # a forced call (required, or one named function) is the answer: a response_format does not apply to it
+        chosen = [t for t in tools if t.function.name == choice.function.name] if named else tools
+        if not chosen:
+            raise ApiError(400, f"tool_choice names '{choice.function.name}', which is not in tools", "tool_choice")
         names = [t.function.name for t in chosen]
         if len(set(names)) != len(names):
             raise ApiError(400, "tools: two functions have the same name", "tools")
