@@ -45,6 +45,7 @@ FLAGS = {  # cli/options.py adds the flags of the options it declares
     "text": "--text",
     "candidates": "CANDIDATES",
     "host": "--host",
+    "api_key": "--api-key",
     "port": "--port",
     "max_rows": "--max-rows",
     "max_queue": "--max-queue",

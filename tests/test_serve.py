@@ -590,6 +590,8 @@ def test_multi_turn_and_cors_and_small_parts(tiny):
         (["--default-max-tokens", "0"], "--default-max-tokens must be at least 1"),
         (["--max-rows", "0"], "--max-rows must be at least 1"),
         (["--max-queue", "-1"], "--max-queue must be 0"),
+        (["--api-key", ""], "--api-key must be printable ASCII without spaces, not empty"),
+        (["--api-key", "two words"], "--api-key must be printable ASCII"),
         (["-m", "/nowhere/model"], "no model at"),
     ],
 )

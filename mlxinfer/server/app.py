@@ -211,6 +211,12 @@ class ServerOptions:
     prompt_cache_bytes: int = defaults.SERVE_PROMPT_CACHE_BYTES  # prefilled prompts kept for repeats; 0: none
 
     def __post_init__(self):
+        key = self.api_key
+        if key is not None and not (
+            isinstance(key, str) and key and key.isascii() and key.isprintable() and " " not in key
+        ):
+            # an empty key would let "Authorization: Bearer " in, with no warning that the server is open
+            raise MlxinferError("api_key must be printable ASCII without spaces, not empty (Bearer KEY)", "api_key")
         check_bounds(self.max_rows, self.max_queue, self.prompt_cache_bytes)
         check_whole(self.max_body_bytes, "max_body_bytes", 1, "at least 1")
         if self.default_max_tokens is not None:
