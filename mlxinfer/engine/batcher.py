@@ -7,6 +7,7 @@ finished or whose client went away. Which rows go on is decided as soon as a ste
 drawn; the tokens reach their clients (detokenized, told) while the next step's forward runs.
 On our own definitions (model/rows.py) every row has a one-row KV cache of its own and one forward
 pass serves all rows; mlx-lm's classes run one forward per request over that request's rows.
+What it holds for each request (the job, its rows in flight, mlx-lm's row groups): jobs.py.
 
 A row's sampler state is decode.py's `RowState`: its seed's key chain, its penalty history, its grammar
 mask. The draw is decode.py's `choose_tokens` over all rows in flight, so a row draws what it would
@@ -25,10 +26,8 @@ import collections
 import logging
 import queue
 import threading
-import time
 import traceback
-from dataclasses import dataclass, field
-from typing import Any, Callable, Optional
+from typing import Callable
 
 import mlx.core as mx
 
@@ -36,12 +35,12 @@ from ..cpu import draw as cpu_draw
 from ..defaults import SERVE_MAX_QUEUE, SERVE_MAX_ROWS, SERVE_PROMPT_CACHE_BYTES
 from ..errors import MlxinferError
 from ..model import rows as row_walk
-from ..model.cache import fork, keep_rows
+from ..model.cache import fork
 from ..model.finite import finite_rows
-from .decode import RowState, choose_tokens, prefill, top_alternatives
+from .decode import choose_tokens, prefill, top_alternatives
 from .constrain import finish
+from .jobs import Job, LiveRow, RowGroup, ServedRow, groups, shrink_groups
 from .prompt_cache import PromptCache
-from .request import Request
 from ..views import Step
 
 log = logging.getLogger("mlxinfer.server")
@@ -62,71 +61,6 @@ def check_bounds(max_rows, max_queue, prompt_cache_bytes) -> None:
 
 class QueueFull(Exception):
     """More requests are waiting than the queue bound allows: the caller should retry later."""
-
-
-@dataclass
-class Job:
-    """One request in the engine: its rows (one per seed) and where their events go."""
-
-    request: Request
-    seeds: list[int]
-    emit: Callable[[str, Optional[int], Any], None]
-    logprobs: bool = False  # whether the tokens' log-probabilities are read
-    top_logprobs: int = 0  # alternatives per token
-    cancelled: bool = False  # set from any thread: the rows leave at the next step
-    dropped: set = field(default_factory=set)  # rows no one reads any more (a stop string matched)
-    submitted: float = field(default_factory=time.perf_counter)
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-    def drop(self, index: int) -> None:
-        """Row `index` is done for the caller: it leaves at the next step (the others go on)."""
-        self.dropped.add(index)
-
-    def gone(self, index: int) -> bool:
-        return self.cancelled or index in self.dropped
-
-    def tell(self, kind: str, index: Optional[int], payload: Any) -> None:
-        """emit, contained: a listener that fails (its event loop closed) ends this job, not the engine."""
-        try:
-            self.emit(kind, index, payload)
-        except Exception:  # noqa: BLE001 - whoever listened is gone
-            log.warning("a job's listener failed; the job ends:\n%s", traceback.format_exc())
-            self.cancelled = True
-
-
-class _ServedRow(RowState):
-    """decode.RowState that keeps a failing processor (a grammar that gives up) to its own row: the
-    error is recorded, the step goes on for the others, and the row ends with the error after it."""
-
-    error: Optional[str] = None
-
-    def scores(self, logits: mx.array, fed: mx.array, fast: bool = False) -> mx.array:
-        try:
-            return super().scores(logits, fed, fast)
-        except Exception as e:  # noqa: BLE001 - any processor failure ends this row only
-            self.error = f"{type(e).__name__}: {e}" if not isinstance(e, MlxinferError) else str(e)
-            return logits - mx.logsumexp(logits, keepdims=True)
-
-
-class _Live:
-    """A row in flight: its job, its index in the job, its sampler state, cache and last token."""
-
-    __slots__ = ("job", "index", "row", "cache", "group", "token", "text", "tokens")
-
-    def __init__(self, job: Job, index: int, row: _ServedRow, cache, group, token: int):
-        self.job, self.index, self.row, self.cache, self.group, self.token = job, index, row, cache, group, token
-        self.text: list[str] = []  # kept for a constrained row's JSON check at its end
-        self.tokens: list[int] = []
-
-
-class _Group:
-    """mlx-lm's classes: one request's rows share one B-row cache (they have the same length)."""
-
-    def __init__(self, cache: list):
-        self.cache = cache
-        self.members: list[_Live] = []
 
 
 class Batcher:
@@ -150,7 +84,7 @@ class Batcher:
         self.fast = model.info.cpu_kernels
         self.stop_ids = set(tokenizer.eos_token_ids)
         self._pending: collections.deque[Job] = collections.deque()
-        self._live: list[_Live] = []
+        self._live: list[LiveRow] = []
         self._undelivered: list[tuple] = []  # (row, token, logprob, alternatives, finish reason) decided, not yet told
         self._cv = threading.Condition()
         self._closed = False
@@ -253,7 +187,7 @@ class Batcher:
         try:
             prefilled = self._prompts.get(request.ids) or self._prompts.put(prefill(self.model, request.ids))
             history = mx.array(request.ids[:-1], dtype=mx.int32)
-            rows = [_ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
+            rows = [ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
             last = mx.array(request.ids[-1:], dtype=mx.int32)
             y, lp, alts = choose_tokens(
                 rows, prefilled.logits, [last] * len(rows), job.top_logprobs, self.fast, job.logprobs, host_draw=True
@@ -267,10 +201,10 @@ class Batcher:
             self._fail(job, 500, f"internal error during prefill ({type(e).__name__})")
             return
         if self.per_row:
-            members = [_Live(job, i, row, fork(prefilled.cache, 1), None, 0) for i, row in enumerate(rows)]
+            members = [LiveRow(job, i, row, fork(prefilled.cache, 1), None, 0) for i, row in enumerate(rows)]
         else:
-            group = _Group(fork(prefilled.cache, len(rows)))
-            members = [_Live(job, i, row, None, group, 0) for i, row in enumerate(rows)]
+            group = RowGroup(fork(prefilled.cache, len(rows)))
+            members = [LiveRow(job, i, row, None, group, 0) for i, row in enumerate(rows)]
             group.members = list(members)
         self._live.extend(self._decide(members, y.tolist(), lp.tolist(), alts))
         self._deliver()
@@ -301,18 +235,18 @@ class Batcher:
             self._fail(job, 500, "the model's scores became NaN or inf during decode; this request was ended")
         self._live = self._decide(live, y.tolist(), lp.tolist(), alts, skip=set(bad))
 
-    def _forward(self, live: list[_Live], tokens: mx.array) -> mx.array:
+    def _forward(self, live: list[LiveRow], tokens: mx.array) -> mx.array:
         if self.per_row:
-            # each row's cache is its own copy (cache.fork, KVCache.reserve), held by its _Live alone
+            # each row's cache is its own copy (cache.fork, KVCache.reserve), held by its LiveRow alone
             return row_walk.step(self.model, tokens, [m.cache for m in live], owned=True)
         out, at = [], 0
-        for group in _groups(live):
+        for group in groups(live):
             n = len(group.members)
             out.append(self.model(tokens[at : at + n, None], cache=group.cache)[:, -1, :])
             at += n
         return mx.concatenate(out) if len(out) > 1 else out[0]
 
-    def _decide(self, members: list[_Live], tokens, chosen, alts, skip=frozenset()) -> list[_Live]:
+    def _decide(self, members: list[LiveRow], tokens, chosen, alts, skip=frozenset()) -> list[LiveRow]:
         """Which rows go on after these tokens (decode.decode's rules), their hand-over queued for
         `_deliver`: the next step's forward can start before the clients hear of this one."""
         keep = []
@@ -338,7 +272,7 @@ class Batcher:
                 m.token = token
                 keep.append(m)
         if not self.per_row:
-            _shrink_groups(members, keep)
+            shrink_groups(members, keep)
         return keep
 
     def _deliver(self) -> None:
@@ -376,7 +310,7 @@ class Batcher:
         if any(m.job.gone(m.index) for m in self._live):
             keep = [m for m in self._live if not m.job.gone(m.index)]
             if not self.per_row:
-                _shrink_groups(self._live, keep)
+                shrink_groups(self._live, keep)
             self._live = keep
 
     def _fail(self, job: Job, status: int, message: str) -> None:
@@ -420,22 +354,3 @@ def _engine_thread(inbox: "queue.SimpleQueue") -> None:
 
 def _step(token, text, logprob, alternatives, finish_reason=None, stop_token=None) -> Step:
     return Step(token, text, logprob, alternatives, finish_reason=finish_reason, stop_token=stop_token)
-
-
-def _groups(live: list[_Live]) -> list[_Group]:
-    """The groups in the order their rows appear (each group's rows are contiguous in `live`)."""
-    seen: dict[int, _Group] = {}
-    for m in live:
-        seen.setdefault(id(m.group), m.group)
-    return list(seen.values())
-
-
-def _shrink_groups(before: list[_Live], after: list[_Live]) -> None:
-    """mlx-lm's classes: drop the rows that left from their group's B-row cache."""
-    staying = {id(m) for m in after}
-    for group in _groups(before):
-        kept = [p for p, m in enumerate(group.members) if id(m) in staying]
-        if len(kept) < len(group.members):
-            if kept:
-                group.cache = keep_rows(group.cache, kept)
-            group.members = [group.members[p] for p in kept]
