@@ -260,7 +260,8 @@ def draw_rows(kept: mx.array, temperatures: list[float], subkeys: list, min_rows
         scaled = kept * (1.0 / temperatures[0])  # the scalar in kept's dtype, as in draw()
     else:
         scaled = mx.concatenate([kept[i : i + 1] * (1.0 / (t or 1.0)) for i, t in enumerate(temperatures)])
-    tokens = cpu_draw.draw_rows(np.asarray(scaled.astype(mx.float32)), keychain.uniform(np.stack(subkeys)))
+    uniforms = keychain.uniform(np.stack(subkeys))  # first: it needs no scores, so it runs while the forward does
+    tokens = cpu_draw.draw_rows(np.asarray(scaled.astype(mx.float32)), uniforms)
     y = mx.array(tokens).astype(mx.uint32)  # (A,), the dtype mx.random.categorical returns
     return mx.where(mx.array(greedy), mx.argmax(kept, axis=-1), y) if any(greedy) else y
 
