@@ -199,6 +199,49 @@ def test_strict_tool_call_returned_as_tool_calls(smol):
     ]
 
 
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string", "maxLength": 20}},
+    "required": ["answer"],
+    "additionalProperties": False,
+}
+
+
+def test_auto_tools_beside_a_json_response_format_answer_with_a_call_or_that_json(smol):
+    """tool_choice auto (the default) with a json_schema response_format: each answer is a strict call
+    (tool_calls) or JSON valid under the response's schema (content), one grammar for both; streamed,
+    the same answer (the JSON held until the row's end says which). These seeds give both kinds."""
+    url, _ = smol
+    fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
+    messages = [
+        {"role": "system", "content": "Answer the question as JSON with the key answer."},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    kinds = set()
+    for seed in range(4):
+        common = {"model": model_id(url), "messages": messages, "max_tokens": 30, "seed": seed, "temperature": 1.0}
+        common.update(tools=[_tool("add_fruit")], response_format=fmt)
+        choice = client(url).chat.completions.create(**common).choices[0]
+        calls = [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        if calls:
+            assert choice.message.content is None and choice.finish_reason == "tool_calls"
+            ((name, arguments),) = calls
+            assert name == "add_fruit"
+            jsonschema.validate(json.loads(arguments), ENUM_SCHEMA)
+        else:
+            assert choice.finish_reason == "stop"
+            jsonschema.validate(json.loads(choice.message.content), ANSWER_SCHEMA)
+        kinds.add(bool(calls))
+        content, streamed, reasons = [], [], []
+        for chunk in client(url).chat.completions.create(**common, stream=True):
+            for c in chunk.choices:
+                content.append(c.delta.content or "")
+                streamed += [(d.function.name, d.function.arguments) for d in c.delta.tool_calls or []]
+                reasons += [c.finish_reason] if c.finish_reason else []
+        assert ("".join(content), streamed, reasons) == (choice.message.content or "", calls, [choice.finish_reason])
+    assert kinds == {True, False}
+
+
 def _tool(name: str) -> dict:
     return {"type": "function", "function": {"name": name, "description": f"{name} a fruit", "parameters": ENUM_SCHEMA}}
 
@@ -427,7 +470,6 @@ def test_hostile_requests_get_their_status_and_the_server_goes_on(tiny):
         ("[" * 1000 + "]" * 1000, 400, None),  # json.loads recurses
         ({**chat, "metadata": {"deep": json.loads("[" * 150 + "]" * 150)}}, 400, None),  # parses, too deep to walk
         ({**chat, "tool_choice": "required"}, 400, "tool_choice"),  # no tools
-        ({**chat, "tools": [_tool("add_fruit")], "response_format": {"type": "json_object"}}, 400, "response_format"),
         ({**chat, "stream_options": {"include_usage": True}}, 400, "stream_options"),  # not streaming
         ({**chat, "response_format": {"type": "json_schema", "json_schema": {"schema": {"not": {}}}}}, 400, None),
         ({**chat, "model": "gpt-4o"}, 404, "model"),

@@ -74,6 +74,7 @@ class Plan:
     tools: Optional[list[str]] = None  # function names when the answer is a tool call
     wrapped: bool = False  # several tools, or auto: the JSON is {"name": ..., "arguments": ...}
     or_text: bool = False  # tool_choice auto: plain text is an answer too
+    or_json: bool = False  # tool_choice auto beside a JSON response_format: a call, or JSON in that format
 
 
 def _text(message: Message, where: str) -> str:
@@ -111,63 +112,60 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     tools = body.tools or []
     if choice is not None and not tools:
         raise ApiError(400, "tool_choice is only allowed when tools are given", "tool_choice")
-    if tools and choice != "none":
-        named = choice is not None and not isinstance(choice, str)
-        plan.or_text = not named and choice != "required"  # "auto", OpenAI's default with tools: a call or text
-        if plan.or_text and body.response_format is not None and body.response_format.type != "text":
-            raise ApiError(
-                400,
-                'tool_choice "auto" with a JSON response_format is not supported: send tool_choice "required" '
-                "(the answer is a call) or no tools (the answer is the JSON)",
-                "response_format",
-            )
-        # a forced call (required, or one named function) is the answer: a response_format does not apply to it
-        chosen = [t for t in tools if t.function.name == choice.function.name] if named else tools
-        if not chosen:
-            raise ApiError(400, f"tool_choice names '{choice.function.name}', which is not in tools", "tool_choice")
-        names = [t.function.name for t in chosen]
-        if len(set(names)) != len(names):
-            raise ApiError(400, "tools: two functions have the same name", "tools")
-        plan.tools = names
-        params = [t.function.parameters or {"type": "object", "properties": {}} for t in chosen]
-        if len(chosen) == 1 and not plan.or_text:
-            f = chosen[0].function
-            plan.tool = {"name": f.name, "description": f.description or "", "input_schema": params[0], "strict": True}
-            return
-        plan.wrapped = True
-        plan.json_schema = {
+    answer = _response_schema(body.response_format)
+    if not tools or choice == "none":
+        plan.json_schema = answer
+        return
+    named = choice is not None and not isinstance(choice, str)
+    auto = not named and choice != "required"  # "auto", OpenAI's default with tools: a call, or an answer
+    # a forced call (required, or one named function) is the answer: a response_format does not apply to it
+    plan.or_text, plan.or_json = auto and answer is None, auto and answer is not None
+    chosen = [t for t in tools if t.function.name == choice.function.name] if named else tools
+    if not chosen:
+        raise ApiError(400, f"tool_choice names '{choice.function.name}', which is not in tools", "tool_choice")
+    names = [t.function.name for t in chosen]
+    if len(set(names)) != len(names):
+        raise ApiError(400, "tools: two functions have the same name", "tools")
+    plan.tools = names
+    params = [t.function.parameters or {"type": "object", "properties": {}} for t in chosen]
+    if len(chosen) == 1 and not auto:
+        f = chosen[0].function
+        plan.tool = {"name": f.name, "description": f.description or "", "input_schema": params[0], "strict": True}
+        return
+    plan.wrapped = True
+    calls = [
+        {
             "type": "object",
-            "anyOf": [
-                {
-                    "type": "object",
-                    "properties": {"name": {"const": n}, "arguments": p},
-                    "required": ["name", "arguments"],
-                    "additionalProperties": False,
-                }
-                for n, p in zip(names, params)
-            ],
+            "properties": {"name": {"const": n}, "arguments": p},
+            "required": ["name", "arguments"],
+            "additionalProperties": False,
         }
-        if plan.system is None:
-            listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
-            plan.system = (
-                f"You can call these tools: {listed}. To call one, answer with only the call as JSON: name and "
-                "arguments. Otherwise answer in plain text."
-                if plan.or_text
-                else f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
-            )
-            system = next((m for m in plan.prompt if m["role"] == "system"), None)
-            if plan.or_text and system is not None:  # auto: the model must know its tools to choose
-                system["content"] = f"{system['content']}\n\n{plan.system}".strip()
+        for n, p in zip(names, params)
+    ]
+    plan.json_schema = {"type": "object", "anyOf": calls + ([answer] if plan.or_json else [])}
+    listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
+    if not auto:
+        plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
         return
-    fmt = body.response_format
+    otherwise = "answer with JSON in the response's format" if plan.or_json else "answer in plain text"
+    plan.system = (
+        f"You can call these tools: {listed}. To call one, answer with only the call as JSON: name and "
+        f"arguments. Otherwise {otherwise}."
+    )
+    system = next((m for m in plan.prompt if m["role"] == "system"), None)
+    if system is not None:  # auto: the model must know its tools to choose
+        system["content"] = f"{system['content']}\n\n{plan.system}".strip()
+
+
+def _response_schema(fmt) -> Optional[dict]:
+    """response_format's JSON Schema (json_object: any object), None for text."""
     if fmt is None or fmt.type == "text":
-        return
+        return None
     if fmt.type == "json_object":
-        plan.json_schema = {"type": "object"}
-    elif fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        return {"type": "object"}
+    if fmt.json_schema is None or fmt.json_schema.schema_ is None:
         raise ApiError(400, "response_format json_schema needs json_schema.schema", "response_format")
-    else:
-        plan.json_schema = fmt.json_schema.schema_
+    return fmt.json_schema.schema_
 
 
 def completion_plan(body: CompletionRequest) -> Plan:

@@ -131,6 +131,17 @@ def tool_calls(choice: Choice, names: list[str], wrapped: bool) -> list[dict]:
     return [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}]
 
 
+def is_call(choice: Choice, names: list[str]) -> bool:
+    """tool_choice auto beside a JSON response_format: whether the row's JSON is a call of one of
+    `names` ({"name": ..., "arguments": ...} and nothing else), else it is the answer. A JSON cut
+    short is a call when its head names a tool."""
+    result = choice.json
+    if result is not None and result.valid:
+        p = result.parsed
+        return isinstance(p, dict) and set(p) == {"name", "arguments"} and p["name"] in names
+    return cut_call("".join(choice.text), names, True)[0] is not None
+
+
 _WRAPPED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')
 
 

@@ -73,12 +73,17 @@ async def _events(
 
 
 def _text_answer(choice: outputs.Choice, plan: Plan) -> bool:
-    """tool_choice auto: the model answered in text (it did not open the call's JSON)."""
+    """tool_choice auto: the model answered, not called (its text does not open the call's JSON; beside
+    a JSON response_format, its JSON is not a call: known at the row's end)."""
+    if plan.or_json:
+        return not outputs.is_call(choice, plan.tools)
     return plan.or_text and choice.head != "{"
 
 
 def _finish_reason(choice: outputs.Choice, plan: Plan) -> str:
     if _text_answer(choice, plan):
+        if plan.or_json and choice.json is not None:
+            return choice.json.finish_reason  # the grammar's word, as for any JSON answer
         return choice.finish_reason or "stop"
     if choice.json is not None:
         # the grammar's word: a JSON closed exactly at the budget is complete ("stop"), a cut one "length"
@@ -127,6 +132,7 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
     async def gen():
         sent = [0] * len(choices)  # logprob entries already sent per choice
         opened = [False] * len(choices)  # one tool: whether the call's id and name went out
+        held = [[] for _ in choices]  # or_json: the text, until the row's end says call or answer
         try:
             for c in choices:
                 yield piece(c.index, {"role": "assistant", "content": ""})
@@ -135,7 +141,11 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
                 entries = c.logprobs[sent[i] :]
                 sent[i] = len(c.logprobs)
                 lp = c.chat_logprobs(entries) if entries else None
-                if text and (not plan.tools or _text_answer(c, plan)):
+                if text and plan.or_json:
+                    held[i].append(text)
+                    if lp:
+                        yield piece(i, {}, None, lp)
+                elif text and (not plan.tools or _text_answer(c, plan)):
                     yield piece(i, {"content": text}, None, lp)
                 elif text and plan.tools and not plan.wrapped:  # one tool: its arguments as they come
                     call = {"index": 0, "function": {"arguments": text}}
@@ -151,6 +161,8 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
                 elif lp:
                     yield piece(i, {}, None, lp)
                 if ended:
+                    if plan.or_json and held[i] and _text_answer(c, plan):
+                        yield piece(i, {"content": "".join(held[i])})
                     if plan.wrapped and not _text_answer(c, plan):  # the call (as far as it got): at the end
                         calls = outputs.tool_calls(c, plan.tools, True)
                         if calls:
