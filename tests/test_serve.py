@@ -210,7 +210,8 @@ ANSWER_SCHEMA = {
 def test_auto_tools_beside_a_json_response_format_answer_with_a_call_or_that_json(smol):
     """tool_choice auto (the default) with a json_schema response_format: each answer is a strict call
     (tool_calls) or JSON valid under the response's schema (content), one grammar for both; streamed,
-    the same answer (the JSON held until the row's end says which). These seeds give both kinds."""
+    the same answer, an answer in pieces as it comes (held only until its head is not a call's).
+    These seeds give both kinds."""
     url, _ = smol
     fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": ANSWER_SCHEMA}}
     messages = [
@@ -239,6 +240,7 @@ def test_auto_tools_beside_a_json_response_format_answer_with_a_call_or_that_jso
                 streamed += [(d.function.name, d.function.arguments) for d in c.delta.tool_calls or []]
                 reasons += [c.finish_reason] if c.finish_reason else []
         assert ("".join(content), streamed, reasons) == (choice.message.content or "", calls, [choice.finish_reason])
+        assert calls or len([p for p in content if p]) > 1
     assert kinds == {True, False}
 
 
@@ -617,6 +619,17 @@ def test_multi_turn_and_cors_and_small_parts(tiny):
     assert [is_loopback(h) for h in ("127.0.0.1", "localhost", "::1", "0.0.0.0", "10.0.0.1")] == [1, 1, 1, 0, 0]
     stops = StopStrings(["END"])
     assert [stops.feed("abcE"), stops.feed("N"), stops.feed("Dx")] == [("ab", False), ("c", False), ("", True)]
+    from mlxinfer.server.outputs import call_state
+
+    names = ["add_fruit", "drop_fruit"]
+    heads = [
+        '{"name": "add_fruit", "arguments": {',
+        '{"na',
+        ' {\n "name" : "drop_fruit" ,',
+        '{"answer"',
+        '{"name":"x",',
+    ]
+    assert [call_state(h, names) for h in heads] == [True, None, None, False, False]
 
 
 @pytest.mark.parametrize(

@@ -131,15 +131,21 @@ def tool_calls(choice: Choice, names: list[str], wrapped: bool) -> list[dict]:
     return [{"id": call_id(), "type": "function", "function": {"name": name, "arguments": arguments}}]
 
 
+def call_state(text: str, names: list[str]) -> Optional[bool]:
+    """tool_choice auto beside a JSON response_format: True once the JSON so far opens a call of one
+    of `names` ({"name": ..., "arguments": ..., the grammar's order), False once it cannot, None while
+    it may still. One rule for a stream's prefix and a whole answer, so both read a row alike."""
+    compact = re.sub(r"\s+", "", text[:4096])  # a call's head is short; whitespace between tokens is free
+    heads = [f'{{"name":{json.dumps(n, ensure_ascii=False)},"arguments":' for n in names]
+    if any(compact.startswith(h) for h in heads):
+        return True
+    return None if any(h.startswith(compact) for h in heads) else False
+
+
 def is_call(choice: Choice, names: list[str]) -> bool:
-    """tool_choice auto beside a JSON response_format: whether the row's JSON is a call of one of
-    `names` ({"name": ..., "arguments": ...} and nothing else), else it is the answer. A JSON cut
-    short is a call when its head names a tool."""
-    result = choice.json
-    if result is not None and result.valid:
-        p = result.parsed
-        return isinstance(p, dict) and set(p) == {"name", "arguments"} and p["name"] in names
-    return cut_call("".join(choice.text), names, True)[0] is not None
+    """Beside a JSON response_format: whether the row called (call_state of its whole text), else its
+    JSON is the answer."""
+    return call_state("".join(choice.text), names) is True
 
 
 _WRAPPED_HEAD = re.compile(r'\s*\{\s*"name"\s*:\s*("(?:[^"\\]|\\.)*")\s*,\s*"arguments"\s*:\s*')

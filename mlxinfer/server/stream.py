@@ -74,7 +74,7 @@ async def _events(
 
 def _text_answer(choice: outputs.Choice, plan: Plan) -> bool:
     """tool_choice auto: the model answered, not called (its text does not open the call's JSON; beside
-    a JSON response_format, its JSON is not a call: known at the row's end)."""
+    a JSON response_format, its JSON does not open with a call's head)."""
     if plan.or_json:
         return not outputs.is_call(choice, plan.tools)
     return plan.or_text and choice.head != "{"
@@ -132,7 +132,8 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
     async def gen():
         sent = [0] * len(choices)  # logprob entries already sent per choice
         opened = [False] * len(choices)  # one tool: whether the call's id and name went out
-        held = [[] for _ in choices]  # or_json: the text, until the row's end says call or answer
+        held = [[] for _ in choices]  # or_json: the text, until its head says call or answer
+        called: list = [None] * len(choices)  # or_json: outputs.call_state once it is decided
         try:
             for c in choices:
                 yield piece(c.index, {"role": "assistant", "content": ""})
@@ -143,7 +144,12 @@ async def chat_response(state, http, body, plan, request, job, events, seed):
                 lp = c.chat_logprobs(entries) if entries else None
                 if text and plan.or_json:
                     held[i].append(text)
-                    if lp:
+                    if called[i] is None:
+                        called[i] = outputs.call_state("".join(held[i]), plan.tools)
+                    if called[i] is False:  # an answer: what was held, then each piece as it comes
+                        yield piece(i, {"content": "".join(held[i])}, None, lp)
+                        held[i] = []
+                    elif lp:
                         yield piece(i, {}, None, lp)
                 elif text and (not plan.tools or _text_answer(c, plan)):
                     yield piece(i, {"content": text}, None, lp)
