@@ -134,7 +134,8 @@ def tool_calls(choice: Choice, names: list[str], wrapped: bool) -> list[dict]:
 def call_state(text: str, names: list[str]) -> Optional[bool]:
     """tool_choice auto beside a JSON response_format: True once the JSON so far opens a call of one
     of `names` ({"name": ..., "arguments": ..., the grammar's order), False once it cannot, None while
-    it may still. One rule for a stream's prefix and a whole answer, so both read a row alike."""
+    it may still. One rule for a stream's prefix and a whole answer, so both read a row alike. (A
+    response schema whose own JSON opens that way, with a tool's name, reads as a call.)"""
     compact = re.sub(r"\s+", "", text[:4096])  # a call's head is short; whitespace between tokens is free
     heads = [f'{{"name":{json.dumps(n, ensure_ascii=False)},"arguments":' for n in names]
     if any(compact.startswith(h) for h in heads):
