@@ -46,6 +46,8 @@ FLAGS = {  # cli/options.py adds the flags of the options it declares
     "candidates": "CANDIDATES",
     "host": "--host",
     "api_key": "--api-key",
+    "cors": "--cors",
+    "model_name": "--served-model-name",
     "port": "--port",
     "max_rows": "--max-rows",
     "max_queue": "--max-queue",
