@@ -670,6 +670,8 @@ def test_the_server_options_are_declared_once_and_checked_before_a_load():
         create_app(None, None, ServerOptions(), max_rows=4)
     with pytest.raises(MlxinferError, match="cors must be a list of origins"):
         ServerOptions(cors="http://localhost:3000")  # a string would allow its characters
+    with pytest.raises(MlxinferError, match="cors must be a list of origins"):
+        ServerOptions(cors=5)
     with pytest.raises(MlxinferError, match="model_name must be a non-empty string"):
         ServerOptions(model_name=" ")
     assert all(f.name in mlxinfer.serve.__doc__ for f in fields(ServerOptions))

@@ -218,7 +218,7 @@ class ServerOptions:
             # an empty key would let "Authorization: Bearer " in, with no warning that the server is open
             raise MlxinferError("api_key must be printable ASCII without spaces, not empty (Bearer KEY)", "api_key")
         cors = self.cors
-        if cors is not None and (isinstance(cors, str) or not all(isinstance(o, str) and o for o in cors)):
+        if cors is not None and not (isinstance(cors, (list, tuple)) and all(isinstance(o, str) and o for o in cors)):
             raise MlxinferError(f"cors must be a list of origins, e.g. ['http://localhost:3000'], got {cors!r}", "cors")
         if self.model_name is not None and not (isinstance(self.model_name, str) and self.model_name.strip()):
             raise MlxinferError(f"model_name must be a non-empty string, got {self.model_name!r}", "model_name")
