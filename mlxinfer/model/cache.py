@@ -49,14 +49,18 @@ class KVCache:
         B, K, L, E = shape
         if value_size != E:
             raise ValueError(f"keys of {E} and values of {value_size} values a head do not share one buffer")
-        needed = self.offset + L
-        if self.kv is not None and needed <= self.kv.shape[3]:
+        if self.has_room(L):
             return
+        needed = self.offset + L
         capacity = -(-needed // self.step) * self.step
         kv = mx.zeros((B, 2, K, capacity, E), dtype)
         if self.kv is not None and self.offset:
             kv[..., : self.offset, :] = self.kv[..., : self.offset, :]
         self.kv = kv
+
+    def has_room(self, L: int) -> bool:
+        """Whether the buffer holds L more positions without growing."""
+        return self.kv is not None and self.offset + L <= self.kv.shape[3]
 
     @property
     def state(self) -> list[mx.array]:

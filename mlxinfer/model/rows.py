@@ -49,7 +49,7 @@ def step(model: Model, tokens: mx.array, caches: list[list[KVCache]], owned: boo
     h = model.embed(tokens.reshape(A, 1))  # (A, 1, D)
     # a row's layers are written together, so layer 0 tells each row's position and room for all
     offsets = [c[0].offset for c in caches]
-    roomy = all(c[0].kv is not None and at < c[0].kv.shape[3] for c, at in zip(caches, offsets))
+    roomy = all(c[0].has_room(1) for c in caches)
     for i, layer in enumerate(model.layers):
         rows, fused = [c[i] for c in caches], layer.fused
         if fused is not None and fused.attention_fuses():
