@@ -136,11 +136,16 @@ def call_state(text: str, names: list[str]) -> Optional[bool]:
     of `names` ({"name": ..., "arguments": ..., the grammar's order), False once it cannot, None while
     it may still. One rule for a stream's prefix and a whole answer, so both read a row alike. (A
     response schema whose own JSON opens that way, with a tool's name, reads as a call.)"""
-    compact = re.sub(r"\s+", "", text[:4096])  # a call's head is short; whitespace between tokens is free
-    heads = [f'{{"name":{json.dumps(n, ensure_ascii=False)},"arguments":' for n in names]
-    if any(compact.startswith(h) for h in heads):
-        return True
-    return None if any(h.startswith(compact) for h in heads) else False
+    head = _WRAPPED_HEAD.match(text)  # cut_call's reading of a call's head
+    if head:
+        return json.loads(head.group(1)) in names
+    # not a whole head yet: undecided while it is the start of one (whitespace between tokens is free)
+    compact = re.sub(r"\s+", "", text[:4096])
+    return (
+        None
+        if any(f'{{"name":{json.dumps(n, ensure_ascii=False)},"arguments":'.startswith(compact) for n in names)
+        else False
+    )
 
 
 def is_call(choice: Choice, names: list[str]) -> bool:
