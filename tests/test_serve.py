@@ -244,6 +244,33 @@ def test_auto_tools_beside_a_json_response_format_answer_with_a_call_or_that_jso
     assert kinds == {True, False}
 
 
+def test_tool_and_answer_schemas_with_defs_keep_their_references(smol):
+    """Schemas as pydantic writes them ($defs, "#/$defs/..." references) keep working when the server
+    nests them in its one grammar (several tools' calls, or calls beside the response's schema): was
+    a 400, "Pointer '/$defs/F' does not exist"."""
+    url, _ = smol
+    params = {"type": "object", "properties": {"fruit": {"$ref": "#/$defs/F"}}, "required": ["fruit"],
+              "additionalProperties": False, "$defs": {"F": {"enum": ["apple", "banana"]}}}  # fmt: skip
+    answer = {"type": "object", "properties": {"city": {"$ref": "#/$defs/City"}}, "required": ["city"],
+              "additionalProperties": False, "$defs": {"City": {"enum": ["Paris", "Lyon"]}}}  # fmt: skip
+    tools = [{"type": "function", "function": {"name": n, "parameters": params}} for n in ("add_fruit", "drop_fruit")]
+    fmt = {"type": "json_schema", "json_schema": {"name": "city", "schema": answer}}
+    messages = [{"role": "system", "content": "Answer as JSON."}, {"role": "user", "content": "What is the capital?"}]
+    common = {"model": model_id(url), "messages": messages, "max_tokens": 30, "seed": 0, "temperature": 1.0}
+    for extra in ({"tools": tools, "tool_choice": "required"}, {"tools": tools[:1], "response_format": fmt}):
+        choice = client(url).chat.completions.create(**common, **extra).choices[0]
+        if choice.message.tool_calls:
+            jsonschema.validate(json.loads(choice.message.tool_calls[0].function.arguments), params)
+        else:
+            jsonschema.validate(json.loads(choice.message.content), answer)
+    from mlxinfer.server.inputs import _placed
+
+    nested = {"$ref": "#", "enum": [{"$ref": "#/x"}], "items": [{"$ref": "#/$defs/A"}], "$defs": {"A": {}}}
+    assert _placed(nested, "/anyOf/1") == {
+        "$ref": "#/anyOf/1", "enum": [{"$ref": "#/x"}], "items": [{"$ref": "#/anyOf/1/$defs/A"}], "$defs": {"A": {}}
+    }  # fmt: skip
+
+
 def _tool(name: str) -> dict:
     return {"type": "function", "function": {"name": name, "description": f"{name} a fruit", "parameters": ENUM_SCHEMA}}
 

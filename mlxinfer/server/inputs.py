@@ -136,13 +136,14 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     calls = [
         {
             "type": "object",
-            "properties": {"name": {"const": n}, "arguments": p},
+            "properties": {"name": {"const": n}, "arguments": _placed(p, f"/anyOf/{i}/properties/arguments")},
             "required": ["name", "arguments"],
             "additionalProperties": False,
         }
-        for n, p in zip(names, params)
+        for i, (n, p) in enumerate(zip(names, params))
     ]
-    plan.json_schema = {"type": "object", "anyOf": calls + ([answer] if plan.or_json else [])}
+    answers = [_placed(answer, f"/anyOf/{len(calls)}")] if plan.or_json else []
+    plan.json_schema = {"type": "object", "anyOf": calls + answers}
     listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
     if not auto:
         plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
@@ -155,6 +156,27 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     system = next((m for m in plan.prompt if m["role"] == "system"), None)
     if system is not None:  # auto: the model must know its tools to choose
         system["content"] = f"{system['content']}\n\n{plan.system}".strip()
+
+
+_DATA = ("const", "enum", "default", "examples")  # values, not schemas: a {"$ref": ...} there is data
+
+
+def _placed(schema, at: str):
+    """`schema` copied for a place inside a larger schema (at: its JSON pointer there, "/anyOf/0"):
+    its own references ("#", "#/$defs/X", as pydantic writes them) rebased so that they still point
+    into it from the new root. Bodies nest at most MAX_JSON_DEPTH levels (app._body), so this
+    recursion is bounded."""
+    if isinstance(schema, list):
+        return [_placed(v, at) for v in schema]
+    if not isinstance(schema, dict):
+        return schema
+    out = {}
+    for k, v in schema.items():
+        if k == "$ref" and isinstance(v, str) and (v == "#" or v.startswith("#/")):
+            out[k] = "#" + at + v[1:]
+        else:
+            out[k] = v if k in _DATA else _placed(v, at)
+    return out
 
 
 def _response_schema(fmt) -> Optional[dict]:
