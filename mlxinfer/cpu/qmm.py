@@ -42,6 +42,7 @@ SOURCES += (
     "int8.h",
     "int8.cpp",
     "int8_tiles.h",
+    "int8_wide.h",
     "simd.h",
     "scales.h",
     "attention.h",

@@ -1,7 +1,7 @@
 // The int8 path (int8.h): x is rounded to 8 bits per group, xq = round(x * 127 / max|x|) with d = max|x| / 127,
 // and y[m, n] = sum_k (s q + b)[n, k] * (d xq)[m, k]: the dequantized weights times the dequantized activations,
 // llama.cpp's arithmetic (not the float32 of qmm.cpp). The products q * xq are summed as exact integers; one
-// AVX-512 VNNI instruction does 32 of those multiply-adds, against 8 for a float32 FMA.
+// AVX-512 VNNI instruction does 32 of those multiply-adds (64 at 512 bits: int8_wide.h), against 8 for a float32 FMA.
 //
 // WHAT STAYS FIXED. Integer sums are exact, so how they are split (tiles, instructions, VNNI or AVX2's
 // maddubs) cannot change them. Every float operation is fixed by K and the group size alone. The groups go
@@ -27,7 +27,7 @@
 #include <stdexcept>
 #include <string>
 
-#include "int8_tiles.h"
+#include "int8_wide.h"
 #include "pool.h"
 
 namespace mlxinfer {

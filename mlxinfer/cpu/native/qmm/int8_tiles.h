@@ -163,6 +163,28 @@ inline void segment(const Tile<typename S::T, R, NC>& t, int64_t op0, int64_t e)
   }
 }
 
+// y[m0 + r, n0 + j] from the (r, j) float sums f: tree8's order
+template <int R, int NC>
+inline void write_sums(const Ctx8& c, int64_t m0, int64_t n0, const float (*f)[NC][8]) {
+  int r = 0;
+  if constexpr (NC == 4) {  // two rows at once (hsum8x8: the same additions as hsum8x4)
+    for (; r + 1 < R; r += 2) {
+      const __m256 y = hsum8x8(_mm256_load_ps(f[r][0]), _mm256_load_ps(f[r][1]), _mm256_load_ps(f[r][2]), _mm256_load_ps(f[r][3]),
+                               _mm256_load_ps(f[r + 1][0]), _mm256_load_ps(f[r + 1][1]), _mm256_load_ps(f[r + 1][2]), _mm256_load_ps(f[r + 1][3]));
+      _mm_storeu_ps(c.y + (m0 + r) * c.ldy + n0, _mm256_castps256_ps128(y));
+      _mm_storeu_ps(c.y + (m0 + r + 1) * c.ldy + n0, _mm256_extractf128_ps(y, 1));
+    }
+  }
+  for (; r < R; ++r) {  // tree8's order
+    if constexpr (NC == 4) {
+      const __m128 y = hsum8x4(_mm256_load_ps(f[r][0]), _mm256_load_ps(f[r][1]), _mm256_load_ps(f[r][2]), _mm256_load_ps(f[r][3]));
+      _mm_storeu_ps(c.y + (m0 + r) * c.ldy + n0, y);
+    } else {
+      for (int j = 0; j < NC; ++j) c.y[(m0 + r) * c.ldy + n0 + j] = hsum8(_mm256_load_ps(f[r][j]));
+    }
+  }
+}
+
 template <bool FOUR_BIT, bool PACKED, class S, int R, int NC>
 void tile(const Ctx8& c, int64_t m0, int64_t n0, const uint8_t* const* cols) {
   using T = typename S::T;
@@ -194,23 +216,7 @@ void tile(const Ctx8& c, int64_t m0, int64_t n0, const uint8_t* const* cols) {
     }
     e += 8;
   }
-  int r = 0;
-  if constexpr (NC == 4) {  // two rows at once (hsum8x8: the same additions as hsum8x4)
-    for (; r + 1 < R; r += 2) {
-      const __m256 y = hsum8x8(_mm256_load_ps(f[r][0]), _mm256_load_ps(f[r][1]), _mm256_load_ps(f[r][2]), _mm256_load_ps(f[r][3]),
-                               _mm256_load_ps(f[r + 1][0]), _mm256_load_ps(f[r + 1][1]), _mm256_load_ps(f[r + 1][2]), _mm256_load_ps(f[r + 1][3]));
-      _mm_storeu_ps(c.y + (m0 + r) * c.ldy + n0, _mm256_castps256_ps128(y));
-      _mm_storeu_ps(c.y + (m0 + r + 1) * c.ldy + n0, _mm256_extractf128_ps(y, 1));
-    }
-  }
-  for (; r < R; ++r) {  // tree8's order
-    if constexpr (NC == 4) {
-      const __m128 y = hsum8x4(_mm256_load_ps(f[r][0]), _mm256_load_ps(f[r][1]), _mm256_load_ps(f[r][2]), _mm256_load_ps(f[r][3]));
-      _mm_storeu_ps(c.y + (m0 + r) * c.ldy + n0, y);
-    } else {
-      for (int j = 0; j < NC; ++j) c.y[(m0 + r) * c.ldy + n0 + j] = hsum8(_mm256_load_ps(f[r][j]));
-    }
-  }
+  write_sums<R, NC>(c, m0, n0, f);
 }
 
 #if defined(__AVX512VL__)
@@ -224,56 +230,6 @@ void tile_cols(const Ctx8& c, int64_t m0, int64_t t0, int64_t t1, const uint8_t*
   int64_t n = t0;
   for (; n + kCols <= t1; n += kCols) tile<FOUR_BIT, PACKED, S, R, kCols>(c, m0, n, cols + (n - t0));
   for (; n < t1; ++n) tile<FOUR_BIT, PACKED, S, R, 1>(c, m0, n, cols + (n - t0));
-}
-
-template <class S>
-void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
-  const uint8_t* cols[kColTile];
-  // several rows share one unpacking of each column (8-bit: one copy, read in order, which the prefetcher follows)
-  const bool unpack = c.M > 1;
-  std::vector<uint8_t> bytes(unpack ? kColTile * c.K : 0);
-  for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
-    const int64_t t1 = std::min(n1, t0 + kColTile);
-    for (int64_t j = 0; j < t1 - t0; ++j) {
-      const uint8_t* stored = c.w + (t0 + j) * c.rowbytes;
-      cols[j] = stored;
-      if (unpack && c.bits == 8) {
-        cols[j] = static_cast<const uint8_t*>(std::memcpy(bytes.data() + j * c.K, stored, c.K));
-      } else if (unpack) {
-        uint8_t* out = bytes.data() + j * c.K;
-        const __m256i nib = _mm256_set1_epi8(15);
-        for (int64_t p = 0; p < c.K / 64; ++p) {
-          const __m256i v = load32(stored + p * 32);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p * 64), _mm256_and_si256(v, nib));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p * 64 + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-        }
-        cols[j] = out;
-      }
-    }
-    prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
-    if (c.M == 1) {
-      if (c.bits == 4) {
-        tile_cols<true, true, S, 1>(c, 0, t0, t1, cols);
-      } else {
-        tile_cols<false, false, S, 1>(c, 0, t0, t1, cols);
-      }
-      continue;
-    }
-    auto rows = [&]<bool FOUR_BIT>() {  // full tiles, then the rest in tiles of 3, 2 and 1 rows (kRows = 4)
-      int64_t m = 0;
-      for (; m + kRows <= c.M; m += kRows) tile_cols<FOUR_BIT, false, S, kRows>(c, m, t0, t1, cols);
-      if constexpr (kRows > 3) {
-        if (m + 3 <= c.M) tile_cols<FOUR_BIT, false, S, 3>(c, m, t0, t1, cols), m += 3;
-      }
-      if (m + 2 <= c.M) tile_cols<FOUR_BIT, false, S, 2>(c, m, t0, t1, cols), m += 2;
-      if (m < c.M) tile_cols<FOUR_BIT, false, S, 1>(c, m, t0, t1, cols);
-    };
-    if (c.bits == 4) {
-      rows.template operator()<true>();
-    } else {
-      rows.template operator()<false>();
-    }
-  }
 }
 
 #endif  // MLXINFER_QMM_AVX2

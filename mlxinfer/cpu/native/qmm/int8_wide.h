@@ -1,0 +1,181 @@
+// Where the int8 path's tiles run (avx2_range), and its 512-bit tiles for several rows: included by int8.cpp alone.
+//
+// THE 512-BIT TILES (AVX-512 VNNI builds). A 512-bit VNNI instruction holds one operand of two columns: column
+// 2q's 32 bytes in its low half, column 2q + 1's in its high half (pair_unpack stores them so), times one row's
+// operand in both halves. Its sixteen lanes are then exactly the two columns' eight lane sums, as int8_tiles'
+// 256-bit tiles have them, and the float steps (int8.cpp's opening comment) run on sixteen lanes at once: each
+// lane the same fma, mul and fma, so each output has the same bits as there. On Zen 5 one 512-bit VNNI
+// instruction retires at the 256-bit rate (measured: ~7.1 a ns per core, either width), twice the multiply-adds;
+// on CPUs that split 512-bit instructions it is the same work in fewer instructions.
+#pragma once
+
+#include "int8_tiles.h"
+
+namespace mlxinfer::int8_tiles {
+
+#ifdef MLXINFER_QMM_AVX2
+
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+
+inline __m512i dot4_wide(__m512i acc, __m512i w, __m512i x) {
+  __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));  // as dot4: any of the 32 registers
+  return acc;
+}
+
+inline __m512 pair_of(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+
+inline __m512 twice(const float* p) {  // p's eight floats in both halves
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+
+// R rows x 4 columns (two pairs) from pair_unpack's bytes: pairs[q] holds pair q's operands, 64 bytes each.
+// The integer sums (R x 2) and the float sums (R x 2) stay in registers: 4 R of the 32, and the pairs' operands.
+template <class S, int R>
+void tile_wide(const Ctx8& c, int64_t m0, int64_t n0, const uint8_t* const* pairs) {
+  using T = typename S::T;
+  const T* sl[4];
+  const T* bl[4];
+  for (int j = 0; j < 4; ++j) {
+    sl[j] = static_cast<const T*>(c.s) + (n0 + j) * c.L;
+    bl[j] = static_cast<const T*>(c.b) + (n0 + j) * c.L;
+  }
+  const int8_t* x[R];
+  for (int r = 0; r < R; ++r) x[r] = c.xq + (m0 + r) * c.K;
+  __m512 F[R][2];
+  for (int r = 0; r < R; ++r) F[r][0] = F[r][1] = _mm512_setzero_ps();
+  int64_t e = 0;
+  for (const Seg& sg : *c.segs) {
+    __m512i I[R][2];
+    for (int r = 0; r < R; ++r) I[r][0] = I[r][1] = _mm512_setzero_si512();
+    const int64_t o1 = sg.op0 + sg.ops;
+#pragma GCC unroll 2
+    for (int64_t o = sg.op0; o < o1; ++o) {
+      const __m512i w0 = _mm512_loadu_si512(pairs[0] + o * 64), w1 = _mm512_loadu_si512(pairs[1] + o * 64);
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const __m512i xv = _mm512_broadcast_i64x4(load32(x[r] + o * 32));
+        I[r][0] = dot4_wide(I[r][0], w0, xv);
+        I[r][1] = dot4_wide(I[r][1], w1, xv);
+      }
+    }
+#pragma GCC unroll 2
+    for (int q = 0; q < 2; ++q) {
+      const __m512 sv = pair_of(tiles::widen8(S{}, sl[2 * q] + e), tiles::widen8(S{}, sl[2 * q + 1] + e));
+      const __m512 bv = pair_of(tiles::widen8(S{}, bl[2 * q] + e), tiles::widen8(S{}, bl[2 * q + 1] + e));
+#pragma GCC unroll 4
+      for (int r = 0; r < R; ++r) {
+        const float* at = c.xl + (m0 + r) * c.L + e;
+        const __m512 v = _mm512_fmadd_ps(sv, _mm512_cvtepi32_ps(I[r][q]), _mm512_mul_ps(bv, twice(at)));
+        F[r][q] = _mm512_fmadd_ps(twice(c.dl + (m0 + r) * c.L + e), v, F[r][q]);
+      }
+    }
+    e += 8;
+  }
+  alignas(64) float f[R][4][8];
+  for (int r = 0; r < R; ++r) {
+    _mm512_store_ps(f[r][0], F[r][0]);
+    _mm512_store_ps(f[r][2], F[r][1]);
+  }
+  write_sums<R, 4>(c, m0, n0, f);
+}
+
+// Columns t0 .. t1 (a multiple of 4 of them) of c.w as bytes, pair by pair: pair q's operand o is column
+// t0 + 2q's operand o (32 bytes), then column t0 + 2q + 1's.
+inline void pair_unpack(const Ctx8& c, int64_t t0, int64_t t1, uint8_t* out) {
+  const int64_t ops = c.K / 32;
+  const __m256i nib = _mm256_set1_epi8(15);
+  for (int64_t j = 0; j < t1 - t0; ++j) {
+    const uint8_t* stored = c.w + (t0 + j) * c.rowbytes;
+    uint8_t* dst = out + (j / 2) * ops * 64 + (j % 2) * 32;
+    if (c.bits == 8) {
+      for (int64_t o = 0; o < ops; ++o) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + o * 64), load32(stored + o * 32));
+      continue;
+    }
+    for (int64_t p = 0; p < ops / 2; ++p) {  // operands 2p and 2p + 1: one vector's low and high nibbles
+      const __m256i v = load32(stored + p * 32);
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * p * 64), _mm256_and_si256(v, nib));
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (2 * p + 1) * 64), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+    }
+  }
+}
+
+template <class S>
+void wide_rows(const Ctx8& c, int64_t t0, int64_t t1, const uint8_t* bytes) {
+  const int64_t pair_bytes = c.K * 2;
+  auto cols = [&]<int R>(int64_t m) {
+    for (int64_t n = t0; n < t1; n += 4) {
+      const uint8_t* pairs[2] = {bytes + ((n - t0) / 2) * pair_bytes, bytes + ((n - t0) / 2 + 1) * pair_bytes};
+      tile_wide<S, R>(c, m, n, pairs);
+    }
+  };
+  int64_t m = 0;
+  for (; m + 4 <= c.M; m += 4) cols.template operator()<4>(m);
+  if (m + 3 <= c.M) cols.template operator()<3>(m), m += 3;
+  if (m + 2 <= c.M) cols.template operator()<2>(m), m += 2;
+  if (m < c.M) cols.template operator()<1>(m);
+}
+#endif
+
+template <class S>
+void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
+  const uint8_t* cols[kColTile];
+  // several rows share one unpacking of each column (8-bit: one copy, read in order, which the prefetcher follows)
+  const bool unpack = c.M > 1;
+  std::vector<uint8_t> bytes(unpack ? kColTile * c.K : 0);
+  for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
+    const int64_t t1 = std::min(n1, t0 + kColTile);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    if (unpack && (t1 - t0) % 4 == 0) {
+      pair_unpack(c, t0, t1, bytes.data());
+      prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
+      wide_rows<S>(c, t0, t1, bytes.data());
+      continue;
+    }
+#endif
+    for (int64_t j = 0; j < t1 - t0; ++j) {
+      const uint8_t* stored = c.w + (t0 + j) * c.rowbytes;
+      cols[j] = stored;
+      if (unpack && c.bits == 8) {
+        cols[j] = static_cast<const uint8_t*>(std::memcpy(bytes.data() + j * c.K, stored, c.K));
+      } else if (unpack) {
+        uint8_t* out = bytes.data() + j * c.K;
+        const __m256i nib = _mm256_set1_epi8(15);
+        for (int64_t p = 0; p < c.K / 64; ++p) {
+          const __m256i v = load32(stored + p * 32);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p * 64), _mm256_and_si256(v, nib));
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p * 64 + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+        }
+        cols[j] = out;
+      }
+    }
+    prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
+    if (c.M == 1) {
+      if (c.bits == 4) {
+        tile_cols<true, true, S, 1>(c, 0, t0, t1, cols);
+      } else {
+        tile_cols<false, false, S, 1>(c, 0, t0, t1, cols);
+      }
+      continue;
+    }
+    auto rows = [&]<bool FOUR_BIT>() {  // full tiles, then the rest in tiles of 3, 2 and 1 rows (kRows = 4)
+      int64_t m = 0;
+      for (; m + kRows <= c.M; m += kRows) tile_cols<FOUR_BIT, false, S, kRows>(c, m, t0, t1, cols);
+      if constexpr (kRows > 3) {
+        if (m + 3 <= c.M) tile_cols<FOUR_BIT, false, S, 3>(c, m, t0, t1, cols), m += 3;
+      }
+      if (m + 2 <= c.M) tile_cols<FOUR_BIT, false, S, 2>(c, m, t0, t1, cols), m += 2;
+      if (m < c.M) tile_cols<FOUR_BIT, false, S, 1>(c, m, t0, t1, cols);
+    };
+    if (c.bits == 4) {
+      rows.template operator()<true>();
+    } else {
+      rows.template operator()<false>();
+    }
+  }
+}
+
+#endif  // MLXINFER_QMM_AVX2
+
+}  // namespace mlxinfer::int8_tiles
