@@ -90,37 +90,83 @@ void quantize_row(const float* x, int8_t* xq, float* dl, float* xl, float* d, fl
 }
 
 #ifdef MLXINFER_QMM_AVX2
-// quantize_row's values, eight at a time: the same multiply and the same rounding (cvtps: to nearest even, as
-// nearbyint), each 4-byte chunk of a group then put where the layout wants it.
-void quantize_row_avx2(const float* x, int8_t* xq, float* dl, float* xl, int gs, const std::vector<Seg>& segs) {
+// One group's 32-value blocks rounded (quantize_row's multiply and rounding: cvtps rounds to nearest even, as
+// nearbyint), in value order; its d.
+inline float group_avx2(const float* xg, int gs, __m256i* blocks) {
   const __m256 absmask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
   const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
-  alignas(32) int8_t q[128];
+  __m256 top = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+  for (int i = 0; i < gs; i += 8) {
+    const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg + i), absmask);
+    top = _mm256_max_ps(top, a);
+    bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // inf or NaN
+  }
+  __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
+  t = _mm_max_ps(t, _mm_movehl_ps(t, t));
+  const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
+  const bool finite = _mm256_movemask_ps(bad) == 0;
+  const auto [d, inv] = group_scale(amax, finite);
+  const __m256 iv = _mm256_set1_ps(inv);
+  for (int i = 0; i < gs; i += 32) {
+    __m256i v[4];
+    for (int u = 0; u < 4; ++u) v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + i + 8 * u), iv));
+    const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
+    blocks[i / 32] = finite ? _mm256_permutevar8x32_epi32(p, order) : _mm256_setzero_si256();
+  }
+  return d;
+}
+
+// The 4-byte chunks of r[0..7] transposed: out[c] holds chunk c of each of them
+inline void transpose_chunks(const __m256i* r, __m256i* out) {
+  __m256i t[8], u[8];
+  for (int i = 0; i < 8; i += 2) {
+    t[i] = _mm256_unpacklo_epi32(r[i], r[i + 1]);
+    t[i + 1] = _mm256_unpackhi_epi32(r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 8; i += 4) {
+    u[i] = _mm256_unpacklo_epi64(t[i], t[i + 2]);
+    u[i + 1] = _mm256_unpackhi_epi64(t[i], t[i + 2]);
+    u[i + 2] = _mm256_unpacklo_epi64(t[i + 1], t[i + 3]);
+    u[i + 3] = _mm256_unpackhi_epi64(t[i + 1], t[i + 3]);
+  }
+  for (int c = 0; c < 4; ++c) {
+    out[c] = _mm256_permute2x128_si256(u[c], u[c + 4], 0x20);
+    out[c + 4] = _mm256_permute2x128_si256(u[c], u[c + 4], 0x31);
+  }
+}
+
+// A segment of eight groups (lane g: group g, operands op0 + c its chunks c): xq, each lane's d and float(X)
+inline void eight_groups_avx2(const float* x, int8_t* xq, float* dl, float* xl, int gs) {
+  __m256i blocks[8][4];  // group g's 32-byte blocks (gs / 32 of them)
+  for (int g = 0; g < 8; ++g) dl[g] = group_avx2(x + g * gs, gs, blocks[g]);
+  const __m256i ones8 = _mm256_set1_epi8(1), ones16 = _mm256_set1_epi16(1);
+  __m256i sums = _mm256_setzero_si256();
+  for (int b = 0; b < gs / 32; ++b) {
+    __m256i r[8], ops[8];
+    for (int g = 0; g < 8; ++g) r[g] = blocks[g][b];
+    transpose_chunks(r, ops);
+    for (int c = 0; c < 8; ++c) {
+      _mm256_storeu_si256(reinterpret_cast<__m256i*>(xq + (b * 8 + c) * 32), ops[c]);
+      sums = _mm256_add_epi32(sums, _mm256_madd_epi16(_mm256_maddubs_epi16(ones8, ops[c]), ones16));  // exact
+    }
+  }
+  _mm256_storeu_ps(xl, _mm256_cvtepi32_ps(sums));
+}
+
+// quantize_row with group_avx2's rounding; each 4-byte chunk of a group then put where the layout wants it.
+void quantize_row_avx2(const float* x, int8_t* xq, float* dl, float* xl, int gs, const std::vector<Seg>& segs) {
   size_t at = 0;
   for (const Seg& sg : segs) {
     const int P = 8 / sg.ts;
+    if (P == 1) {  // eight whole groups: operand c is chunk c of each group, an 8 x 8 transpose of 4-byte chunks
+      eight_groups_avx2(x + sg.g0 * gs, xq + sg.op0 * 32, dl + at * 8, xl + at * 8, gs);
+      ++at;
+      continue;
+    }
     int32_t lane_sum[8] = {};
     for (int gi = 0; gi < sg.ts; ++gi) {
-      const float* xg = x + (sg.g0 + gi) * gs;
-      __m256 top = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
-      for (int i = 0; i < gs; i += 8) {
-        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(xg + i), absmask);
-        top = _mm256_max_ps(top, a);
-        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // inf or NaN
-      }
-      __m128 t = _mm_max_ps(_mm256_castps256_ps128(top), _mm256_extractf128_ps(top, 1));
-      t = _mm_max_ps(t, _mm_movehl_ps(t, t));
-      const float amax = _mm_cvtss_f32(_mm_max_ss(t, _mm_movehdup_ps(t)));
-      const bool finite = _mm256_movemask_ps(bad) == 0;
-      const auto [d, inv] = group_scale(amax, finite);
-      const __m256 iv = _mm256_set1_ps(inv);
-      for (int i = 0; i < gs; i += 32) {
-        __m256i v[4];
-        for (int u = 0; u < 4; ++u) v[u] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(xg + i + 8 * u), iv));
-        const __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(v[0], v[1]), _mm256_packs_epi32(v[2], v[3]));
-        const __m256i in_order = finite ? _mm256_permutevar8x32_epi32(p, order) : _mm256_setzero_si256();
-        _mm256_store_si256(reinterpret_cast<__m256i*>(q + i), in_order);
-      }
+      alignas(32) int8_t q[128];
+      const float d = group_avx2(x + (sg.g0 + gi) * gs, gs, reinterpret_cast<__m256i*>(q));
       for (int c = 0; c < gs / 4; ++c) {  // chunk c of the group: operand op0 + c / P, lane gi P + c % P
         const int lane = gi * P + c % P;
         std::memcpy(xq + (sg.op0 + c / P) * 32 + 4 * lane, q + 4 * c, 4);
