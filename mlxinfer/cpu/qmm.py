@@ -37,8 +37,10 @@ from ..errors import MlxinferError
 from . import build as native_build
 
 SOURCE_DIR = Path(native_build.NATIVE) / "qmm"
-SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "primitive.cpp", "pool.h", "pool.cpp", "rows.h", "rows.cpp")
+SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "tiles_wide.h", "primitive.cpp", "pool.h", "pool.cpp")
 SOURCES += (
+    "rows.h",
+    "rows.cpp",
     "int8.h",
     "int8.cpp",
     "int8_tiles.h",

@@ -22,14 +22,6 @@ inline __m512i dot4_wide(__m512i acc, __m512i w, __m512i x) {
   return acc;
 }
 
-inline __m512 pair_of(__m256 lo, __m256 hi) {
-  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
-}
-
-inline __m512 twice(const float* p) {  // p's eight floats in both halves
-  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
-}
-
 // R rows x 4 columns (two pairs) from pair_unpack's bytes: pairs[q] holds pair q's operands, 64 bytes each.
 // The integer sums (R x 2) and the float sums (R x 2) stay in registers: 4 R of the 32, and the pairs' operands.
 template <class S, int R>

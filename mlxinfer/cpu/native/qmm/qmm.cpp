@@ -32,7 +32,7 @@
 #include <vector>
 
 #include "pool.h"
-#include "tiles.h"
+#include "tiles_wide.h"
 
 namespace mlxinfer {
 

@@ -86,4 +86,15 @@ inline __m256 hsum8x8(__m256 a, __m256 b, __m256 c, __m256 d, __m256 e, __m256 f
 }
 #endif
 
+#if defined(MLXINFER_AVX2) && defined(__AVX512F__)
+// 512-bit helpers of the wide tiles (tiles_wide.h, int8_wide.h): two 8-lane vectors as one, and p's eight
+// floats in both halves
+inline __m512 pair_of(__m256 lo, __m256 hi) {
+  return _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi), 1));
+}
+inline __m512 twice(const float* p) {
+  return _mm512_castpd_ps(_mm512_broadcast_f64x4(_mm256_castps_pd(_mm256_loadu_ps(p))));
+}
+#endif
+
 }  // namespace mlxinfer

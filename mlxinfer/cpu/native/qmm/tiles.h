@@ -268,33 +268,6 @@ constexpr int kTileRows = 4, kTileCols = 4;
 constexpr int kTileRows = 3, kTileCols = 3;
 #endif
 
-template <int BITS, int GS, class S>
-void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
-  if (c.M == 1) {
-    row_tiles<BITS, GS, S, 4>(c, 0, n0, n1);
-    return;
-  }
-  // several rows: each column tile is unpacked once, then kTileRows x kTileCols tiles run every row over it
-  const int64_t Gp = (c.G + 7) / 8 * 8;
-  Floats wf(kColTile * c.K), sbuf(kColTile * Gp);
-  const float* sf[kColTile];
-  for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
-    const int64_t t1 = std::min(n1, t0 + kColTile);
-    unpack_cols<BITS>(c, t0, t1 - t0, wf.p);
-    prefetch_cols(c.w, t1, n1, kColTile, c.Kw * 4);
-    for (int64_t j = 0; j < t1 - t0; ++j) {
-      sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.p + j * Gp, c.G);
-    }
-    int64_t m = 0;
-    for (; m + kTileRows <= c.M; m += kTileRows) rows_tiles<BITS, GS, S, kTileRows, kTileCols>(c, m, t0, t1, wf.p, sf);
-    if constexpr (kTileRows > 3) {
-      if (m + 3 <= c.M) rows_tiles<BITS, GS, S, 3, kTileCols>(c, m, t0, t1, wf.p, sf), m += 3;
-    }
-    if (m + 2 <= c.M) rows_tiles<BITS, GS, S, 2, kTileCols>(c, m, t0, t1, wf.p, sf), m += 2;
-    if (m < c.M) rows_tiles<BITS, GS, S, 1, kTileCols>(c, m, t0, t1, wf.p, sf);
-  }
-}
-
 inline bool avx2_layout(int64_t K, int bits, int group_size) {
   return K % (8 * (32 / bits)) == 0 && K / group_size <= kMaxTileGroups;  // whole blocks of 8 packed words
 }
