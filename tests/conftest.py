@@ -128,6 +128,23 @@ def embedded_quantized():
     return mlxinfer.load(None, compute_dtype="quantized")
 
 
+@pytest.fixture(params=[True, False], ids=["512-bit pairs", "256-bit tiles"])
+def tile_width(request):
+    """The kernel's several-row tiles as 512-bit pairs, then as 256-bit tiles (native/qmm/wide.h picks one
+    per CPU; the bits must not depend on it). Skipped for pairs where the build has no AVX-512F."""
+    from mlxinfer.cpu import qmm
+
+    if not qmm.available():
+        pytest.skip(f"the quantized matmul kernel is not available here: {qmm.status()['reason']}")
+    kernel = qmm.kernel()
+    before = kernel.wide()
+    kernel.set_wide(request.param)
+    if kernel.wide() != request.param:
+        pytest.skip("this build has no AVX-512F: its tiles are 256-bit only")
+    yield request.param
+    kernel.set_wide(before)
+
+
 @pytest.fixture(scope="session")
 def embedded_int8():
     """The embedded model on the int8 path (the quantized path's layers, activations rounded to 8 bits)."""

@@ -59,7 +59,7 @@ def definition(x: np.ndarray, wq, s, b, bits: int, gs: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("bits,gs,k", CASES)
-def test_the_kernel_equals_its_portable_code_and_the_definition(bits, gs, k):
+def test_the_kernel_equals_its_portable_code_and_the_definition(bits, gs, k, tile_width):
     (wq, s, b), (w8, s8, b8) = int8_weights(45, k, bits, gs, seed=k + bits)
     for rows in (1, 2, 5, 17):
         x = mx.array(np.random.default_rng(rows).standard_normal((rows, k)).astype(np.float32))
@@ -87,7 +87,7 @@ def test_the_distance_to_float32_is_the_rounding_of_x(bits, gs, k):
 
 
 @pytest.mark.parametrize("bits,gs,k", [(4, 32, 576), (8, 32, 576), (4, 64, 960), (8, 128, 1408)])
-def test_a_row_alone_equals_the_row_in_a_batch(bits, gs, k):
+def test_a_row_alone_equals_the_row_in_a_batch(bits, gs, k, tile_width):
     _, (w8, s8, b8) = int8_weights(200, k, bits, gs, seed=5)
     batch = mx.random.normal((37, k), key=mx.random.key(6))
     full = K8.quantized_matmul(batch, w8, s8, b8, gs, bits | FLAG)

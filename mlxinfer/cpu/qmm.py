@@ -41,6 +41,8 @@ SOURCES = ("CMakeLists.txt", "qmm.h", "qmm.cpp", "tiles.h", "tiles_wide.h", "pri
 SOURCES += (
     "rows.h",
     "rows.cpp",
+    "wide.h",
+    "wide.cpp",
     "int8.h",
     "int8.cpp",
     "int8_tiles.h",
@@ -250,7 +252,7 @@ def _check(build_if_missing: bool = True) -> None:
     _module = module
     isa = "AVX2+FMA" if module.avx2() else "portable C++"
     if module.avx2() and module.tile() != "3x3":
-        isa += f" with AVX-512VL's registers ({module.tile()} tiles)"
+        isa += f" with AVX-512VL's registers ({module.tile()} tiles{', as 512-bit pairs' if module.wide() else ''})"
     isa += f"; int8 dot products: {module.int8_isa()}"
     _state.update(
         active=True,

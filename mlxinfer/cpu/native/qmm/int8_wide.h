@@ -10,6 +10,7 @@
 #pragma once
 
 #include "int8_tiles.h"
+#include "wide.h"
 
 namespace mlxinfer::int8_tiles {
 
@@ -115,11 +116,14 @@ void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
   const uint8_t* cols[kColTile];
   // several rows share one unpacking of each column (8-bit: one copy, read in order, which the prefetcher follows)
   const bool unpack = c.M > 1;
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+  const bool wide = wide_tiles();
+#endif
   std::vector<uint8_t> bytes(unpack ? kColTile * c.K : 0);
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
     const int64_t t1 = std::min(n1, t0 + kColTile);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    if (unpack && (t1 - t0) % 4 == 0) {
+    if (wide && unpack && (t1 - t0) % 4 == 0) {
       pair_unpack(c, t0, t1, bytes.data());
       prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
       wide_rows<S>(c, t0, t1, bytes.data());
