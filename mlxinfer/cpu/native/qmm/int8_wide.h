@@ -103,11 +103,7 @@ void wide_rows(const Ctx8& c, int64_t t0, int64_t t1, const uint8_t* bytes) {
       tile_wide<S, R>(c, m, n, pairs);
     }
   };
-  int64_t m = 0;
-  for (; m + 4 <= c.M; m += 4) cols.template operator()<4>(m);
-  if (m + 3 <= c.M) cols.template operator()<3>(m), m += 3;
-  if (m + 2 <= c.M) cols.template operator()<2>(m), m += 2;
-  if (m < c.M) cols.template operator()<1>(m);
+  four_row_tiles(c.M, cols);
 }
 #endif
 

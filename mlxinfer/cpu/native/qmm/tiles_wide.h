@@ -82,11 +82,7 @@ void wide_rows(const Ctx& c, int64_t t0, int64_t t1, const float* wf, const floa
   auto cols = [&]<int R>(int64_t m) {
     for (int64_t n = t0; n < t1; n += 4) rows_tile_wide<BITS, GS, S, R>(c, m, n, wf + (n - t0) * c.K, sf + (n - t0));
   };
-  int64_t m = 0;
-  for (; m + 4 <= c.M; m += 4) cols.template operator()<4>(m);
-  if (m + 3 <= c.M) cols.template operator()<3>(m), m += 3;
-  if (m + 2 <= c.M) cols.template operator()<2>(m), m += 2;
-  if (m < c.M) cols.template operator()<1>(m);
+  four_row_tiles(c.M, cols);
 }
 #endif
 
