@@ -17,7 +17,9 @@ warning line goes to stderr and callers keep the path they had (`status()` says 
 MLXINFER_QMM=off turns it off; MLXINFER_QMM_THREADS=N sets the thread count; MLXINFER_QMM_ISA=avx512,
 avx2 or portable builds a narrower variant than the CPU allows, what another machine runs (avx2 has the
 avx512 and avx512vnni builds' bits; the portable C++ path has its own fixed order for the float32
-kernel, and the int8 path's bits everywhere). The same extension holds the int8 path (int8.cpp).
+kernel, and the int8 path's bits everywhere). MLXINFER_QMM_WIDE=0/1 forces the several-row tiles' width
+(native/qmm/wide.h: 512-bit pairs or 256-bit tiles, the same bits; by default timed once on this CPU).
+The same extension holds the int8 path (int8.cpp).
 """
 
 from __future__ import annotations
