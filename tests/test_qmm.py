@@ -298,6 +298,22 @@ def test_info_reports_the_kernel():
     assert info["compute_dtype"]["auto_for_quantized_weights"] == "quantized"
 
 
+def test_the_tile_width_switch_is_read_and_reported():
+    """MLXINFER_QMM_WIDE=0/off forces 256-bit tiles, 1/on 512-bit pairs where the build has AVX-512F
+    (native/qmm/wide.h); the status line (`mlxinfer info`) says which."""
+    script = "from mlxinfer.cpu import qmm; qmm.available(); print(qmm.kernel().wide(), qmm.status()['reason'])"
+    seen = {}
+    for value in ("0", "off", "1", "on"):
+        env = {**os.environ, "MLXINFER_QMM_WIDE": value}
+        done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]
+        wide, reason = done.stdout.split(" ", 1)
+        seen[value] = wide == "True"
+        assert seen[value] == ("512-bit pairs" in reason), reason
+    assert not seen["0"] and not seen["off"]
+    assert seen["1"] == seen["on"] == qmm._isa().startswith("avx512")
+
+
 def assert_rows_score_alone_as_in_a_batch(model, rows: list[list[int]], picks) -> None:
     """The prefill's last scores and one greedy decode step's, for rows run together and for each row
     in `picks` alone: equal, bit for bit."""

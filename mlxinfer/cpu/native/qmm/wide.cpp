@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <string>
 
 namespace mlxinfer {
 
@@ -73,8 +74,9 @@ bool measure() {
 bool wide_tiles() {
   int w = g_wide.load(std::memory_order_relaxed);
   if (w < 0) {
-    const char* env = std::getenv("MLXINFER_QMM_WIDE");
-    const bool on = env && *env ? env[0] == '1' : measure();
+    const std::string env = std::getenv("MLXINFER_QMM_WIDE") ? std::getenv("MLXINFER_QMM_WIDE") : "";
+    const bool yes = env == "1" || env == "on" || env == "true", no = env == "0" || env == "off" || env == "false";
+    const bool on = yes || (!no && measure());  // any other value: as if unset
 #if !defined(__AVX512F__)
     w = 0;
     (void)on;

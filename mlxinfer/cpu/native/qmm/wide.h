@@ -7,8 +7,9 @@
 
 namespace mlxinfer {
 
-// Decided at first use: MLXINFER_QMM_WIDE=0 or 1 where it is set, else a ~1 ms timing of both widths on this
-// CPU (512-bit pairs where one 512-bit instruction costs under 1.5 256-bit ones). False without AVX-512F.
+// Decided at first use: MLXINFER_QMM_WIDE=1 (on, true) or 0 (off, false) where it is set, else a ~1 ms timing of
+// both widths on this CPU (512-bit pairs where one 512-bit instruction costs under 1.5 256-bit ones). False
+// without AVX-512F.
 bool wide_tiles();
 void set_wide_tiles(bool on);  // for the tests, which hold both forms to the same bits
 
