@@ -271,6 +271,26 @@ def test_tool_and_answer_schemas_with_defs_keep_their_references(smol):
     }  # fmt: skip
 
 
+def test_a_bad_schema_nested_with_others_is_named_by_its_own_field(smol):
+    """Several tools, or tools beside a response_format, become one grammar; a schema in it that does not
+    compile is named by its own field, not by the grammar: was param "response_format" for a tool's."""
+    url, _ = smol
+    good = {"type": "object", "properties": {"fruit": {"enum": ["apple"]}}, "required": ["fruit"]}
+    bad = {"type": "object", "properties": {"fruit": {"type": "nonsense"}}}
+    tools = [{"type": "function", "function": {"name": n, "parameters": p}} for n, p in (("add", good), ("drop", bad))]
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": bad}}
+    common = {"model": model_id(url), "messages": [{"role": "user", "content": "Name one fruit."}], "max_tokens": 5}
+    cases = [({"tools": tools, "tool_choice": "required"}, "tools[1].function.parameters"),
+             ({"tools": tools[:1], "response_format": fmt}, "response_format")]  # fmt: skip
+    for extra, name in cases:
+        r = post(url, "/v1/chat/completions", {**common, **extra})
+        err = r.json()["error"]
+        assert r.status_code == 400 and err["param"] == name and err["message"].startswith(name), err
+    assert (
+        post(url, "/v1/chat/completions", {**common, "tools": tools[:1], "tool_choice": "required"}).status_code == 200
+    )
+
+
 def _tool(name: str) -> dict:
     return {"type": "function", "function": {"name": name, "description": f"{name} a fruit", "parameters": ENUM_SCHEMA}}
 

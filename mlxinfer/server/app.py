@@ -178,6 +178,7 @@ async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: 
         or_text=plan.or_text,
         chat=plan.chat,
         system=plan.system,
+        parts=plan.parts,
     )
     request = budget(request, state.model, asked, state.default_max_tokens)
     base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)

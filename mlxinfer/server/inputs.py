@@ -17,9 +17,10 @@ import json
 import queue
 import threading
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
+from ..engine.constrain import compile_schema
 from ..engine.request import Request, prepare
 from ..errors import MlxinferError
 from .errors import ApiError, from_library
@@ -53,12 +54,26 @@ class _Parked:
 _PREP = _Parked("mlxinfer-prepare")
 
 
-async def prepare_within(fields: dict, *args, **kwargs) -> Request:
-    """`prepare(*args, **kwargs)` on the prepare thread; its MlxinferError as a 400 naming the field."""
+async def prepare_within(fields: dict, model, tokenizer, *args, parts=(), **kwargs) -> Request:
+    """`prepare(model, tokenizer, *args, **kwargs)` on the prepare thread; its MlxinferError as a 400
+    naming the field. parts: Plan.parts, tried alone when their one grammar fails to compile, so that
+    the error names the tool or the response_format at fault, not the grammar they were nested in."""
     try:
-        return await asyncio.wrap_future(_PREP.submit(functools.partial(prepare, *args, **kwargs)))
+        return await asyncio.wrap_future(_PREP.submit(functools.partial(prepare, model, tokenizer, *args, **kwargs)))
     except MlxinferError as e:
+        if parts and "json_schema" in getattr(e, "params", ()):
+            e = await asyncio.wrap_future(_PREP.submit(functools.partial(_culprit, tokenizer, parts, e)))
         raise from_library(e, fields) from None
+
+
+def _culprit(tokenizer, parts, error: MlxinferError) -> MlxinferError:
+    """The first part that fails to compile alone, its error naming it; else the grammar's own."""
+    for where, schema in parts:
+        try:
+            compile_schema(tokenizer, schema, where, where)
+        except MlxinferError as e:
+            return e
+    return error
 
 
 # ----------------------------------------------------------------------------- what prepare is given
@@ -75,6 +90,7 @@ class Plan:
     wrapped: bool = False  # several tools, or auto: the JSON is {"name": ..., "arguments": ...}
     or_text: bool = False  # tool_choice auto: plain text is an answer too
     or_json: bool = False  # tool_choice auto beside a JSON response_format: a call, or JSON in that format
+    parts: list = field(default_factory=list)  # wrapped: (request field, schema) of each schema nested in it
 
 
 def _text(message: Message, where: str) -> str:
@@ -143,6 +159,8 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         for i, (n, p) in enumerate(zip(names, params))
     ]
     answers = [_placed(answer, f"/anyOf/{len(calls)}")] if plan.or_json else []
+    plan.parts = [(f"tools[{i}].function.parameters", p) for i, p in enumerate(params)]
+    plan.parts += [("response_format", answer)] if plan.or_json else []
     plan.json_schema = {"type": "object", "anyOf": calls + answers}
     listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
     if not auto:
