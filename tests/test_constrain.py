@@ -18,6 +18,7 @@ from conftest import ROOT, assert_one_line_error, invoke_cli
 
 import mlxinfer
 from mlxinfer import SamplerSettings
+from mlxinfer.engine import constrain
 from mlxinfer.engine.constrain import allowed_from_bitmask, compile_schema, token_table
 from mlxinfer.engine.schema import Constraint
 from mlxinfer.errors import MlxinferError
@@ -282,6 +283,19 @@ def test_compiled_grammars_and_token_tables_are_cached(embedded):
     assert compile_schema(tok, schema) is compile_schema(tok, json.loads(json.dumps(schema)))
     a, b = compile_schema(tok, schema).mask(), compile_schema(tok, schema).mask()
     assert a.matcher is not b.matcher  # each generation gets its own matcher
+
+
+def test_the_grammar_cache_keeps_the_schemas_used_last(embedded):
+    """A server compiles one schema per request: many distinct ones must not grow the process without
+    bound. The cache holds the last GRAMMAR_CACHE used; the oldest is compiled again when it comes back."""
+    _, tok = embedded
+    first = compile_schema(tok, {"type": "object", "properties": {"p0": {"type": "integer"}}})
+    kept = [compile_schema(tok, {"type": "object", "properties": {f"p{i}": {"type": "integer"}}})
+            for i in range(1, constrain.GRAMMAR_CACHE + 5)]  # fmt: skip
+    assert len(constrain._GRAMMARS) <= constrain.GRAMMAR_CACHE
+    assert compile_schema(tok, {"type": "object", "properties": {"p0": {"type": "integer"}}}) is not first
+    last = {"type": "object", "properties": {f"p{constrain.GRAMMAR_CACHE + 4}": {"type": "integer"}}}
+    assert compile_schema(tok, last) is kept[-1]
 
 
 # ----------------------------------------------------------------------------- the token budget

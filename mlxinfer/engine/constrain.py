@@ -33,6 +33,7 @@ from __future__ import annotations
 import json
 import time
 import weakref
+from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from typing import Any, Optional
@@ -103,14 +104,17 @@ class CompiledSchema:
         return GrammarMask(self, vocab_size or self.table.n_vocab, explain=explain)
 
 
-_GRAMMARS: dict[tuple[int, str, bool], CompiledSchema] = {}
+# compiled schemas, the most recently used last: a server sees the same few schemas again and again, and
+# a stream of distinct ones (one per request) must not grow the process without bound
+_GRAMMARS: OrderedDict[tuple[int, str, bool], CompiledSchema] = OrderedDict()
+GRAMMAR_CACHE = 64
 MAX_FORCED_BYTES = 16384  # more than this before the model's first choice: an endless prefix
 
 
 def compile_schema(
     tokenizer, schema: dict, where: str = "json_schema", param: str = "json_schema", or_text: bool = False
 ) -> CompiledSchema:
-    """Compile an object schema for this tokenizer; cached for the life of the process.
+    """Compile an object schema for this tokenizer; the last GRAMMAR_CACHE schemas used stay compiled.
 
     A feature the engine cannot express is a one-line MlxinferError here, before any
     forward pass.
@@ -121,6 +125,7 @@ def compile_schema(
     table = token_table(tokenizer)
     key = (id(table), json.dumps(schema, sort_keys=True), or_text)
     if key in _GRAMMARS:
+        _GRAMMARS.move_to_end(key)
         return _GRAMMARS[key]
     clash = _control_token_text(schema, table.special_names)
     if clash:
@@ -150,6 +155,8 @@ def compile_schema(
         raise _too_complex(where, param, probe.get_error() or f"it forces {len(forced):,} bytes before any choice")
     compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher, or_text)
     _GRAMMARS[key] = compiled
+    while len(_GRAMMARS) > GRAMMAR_CACHE:
+        _GRAMMARS.popitem(last=False)
     return compiled
 
 
