@@ -1,7 +1,7 @@
 // Where the int8 path's tiles run (avx2_range), and its 512-bit tiles for several rows: included by int8.cpp alone.
 //
 // THE 512-BIT TILES (AVX-512 VNNI builds). A 512-bit VNNI instruction holds one operand of two columns: column
-// 2q's 32 bytes in its low half, column 2q + 1's in its high half (pair_unpack stores them so), times one row's
+// 2q's 32 bytes in its low half, column 2q + 1's in its high half (unpack_bytes' pairs), times one row's
 // operand in both halves. Its sixteen lanes are then exactly the two columns' eight lane sums, as int8_tiles'
 // 256-bit tiles have them, and the float steps (int8.cpp's opening comment) run on sixteen lanes at once: each
 // lane the same fma, mul and fma, so each output has the same bits as there. On Zen 5 one 512-bit VNNI
@@ -16,6 +16,29 @@ namespace mlxinfer::int8_tiles {
 
 #ifdef MLXINFER_QMM_AVX2
 
+// Columns t0 .. t1 of c.w as bytes (4-bit codes unpacked, 8-bit ones copied), operand o of column j at
+// out + j K + 32 o; with pairs (the 512-bit tiles), pair by pair: column t0 + 2q's operand o, then column
+// t0 + 2q + 1's, at out + 2 q K + 64 o.
+inline void unpack_bytes(const Ctx8& c, int64_t t0, int64_t t1, uint8_t* out, bool pairs) {
+  const int64_t ops = c.K / 32, stride = pairs ? 64 : 32;
+  const __m256i nib = _mm256_set1_epi8(15);
+  for (int64_t j = 0; j < t1 - t0; ++j) {
+    const uint8_t* stored = c.w + (t0 + j) * c.rowbytes;
+    uint8_t* dst = pairs ? out + (j / 2) * 2 * c.K + (j % 2) * 32 : out + j * c.K;
+    if (c.bits == 8 && !pairs) {
+      std::memcpy(dst, stored, c.K);  // one copy, read in order, which the prefetcher follows
+    } else if (c.bits == 8) {
+      for (int64_t o = 0; o < ops; ++o) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + o * stride), load32(stored + o * 32));
+    } else {
+      for (int64_t p = 0; p < ops / 2; ++p) {  // operands 2p and 2p + 1: one vector's low and high nibbles
+        const __m256i v = load32(stored + p * 32);
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * p * stride), _mm256_and_si256(v, nib));
+        _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (2 * p + 1) * stride), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
+      }
+    }
+  }
+}
+
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
 
 inline __m512i dot4_wide(__m512i acc, __m512i w, __m512i x) {
@@ -23,7 +46,7 @@ inline __m512i dot4_wide(__m512i acc, __m512i w, __m512i x) {
   return acc;
 }
 
-// R rows x 4 columns (two pairs) from pair_unpack's bytes: pairs[q] holds pair q's operands, 64 bytes each.
+// R rows x 4 columns (two pairs) from unpack_bytes' pairs: pairs[q] holds pair q's operands, 64 bytes each.
 // The integer sums (R x 2) and the float sums (R x 2) stay in registers: 4 R of the 32, and the pairs' operands.
 template <class S, int R>
 void tile_wide(const Ctx8& c, int64_t m0, int64_t n0, const uint8_t* const* pairs) {
@@ -74,26 +97,6 @@ void tile_wide(const Ctx8& c, int64_t m0, int64_t n0, const uint8_t* const* pair
   write_sums<R, 4>(c, m0, n0, f);
 }
 
-// Columns t0 .. t1 (a multiple of 4 of them) of c.w as bytes, pair by pair: pair q's operand o is column
-// t0 + 2q's operand o (32 bytes), then column t0 + 2q + 1's.
-inline void pair_unpack(const Ctx8& c, int64_t t0, int64_t t1, uint8_t* out) {
-  const int64_t ops = c.K / 32;
-  const __m256i nib = _mm256_set1_epi8(15);
-  for (int64_t j = 0; j < t1 - t0; ++j) {
-    const uint8_t* stored = c.w + (t0 + j) * c.rowbytes;
-    uint8_t* dst = out + (j / 2) * ops * 64 + (j % 2) * 32;
-    if (c.bits == 8) {
-      for (int64_t o = 0; o < ops; ++o) _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + o * 64), load32(stored + o * 32));
-      continue;
-    }
-    for (int64_t p = 0; p < ops / 2; ++p) {  // operands 2p and 2p + 1: one vector's low and high nibbles
-      const __m256i v = load32(stored + p * 32);
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + 2 * p * 64), _mm256_and_si256(v, nib));
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(dst + (2 * p + 1) * 64), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-    }
-  }
-}
-
 template <class S>
 void wide_rows(const Ctx8& c, int64_t t0, int64_t t1, const uint8_t* bytes) {
   const int64_t pair_bytes = c.K * 2;
@@ -103,14 +106,14 @@ void wide_rows(const Ctx8& c, int64_t t0, int64_t t1, const uint8_t* bytes) {
       tile_wide<S, R>(c, m, n, pairs);
     }
   };
-  four_row_tiles(c.M, cols);
+  row_tiles_of<4>(c.M, cols);
 }
 #endif
 
 template <class S>
 void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
   const uint8_t* cols[kColTile];
-  // several rows share one unpacking of each column (8-bit: one copy, read in order, which the prefetcher follows)
+  // several rows share one unpacking of each column (unpack_bytes)
   const bool unpack = c.M > 1;
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
   const bool wide = wide_tiles();
@@ -119,30 +122,19 @@ void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
     const int64_t t1 = std::min(n1, t0 + kColTile);
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-    if (wide && unpack && (t1 - t0) % 4 == 0) {
-      pair_unpack(c, t0, t1, bytes.data());
-      prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
+    const bool pairs = wide && unpack && (t1 - t0) % 4 == 0;
+#else
+    constexpr bool pairs = false;
+#endif
+    if (unpack) unpack_bytes(c, t0, t1, bytes.data(), pairs);
+    for (int64_t j = 0; j < t1 - t0; ++j) cols[j] = unpack ? bytes.data() + j * c.K : c.w + (t0 + j) * c.rowbytes;
+    prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    if (pairs) {
       wide_rows<S>(c, t0, t1, bytes.data());
       continue;
     }
 #endif
-    for (int64_t j = 0; j < t1 - t0; ++j) {
-      const uint8_t* stored = c.w + (t0 + j) * c.rowbytes;
-      cols[j] = stored;
-      if (unpack && c.bits == 8) {
-        cols[j] = static_cast<const uint8_t*>(std::memcpy(bytes.data() + j * c.K, stored, c.K));
-      } else if (unpack) {
-        uint8_t* out = bytes.data() + j * c.K;
-        const __m256i nib = _mm256_set1_epi8(15);
-        for (int64_t p = 0; p < c.K / 64; ++p) {
-          const __m256i v = load32(stored + p * 32);
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p * 64), _mm256_and_si256(v, nib));
-          _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + p * 64 + 32), _mm256_and_si256(_mm256_srli_epi16(v, 4), nib));
-        }
-        cols[j] = out;
-      }
-    }
-    prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);
     if (c.M == 1) {
       if (c.bits == 4) {
         tile_cols<true, true, S, 1>(c, 0, t0, t1, cols);
@@ -151,19 +143,12 @@ void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
       }
       continue;
     }
-    auto rows = [&]<bool FOUR_BIT>() {  // full tiles, then the rest in tiles of 3, 2 and 1 rows (kRows = 4)
-      int64_t m = 0;
-      for (; m + kRows <= c.M; m += kRows) tile_cols<FOUR_BIT, false, S, kRows>(c, m, t0, t1, cols);
-      if constexpr (kRows > 3) {
-        if (m + 3 <= c.M) tile_cols<FOUR_BIT, false, S, 3>(c, m, t0, t1, cols), m += 3;
-      }
-      if (m + 2 <= c.M) tile_cols<FOUR_BIT, false, S, 2>(c, m, t0, t1, cols), m += 2;
-      if (m < c.M) tile_cols<FOUR_BIT, false, S, 1>(c, m, t0, t1, cols);
-    };
+    auto four_bit = [&]<int R>(int64_t m) { tile_cols<true, false, S, R>(c, m, t0, t1, cols); };
+    auto eight_bit = [&]<int R>(int64_t m) { tile_cols<false, false, S, R>(c, m, t0, t1, cols); };
     if (c.bits == 4) {
-      rows.template operator()<true>();
+      row_tiles_of<kRows>(c.M, four_bit);
     } else {
-      rows.template operator()<false>();
+      row_tiles_of<kRows>(c.M, eight_bit);
     }
   }
 }

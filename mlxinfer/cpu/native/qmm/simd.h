@@ -97,15 +97,19 @@ inline __m512 twice(const float* p) {
 }
 #endif
 
-// fn.template operator()<R>(m) for rows m .. m + R - 1 covering 0 .. M: tiles of four rows, then one of three,
-// two or one for the rest (the wide tiles' row order)
-template <class Fn>
-inline void four_row_tiles(int64_t M, Fn&& fn) {
+// fn.template operator()<R>(m) for rows m .. m + R - 1 covering 0 .. M: tiles of RMAX rows, then one smaller tile
+// (RMAX - 1 rows, ..., 1) for the rest: every several-row tile loop's row order
+template <int RMAX, class Fn>
+inline void row_tiles_of(int64_t M, Fn&& fn) {
   int64_t m = 0;
-  for (; m + 4 <= M; m += 4) fn.template operator()<4>(m);
-  if (m + 3 <= M) fn.template operator()<3>(m), m += 3;
-  if (m + 2 <= M) fn.template operator()<2>(m), m += 2;
-  if (m < M) fn.template operator()<1>(m);
+  for (; m + RMAX <= M; m += RMAX) fn.template operator()<RMAX>(m);
+  auto rest = [&]<int R>(auto& self) {
+    if constexpr (R > 0) {
+      if (m + R <= M) fn.template operator()<R>(m), m += R;
+      self.template operator()<R - 1>(self);
+    }
+  };
+  rest.template operator()<RMAX - 1>(rest);
 }
 
 }  // namespace mlxinfer

@@ -165,14 +165,17 @@ void row_tile(const Ctx& c, int64_t m, int64_t n0) {
 
 // A column tile's weights unpacked once, in lane order, to the values row_tile's fields give
 // (wf: column j's at j * K): every row of a batch then reads them instead of unpacking again.
+// pairs (tiles_wide.h): two columns' eight values at a time, column 2q's then 2q + 1's, pair q at 2 q K.
 template <int BITS>
-void unpack_cols(const Ctx& c, int64_t n0, int64_t ncols, float* wf) {
+void unpack_cols(const Ctx& c, int64_t n0, int64_t ncols, float* wf, bool pairs = false) {
   constexpr int V = 32 / BITS, BV = 8 * V;
+  const int64_t step = pairs ? 2 : 1;  // floats from one 8-value chunk of a column to its next
   for (int64_t j = 0; j < ncols; ++j) {
     const uint32_t* wp = c.w + (n0 + j) * c.Kw;
+    float* dst = pairs ? wf + (j / 2) * 2 * c.K + (j % 2) * 8 : wf + j * c.K;
     for (int64_t bb = 0; bb < c.K / BV; ++bb) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + bb * 8));
-      each_field<0, V>([&](auto f) { _mm256_store_ps(wf + j * c.K + bb * BV + f * 8, field<BITS, decltype(f)::value>(v)); });
+      each_field<0, V>([&](auto f) { _mm256_store_ps(dst + step * (bb * BV + f * 8), field<BITS, decltype(f)::value>(v)); });
     }
   }
 }

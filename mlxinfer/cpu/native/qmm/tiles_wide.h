@@ -1,7 +1,7 @@
 // Where qmm.cpp's AVX2 tiles run (avx2_range), and their 512-bit form for several rows: included by qmm.cpp alone.
 //
 // THE 512-BIT TILES (builds with AVX-512F). One 512-bit FMA takes two columns' weights (column 2q's eight in its
-// low half, 2q + 1's in its high half: unpack_pairs stores them so) times one row's eight x in both halves. Each
+// low half, 2q + 1's in its high half: unpack_cols' pairs) times one row's eight x in both halves. Each
 // lane then takes exactly the FMAs it takes in rows_tile, in the same order, so every output has rows_tile's bits
 // (and row_tile's: a row alone has the bits it has in a batch). Zen 5 retires a 512-bit FMA at the 256-bit rate
 // (measured: ~7 a ns per core, either width), twice the multiply-adds; elsewhere it is the same work in fewer
@@ -17,20 +17,6 @@ namespace mlxinfer::tiles {
 
 #if defined(__AVX512F__)
 #define MLXINFER_QMM_WIDE 1
-
-// unpack_cols' values, pair by pair: pair q's eight values at k are column 2q's (the low half), then 2q + 1's
-template <int BITS>
-void unpack_pairs(const Ctx& c, int64_t n0, int64_t ncols, float* wf) {
-  constexpr int V = 32 / BITS, BV = 8 * V;
-  for (int64_t j = 0; j < ncols; ++j) {
-    const uint32_t* wp = c.w + (n0 + j) * c.Kw;
-    float* dst = wf + (j / 2) * 2 * c.K + (j % 2) * 8;
-    for (int64_t bb = 0; bb < c.K / BV; ++bb) {
-      const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + bb * 8));
-      each_field<0, V>([&](auto f) { _mm256_store_ps(dst + 2 * (bb * BV + f * 8), field<BITS, decltype(f)::value>(v)); });
-    }
-  }
-}
 
 // R rows x 4 columns (two pairs, pair q at wf + 2 q K) with rows_tile's arithmetic for each (m, n)
 template <int BITS, int GS, class S, int R>
@@ -76,13 +62,13 @@ void rows_tile_wide(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const
   }
 }
 
-// every row over columns t0 .. t1 (a multiple of 4) unpacked by unpack_pairs
+// every row over columns t0 .. t1 (a multiple of 4) unpacked as pairs
 template <int BITS, int GS, class S>
 void wide_rows(const Ctx& c, int64_t t0, int64_t t1, const float* wf, const float* const* sf) {
   auto cols = [&]<int R>(int64_t m) {
     for (int64_t n = t0; n < t1; n += 4) rows_tile_wide<BITS, GS, S, R>(c, m, n, wf + (n - t0) * c.K, sf + (n - t0));
   };
-  four_row_tiles(c.M, cols);
+  row_tiles_of<4>(c.M, cols);
 }
 #endif
 
@@ -102,28 +88,23 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
     const int64_t t1 = std::min(n1, t0 + kColTile);
 #ifdef MLXINFER_QMM_WIDE
-    if (wide && (t1 - t0) % 4 == 0) {
-      unpack_pairs<BITS>(c, t0, t1 - t0, wf.p);
-      prefetch_cols(c.w, t1, n1, kColTile, c.Kw * 4);
-      for (int64_t j = 0; j < t1 - t0; ++j) {
-        sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.p + j * Gp, c.G);
-      }
-      wide_rows<BITS, GS, S>(c, t0, t1, wf.p, sf);
-      continue;
-    }
+    const bool pairs = wide && (t1 - t0) % 4 == 0;
+#else
+    constexpr bool pairs = false;
 #endif
-    unpack_cols<BITS>(c, t0, t1 - t0, wf.p);
+    unpack_cols<BITS>(c, t0, t1 - t0, wf.p, pairs);
     prefetch_cols(c.w, t1, n1, kColTile, c.Kw * 4);
     for (int64_t j = 0; j < t1 - t0; ++j) {
       sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.p + j * Gp, c.G);
     }
-    int64_t m = 0;
-    for (; m + kTileRows <= c.M; m += kTileRows) rows_tiles<BITS, GS, S, kTileRows, kTileCols>(c, m, t0, t1, wf.p, sf);
-    if constexpr (kTileRows > 3) {
-      if (m + 3 <= c.M) rows_tiles<BITS, GS, S, 3, kTileCols>(c, m, t0, t1, wf.p, sf), m += 3;
+#ifdef MLXINFER_QMM_WIDE
+    if (pairs) {
+      wide_rows<BITS, GS, S>(c, t0, t1, wf.p, sf);
+      continue;
     }
-    if (m + 2 <= c.M) rows_tiles<BITS, GS, S, 2, kTileCols>(c, m, t0, t1, wf.p, sf), m += 2;
-    if (m < c.M) rows_tiles<BITS, GS, S, 1, kTileCols>(c, m, t0, t1, wf.p, sf);
+#endif
+    auto rows = [&]<int R>(int64_t m) { rows_tiles<BITS, GS, S, R, kTileCols>(c, m, t0, t1, wf.p, sf); };
+    row_tiles_of<kTileRows>(c.M, rows);
   }
 }
 

@@ -69,31 +69,28 @@ bool measure() {
 }
 #endif
 
+#if defined(__AVX512F__)
+constexpr bool kBuilt = true;  // this build has the 512-bit tiles
+#else
+constexpr bool kBuilt = false;
+#endif
+
 }  // namespace
 
 bool wide_tiles() {
   int w = g_wide.load(std::memory_order_relaxed);
   if (w < 0) {
-    const std::string env = std::getenv("MLXINFER_QMM_WIDE") ? std::getenv("MLXINFER_QMM_WIDE") : "";
+    const char* set = std::getenv("MLXINFER_QMM_WIDE");
+    const std::string env = set ? set : "";
     const bool yes = env == "1" || env == "on" || env == "true", no = env == "0" || env == "off" || env == "false";
-    const bool on = yes || (!no && measure());  // any other value: as if unset
-#if !defined(__AVX512F__)
-    w = 0;
-    (void)on;
-#else
-    w = on ? 1 : 0;
-#endif
+    w = kBuilt && (yes || (!no && measure())) ? 1 : 0;  // any other value: as if unset
     g_wide.store(w, std::memory_order_relaxed);
   }
   return w == 1;
 }
 
 void set_wide_tiles(bool on) {
-#if defined(__AVX512F__)
-  g_wide.store(on ? 1 : 0, std::memory_order_relaxed);
-#else
-  (void)on;
-#endif
+  g_wide.store(kBuilt && on ? 1 : 0, std::memory_order_relaxed);
 }
 
 }  // namespace mlxinfer
