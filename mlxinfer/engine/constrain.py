@@ -31,6 +31,7 @@ calling thread and the mask is ready when it returns. What does not overlap: the
 from __future__ import annotations
 
 import json
+import threading
 import time
 import weakref
 from collections import OrderedDict
@@ -107,6 +108,8 @@ class CompiledSchema:
 # compiled schemas, the most recently used last: a server sees the same few schemas again and again, and
 # a stream of distinct ones (one per request) must not grow the process without bound
 _GRAMMARS: OrderedDict[tuple[int, str, bool], CompiledSchema] = OrderedDict()
+# a hit's move and an insert's eviction are two steps each, and prepare may run on several threads
+_GRAMMARS_LOCK = threading.Lock()
 GRAMMAR_CACHE = 64
 MAX_FORCED_BYTES = 16384  # more than this before the model's first choice: an endless prefix
 
@@ -124,9 +127,10 @@ def compile_schema(
     check_object_schema(schema, where, param)
     table = token_table(tokenizer)
     key = (id(table), json.dumps(schema, sort_keys=True), or_text)
-    if key in _GRAMMARS:
-        _GRAMMARS.move_to_end(key)
-        return _GRAMMARS[key]
+    with _GRAMMARS_LOCK:
+        if key in _GRAMMARS:
+            _GRAMMARS.move_to_end(key)
+            return _GRAMMARS[key]
     clash = _control_token_text(schema, table.special_names)
     if clash:
         raise MlxinferError(
@@ -154,9 +158,10 @@ def compile_schema(
     if probe.is_error() or len(forced) > MAX_FORCED_BYTES:
         raise _too_complex(where, param, probe.get_error() or f"it forces {len(forced):,} bytes before any choice")
     compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher, or_text)
-    _GRAMMARS[key] = compiled
-    while len(_GRAMMARS) > GRAMMAR_CACHE:
-        _GRAMMARS.popitem(last=False)
+    with _GRAMMARS_LOCK:
+        _GRAMMARS[key] = compiled
+        while len(_GRAMMARS) > GRAMMAR_CACHE:
+            _GRAMMARS.popitem(last=False)
     return compiled
 
 
