@@ -83,7 +83,7 @@ def snapshot() -> dict:
             )
             with open(f"{tmp}/r.jsonl", encoding="utf-8") as f:
                 record["sweep_file"] = [json.loads(line) for line in f]
-        record["sweep"] = report.to_dict()
+        record["sweep"] = {k: v for k, v in report.to_dict().items() if k != "out"}  # a temporary path
         record["topk"] = mlxinfer.next_token_table(model, tok, HERB, k=10).to_dict()
         record["server"] = _server_request(model, tok)
         out[path] = _stable(record)

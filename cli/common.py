@@ -33,23 +33,6 @@ def _finite(obj: Any):
     return obj
 
 
-def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
-    """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5); kind=int for whole numbers."""
-    from mlxinfer import MlxinferError
-
-    out = []
-    for value in values:
-        if "," in value and any(not chunk.strip() for chunk in value.split(",")):
-            raise MlxinferError(f"{option} '{value}' has an empty item between commas; drop the extra comma")
-        for part in value.replace(",", " ").split():
-            try:
-                out.append(kind(part))
-            except ValueError:
-                example = "numbers like 0.5,1.0,1.5" if kind is float else "whole numbers like 32,64,128"
-                raise MlxinferError(f"{option} takes {example}; got '{part}'") from None
-    return tuple(out)
-
-
 def progress_bar(total: int, description: str, enabled: bool = True):
     """A rich progress bar on stderr, as a (done, total) callback and a context manager."""
     from rich.console import Console

@@ -11,12 +11,12 @@ from __future__ import annotations
 import functools
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable, Optional, get_type_hints
+from typing import Any, Callable, List, Optional, get_type_hints
 
 import typer
 
 from cli import flags
-from mlxinfer import defaults
+from mlxinfer import GRID_FIELDS, SamplerSettings, defaults
 
 MODEL_HELP = (
     "Model: a local directory (config.json + safetensors), a .gguf file, a Hugging Face repo id, "
@@ -43,7 +43,8 @@ class Opt:
         return self.option.param_decls[0].split("/")[0]
 
 
-_Str, _Float, _Int = Optional[str], Optional[float], Optional[int]
+_Str = Optional[str]
+_EXAMPLES = {"top_p": "0.8,0.95", "top_k": "0,20", "min_p": "0,0.05"}  # grid values a --help shows
 _TABLE = {  # group: (parameter, type, default, flags, help); a default of None means "not set"
     "model": [
         ("model", _Str, None, "--model -m", MODEL_HELP),
@@ -62,24 +63,6 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             "Read special tokens' names in --prompt/--system (e.g. <|im_end|>) as control tokens; "
             "by default they are plain text, so only the chat template emits control tokens.",
         ),
-    ],
-    "sampling": [  # unset: the model's generation_config.json fills them
-        ("temperature", _Float, None, "--temp --temperature", "Divide scores by T before softmax; 0 = greedy."),
-        ("top_p", _Float, None, "--top-p", "Keep the smallest set of top tokens holding at least p (1 = off)."),
-        ("top_k", _Int, None, "--top-k", "Keep the k most likely tokens (0 = off)."),
-        ("min_p", _Float, None, "--min-p", "Keep tokens with at least this fraction of the top probability."),
-        ("order", _Str, None, "--order", "'temperature-first' (the lesson's) or 'mlx-lm' (cut, then temperature)."),
-    ],
-    "penalties": [
-        (
-            "repetition_penalty",
-            _Float,
-            None,
-            "--repetition-penalty",
-            "Divide seen tokens' positive scores by this (1 = off).",
-        ),
-        ("presence_penalty", _Float, None, "--presence-penalty", "Subtract this from every seen token's score."),
-        ("frequency_penalty", _Float, None, "--frequency-penalty", "Subtract this times a token's count so far."),
     ],
     "schema": [
         (
@@ -118,8 +101,35 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             "every seed on all of them, instead of sharing the seeds out.",
         ),
     ],
+    "stop": [
+        (
+            "stop",
+            Optional[List[str]],
+            None,
+            "--stop",
+            "End the text before this string (repeat the option for more); finish_reason is then 'stop'.",
+        )
+    ],
     "json": [("json_out", bool, False, "--json", "Print the result as JSON instead of a table.")],
 }
+# The sampler's settings come from their one declaration (mlxinfer.SamplerSettings.options()); unset (None),
+# the model's generation_config.json fills them. `grid`: sweep's value lists, one per setting it can cross.
+_SAMPLER = [o for o in SamplerSettings.options() if o.flags]
+for _group in ("sampling", "penalties"):
+    _TABLE[_group] = [(o.name, Optional[o.kind], None, o.flags, o.help) for o in _SAMPLER if o.group == _group]
+GRID_FLAGS = {o.name: "--temps -t" if o.name == "temperature" else o.flags for o in _SAMPLER if o.grid}
+_TABLE["grid"] = [
+    (
+        f"{name}_values",
+        Optional[List[str]],
+        ["1.0"] if name == "temperature" else None,
+        GRID_FLAGS[name],
+        "Temperatures: '0.5,1,1.5' or the option repeated."
+        if name == "temperature"
+        else f"{name.replace('_', '-')} values to cross with the rest, e.g. '{_EXAMPLES.get(name, '0.5,1')}'.",
+    )
+    for name in GRID_FIELDS
+]
 GROUPS: dict[str, list[Opt]] = {
     group: [
         Opt(param, kind, typer.Option(default, *flags.split(), help=help, hidden=help is None))
@@ -165,6 +175,46 @@ def settings(options: dict) -> dict:
     import mlxinfer
 
     return mlxinfer.check_settings({k: options[k] for k in SAMPLING if k in options})
+
+
+def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
+    """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5); kind=int for whole numbers."""
+    from mlxinfer import MlxinferError
+
+    out = []
+    for value in values:
+        if "," in value and any(not chunk.strip() for chunk in value.split(",")):
+            raise MlxinferError(f"{option} '{value}' has an empty item between commas; drop the extra comma")
+        for part in value.replace(",", " ").split():
+            try:
+                out.append(kind(part))
+            except ValueError:
+                example = "numbers like 0.5,1.0,1.5" if kind is float else "whole numbers like 32,64,128"
+                raise MlxinferError(f"{option} takes {example}; got '{part}'") from None
+    return tuple(out)
+
+
+def grid(options: dict) -> list[dict]:
+    """sweep's value lists (--temps, --top-p, ...) as the grid of settings, each cell checked."""
+    import mlxinfer
+
+    kinds = {o.name: o.kind for o in _SAMPLER}
+    axes = {
+        name: parse_numbers(values, GRID_FLAGS[name].split()[0], kinds[name])
+        for name in GRID_FIELDS
+        if (values := options[f"{name}_values"]) is not None
+    }
+    cells = mlxinfer.settings_grid(axes.pop("temperature", None), **axes)
+    for cell in cells:
+        mlxinfer.check_settings(cell)  # bad values fail before the model loads
+    return cells
+
+
+def stop(options: dict):
+    """--stop, checked before any model loads: a tuple of strings, or None."""
+    import mlxinfer
+
+    return mlxinfer.check_stop(options["stop"]) or None
 
 
 def chat_kwargs(options: dict) -> dict:

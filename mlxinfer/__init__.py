@@ -20,7 +20,7 @@ from .cpu import blas as _blas
 _blas.preload()  # a fast BLAS (MKL or OpenBLAS) must be loaded before anything imports mlx; see cpu/blas.py
 
 from .errors import MlxinferError  # noqa: E402
-from .settings import GREEDY, SamplerSettings  # noqa: E402
+from .settings import GREEDY, GRID_FIELDS, SamplerSettings  # noqa: E402
 
 _LAZY = {
     "load": ("model.loading", "load"),
@@ -39,6 +39,7 @@ _LAZY = {
     "prompts_from_file": ("engine.sweep", "prompts_from_file"),
     "seed_list": ("engine.request", "seed_list"),
     "check_batch_size": ("engine.request", "check_batch_size"),
+    "check_stop": ("engine.request", "stop_strings"),
     "prepare": ("engine.request", "prepare"),
     "Constraint": ("engine.schema", "Constraint"),
     "check_settings": ("settings", "user_settings"),
@@ -60,7 +61,7 @@ _LAZY = {
     "ModelConfig": ("formats.config", "ModelConfig"),
 }
 
-__all__ = ["MlxinferError", "SamplerSettings", "GREEDY", *_LAZY]
+__all__ = ["MlxinferError", "SamplerSettings", "GREEDY", "GRID_FIELDS", *_LAZY]
 
 
 def __getattr__(name):

@@ -5,29 +5,155 @@ generation_config.json. No mlx here, so a front end can check its options before
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, fields, replace
-from typing import Any, Mapping
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import Any, Callable, Mapping
 
 from .errors import MlxinferError
 
 ORDERS = ("temperature-first", "mlx-lm")
 ORDER_ALIASES = {"lesson": "temperature-first"}  # the name it had first
-SAMPLING_FIELDS = ("temperature", "top_k", "top_p", "min_p", "repetition_penalty")  # read from generation_config.json
+
+# A positive temperature under this divides float32 scores into inf and the softmax into NaN (1e-6 is
+# already greedy in all but exact ties); a repetition penalty outside [TINY, 1/TINY] does the same.
+TINY = 1e-6
+
+
+def _num(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _bias(v) -> bool:
+    return (
+        v is None
+        or isinstance(v, dict)
+        and all(_int(t) and t >= 0 and _num(b) and -100 <= b <= 100 for t, b in v.items())
+    )
+
+
+def option(
+    default,
+    kind: type,
+    ok: Callable[[Any], bool],
+    must_be: str,
+    help: str | None = None,
+    *,
+    flags: str = "",
+    group: str = "sampling",
+    grid: int = 0,
+    served: bool = False,
+    from_config: bool = False,
+):
+    """A sampler setting, declared once: its default, its type, its rule (`ok`, and what it `must_be`: the
+    fix a message gives), and where it appears. flags: the CLI's flags ("" = not on the command line), in
+    its option `group` ("sampling": every command that samples; "penalties": generate's and the server's);
+    grid: its place among the value lists `sweep` crosses (0 = not crossed); served: a request field of the
+    server; from_config: read from a model's generation_config.json."""
+    meta = dict(kind=kind, ok=ok, must_be=must_be, help=help, flags=flags, group=group, grid=grid, served=served)
+    return field(default=default, metadata={**meta, "from_config": from_config})
 
 
 @dataclass(frozen=True)
 class SamplerSettings:
-    temperature: float = 1.0  # 0 = greedy (argmax), whatever else is set
-    top_k: int = 0  # 0 = off
-    top_p: float = 1.0  # 1.0 = off
-    min_p: float = 0.0  # 0.0 = off
-    min_tokens_to_keep: int = 1  # no cut keeps fewer (mlx-lm order: only min-p honours it)
-    repetition_penalty: float = 1.0  # 1.0 = off; HF/mlx-lm: seen scores / p if > 0, * p if < 0
-    presence_penalty: float = 0.0  # OpenAI: minus this once for every token seen
-    frequency_penalty: float = 0.0  # OpenAI: minus this times the token's count
-    logit_bias: dict[int, float] | None = None  # token id -> added to its score
-    penalty_window: int | None = None  # penalties look at the last N tokens; None = all given
-    order: str = "temperature-first"  # or "mlx-lm" (cut the untempered distribution, temper in the draw)
+    temperature: float = option(
+        1.0,
+        float,
+        lambda v: _num(v) and (v == 0 or v >= TINY),
+        ">= 0 (0 = greedy, else at least 1e-06; e.g. 0.7)",
+        "Divide scores by T before softmax; 0 = greedy.",
+        flags="--temp --temperature",
+        grid=1,
+        served=True,
+        from_config=True,
+    )
+    top_k: int = option(
+        0,
+        int,
+        lambda v: _int(v) and v >= 0,
+        "a whole number >= 0 (0 = off; e.g. 20)",
+        "Keep the k most likely tokens (0 = off).",
+        flags="--top-k",
+        grid=3,
+        served=True,
+        from_config=True,
+    )
+    top_p: float = option(
+        1.0,
+        float,
+        lambda v: _num(v) and 0 < v <= 1,
+        "in (0, 1] (1 = off; e.g. 0.9)",
+        "Keep the smallest set of top tokens holding at least p (1 = off).",
+        flags="--top-p",
+        grid=2,
+        served=True,
+        from_config=True,
+    )
+    min_p: float = option(
+        0.0,
+        float,
+        lambda v: _num(v) and 0 <= v < 1,
+        "in [0, 1) (0 = off; e.g. 0.05)",
+        "Keep tokens with at least this fraction of the top probability.",
+        flags="--min-p",
+        grid=4,
+        served=True,
+        from_config=True,
+    )
+    # no cut keeps fewer (mlx-lm order: only min-p honours it)
+    min_tokens_to_keep: int = option(1, int, lambda v: _int(v) and v >= 1, "a whole number >= 1")
+    # HF/mlx-lm: seen tokens' scores / p if > 0, * p if < 0
+    repetition_penalty: float = option(
+        1.0,
+        float,
+        lambda v: _num(v) and TINY <= v <= 1 / TINY,
+        "in [1e-06, 1e+06] (1 = off; e.g. 1.1)",
+        "Divide seen tokens' positive scores by this (1 = off).",
+        flags="--repetition-penalty",
+        group="penalties",
+        served=True,
+        from_config=True,
+    )
+    # OpenAI: minus this once for every token seen
+    presence_penalty: float = option(
+        0.0,
+        float,
+        lambda v: _num(v) and -2 <= v <= 2,
+        "in [-2, 2] as in OpenAI's API (0 = off)",
+        "Subtract this from every seen token's score.",
+        flags="--presence-penalty",
+        group="penalties",
+        served=True,
+    )
+    # OpenAI: minus this times the token's count
+    frequency_penalty: float = option(
+        0.0,
+        float,
+        lambda v: _num(v) and -2 <= v <= 2,
+        "in [-2, 2] as in OpenAI's API (0 = off)",
+        "Subtract this times a token's count so far.",
+        flags="--frequency-penalty",
+        group="penalties",
+        served=True,
+    )
+    # token id -> added to its score (the server takes OpenAI's string keys: server/schemas.py)
+    logit_bias: dict[int, float] | None = option(None, dict, _bias, "a map of token ids >= 0 to biases in [-100, 100]")
+    # penalties look at the last N tokens; None = all given
+    penalty_window: int | None = option(
+        None, int, lambda v: v is None or _int(v) and v >= 1, "None (all) or a whole number >= 1"
+    )
+    # or "mlx-lm": cut the untempered distribution, temper in the draw
+    order: str = option(
+        "temperature-first",
+        str,
+        lambda v: v in ORDERS,
+        "'temperature-first' or 'mlx-lm'",
+        "'temperature-first' (the lesson's) or 'mlx-lm' (cut, then temperature).",
+        flags="--order",
+        served=True,
+    )
 
     def __post_init__(self):
         if isinstance(self.order, str) and self.order in ORDER_ALIASES:
@@ -47,59 +173,50 @@ class SamplerSettings:
 
     def validate(self, where: str = "") -> "SamplerSettings":
         """Return self, or raise MlxinferError with one line naming the setting and the fix."""
-        for name, ok, rule in _RULES:
-            value = getattr(self, name)
-            if not ok(value):
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if not f.metadata["ok"](value):
                 prefix = f"{where}: " if where else ""
-                raise MlxinferError(f"{prefix}{name} must be {rule}, got {value!r}", *(() if where else (name,)))
+                raise MlxinferError(
+                    f"{prefix}{f.name} must be {f.metadata['must_be']}, got {value!r}", *(() if where else (f.name,))
+                )
         return self
 
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def options(cls) -> list["SamplerOption"]:
+        """Every setting as declared: what the CLI's flags, the server's request fields and sweep's grid
+        are built from."""
+        return [SamplerOption(f.name, f.default, **f.metadata) for f in fields(cls)]
+
+
+@dataclass(frozen=True)
+class SamplerOption:
+    name: str
+    default: Any
+    kind: type
+    ok: Callable[[Any], bool]
+    must_be: str
+    help: str | None
+    flags: str
+    group: str
+    grid: int
+    served: bool
+    from_config: bool
+
 
 GREEDY = SamplerSettings(temperature=0.0)
-
-
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-# A positive temperature under this divides float32 scores into inf and the softmax into NaN (1e-6 is
-# already greedy in all but exact ties); a repetition penalty outside [TINY, 1/TINY] does the same.
-TINY = 1e-6
-
-_RULES = (  # (setting, test, what it must be: the fix)
-    ("temperature", lambda v: _num(v) and (v == 0 or v >= TINY), ">= 0 (0 = greedy, else at least 1e-06; e.g. 0.7)"),
-    ("top_p", lambda v: _num(v) and 0 < v <= 1, "in (0, 1] (1 = off; e.g. 0.9)"),
-    ("top_k", lambda v: _int(v) and v >= 0, "a whole number >= 0 (0 = off; e.g. 20)"),
-    ("min_p", lambda v: _num(v) and 0 <= v < 1, "in [0, 1) (0 = off; e.g. 0.05)"),
-    ("min_tokens_to_keep", lambda v: _int(v) and v >= 1, "a whole number >= 1"),
-    ("repetition_penalty", lambda v: _num(v) and TINY <= v <= 1 / TINY, "in [1e-06, 1e+06] (1 = off; e.g. 1.1)"),
-    ("presence_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2] as in OpenAI's API (0 = off)"),
-    ("frequency_penalty", lambda v: _num(v) and -2 <= v <= 2, "in [-2, 2] as in OpenAI's API (0 = off)"),
-    (
-        "logit_bias",
-        lambda v: (
-            v is None
-            or isinstance(v, dict)
-            and all(_int(t) and t >= 0 and _num(b) and -100 <= b <= 100 for t, b in v.items())
-        ),
-        "a map of token ids >= 0 to biases in [-100, 100]",
-    ),
-    ("penalty_window", lambda v: v is None or _int(v) and v >= 1, "None (all) or a whole number >= 1"),
-    ("order", lambda v: v in ORDERS, "'temperature-first' or 'mlx-lm'"),
-)
+GRID_FIELDS = tuple(o.name for o in sorted(SamplerSettings.options(), key=lambda o: o.grid) if o.grid)  # sweep's axes
+SAMPLING_FIELDS = tuple(o.name for o in SamplerSettings.options() if o.from_config)  # from generation_config.json
 
 
 def check_temperature(value: Any, name: str = "temperature") -> float:
     """One temperature, by SamplerSettings' rule: finite and >= 0."""
-    if not _RULES[0][1](value):
-        raise MlxinferError(f"{name} must be {_RULES[0][2]}, got {value!r}", name)
+    rule = fields(SamplerSettings)[0].metadata
+    if not rule["ok"](value):
+        raise MlxinferError(f"{name} must be {rule['must_be']}, got {value!r}", name)
     return float(value)
 
 

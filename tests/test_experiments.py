@@ -105,7 +105,8 @@ def test_float32_path_batched_against_one_at_a_time(embedded_fast):
 def test_rows_with_their_own_budgets_and_cut(loaded):
     """The engine's rows: each its own seed and token budget, the cut done over the batch; every
     row equals its run alone, and finished rows leave the batch as the others go on."""
-    from mlxinfer.engine.decode import RowSpec, prefill_and_decode
+    from mlxinfer.engine.core import RowSpec
+    from mlxinfer.engine.decode import prefill_and_decode
     from mlxinfer.settings import SamplerSettings
     from mlxinfer.tokenizer import encode_prompt
 
@@ -116,9 +117,9 @@ def test_rows_with_their_own_budgets_and_cut(loaded):
 
     def tokens(rows):
         out = [[] for _ in rows]
-        for i, step in prefill_and_decode(model, tokenizer, ids, rows):
+        for row, step in prefill_and_decode(model, tokenizer, ids, rows):
             if step.token is not None:
-                out[i].append(step.token)
+                out[row.index].append(step.token)
         return out
 
     together = tokens(specs)

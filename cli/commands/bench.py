@@ -8,7 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import JsonOption, ModelOption, parse_numbers, print_json, progress_bar
+from cli.common import JsonOption, ModelOption, print_json, progress_bar
+from cli.options import parse_numbers
 
 
 def bench(

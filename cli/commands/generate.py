@@ -12,10 +12,10 @@ from mlxinfer import defaults
 
 from cli import flags
 from cli.common import load_model, other_rank, print_json, sharding_line
-from cli.options import chat_kwargs, max_tokens_option, settings, takes
+from cli.options import chat_kwargs, max_tokens_option, settings, stop, takes
 
 
-@takes("prompt", "model", "chat", "sampling", "penalties", "schema", "json")
+@takes("prompt", "model", "chat", "sampling", "penalties", "schema", "stop", "json")
 def generate(
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_GENERATE, "Stop after this many new tokens."),
     seed: Optional[int] = typer.Option(None, "--seed", help="Seed the draws; the same seed repeats the text."),
@@ -39,6 +39,7 @@ def generate(
     import mlxinfer
 
     sampling = settings(options)
+    stops = stop(options)
     schema = {"json_schema": options["json_schema"], "tool": options["tool"]}
     mlxinfer.Constraint.read(**schema, explain_mask=explain_mask)  # a bad schema fails before the model loads
     m, tok = load_model(options["model"], options["compute_dtype"])
@@ -50,6 +51,7 @@ def generate(
         settings=sampling,
         max_tokens=max_tokens,
         seed=seed,
+        stop=stops,
         logprobs=logprobs,
         explain_mask=explain_mask,
         **schema,

@@ -9,10 +9,10 @@ import typer
 from mlxinfer import defaults
 
 from cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
-from cli.options import chat_kwargs, max_tokens_option, seeds, settings, takes
+from cli.options import chat_kwargs, max_tokens_option, seeds, settings, stop, takes
 
 
-@takes("prompt", "model", "seeds", "sampling", "chat", "schema", "json")
+@takes("prompt", "model", "seeds", "sampling", "chat", "schema", "stop", "json")
 def sample(
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per completion (the lesson uses 5)."),
     csv_out: bool = typer.Option(False, "--csv", help="Print seed,text rows as CSV."),
@@ -29,6 +29,7 @@ def sample(
         raise mlxinfer.MlxinferError("--csv and --json each choose the output; pass one of them")
     batch_size = mlxinfer.check_batch_size(options["batch_size"])
     sampling = settings(options)
+    stops = stop(options)
     schema = {"json_schema": options["json_schema"], "tool": options["tool"]}
     mlxinfer.Constraint.read(**schema)  # a bad schema fails before the model loads
     m, tok = load_model(options["model"], options["compute_dtype"], shard=options["shard_model"])
@@ -44,6 +45,7 @@ def sample(
             settings=sampling,
             max_tokens=max_tokens,
             batch_size=batch_size,
+            stop=stops,
             progress=update,
             **schema,
             **chat_kwargs(options),

@@ -6,25 +6,19 @@ from typing import List, Optional
 
 import typer
 
-from mlxinfer import defaults
+from mlxinfer import GRID_FIELDS, defaults
 
 from cli import flags
-from cli.common import load_model, other_rank, parse_numbers, print_json, progress_bar, sharding_line
-from cli.options import chat_kwargs, max_tokens_option, seeds, takes
+from cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
+from cli.options import chat_kwargs, grid, max_tokens_option, seeds, stop, takes
 
 SHOWN = 12  # answers per cell in the table
 
 
-@takes("model", "seeds", "chat", "json")
+@takes("model", "seeds", "chat", "grid", "stop", "json")
 def sweep(
     prompt: Optional[List[str]] = typer.Option(None, "--prompt", "-p", help="A prompt; repeat the option for more."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts", help="A UTF-8 file of prompts, one per line."),
-    temps: List[str] = typer.Option(["1.0"], "--temps", "-t", help="Temperatures: '0.5,1,1.5' or the option repeated."),
-    top_p: Optional[List[str]] = typer.Option(
-        None, "--top-p", help="Top-p values to cross with the rest, e.g. '0.8,0.95'."
-    ),
-    top_k: Optional[List[str]] = typer.Option(None, "--top-k", help="Top-k values, e.g. '0,20'."),
-    min_p: Optional[List[str]] = typer.Option(None, "--min-p", help="Min-p values, e.g. '0,0.05'."),
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per completion (the lesson uses 5)."),
     out: Optional[str] = typer.Option(None, "--out", help="Append one JSON line per completion to this file."),
     resume: bool = typer.Option(False, "--resume", help="Continue the sweep in --out: skip what it already holds."),
@@ -41,14 +35,8 @@ def sweep(
     if bool(prompt) == bool(prompts_file):
         raise MlxinferError("give prompts with --prompt (repeated) or --prompts FILE, one of the two")
     prompts = list(prompt) if prompt else mlxinfer.prompts_from_file(prompts_file)
-    grid = mlxinfer.settings_grid(
-        parse_numbers(temps, "--temps"),
-        None if top_p is None else parse_numbers(top_p, "--top-p"),
-        None if top_k is None else parse_numbers(top_k, "--top-k", int),
-        None if min_p is None else parse_numbers(min_p, "--min-p"),
-    )
-    for cell in grid:
-        mlxinfer.check_settings(cell)  # bad values fail before the model loads
+    cells = grid(options)
+    stops = stop(options)
     batch_size = mlxinfer.check_batch_size(options["batch_size"])
     m, tok = load_model(options["model"], options["compute_dtype"], shard=options["shard_model"])
     json_out = options["json_out"]
@@ -60,10 +48,11 @@ def sweep(
                 m,
                 tok,
                 prompts,
-                settings=grid,
+                settings=cells,
                 seeds=seed_ids,
                 max_tokens=max_tokens,
                 batch_size=batch_size,
+                stop=stops,
                 out=out,
                 resume=resume,
                 progress=update,
@@ -96,7 +85,7 @@ def render(report) -> None:
     if report.sharding:
         console.print(f"[dim]{sharding_line(report.sharding)}[/dim]", highlight=False)
     for cell in report.cells:
-        settings = ", ".join(f"{k} {cell.settings[k]}" for k in defaults.GRID_FIELDS)
+        settings = ", ".join(f"{k} {cell.settings[k]}" for k in GRID_FIELDS)
         test = (
             f"chi-square {cell.chi_square:.2f}, {cell.dof} dof, p = {cell.p_value:.3f}"
             if cell.p_value is not None

@@ -8,8 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import load_model, other_rank, parse_numbers, print_json, sharding_line
-from cli.options import chat_kwargs, settings, takes
+from cli.common import load_model, other_rank, print_json, sharding_line
+from cli.options import chat_kwargs, parse_numbers, settings, takes
 
 
 @takes("prompt", "model", "chat", "sampling", "json")

@@ -7,12 +7,11 @@ finished or whose client went away. Which rows go on is decided as soon as a ste
 drawn; the tokens reach their clients (detokenized, told) while the next step's forward runs.
 On our own definitions (model/rows.py) every row has a one-row KV cache of its own and one forward
 pass serves all rows; mlx-lm's classes run one forward per request over that request's rows.
-What it holds for each request (the job, its rows in flight, mlx-lm's row groups): jobs.py.
 
-A row's sampler state is decode.py's `RowState`: its seed's key chain, its penalty history, its grammar
-mask. The draw is decode.py's `choose_tokens` over all rows in flight, so a row draws what it would
-draw alone: `mlxinfer.sample(..., seeds=[s])` gives the same text, bit for bit where the forward
-pass gives a row the same bits alone or in a batch (the weights as stored, on MLX's CPU back end).
+The rows are the row core's (core.py): the same Row, stop rules and draw as decode.py's, so a row
+draws what it would draw alone: `mlxinfer.sample(..., seeds=[s])` gives the same text, bit for bit
+where the forward pass gives a row the same bits alone or in a batch (the weights as stored, on
+MLX's CPU back end). What the engine holds for a request (its job): jobs.py.
 
 Events go to each job's `emit(kind, row, payload)`, called on the engine thread:
   ("step", i, Step)              a token (Step.token set) or the end (token None, finish_reason)
@@ -34,14 +33,10 @@ import mlx.core as mx
 from ..cpu import draw as cpu_draw
 from ..defaults import SERVE_MAX_QUEUE, SERVE_MAX_ROWS, SERVE_PROMPT_CACHE_BYTES
 from ..errors import MlxinferError
-from ..model import rows as row_walk
-from ..model.cache import fork
-from ..model.finite import finite_rows
-from .decode import choose_tokens, prefill, top_alternatives
-from .constrain import finish
-from .jobs import Job, LiveRow, RowGroup, ServedRow, groups, shrink_groups
+from .core import Batch, Drawn, Row, alternatives_of
+from .decode import prefill
+from .jobs import Job
 from .prompt_cache import PromptCache
-from ..views import Step
 
 log = logging.getLogger("mlxinfer.server")
 
@@ -80,11 +75,10 @@ class Batcher:
         check_bounds(max_rows, max_queue, prompt_cache_bytes)
         self.model, self.tokenizer = model, tokenizer
         self.max_rows, self.max_queue, self.prefill_budget = max_rows, max_queue, prefill_budget
-        self.per_row = row_walk.supports(model)  # one forward for all rows; else one per request
-        self.fast = model.info.cpu_kernels
-        self.stop_ids = set(tokenizer.eos_token_ids)
+        self.batch = Batch(model, tokenizer, own_caches=True)
+        self.per_row = self.batch.own  # one forward for all rows; else one per request
         self._pending: collections.deque[Job] = collections.deque()
-        self._live: list[LiveRow] = []
+        self._live: list[Row] = []  # each row's `owner` is its Job, its `index` its place in the job
         self._undelivered: list[tuple] = []  # (row, token, logprob, alternatives, finish reason) decided, not yet told
         self._cv = threading.Condition()
         self._closed = False
@@ -148,14 +142,14 @@ class Batcher:
                 self._deliver()  # the last step's tokens first: the prefills below would hold them back
             for job in jobs:
                 self._admit(job)
-            self._drop_cancelled()
+            self._drop_finished()
             if self._live:
                 self._step()
             if not self._live:
                 self._deliver()
         self._deliver()
-        for live in self._live:  # shutting down: whoever still waits hears why
-            self._fail(live.job, 503, "the server is shutting down")
+        for row in self._live:  # shutting down: whoever still waits hears why
+            self._fail(row.owner, 503, "the server is shutting down")
         for job in self._pending:
             self._fail(job, 503, "the server is shutting down")
 
@@ -186,13 +180,13 @@ class Batcher:
         request = job.request
         try:
             prefilled = self._prompts.get(request.ids) or self._prompts.put(prefill(self.model, request.ids))
-            history = mx.array(request.ids[:-1], dtype=mx.int32)
-            rows = [ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
+            rows = self.batch.admit(prefilled, [request.row(seed) for seed in job.seeds])
+            for row in rows:
+                row.owner = job
             last = mx.array(request.ids[-1:], dtype=mx.int32)
-            y, lp, alts = choose_tokens(
-                rows, prefilled.logits, [last] * len(rows), job.top_logprobs, self.fast, job.logprobs, host_draw=True
-            )
-            mx.eval(y, lp, alts)
+            fed = [last] * len(rows)
+            drawn = self.batch.draw(rows, prefilled.logits, fed, job.top_logprobs, job.logprobs, host_draw=True)
+            mx.eval(*drawn.arrays())
         except MlxinferError as e:  # the prefill's scores are NaN or inf: the model's fault, named
             self._fail(job, 500, str(e))
             return
@@ -200,117 +194,79 @@ class Batcher:
             log.error("prefill failed:\n%s", traceback.format_exc())
             self._fail(job, 500, f"internal error during prefill ({type(e).__name__})")
             return
-        if self.per_row:
-            members = [LiveRow(job, i, row, fork(prefilled.cache, 1), None, 0) for i, row in enumerate(rows)]
-        else:
-            group = RowGroup(fork(prefilled.cache, len(rows)))
-            members = [LiveRow(job, i, row, None, group, 0) for i, row in enumerate(rows)]
-            group.members = list(members)
-        self._live.extend(self._decide(members, y.tolist(), lp.tolist(), alts))
+        self._live.extend(self._decide(rows, drawn))
         self._deliver()
 
     def _step(self) -> None:
         live = self._live
         try:
-            tokens = mx.array([m.token for m in live], dtype=mx.int32)
-            logits = self._forward(live, tokens)
-            finite = finite_rows(logits)  # checked per row before any draw is shown
-            mx.async_eval(logits, finite)  # the forward runs while the draw is set up (keys, masks)
+            tokens = mx.array([r.token for r in live], dtype=mx.int32)
+            logits = self.batch.forward(live, tokens)
+            mx.async_eval(logits)  # the forward runs while the draw is set up (keys, masks)
             self._deliver()  # and while the last step's tokens go to their clients
-            fed = [tokens[p : p + 1] for p in range(len(live))]
-            top = max(m.job.top_logprobs for m in live)
-            want = any(m.job.logprobs for m in live)
-            y, lp, alts = choose_tokens([m.row for m in live], logits, fed, top, self.fast, want, host_draw=True)
-            mx.eval(y, lp, alts, finite)
+            top = max(r.owner.top_logprobs for r in live)
+            want = any(r.owner.logprobs for r in live)
+            drawn = self.batch.draw(live, logits, tokens, top, want, host_draw=True)
+            mx.eval(*drawn.arrays())
         except Exception as e:  # noqa: BLE001 - the step failed for everyone in it: end them, go on
             log.error("decode step failed:\n%s", traceback.format_exc())
             self._deliver()  # what they drew before it, then the error
-            for job in {id(m.job): m.job for m in live}.values():
+            for job in {id(r.owner): r.owner for r in live}.values():
                 self._fail(job, 500, f"internal error during decode ({type(e).__name__})")
             return
         self.steps += 1
-        ok = finite.tolist()
-        bad = {id(m.job): m.job for p, m in enumerate(live) if not ok[p]}
-        for job in bad.values():
-            self._fail(job, 500, "the model's scores became NaN or inf during decode; this request was ended")
-        self._live = self._decide(live, y.tolist(), lp.tolist(), alts, skip=set(bad))
+        self._live = self._decide(live, drawn)
 
-    def _forward(self, live: list[LiveRow], tokens: mx.array) -> mx.array:
-        if self.per_row:
-            # each row's cache is its own copy (cache.fork, KVCache.reserve), held by its LiveRow alone
-            return row_walk.step(self.model, tokens, [m.cache for m in live], owned=True)
-        out, at = [], 0
-        for group in groups(live):
-            n = len(group.members)
-            out.append(self.model(tokens[at : at + n, None], cache=group.cache)[:, -1, :])
-            at += n
-        return mx.concatenate(out) if len(out) > 1 else out[0]
-
-    def _decide(self, members: list[LiveRow], tokens, chosen, alts, skip=frozenset()) -> list[LiveRow]:
-        """Which rows go on after these tokens (decode.decode's rules), their hand-over queued for
-        `_deliver`: the next step's forward can start before the clients hear of this one."""
+    def _decide(self, rows: list[Row], drawn: Drawn) -> list[Row]:
+        """Which rows go on after these tokens (core.Row.decide), their hand-over queued for `_deliver`:
+        the next step's forward can start before the clients hear of this one. A row whose scores
+        were not finite, or whose grammar failed, ends its whole request."""
+        tokens, chosen = drawn.tokens.tolist(), drawn.logprobs.tolist()
+        finite = drawn.finite.tolist() if drawn.finite is not None else [True] * len(rows)
         keep = []
-        for p, m in enumerate(members):
-            if id(m.job) in skip or m.job.gone(m.index):
+        for p, row in enumerate(rows):
+            job = row.owner
+            if job.gone(row.index) or row.ended:  # cancelled, or a stop string ended it when it was told
                 continue
-            row, token = m.row, tokens[p]
-            if row.error is not None:
-                self._fail(m.job, 500, f"constrained decoding failed: {row.error}")
+            before = row.generated
+            reason = row.decide(tokens[p], finite[p])
+            self.tokens += row.generated - before
+            if reason == "error":
+                self._fail(job, 500, f"{row.error}; this request was ended")
                 continue
-            reason = None
-            if token in row.stop_ids:
-                reason = "stop"
-            else:
-                row.generated += 1
-                self.tokens += 1
-                if row.spec.mask is not None and row.spec.mask.should_stop(token):
-                    reason = "stop"
-                elif row.generated >= row.spec.max_tokens:
-                    reason = "length"
-            self._undelivered.append((m, token, chosen[p], alts[p] if alts else None, reason))
+            alts = drawn.alternatives[p] if drawn.alternatives else None
+            self._undelivered.append((row, tokens[p], chosen[p], alts, reason))
             if reason is None:
-                m.token = token
-                keep.append(m)
-        if not self.per_row:
-            shrink_groups(members, keep)
+                row.token = tokens[p]
+                keep.append(row)
+        self.batch.keep(rows, keep)
         return keep
 
     def _deliver(self) -> None:
         """Hand the decided tokens to their jobs: text, log-probability and alternatives, then for a
         row that ended its last piece and reason (and a constrained row's JSON)."""
         queued, self._undelivered = self._undelivered, []
-        for m, token, chosen, alts, reason in queued:
-            if m.job.cancelled:
+        for row, token, chosen, alts, reason in queued:
+            job = row.owner
+            if job.cancelled:
                 continue
-            row = m.row
-            if token not in row.stop_ids:
-                row.detok.add_token(token)
-                segment = row.detok.last_segment  # reading it takes it: once
-                m.text.append(segment)
-                m.tokens.append(token)
-                k = m.job.top_logprobs
-                alternatives = top_alternatives(self.tokenizer, alts)[:k] if k and alts is not None else []
-                m.job.tell("step", m.index, _step(token, segment, chosen, alternatives))
-            if reason is None:
-                continue
-            row.detok.finalize()
-            stop = token if token in row.stop_ids else None
-            final = _step(None, row.detok.last_segment, 0.0, [], reason, stop)
-            m.job.tell("step", m.index, final)
-            if row.spec.mask is not None:
-                m.text.append(final.text)
+            k = job.top_logprobs
+            alternatives = alternatives_of(self.tokenizer, alts)[:k] if k and alts is not None else []
+            for step in row.take(token, chosen, alternatives, reason):
+                job.tell("step", row.index, step)
+            if row.ended and row.spec.mask is not None:
                 try:
-                    checked = finish(row.spec.mask, "".join(m.text), m.tokens, reason)
+                    checked = row.json()
                 except Exception as e:  # noqa: BLE001 - the grammar accepted non-JSON: a bug, this row only
-                    self._fail(m.job, 500, f"constrained decoding failed: {e}")
+                    self._fail(job, 500, f"constrained decoding failed: {e}")
                     continue
-                m.job.tell("json", m.index, checked)
+                job.tell("json", row.index, checked)
 
-    def _drop_cancelled(self) -> None:
-        if any(m.job.gone(m.index) for m in self._live):
-            keep = [m for m in self._live if not m.job.gone(m.index)]
-            if not self.per_row:
-                shrink_groups(self._live, keep)
+    def _drop_finished(self) -> None:
+        """Rows whose client left, or that a stop string ended, leave before the next pass."""
+        if any(r.owner.gone(r.index) or r.ended for r in self._live):
+            keep = [r for r in self._live if not (r.owner.gone(r.index) or r.ended)]
+            self.batch.keep(self._live, keep)
             self._live = keep
 
     def _fail(self, job: Job, status: int, message: str) -> None:
@@ -350,7 +306,3 @@ def _engine_thread(inbox: "queue.SimpleQueue") -> None:
         except Exception:  # noqa: BLE001 - logged; the thread stays for the next engine
             log.error("engine thread:\n%s", traceback.format_exc())
         _IDLE.put(inbox)
-
-
-def _step(token, text, logprob, alternatives, finish_reason=None, stop_token=None) -> Step:
-    return Step(token, text, logprob, alternatives, finish_reason=finish_reason, stop_token=stop_token)

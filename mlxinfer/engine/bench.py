@@ -95,7 +95,8 @@ def timed(stream: Iterator[int], n_prompt: int) -> tuple[float, float, float, li
 
 def ours(model, tokenizer) -> Callable[[list[int], int], Iterator[int]]:
     from ..settings import GREEDY
-    from .decode import RowSpec, prefill_and_decode
+    from .core import RowSpec
+    from .decode import prefill_and_decode
 
     def stream(ids: list[int], n: int) -> Iterator[int]:
         steps = prefill_and_decode(model, tokenizer, ids, [RowSpec(None, GREEDY, n)])

@@ -18,7 +18,7 @@ from ..settings import SamplerSettings
 from ..views import Completion, SampleReport, Tally
 from . import ranks
 from .decode import prefill_and_decode
-from .request import Collector, check_batch_size, check_json, prepare, seed_list
+from .request import check_batch_size, prepare, seed_list
 
 
 def tally(completions: list[Completion]) -> list[Tally]:
@@ -44,6 +44,7 @@ def sample(
     tool: dict | str | None = None,
     progress: Optional[Callable[[int, int], None]] = None,
     raw_special_tokens: bool = False,
+    stop: str | Sequence[str] | None = None,
 ) -> SampleReport:
     """One completion per seed, then a tally of the distinct answers.
 
@@ -51,7 +52,7 @@ def sample(
     set (the rest from generation_config.json), or None. batch_size: rows per forward pass
     (default 32; 1 runs the seeds one at a time). json_schema / tool: every row writes JSON of
     that shape through its own grammar mask; each completion says whether it came out complete.
-    raw_special_tokens: see encode_prompt.
+    raw_special_tokens: see encode_prompt. stop: a string or strings where each completion ends.
     """
     seed_ids = seed_list(seeds)
     size = check_batch_size(batch_size)
@@ -67,20 +68,20 @@ def sample(
         system=system,
         thinking=thinking,
         raw_special_tokens=raw_special_tokens,
+        stop=stop,
     )
     group = ranks.seed_group(model)
     mine = ranks.share(seed_ids, group)  # under mlx.launch each rank draws every N-th seed (all: a split model)
     specs = [request.row(seed) for seed in mine]
-    rows = Collector(len(specs))
     completions: list[Optional[Completion]] = [None] * len(specs)
     done = 0
-    for i, step in prefill_and_decode(model, tokenizer, request.ids, specs, batch_size=size, step_logprobs=False):
-        row = rows.add(i, step)
-        if row is None:
+    for live, step in prefill_and_decode(model, tokenizer, request.ids, specs, batch_size=size, step_logprobs=False):
+        if step.token is not None:
             continue
+        i, row = live.index, live.result
         completions[i] = Completion(mine[i], row.text, row.tokens, row.finish_reason)
         if request.constraint is not None:
-            checked = check_json(specs[i], row)
+            checked = live.json()
             completions[i].valid, completions[i].parsed = checked.valid, checked.parsed
             completions[i].finish_reason = checked.finish_reason
         done += 1

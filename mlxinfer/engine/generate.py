@@ -9,14 +9,14 @@ the result says whether it came out complete (`valid`) and what it parsed to.
 
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .. import defaults
 from ..errors import MlxinferError
 from ..settings import SamplerSettings
 from ..views import Generation, Stats, Step
 from .decode import prefill_and_decode
-from .request import Collector, Request, check_json, check_seed, prepare
+from .request import Request, check_seed, prepare
 
 
 class GenerationStream:
@@ -32,13 +32,14 @@ class GenerationStream:
 
     def __iter__(self) -> Iterator[Step]:
         model, request, spec = self.model, self.request, self.spec
-        rows = Collector(1, keep_steps=True)
-        steps = prefill_and_decode(model, self.tokenizer, request.ids, [spec], logprobs=self.logprobs, stats=self.stats)
-        for _, step in steps:
-            row = rows.add(0, step)
-            if row is None:
+        steps = prefill_and_decode(
+            model, self.tokenizer, request.ids, [spec], logprobs=self.logprobs, stats=self.stats, keep_steps=True
+        )
+        for live, step in steps:
+            if step.token is not None:
                 yield step
                 continue
+            row = live.result
             result = Generation(
                 model.info.name,
                 request.ids,
@@ -54,13 +55,13 @@ class GenerationStream:
                 sharding=model.info.sharding,
             )
             if request.constraint is not None:
-                self._check_json(result, row)
+                self._check_json(result, live)
                 step.finish_reason = self.stats.finish_reason = result.finish_reason
             self.result = result
             yield step
 
     def _check_json(self, result: Generation, row) -> None:
-        checked, mask, compiled = check_json(self.spec, row), self.spec.mask, self.request.compiled
+        checked, mask, compiled = row.json(), self.spec.mask, self.request.compiled
         result.parsed, result.valid, result.warning = checked.parsed, checked.valid, checked.warning
         result.finish_reason = checked.finish_reason
         tool = self.request.constraint.tool
@@ -91,6 +92,7 @@ def stream_generate(
     thinking: bool = False,
     explain_mask: bool = False,
     raw_special_tokens: bool = False,
+    stop: str | Sequence[str] | None = None,
 ) -> GenerationStream:
     """Check every argument (one MlxinferError naming the parameter), then return the stream.
 
@@ -99,6 +101,8 @@ def stream_generate(
     whose top level is an object; tool: a tool definition in Anthropic's format (name,
     description, input_schema); either as a dict, inline JSON text or a file path. raw_special_tokens:
     special tokens' names in the prompt and system text are control tokens, not text (see encode_prompt).
+    stop: a string or strings where the text ends (returned up to the first, finish_reason "stop"; a
+    stream holds text back only while it could still be the start of one).
     """
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
         raise MlxinferError(f"logprobs must be a whole number >= 0, got {logprobs!r}", "logprobs")
@@ -120,6 +124,7 @@ def stream_generate(
         thinking=thinking,
         raw_special_tokens=raw_special_tokens,
         explain_mask=explain_mask,
+        stop=stop,
     )
     return GenerationStream(model, tokenizer, request, seed, logprobs)
 

@@ -1,17 +1,16 @@
 """The one request path: (prompt, settings, constraint, chat options) -> what the decoder needs.
 
 generate, stream_generate, sample, sweep and the server all start here, so every argument is
-checked in one place (one MlxinferError naming the parameter), and all of them collect a row's
-text and tokens with the same `Collector`.
+checked in one place (one MlxinferError naming the parameter).
 
     request = prepare(model, tokenizer, prompt, settings=..., max_tokens=...)  # checks, encodes
     specs = [request.row(seed) for seed in seeds]                                # one mask per row
-    for i, step in decode.prefill_and_decode(model, tokenizer, request.ids, specs): ...
+    for row, step in decode.prefill_and_decode(model, tokenizer, request.ids, specs): ...
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Sequence
 
 from .. import defaults
@@ -19,9 +18,9 @@ from ..errors import MlxinferError
 from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt
-from ..views import Step
-from .constrain import CompiledSchema, JsonResult, compile_schema, finish
-from .decode import RowSpec, check_context
+from .constrain import CompiledSchema, compile_schema
+from .core import RowSpec
+from .decode import check_context
 from .schema import Constraint, tool_system
 
 
@@ -37,12 +36,13 @@ class Request:
     constraint: Optional[Constraint]
     compiled: Optional[CompiledSchema]  # the constraint's grammar for this tokenizer (compiled once)
     vocab_size: int
+    stop: tuple[str, ...] = ()  # stop strings: a row's text ends before the first one
 
     def row(self, seed: Optional[int], settings: Optional[SamplerSettings] = None) -> RowSpec:
         """One continuation of the prompt, with its own grammar mask."""
         explain = self.constraint is not None and self.constraint.explain
         mask = self.compiled.mask(self.vocab_size, explain=explain) if self.compiled is not None else None
-        return RowSpec(seed, settings or self.settings, self.max_tokens, mask)
+        return RowSpec(seed, settings or self.settings, self.max_tokens, mask, self.stop)
 
 
 def prepare(
@@ -60,12 +60,15 @@ def prepare(
     raw_special_tokens: bool = False,
     explain_mask: bool = False,
     or_text: bool = False,
+    stop: str | Sequence[str] | None = None,
 ) -> Request:
     """Check the arguments, read the constraint (a tool adds its system text), resolve the settings
     over generation_config.json, encode the prompt (user text is never control tokens) and check
     that prompt + max_tokens fit the context. or_text: plain text is an answer too, besides the
-    JSON (OpenAI's tool_choice "auto"; the text cannot start with "{")."""
+    JSON (OpenAI's tool_choice "auto"; the text cannot start with "{"). stop: a string or strings
+    where a row's text ends (returned up to the first one, finish_reason "stop")."""
     check_max_tokens(max_tokens)
+    stops = stop_strings(stop)
     constraint = Constraint.read(json_schema, tool, explain_mask, or_text)  # bad schemas fail here
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
@@ -78,48 +81,27 @@ def prepare(
     compiled = None
     if constraint is not None:
         compiled = compile_schema(tokenizer, constraint.schema, constraint.where, constraint.param, or_text)
-    return Request(ids, resolved, note, max_tokens, constraint, compiled, model.config.vocab_size)
+    return Request(ids, resolved, note, max_tokens, constraint, compiled, model.config.vocab_size, stops)
 
 
-@dataclass
-class RowResult:
-    """What one row wrote: its text, tokens, (optionally) its Steps, and how it ended."""
-
-    text: str = ""
-    tokens: list[int] = field(default_factory=list)
-    steps: list[Step] = field(default_factory=list)
-    finish_reason: Optional[str] = None
-    stop_token: Optional[int] = None  # the end-of-turn token that stopped it, if one did
-
-    @property
-    def first_token(self) -> Optional[int]:
-        """The first token drawn: an end-of-turn id when the row wrote nothing."""
-        return self.tokens[0] if self.tokens else self.stop_token
-
-
-class Collector:
-    """Gathers the decoder's (row, Step) pairs into RowResults; `add` returns a row once it has ended."""
-
-    def __init__(self, n: int, keep_steps: bool = False):
-        self.rows = [RowResult() for _ in range(n)]
-        self._texts: list[list[str]] = [[] for _ in range(n)]
-        self.keep_steps = keep_steps
-
-    def add(self, i: int, step: Step) -> Optional[RowResult]:
-        row = self.rows[i]
-        self._texts[i].append(step.text)
-        if step.token is not None:
-            row.tokens.append(step.token)
-            if self.keep_steps:
-                row.steps.append(step)
-            return None
-        row.text, row.finish_reason, row.stop_token = "".join(self._texts[i]), step.finish_reason, step.stop_token
-        return row
-
-
-def check_json(spec: RowSpec, row: RowResult) -> JsonResult:
-    """A constrained row's parsed JSON, whether it is complete, and its finish reason."""
-    return finish(spec.mask, row.text, row.tokens, row.finish_reason)
+def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
+    """stop as a tuple of strings, checked: each non-empty, at most MAX_STOPS of at most MAX_STOP_CHARS."""
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    most, longest = defaults.MAX_STOPS, defaults.MAX_STOP_CHARS
+    if (
+        isinstance(stops, (bytes, dict))
+        or not isinstance(stops, Sequence)
+        or not all(isinstance(s, str) and 0 < len(s) <= longest for s in stops)
+        or len(stops) > most
+    ):
+        raise MlxinferError(
+            f"stop must be a string or a list of at most {most} non-empty strings of at most {longest} "
+            f"characters, got {stop!r:.80}",
+            "stop",
+        )
+    return tuple(stops)
 
 
 def check_max_tokens(max_tokens: int) -> None:

@@ -28,36 +28,32 @@ import mlx.core as mx
 
 from .. import defaults
 from ..errors import MlxinferError
-from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
-from ..settings import SamplerSettings, resolve_settings
+from ..sampler import kept_probabilities
+from ..settings import GRID_FIELDS, SamplerSettings, resolve_settings
 from ..views import SweepRecord, SweepReport
 from . import ranks as rank_group
 from . import results
 from .schema import _one_line
-from .decode import Prefilled, RowSpec, decode, prefill
-from .request import Collector, check_batch_size, prepare, seed_list
+from .core import RowSpec
+from .decode import Prefilled, decode, prefill
+from .request import check_batch_size, prepare, seed_list, stop_strings
 from .summary import summarize
 
-GRID_FIELDS = defaults.GRID_FIELDS
 
-
-def settings_grid(
-    temperatures: Sequence[float],
-    top_p: Sequence[float] | None = None,
-    top_k: Sequence[int] | None = None,
-    min_p: Sequence[float] | None = None,
-) -> list[dict]:
-    """Every combination of the values given (a field left None is not set: generation_config.json's)."""
-    axes = [
-        (name, list(values))
-        for name, values in zip(GRID_FIELDS, (temperatures, top_p, top_k, min_p))
-        if values is not None
-    ]
-    empty = [name for name, values in axes if not values]
+def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence | None) -> list[dict]:
+    """Every combination of the values given, one axis per sampler setting sweep can cross
+    (settings.GRID_FIELDS: temperature, top_p, top_k, min_p, ...); a setting left None is not set
+    (generation_config.json's). `temperatures` is the temperature axis."""
+    unknown = sorted(set(axes) - set(GRID_FIELDS))
+    if unknown:
+        raise MlxinferError(f"settings_grid has no axis {unknown[0]!r}; its axes: {', '.join(GRID_FIELDS)}", unknown[0])
+    given = {"temperature": temperatures, **axes}
+    named = [(name, list(given[name])) for name in GRID_FIELDS if given.get(name) is not None]
+    empty = [name for name, values in named if not values]
     if empty:
         param = {"temperature": "temperatures"}.get(empty[0], empty[0])
         raise MlxinferError(f"{param} is empty, so the grid has no cells; give at least one value", param)
-    return [dict(zip([n for n, _ in axes], combo)) for combo in itertools.product(*[v for _, v in axes])]
+    return [dict(zip([n for n, _ in named], combo)) for combo in itertools.product(*[v for _, v in named])]
 
 
 def prompts_from_file(path: str | Path) -> list[str]:
@@ -78,10 +74,7 @@ def prompts_from_file(path: str | Path) -> list[str]:
 
 def first_token_probs(prefilled: Prefilled, settings: SamplerSettings) -> mx.array:
     """(V,) each token's probability as the first draw under `settings`: adjusted, tempered, cut, rescaled."""
-    x = adjust(prefilled.logits.reshape(-1).astype(mx.float32), settings, history=prefilled.ids)
-    kept = cut_tail(log_softmax(x), settings) > NEG_INF
-    p = mx.where(kept, probabilities(x, settings.temperature), 0.0)
-    return p / mx.sum(p)
+    return kept_probabilities(prefilled.logits, settings, history=prefilled.ids)[3]
 
 
 def _model_identity(model) -> dict:
@@ -108,15 +101,17 @@ class _Plan:
     seeds: list[int]
     max_tokens: int
     header: dict
+    stop: tuple[str, ...] = ()
 
 
-def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw) -> _Plan:
+def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw, stop) -> _Plan:
     prompts = list(prompts)
     if not prompts:
         raise MlxinferError("prompts is empty; give at least one prompt", "prompts")
     if isinstance(settings, (SamplerSettings, Mapping)) or not list(settings):
         raise MlxinferError("settings must be a non-empty list of settings (see settings_grid)", "settings")
     seed_ids = seed_list(seeds)
+    stops = stop_strings(stop)
     options = dict(max_tokens=max_tokens, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw)
     ids = []
     for n, p in enumerate(prompts, start=1):
@@ -141,7 +136,9 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
         "system": system,
         "thinking": thinking,
     }
-    return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header)
+    if stops:  # only when given, so that files written before stop strings existed still resume
+        header["stop"] = list(stops)
+    return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header, stops)
 
 
 def sweep(
@@ -160,19 +157,22 @@ def sweep(
     out: str | Path | None = None,
     resume: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
+    stop: str | Sequence[str] | None = None,
 ) -> SweepReport:
     """Every prompt x every settings entry x every seed: one completion each, and the summary per cell.
 
     settings: each a SamplerSettings or a dict of the fields set (the rest from generation_config.json);
     `settings_grid` builds the product of value lists. out: a .jsonl results file, appended per batch;
     resume=True skips the completions it already holds (it must be the same experiment).
-    raw_special_tokens: see encode_prompt.
+    raw_special_tokens: see encode_prompt. stop: a string or strings where each completion ends.
     """
     if resume and out is None:
         raise MlxinferError("resume needs out, the results file to continue", "resume", "out")
     if out is not None and not str(out).strip():
         raise MlxinferError("out is empty; give a .jsonl path", "out")
-    plan = _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw_special_tokens)
+    plan = _plan(
+        model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw_special_tokens, stop
+    )
     size = check_batch_size(batch_size)
     group = rank_group.seed_group(model)
     rank, ranks = group.rank(), group.size()
@@ -269,11 +269,12 @@ def _gather(plan: _Plan, mine: list[dict], out, part, group) -> list[dict]:
 def _draw_batch(model, tokenizer, prefilled, plan: _Plan, p: int, s: int, seeds, probs) -> list[dict]:
     """One forward pass per step for these seeds; their records, in seed order."""
     settings = plan.settings[s]
-    specs = [RowSpec(seed, settings, plan.max_tokens) for seed in seeds]
-    rows = Collector(len(specs))
-    for i, step in decode(model, tokenizer, prefilled, specs, step_logprobs=False):
-        rows.add(i, step)
-    firsts = [row.first_token for row in rows.rows]
+    specs = [RowSpec(seed, settings, plan.max_tokens, stop=plan.stop) for seed in seeds]
+    rows = [None] * len(specs)
+    for live, step in decode(model, tokenizer, prefilled, specs, step_logprobs=False):
+        if step.token is None:
+            rows[live.index] = live.result
+    firsts = [row.first_token for row in rows]
     first_probs = probs[mx.array([f if f is not None else 0 for f in firsts])].tolist()
     return [
         SweepRecord(
@@ -289,5 +290,5 @@ def _draw_batch(model, tokenizer, prefilled, plan: _Plan, p: int, s: int, seeds,
             firsts[i] if firsts[i] is not None else -1,
             first_probs[i],
         ).to_dict()
-        for i, (seed, row) in enumerate(zip(seeds, rows.rows))
+        for i, (seed, row) in enumerate(zip(seeds, rows))
     ]

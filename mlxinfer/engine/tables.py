@@ -15,7 +15,7 @@ import mlx.core as mx
 
 from ..errors import MlxinferError
 from ..model.finite import check_scores
-from ..sampler import NEG_INF, adjust, cut_tail, log_softmax, probabilities
+from ..sampler import kept_probabilities, log_softmax, probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import ExpertChoice, ExplainRow, Explanation, NextTokenTable, TokenRow
@@ -78,11 +78,8 @@ def explain(
     """One step of the sampler as a table: the k best tokens by score, their probability at the
     temperature, whether the cut keeps them and their rescaled probability."""
     settings.validate()
-    x = adjust(scores.reshape(-1).astype(mx.float32), settings, history, allowed)
-    probs = probabilities(x, settings.temperature)
-    kept = cut_tail(log_softmax(x), settings) > NEG_INF
+    x, probs, kept, final = kept_probabilities(scores, settings, history, allowed)
     mass_kept = mx.sum(mx.where(kept, probs, 0.0))
-    final = mx.where(kept, probs, 0.0) / mass_kept
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
     ids, s, p, kp, fp = (a.tolist() for a in (top, x[top], probs[top], kept[top], final[top]))
     rows = [

@@ -179,6 +179,7 @@ async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: 
         chat=plan.chat,
         system=plan.system,
         parts=plan.parts,
+        stop=[s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or []) if s],  # "" stops nothing
     )
     request = budget(request, state.model, asked, state.default_max_tokens)
     base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)

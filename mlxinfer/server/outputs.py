@@ -1,7 +1,8 @@
 """Responses in OpenAI's shapes: chat.completion(.chunk), text_completion, logprobs, tool calls.
 
-`Choice` gathers one row's events (decode Steps) the way the response reports it: text with stop
-strings cut out, the chat or legacy logprobs, and for a tool call the JSON returned as tool_calls.
+`Choice` gathers one row's events (the engine's Steps, their text already cut at a stop string) the
+way the response reports it: text, the chat or legacy logprobs, and for a tool call the JSON returned
+as tool_calls.
 A log-probability that is not finite (a token the grammar mask refused) is reported as -9999.0,
 as OpenAI does for "practically impossible": JSON has no -inf.
 """
@@ -22,46 +23,17 @@ def _lp(value: float) -> float:
     return value if math.isfinite(value) else IMPOSSIBLE
 
 
-class StopStrings:
-    """Cut the text at the first stop string; hold back a tail that may be the start of one."""
-
-    def __init__(self, stops: list[str]):
-        self.stops = [s for s in stops if s]
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.buffer = ""
-
-    def feed(self, text: str) -> tuple[str, bool]:
-        """(text that is safe to show now, whether a stop string matched)."""
-        self.buffer += text
-        if not self.stops:
-            out, self.buffer = self.buffer, ""
-            return out, False
-        hits = [i for i in (self.buffer.find(s) for s in self.stops) if i >= 0]
-        if hits:
-            out, self.buffer = self.buffer[: min(hits)], ""
-            return out, True
-        cut = max(len(self.buffer) - self.hold, 0)
-        out, self.buffer = self.buffer[:cut], self.buffer[cut:]
-        return out, False
-
-    def flush(self) -> str:
-        out, self.buffer = self.buffer, ""
-        return out
-
-
 class Choice:
     """One row of a response as it arrives."""
 
-    def __init__(self, index: int, stops: list[str], tokenizer, chat: bool, want_logprobs: bool, top: int):
+    def __init__(self, index: int, tokenizer, chat: bool, want_logprobs: bool, top: int):
         self.index, self.tokenizer, self.chat = index, tokenizer, chat
-        self.stops = StopStrings(stops)
         self.want_logprobs, self.top = want_logprobs, top
         self.text: list[str] = []
         self.tokens = 0
         self.logprobs: list[dict] = []  # chat: content entries; completions: token, logprob, top, offset
         self.finish_reason: Optional[str] = None
         self.json = None  # constrain.JsonResult for a constrained row
-        self.decoded = 0  # characters of the row's text so far, before stop strings cut it
         self.head = ""  # the first character shown: "{" opens a call when tool_choice is auto
 
     def add(self, step) -> str:
@@ -70,16 +42,11 @@ class Choice:
             self.tokens += 1
             if self.want_logprobs:
                 self.logprobs.append(self._entry(step))
-            self.decoded += len(step.text)
-        shown, stopped = self.stops.feed(step.text)
-        if stopped:
-            self.finish_reason = "stop"
-        elif step.token is None:
-            shown += self.stops.flush()
+        else:
             self.finish_reason = step.finish_reason
-        self.text.append(shown)
-        self.head = self.head or shown[:1]
-        return shown
+        self.text.append(step.text)
+        self.head = self.head or step.text[:1]
+        return step.text
 
     def _entry(self, step) -> dict:
         token = self.tokenizer.decode([step.token])
@@ -93,7 +60,7 @@ class Choice:
             }
         # text_offset: where the token's text starts in the returned text (a token decoded alone may
         # carry a leading space that the text, detokenized as a whole, does not)
-        return {"token": token, "logprob": _lp(step.logprob), "top": dict(top), "offset": self.decoded}
+        return {"token": token, "logprob": _lp(step.logprob), "top": dict(top), "offset": step.offset}
 
     # -- the response pieces
     def chat_logprobs(self, entries: Optional[list[dict]] = None) -> Optional[dict]:

@@ -96,8 +96,7 @@ def _sse(data: dict) -> str:
 
 
 def _choices(state, body, chat: bool, want_lp: bool, top: int) -> list[outputs.Choice]:
-    stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-    return [outputs.Choice(i, stops, state.tokenizer, chat, want_lp, top) for i in range(body.n)]
+    return [outputs.Choice(i, state.tokenizer, chat, want_lp, top) for i in range(body.n)]
 
 
 async def chat_response(state, http, body, plan, request, job, events, seed):

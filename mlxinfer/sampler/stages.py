@@ -1,44 +1,22 @@
-"""The sampler: the code after the model that turns one row of scores into one token.
-
-The lesson's chain, each stage a small pure function over MLX arrays:
+"""The sampler's stages: small pure functions over MLX arrays, in the order the lesson gives them.
 
     scores -> adjustments (apply_logit_bias, apply_penalties, apply_mask)
            -> apply_temperature (divide by T) -> softmax / log_softmax
            -> cut the tail (apply_top_k, apply_top_p, apply_min_p) and rescale to 1
-           -> draw one token                      temperature 0: argmax instead
 
-The settings (``SamplerSettings``) live in settings.py, without mlx; the tables that show
-what the chain does (the next-token table, ``explain``) in engine/tables.py.
-
-Two orders of the last steps (``SamplerSettings.order``):
-
-* ``"temperature-first"`` (default) is the order the lesson describes: divide by the temperature
-  first, then cut the tail of the tempered probabilities (as transformers and vLLM do).
-* ``"mlx-lm"`` reproduces ``mlx_lm.sample_utils.make_sampler``: it cuts the tail of the
-  *untempered* log-probabilities (top-p, then min-p, then top-k) and applies the
-  temperature only in the draw, ``mx.random.categorical(logprobs * (1 / T))``.
-
-Top-k keeps the same tokens in either order; top-p and min-p do not. With no cut the two
-orders are the same computation, and the draw is token-for-token identical to mlx-lm's
-under the same ``mx.random.seed``. A draw with an explicit ``key`` equals the global stream's:
-after ``mx.random.seed(s)`` the global stream is the key chain ``state = mx.random.key(s)``,
-then per draw ``state, sub = mx.random.split(state)``; each row of a batch carries its own
-chain (see engine/decode.py), so a seed draws the same tokens whatever shares its batch.
+`cut_tail` is the cut as one setting chooses it; `kept_probabilities` is what a draw under those
+settings draws from (the table, explain, sweep's first tokens and the exact answers read it).
 """
 
 from __future__ import annotations
 
 import math
-from functools import partial
-from typing import Callable
 
 import mlx.core as mx
 import numpy as np
 
-from . import keychain
-from .cpu import draw as cpu_draw
-from .errors import MlxinferError
-from .settings import SamplerSettings
+from ..errors import MlxinferError
+from ..settings import SamplerSettings
 
 NEG_INF = -float("inf")
 
@@ -215,94 +193,13 @@ def cut_tail(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
     return mx.where(out == NEG_INF, NEG_INF, logprobs)
 
 
-# ----------------------------------------------------------------------------- the draw
-@partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
-def _categorical(logits: mx.array, temperature: float) -> mx.array:
-    # the same compiled graph as mlx_lm.sample_utils.categorical_sampling: same bits, same token
-    return mx.random.categorical(logits * (1.0 / temperature))
-
-
-def draw(logprobs: mx.array, temperature: float, key: mx.array | None = None) -> mx.array:
-    """One token per row from softmax(logprobs / T), T = 0: the argmax. Cut tokens (-inf) are
-    never drawn; the kept ones are rescaled to 1 by the softmax. Without a key the draw comes
-    from MLX's global stream (seed it with mx.random.seed), exactly as mlx-lm's does."""
-    if temperature == 0:
-        return mx.argmax(logprobs, axis=-1)
-    if key is None:
-        return _categorical(logprobs, temperature)
-    return mx.random.categorical(logprobs * (1.0 / temperature), key=key)
-
-
-# The kernel needs the scores on the host, so the decode loop can no longer build the next
-# forward pass while this one runs: below this many rows that costs more than MLX's own draws save
-# (docs/performance.md, "Batched draws").
-BATCH_DRAW_ROWS = 8
-
-
-def draw_rows(kept: mx.array, temperatures: list[float], subkeys: list, min_rows: int = BATCH_DRAW_ROWS) -> mx.array:
-    """One token per row of cut log-probabilities (A, V): row i is what
-    ``draw(kept[i : i + 1], temperatures[i], key)`` gives with ``key = mx.array(subkeys[i])``
-    (None: the global stream, drawn in row order). On a CPU, min_rows or more seeded rows are drawn
-    in one call to the checked native kernel (cpu/draw.py) instead of one mx.random.categorical per
-    row: the same tokens. min_rows=1 for a caller that reads every step's tokens on the host anyway
-    (the server's engine: it gains nothing from a lazy draw, and one row's MLX draw is ~1.2 ms)."""
-    n = kept.shape[0]
-    if n < min_rows or any(k is None for k in subkeys) or not cpu_draw.available():
-        keys = [None if k is None else mx.array(k) for k in subkeys]
-        tokens = [draw(kept[i : i + 1], temperatures[i], keys[i]) for i in range(n)]
-        return tokens[0] if n == 1 else mx.concatenate(tokens)
-    greedy = [t == 0 for t in temperatures]
-    if all(greedy):
-        return mx.argmax(kept, axis=-1)
-    if set(temperatures) == {1.0}:
-        scaled = kept  # x * 1.0 is x, bit for bit: one pass over (A, V) fewer
-    elif len(set(temperatures)) == 1:
-        scaled = kept * (1.0 / temperatures[0])  # the scalar in kept's dtype, as in draw()
-    else:
-        scaled = mx.concatenate([kept[i : i + 1] * (1.0 / (t or 1.0)) for i, t in enumerate(temperatures)])
-    uniforms = keychain.uniform(np.stack(subkeys))  # first: it needs no scores, so it runs while the forward does
-    tokens = cpu_draw.draw_rows(np.asarray(scaled.astype(mx.float32)), uniforms)
-    y = mx.array(tokens).astype(mx.uint32)  # (A,), the dtype mx.random.categorical returns
-    return mx.where(mx.array(greedy), mx.argmax(kept, axis=-1), y) if any(greedy) else y
-
-
-class Sampler:
-    """The whole chain for one row of scores, with the settings fixed.
-
-    ``sampler(logits, history=None, allowed=None)`` takes raw scores of shape (V,) or (1, V),
-    applies the adjustments, normalises exactly as mlx-lm's generate_step does
-    (``logits - mx.logsumexp(logits, keepdims=True)``) and returns a (1,) token array.
-    ``sampler.draw(logprobs)`` is the rest of the chain on log-probabilities, the
-    contract of mlx-lm's samplers.
-    """
-
-    def __init__(self, settings: SamplerSettings | None = None, **options):
-        self.settings = (settings if settings is not None else SamplerSettings(**options)).validate()
-
-    def draw(self, logprobs: mx.array, key: mx.array | None = None) -> mx.array:
-        row = cut_tail(logprobs, self.settings)
-        return draw(row, self.settings.temperature, key)
-
-    def __call__(self, logits: mx.array, history=None, allowed=None, key: mx.array | None = None) -> mx.array:
-        if logits.size != logits.shape[-1]:
-            raise MlxinferError(f"the sampler takes one row of scores, got shape {tuple(logits.shape)}", "logits")
-        row = adjust(logits.reshape(1, -1), self.settings, history, allowed)
-        # generate_step's own expression, to the letter (no axis on a (1, V) row): same bits
-        return self.draw(row - mx.logsumexp(row, keepdims=True), key)
-
-
-def make_sampler(settings: SamplerSettings) -> Callable[[mx.array], mx.array]:
-    """An mlx-lm-compatible sampler: (1, V) log-probabilities in, (1,) token out.
-
-    Pass it to ``mlx_lm.generate(..., sampler=...)``. It cuts, tempers and draws; the
-    adjustments act on raw scores, so give mlx-lm ``make_logits_processors(settings)`` too.
-    """
-    return Sampler(settings).draw
-
-
-def make_logits_processors(settings: SamplerSettings) -> list[Callable[[mx.array, mx.array], mx.array]]:
-    """The adjustments as mlx-lm logits processors ``(tokens, logits) -> logits``."""
-    settings.validate()
-    if not settings.adjusts:
-        return []
-    return [lambda tokens, logits: adjust(logits, settings, tokens)]
+def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None, allowed=None):
+    """What one draw under `settings` draws from, for a row of raw scores (V,): the adjusted scores,
+    each token's probability at the temperature over the whole vocabulary, whether the cut keeps it,
+    and its probability as drawn (the kept rescaled to 1). The table's --explain, sweep's first tokens
+    and the exact answers all read it, so they agree with the draw by construction."""
+    x = adjust(scores.reshape(-1).astype(mx.float32), settings, history, allowed)
+    probs = probabilities(x, settings.temperature)
+    kept = cut_tail(log_softmax(x), settings) > NEG_INF
+    held = mx.where(kept, probs, 0.0)
+    return x, probs, kept, held / mx.sum(held)

@@ -1,0 +1,117 @@
+"""Stop strings, one rule for every driver of the row core: the text ends before the first stop string
+(finish_reason "stop"), streamed text is held back only while it could still begin one, and a seed's
+tokens up to the stop are its tokens without it. The oracle is the same seed's run without a stop string,
+cut by hand (str.index)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+import mlxinfer
+from conftest import assert_one_line_error, invoke_cli
+
+HERB = "Name one herb to add to tomato soup. Answer with one word."
+
+
+def _cut(text: str, stops: list[str]) -> str:
+    hits = [text.index(s) for s in stops if s in text]
+    return text[: min(hits)] if hits else text
+
+
+@pytest.fixture(scope="module")
+def free(embedded):
+    """Seeds 0..5 without a stop string, 12 tokens: what every stopped run is cut from."""
+    model, tok = embedded
+    return mlxinfer.sample(model, tok, HERB, seeds=6, settings={"temperature": 1.0}, max_tokens=12)
+
+
+def _stops_for(text: str) -> list[str]:
+    """A stop string inside `text` (its third word, or a letter of it) that is not at its start."""
+    words = text.split()
+    return [words[2]] if len(words) > 2 else [text[len(text) // 2 :] or "x"]
+
+
+def test_sample_cuts_each_seed_at_its_first_stop_string(embedded, free):
+    model, tok = embedded
+    stops = [" the", "."]
+    report = mlxinfer.sample(model, tok, HERB, seeds=6, settings={"temperature": 1.0}, max_tokens=12, stop=stops)
+    cut = 0
+    for mine, whole in zip(report.completions, free.completions):
+        assert mine.text == _cut(whole.text, stops)
+        if mine.text != whole.text:
+            cut += 1
+            assert mine.finish_reason == "stop"
+            assert whole.tokens[: len(mine.tokens)] == mine.tokens  # the same draws up to the stop
+        else:
+            assert (mine.finish_reason, mine.tokens) == (whole.finish_reason, whole.tokens)
+    assert cut >= 2, [c.text for c in free.completions]  # the stop strings were really met
+
+
+def test_stream_holds_back_only_what_could_begin_a_stop_string(embedded, free):
+    model, tok = embedded
+    whole = free.completions[0]
+    stop = _stops_for(whole.text)[0]
+    stream = mlxinfer.stream_generate(
+        model, tok, HERB, settings={"temperature": 1.0}, seed=0, max_tokens=12, stop=[stop]
+    )
+    shown, final = "", _cut(whole.text, [stop])
+    for step in stream:
+        shown += step.text
+        assert final.startswith(shown)  # nothing past the stop is ever shown
+    assert shown == stream.result.text == _cut(whole.text, [stop])
+    assert stream.result.finish_reason == "stop"
+
+
+def test_stop_strings_hold_back_only_a_possible_beginning():
+    from mlxinfer.engine.core import StopStrings
+
+    stops = StopStrings(["soup.", "\n\n"])
+    pieces = [stops.feed(t) for t in ("Basil", " so", "up", " or\n", "thyme", "\n", "\nmore")]
+    assert pieces == [
+        ("Basil", False),  # no tail of "Basil" begins a stop string
+        (" ", False),  # "so" may begin "soup.": held
+        ("", False),  # "soup" still may
+        ("soup or", False),  # "soup " cannot; "\n" may begin "\n\n"
+        ("\nthyme", False),
+        ("", False),
+        ("", True),  # "\n\n" met: the text ends before it
+    ]
+    assert stops.flush() == ""
+
+
+def test_sweep_records_cut_at_the_stop_string(embedded, free, tmp_path):
+    model, tok = embedded
+    report = mlxinfer.sweep(
+        model, tok, [HERB], settings=[{"temperature": 1.0}], seeds=6, max_tokens=12, stop=[" the", "."],
+        out=tmp_path / "r.jsonl",
+    )  # fmt: skip
+    assert [r.text for r in report.records] == [_cut(c.text, [" the", "."]) for c in free.completions]
+    header = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+    assert header["stop"] == [" the", "."]  # a resume with other stop strings is another experiment
+    with pytest.raises(mlxinfer.MlxinferError, match="stop"):
+        mlxinfer.sweep(
+            model, tok, [HERB], settings=[{"temperature": 1.0}], seeds=6, max_tokens=12, stop=["."],
+            out=tmp_path / "r.jsonl", resume=True,
+        )  # fmt: skip
+
+
+def test_cli_stop_and_its_bad_values(free):
+    whole = free.completions[1]
+    stop = _stops_for(whole.text)[0]
+    args = ["generate", "-p", HERB, "--temp", "1", "--seed", "1", "--max-tokens", "12", "--compute-dtype", "bfloat16"]
+    done = invoke_cli(*args, "--stop", stop, "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    assert (got["text"], got["finish_reason"]) == (_cut(whole.text, [stop]), "stop")
+    for bad in ("", "x" * 300):
+        assert_one_line_error(invoke_cli(*args, "--stop", bad), "--stop must be")
+
+
+@pytest.mark.parametrize("stop", [[""], "x" * 257, [1], ["a"] * 17, {"a": 1}, b"a"])
+def test_library_refuses_bad_stop_values(embedded, stop):
+    model, tok = embedded
+    with pytest.raises(mlxinfer.MlxinferError, match="stop must be") as e:
+        mlxinfer.generate(model, tok, HERB, max_tokens=2, stop=stop)
+    assert e.value.params == ("stop",)
