@@ -10,7 +10,9 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from ..settings import SamplerSettings
 
 _STRICT = ConfigDict(strict=True, extra="allow")
 
@@ -20,47 +22,36 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
-class Sampling(BaseModel):
+# The sampler's request fields, from their one declaration (SamplerSettings.options(), `served`): OpenAI's
+# temperature, top_p and penalties, and the toolkit's extras (vLLM and llama.cpp's server take top_k, min_p,
+# repetition_penalty under these names). logit_bias is OpenAI's shape (string keys), declared below.
+SAMPLER_FIELDS = [o.name for o in SamplerSettings.options() if o.served and o.kind is not dict]
+_Sampler = create_model(
+    "_Sampler",
+    __config__=_STRICT,
+    **{o.name: (Optional[o.kind], None) for o in SamplerSettings.options() if o.name in SAMPLER_FIELDS},
+)
+
+
+class Sampling(_Sampler):
     """What both endpoints share: the model, budget, sampler, seed, stop strings, streaming."""
 
     model_config = _STRICT
     model: str
     max_tokens: Optional[int] = None
-    temperature: Optional[float] = None
-    top_p: Optional[float] = None
     n: int = 1
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
-    presence_penalty: Optional[float] = None
-    frequency_penalty: Optional[float] = None
     logit_bias: Optional[dict[str, float]] = None
-    # the toolkit's extras (vLLM accepts the first three under these names)
-    top_k: Optional[int] = None
-    min_p: Optional[float] = None
-    repetition_penalty: Optional[float] = None
-    order: Optional[str] = None
 
     def settings(self) -> dict:
         """The sampler fields this request set, as SamplerSettings fields; the rest come from the
         model's generation_config.json (settings.resolve_settings), as in the CLI."""
         from .errors import ApiError
 
-        out = {
-            k: getattr(self, k)
-            for k in (
-                "temperature",
-                "top_p",
-                "top_k",
-                "min_p",
-                "repetition_penalty",
-                "presence_penalty",
-                "frequency_penalty",
-                "order",
-            )
-            if getattr(self, k) is not None
-        }
+        out = {k: getattr(self, k) for k in SAMPLER_FIELDS if getattr(self, k) is not None}
         if self.logit_bias:
             try:
                 out["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
