@@ -7,7 +7,7 @@ The lesson's chain, each stage a small pure function over MLX arrays:
            -> cut the tail (apply_top_k, apply_top_p, apply_min_p) and rescale to 1
            -> draw one token                      temperature 0: argmax instead
 
-The stages are in stages.py, the draw in draw.py, and a row's whole draw through a generation
+The stages are in stages.py, the draw in drawing.py, and a row's whole draw through a generation
 (its key chain, penalty history, processors; a batch of rows at once) in row.py. The settings
 (``SamplerSettings``) live in settings.py, without mlx; the tables that show what the chain does
 (the next-token table, ``explain``) in engine/tables.py.
@@ -28,48 +28,9 @@ then per draw ``state, sub = mx.random.split(state)``; each row of a batch carri
 chain (row.py), so a seed draws the same tokens whatever shares its batch.
 """
 
-from .draw import BATCH_DRAW_ROWS, Sampler, draw, draw_rows, make_logits_processors, make_sampler
-from .row import RowSampler, draw_batch
-from .stages import (
-    NEG_INF,
-    adjust,
-    apply_logit_bias,
-    apply_mask,
-    apply_min_p,
-    apply_penalties,
-    apply_temperature,
-    apply_top_k,
-    apply_top_p,
-    check_logit_bias,
-    cut_tail,
-    kept_probabilities,
-    log_softmax,
-    probabilities,
-    softmax,
-)
+from . import drawing as _drawing, row as _row, stages as _stages
+from .drawing import *  # noqa: F403 - each module lists its public names in __all__
+from .row import *  # noqa: F403
+from .stages import *  # noqa: F403
 
-__all__ = [
-    "BATCH_DRAW_ROWS",
-    "NEG_INF",
-    "RowSampler",
-    "Sampler",
-    "adjust",
-    "apply_logit_bias",
-    "apply_mask",
-    "apply_min_p",
-    "apply_penalties",
-    "apply_temperature",
-    "apply_top_k",
-    "apply_top_p",
-    "check_logit_bias",
-    "cut_tail",
-    "draw",
-    "draw_batch",
-    "draw_rows",
-    "kept_probabilities",
-    "log_softmax",
-    "make_logits_processors",
-    "make_sampler",
-    "probabilities",
-    "softmax",
-]
+__all__ = [*_stages.__all__, *_drawing.__all__, *_row.__all__]

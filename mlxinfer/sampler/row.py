@@ -18,7 +18,7 @@ from .. import keychain
 from ..cpu import kernels
 from ..errors import MlxinferError
 from ..settings import SamplerSettings
-from .draw import BATCH_DRAW_ROWS, draw_rows, make_logits_processors
+from .drawing import BATCH_DRAW_ROWS, draw_rows, make_logits_processors
 from .stages import cut_tail
 
 
@@ -125,3 +125,9 @@ def draw_batch(
         top = mx.argpartition(-logprobs, kth=n_alternatives - 1, axis=-1)[:, :n_alternatives]  # (A, K)
         alternatives = [(top[i], mx.take_along_axis(logprobs[i], top[i], axis=-1)) for i in range(len(rows))]
     return y, chosen, alternatives
+
+
+__all__ = [  # what mlxinfer.sampler exports from here
+    "RowSampler",
+    "draw_batch",
+]

@@ -203,3 +203,22 @@ def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None
     kept = cut_tail(log_softmax(x), settings) > NEG_INF
     held = mx.where(kept, probs, 0.0)
     return x, probs, kept, held / mx.sum(held)
+
+
+__all__ = [  # what mlxinfer.sampler exports from here
+    "NEG_INF",
+    "check_logit_bias",
+    "apply_logit_bias",
+    "apply_penalties",
+    "apply_mask",
+    "adjust",
+    "apply_temperature",
+    "log_softmax",
+    "softmax",
+    "probabilities",
+    "apply_top_k",
+    "apply_top_p",
+    "apply_min_p",
+    "cut_tail",
+    "kept_probabilities",
+]

@@ -109,3 +109,13 @@ def make_logits_processors(settings: SamplerSettings) -> list[Callable[[mx.array
     if not settings.adjusts:
         return []
     return [lambda tokens, logits: adjust(logits, settings, tokens)]
+
+
+__all__ = [  # what mlxinfer.sampler exports from here
+    "draw",
+    "draw_rows",
+    "Sampler",
+    "make_sampler",
+    "make_logits_processors",
+    "BATCH_DRAW_ROWS",
+]
