@@ -102,6 +102,18 @@ class SamplerSettings:
         served=True,
         from_config=True,
     )
+    # locally typical sampling (Meister et al., 2023), as transformers' typical_p and llama.cpp's --typical
+    typical_p: float = option(
+        1.0,
+        float,
+        lambda v: _num(v) and 0 < v <= 1,
+        "in (0, 1] (1 = off; e.g. 0.9)",
+        "Keep the tokens whose surprise is nearest the entropy, fewest first, holding at least p (1 = off).",
+        flags="--typical-p",
+        grid=5,
+        served=True,
+        from_config=True,
+    )
     # no cut keeps fewer (mlx-lm order: only min-p honours it)
     min_tokens_to_keep: int = option(1, int, lambda v: _int(v) and v >= 1, "a whole number >= 1")
     # HF/mlx-lm: seen tokens' scores / p if > 0, * p if < 0
@@ -165,7 +177,7 @@ class SamplerSettings:
 
     @property
     def cuts_tail(self) -> bool:
-        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0
+        return self.top_k > 0 or self.top_p < 1.0 or self.min_p > 0.0 or self.typical_p < 1.0
 
     @property
     def adjusts(self) -> bool:

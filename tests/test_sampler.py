@@ -377,6 +377,43 @@ def test_min_tokens_to_keep_holds_in_every_cut():
         assert explain(scores, SamplerSettings(**options)).n_kept == 1
 
 
+# Locally typical sampling, worked by hand: p = (0.5, 0.3, 0.15, 0.05). The entropy is
+# H = -sum p ln p = 0.34657 + 0.36119 + 0.28457 + 0.14979 = 1.14212 nats; the surprises -ln p are
+# 0.69315, 1.20397, 1.89712, 2.99573, so their distances from H are 0.44897, 0.06185, 0.75500, 1.85361:
+# nearest first the order is token 1, 0, 2, 3, whose running mass is 0.3, 0.8, 0.95, 1.0. typical_p
+# keeps the fewest that reach p (the one that crosses it included): p = 0.25 keeps token 1 alone (not
+# the most likely token), 0.5 keeps {1, 0}, 0.9 keeps {1, 0, 2}, 0.97 keeps all four.
+TYPICAL_PROBS = (0.5, 0.3, 0.15, 0.05)
+TYPICAL_KEEPS = {0.25: {1}, 0.3: {1}, 0.5: {0, 1}, 0.8: {0, 1}, 0.9: {0, 1, 2}, 0.97: {0, 1, 2, 3}}
+
+
+@pytest.mark.parametrize("p, kept", TYPICAL_KEEPS.items())
+def test_typical_p_worked_example(p, kept):
+    scores = mx.log(mx.array(TYPICAL_PROBS))  # at T = 1 the probabilities are these
+    ex = explain(scores, SamplerSettings(temperature=1.0, typical_p=p), k=4)
+    assert {r.id for r in ex.rows if r.kept} == kept
+    assert ex.n_kept == len(kept)
+    mass = sum(TYPICAL_PROBS[i] for i in kept)
+    for r in ex.rows:  # the kept rescaled to 1, the rest exactly 0
+        assert r.final_prob == pytest.approx(TYPICAL_PROBS[r.id] / mass if r.id in kept else 0.0, abs=1e-6)
+
+
+def test_typical_p_in_both_orders_and_with_min_tokens_to_keep():
+    scores = mx.log(mx.array(TYPICAL_PROBS))
+    # T = 2 flattens the row to (0.379, 0.294, 0.208, 0.120): H = 1.3082, distances 0.338, 0.083, 0.264,
+    # 0.813, so the order is 1, 2, 0, 3 with running mass 0.294, 0.501: p = 0.5 keeps {1, 2} from the
+    # tempered row (temperature-first), {0, 1} from the untempered one (mlx-lm's order cuts, then tempers)
+    hot = explain(scores, SamplerSettings(temperature=2.0, typical_p=0.5), k=4)
+    assert {r.id for r in hot.rows if r.kept} == {1, 2}
+    cold = explain(scores, SamplerSettings(temperature=2.0, typical_p=0.5, order="mlx-lm"), k=4)
+    assert {r.id for r in cold.rows if r.kept} == {0, 1}
+    assert explain(scores, SamplerSettings(typical_p=0.25, min_tokens_to_keep=3), k=4).n_kept == 3
+    after_top_k = explain(scores, SamplerSettings(top_k=2, typical_p=0.5), k=4)  # typical on the top-2, rescaled
+    assert {r.id for r in after_top_k.rows if r.kept} == {0}  # of (0.625, 0.375): distances 0.19, 0.32
+    with pytest.raises(MlxinferError, match="typical_p must be in"):
+        SamplerSettings(typical_p=0.0).validate()
+
+
 # ----------------------------------------------------------------------------- settings
 def test_generation_config_defaults_and_overrides():
     cfg = L.QWEN3_GENERATION_CONFIG

@@ -2,7 +2,7 @@
 
     scores -> adjustments (apply_logit_bias, apply_penalties, apply_mask)
            -> apply_temperature (divide by T) -> softmax / log_softmax
-           -> cut the tail (apply_top_k, apply_top_p, apply_min_p) and rescale to 1
+           -> cut the tail (apply_top_k, apply_top_p, apply_min_p, apply_typical_p) and rescale to 1
 
 `cut_tail` is the cut as one setting chooses it; `kept_probabilities` is what a draw under those
 settings draws from (the table, explain, sweep's first tokens and the exact answers read it).
@@ -167,12 +167,29 @@ def apply_min_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx
     return mx.where(remove, NEG_INF, logprobs)
 
 
+def apply_typical_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx.array:
+    """Locally typical sampling (Meister et al., 2023; transformers' TypicalLogitsWarper): order the tokens
+    by how far their surprise -log p is from the distribution's entropy, nearest first, and keep the
+    fewest whose probabilities add up to at least p (the token that crosses p is kept)."""
+    lp = log_softmax(logprobs)  # over what earlier cuts kept (cut tokens: -inf, p = 0)
+    probs = mx.exp(lp)
+    entropy = -mx.sum(mx.where(probs > 0, probs * lp, 0.0), axis=-1, keepdims=True)
+    distance = mx.abs(-lp - entropy)  # inf for a cut token
+    order = mx.argsort(distance, axis=-1)
+    mass = mx.cumsum(mx.take_along_axis(probs, order, axis=-1), axis=-1)
+    n_keep = mx.maximum((mass < p).sum(axis=-1, keepdims=True) + 1, min_tokens_to_keep)
+    n_keep = mx.minimum(n_keep, logprobs.shape[-1])
+    threshold = mx.take_along_axis(mx.take_along_axis(distance, order, axis=-1), n_keep - 1, axis=-1)
+    return mx.where(distance > threshold, NEG_INF, logprobs)
+
+
 def cut_tail(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
     """The untempered log-probabilities with every token the cut removes set to -inf.
 
-    "temperature-first": top-k, top-p, min-p on the *tempered* distribution, each on what the one
-    before left (so top-p counts the top-k survivors rescaled to 1); every cut keeps at
-    least min_tokens_to_keep. "mlx-lm": mlx-lm's top-p, min-p, top-k on the untempered row.
+    "temperature-first": top-k, top-p, min-p, typical-p on the *tempered* distribution, each on what
+    the one before left (so top-p counts the top-k survivors rescaled to 1), as transformers orders its
+    warpers; every cut keeps at least min_tokens_to_keep. "mlx-lm": mlx-lm's top-p, min-p, top-k on the
+    untempered row, then typical-p (which mlx-lm does not have) on what they left.
     Temperature 0 keeps only the argmax.
     """
     s = settings
@@ -184,12 +201,14 @@ def cut_tail(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
     if s.order == "mlx-lm":  # mlx-lm's make_sampler: these three, in this order, untempered
         out = apply_top_p(logprobs, s.top_p) if s.top_p < 1.0 else logprobs
         out = apply_min_p(out, s.min_p, s.min_tokens_to_keep) if s.min_p > 0.0 else out
-        return apply_top_k(out, s.top_k) if s.top_k > 0 else out
+        out = apply_top_k(out, s.top_k) if s.top_k > 0 else out
+        return apply_typical_p(out, s.typical_p, s.min_tokens_to_keep) if s.typical_p < 1.0 else out
     keep = s.min_tokens_to_keep
     out = log_softmax(apply_temperature(logprobs, s.temperature))
     out = apply_top_k(out, s.top_k, keep) if s.top_k > 0 else out
     out = apply_top_p(out, s.top_p, keep) if s.top_p < 1.0 else out
     out = apply_min_p(out, s.min_p, keep) if s.min_p > 0.0 else out
+    out = apply_typical_p(out, s.typical_p, keep) if s.typical_p < 1.0 else out
     return mx.where(out == NEG_INF, NEG_INF, logprobs)
 
 
@@ -219,6 +238,7 @@ __all__ = [  # what mlxinfer.sampler exports from here
     "apply_top_k",
     "apply_top_p",
     "apply_min_p",
+    "apply_typical_p",
     "cut_tail",
     "kept_probabilities",
 ]
