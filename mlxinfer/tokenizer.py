@@ -296,13 +296,14 @@ class _TemplateTimeout(Exception):
 
 @contextmanager
 def _deadline(seconds: float):
-    """Stop a chat template that runs past `seconds`: Jinja compiles templates to Python code
-    (filename '<template>'), so a trace function on those frames alone sees every line they run,
-    however they loop, and costs nothing elsewhere."""
-    end = time.monotonic() + seconds
+    """Stop a chat template that runs past `seconds` of this thread's CPU time: Jinja compiles templates to
+    Python code (filename '<template>'), so a trace function on those frames alone sees every line they run,
+    however they loop, and costs nothing elsewhere. CPU time, not the clock: a template that loops burns it,
+    while a busy machine that leaves this thread waiting does not count against it."""
+    end = time.thread_time() + seconds
 
     def line(frame, event, arg):
-        if time.monotonic() > end:
+        if time.thread_time() > end:
             raise _TemplateTimeout
         return line
 
@@ -325,8 +326,8 @@ def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
             )
     except _TemplateTimeout:
         raise MlxinferError(
-            f"the model's chat template did not finish rendering within {defaults.TEMPLATE_SECONDS:g} s (a loop "
-            "without end?); fix the template, or pass chat=False",
+            f"the model's chat template did not finish rendering within {defaults.TEMPLATE_SECONDS:g} s of CPU time "
+            "(a loop without end?); fix the template, or pass chat=False",
             "chat=False",
         ) from None
     except Exception as e:  # a template error is the checkpoint's problem, not a bug here
