@@ -68,13 +68,15 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from cli.commands import bench, convert, count, generate, info, quality, quantize, sample, serve, sweep, topk
+    from cli.commands import answers, bench, convert, count, generate, info, quality, quantize, sample, serve, sweep
+    from cli.commands import topk
 
     commands = {
         "count": count.count_command,
         "topk": topk.topk,
         "sample": sample.sample,
         "sweep": sweep.sweep,
+        "answers": answers.answers,
         "generate": generate.generate,
         "quantize": quantize.quantize_command,
         "convert": convert.convert_command,

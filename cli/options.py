@@ -110,6 +110,41 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             "End the text before this string (repeat the option for more); finish_reason is then 'stop'.",
         )
     ],
+    "grouping": [
+        (
+            "group",
+            str,
+            defaults.ANSWER_GROUP,
+            "--group",
+            "Which completions count as one answer: first-word (case and punctuation folded: 'Basil.' is "
+            "'basil'), text (the whole text) or first-token.",
+        )
+    ],
+    "walk": [
+        (
+            "min_mass",
+            float,
+            defaults.EXACT_MIN_MASS,
+            "--min-mass",
+            "Walk the answers until this much of each setting's probability is resolved (1: to the end).",
+        ),
+        (
+            "max_nodes",
+            int,
+            defaults.EXACT_MAX_NODES,
+            "--max-nodes",
+            "Expand at most this many token paths (each keeps its last token's keys and values).",
+        ),
+    ],
+    "exact": [
+        (
+            "exact",
+            bool,
+            False,
+            "--exact",
+            "Also compute each answer's exact probability (mlxinfer answers) and test the tally against it.",
+        )
+    ],
     "json": [("json_out", bool, False, "--json", "Print the result as JSON instead of a table.")],
 }
 # The sampler's settings come from their one declaration (mlxinfer.SamplerSettings.options()); unset (None),
@@ -215,6 +250,16 @@ def stop(options: dict):
     import mlxinfer
 
     return mlxinfer.check_stop(options["stop"]) or None
+
+
+def exact_kwargs(options: dict) -> dict:
+    """--group, --exact, --min-mass and --max-nodes (those the command takes) as the library's keywords,
+    checked before any model loads."""
+    import mlxinfer
+
+    given = {k: options[k] for k in ("group", "exact", "min_mass", "max_nodes") if k in options}
+    mlxinfer.check_walk(given.get("min_mass", 1.0), given.get("max_nodes", 1), given["group"])
+    return given
 
 
 def chat_kwargs(options: dict) -> dict:

@@ -7,6 +7,7 @@ The public API, in the shape of mlx-lm's (`load`, `generate`, `stream_generate`)
     mlxinfer.generate(model, tokenizer, prompt, ...)     # text (or schema-valid JSON) and its stats
     mlxinfer.stream_generate(model, tokenizer, prompt)   # the same, a step at a time
     mlxinfer.sample(model, tokenizer, prompt, seeds=10)  # seeded experiment: one completion per seed
+    mlxinfer.answers(model, tokenizer, prompt, settings=[{"temperature": 1}])  # each whole answer's exact p
     mlxinfer.count("path/to/model")                      # parameters and bytes, no mlx needed
 
 Attributes load lazily so that `import mlxinfer` (and `count`) stays free of mlx until a
@@ -33,6 +34,8 @@ _LAZY = {
     "generate": ("engine.generate", "generate"),
     "stream_generate": ("engine.generate", "stream_generate"),
     "sample": ("engine.experiments", "sample"),
+    "answers": ("engine.answers", "answers"),
+    "check_walk": ("engine.answers", "check_walk"),
     "prefill": ("engine.decode", "prefill"),
     "sweep": ("engine.sweep", "sweep"),
     "settings_grid": ("engine.sweep", "settings_grid"),

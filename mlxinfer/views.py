@@ -179,9 +179,13 @@ class Completion(View):
 
 @dataclass
 class Tally(View):
-    answer: str
+    answer: str  # the answer as grouped (engine/grouping.py), e.g. "basil" under first-word
     count: int
     share: float
+    texts: dict[str, int] = field(default_factory=dict)  # the raw texts it holds, with their counts
+    exact: float | None = None  # with exact: the answer's exact probability (answers), a lower bound
+    share_low: float | None = None  # with exact: the 95% Wilson interval of the share
+    share_high: float | None = None
 
 
 @dataclass
@@ -196,6 +200,58 @@ class SampleReport(View):
     batch_size: int = 1
     definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
     sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
+    group: str = "first-word"  # which completions count as one answer
+    exact: dict | None = None  # with exact: the walk's remainder and the G-test of the tally against it
+
+
+# ----------------------------------------------------------------------------- exact answers
+@dataclass
+class AnswerPath(View):
+    """One token path to an answer: its tokens, their texts, its probability and each step's, per setting."""
+
+    tokens: list[int]
+    pieces: list[str]
+    probs: list[float]  # the path's probability under each settings entry
+    steps: list[list[float]]  # per token: its conditional probability under each settings entry
+
+
+@dataclass
+class ExactAnswer(View):
+    answer: str  # as grouped
+    probs: list[float]  # exact probability under each settings entry (of the paths walked: a lower bound)
+    texts: dict[str, list[float]] = field(default_factory=dict)  # the raw texts it holds, with their probs
+    paths: list[AnswerPath] = field(default_factory=list)  # the most probable ones
+
+
+@dataclass
+class SettingsMass(View):
+    settings: dict
+    explored: float  # probability resolved into listed answers
+    remainder: float  # not resolved: bounds every unlisted answer and what a listed one could still gain
+    complete: bool  # remainder exactly 0
+
+
+@dataclass
+class AnswersReport(View):
+    model: str
+    definition: str
+    prompt: str
+    prompt_ids: list[int]
+    settings: list[dict]
+    max_tokens: int
+    stop: list[str]
+    group: str
+    answers: list[ExactAnswer]
+    mass: list[SettingsMass]  # per settings entry
+    stopped: str  # "complete", "min_mass", "max_nodes" or "interrupted"
+    nodes: int  # paths expanded (one forward row each)
+    forward_passes: int
+    leaves: int  # paths that ended
+    max_nodes: int
+    kv_bytes_per_node: int  # what an expanded path keeps: its last token's keys and values
+    kv_bytes: int
+    peak_memory_bytes: int
+    seconds: float
 
 
 # ----------------------------------------------------------------------------- sweeps
@@ -214,6 +270,14 @@ class SweepRecord(View):
     finish_reason: str
     first_token: int  # the first token drawn (an end-of-turn id when the completion is empty)
     first_token_prob: float  # its probability under these settings: after temperature and cut
+    exact_prob: float | None = None  # with exact: its answer's exact probability
+
+    def to_dict(self, exact: bool = True) -> dict:
+        """exact=False: without exact_prob (a results file's line, which gets it only from an exact sweep)."""
+        out = asdict(self)
+        if not exact or self.exact_prob is None:
+            out.pop("exact_prob")
+        return out
 
 
 @dataclass
@@ -226,6 +290,7 @@ class AnswerRow(View):
     first_token: int
     first_token_text: str
     first_token_prob: float  # the model's probability of this answer's first token: expected share
+    exact: float | None = None  # with exact: the answer's exact probability (answers)
 
 
 @dataclass
@@ -255,6 +320,7 @@ class CellSummary(View):
     chi_square: float | None = None  # first tokens observed vs the model's probabilities
     dof: int | None = None
     p_value: float | None = None
+    exact: dict | None = None  # with exact: the walk's remainder and the G-test of the answers against it
 
 
 @dataclass

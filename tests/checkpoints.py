@@ -237,3 +237,28 @@ def write_mlx_lm_checkpoint(out: Path, arch: str, seed: int = 0, **overrides) ->
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_tokenizer(out)
     return out
+
+
+# ---- a model small enough to enumerate: a word-level vocabulary of a dozen tokens ---------------------------
+WORDS = ["basil", "thyme", "dill", "sage", "mint", "soup", "and", ".", "<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+
+
+def write_word_checkpoint(out: Path, seed: int = 0, scale: float = 3.0) -> Path:
+    """A tiny llama over WORDS (eos <|im_end|>), whose every continuation a test can enumerate by hand.
+    `scale` widens the output table's scores so that temperature and cuts have something to do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {**BASE, **ARCHS["llama"], "vocab_size": len(WORDS), "num_hidden_layers": 1, "hidden_size": 64,
+           "intermediate_size": 128}  # fmt: skip
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    weights = random_weights(cfg, seed)
+    weights["lm_head.weight"] *= scale
+    mx.save_safetensors(str(out / "model.safetensors"), {k: mx.array(v) for k, v in weights.items()})
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.add_special_tokens(WORDS[-3:])
+    tok.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+    return out

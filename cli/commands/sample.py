@@ -9,10 +9,10 @@ import typer
 from mlxinfer import defaults
 
 from cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
-from cli.options import chat_kwargs, max_tokens_option, seeds, settings, stop, takes
+from cli.options import chat_kwargs, exact_kwargs, max_tokens_option, seeds, settings, stop, takes
 
 
-@takes("prompt", "model", "seeds", "sampling", "chat", "schema", "stop", "json")
+@takes("prompt", "model", "seeds", "sampling", "chat", "schema", "stop", "grouping", "exact", "walk", "json")
 def sample(
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per completion (the lesson uses 5)."),
     csv_out: bool = typer.Option(False, "--csv", help="Print seed,text rows as CSV."),
@@ -30,6 +30,7 @@ def sample(
     batch_size = mlxinfer.check_batch_size(options["batch_size"])
     sampling = settings(options)
     stops = stop(options)
+    walk = exact_kwargs(options)
     schema = {"json_schema": options["json_schema"], "tool": options["tool"]}
     mlxinfer.Constraint.read(**schema)  # a bad schema fails before the model loads
     m, tok = load_model(options["model"], options["compute_dtype"], shard=options["shard_model"])
@@ -46,6 +47,7 @@ def sample(
             max_tokens=max_tokens,
             batch_size=batch_size,
             stop=stops,
+            **walk,
             progress=update,
             **schema,
             **chat_kwargs(options),
@@ -78,9 +80,30 @@ def render(report) -> None:
         mark = "" if c.valid is None else ("  (valid)" if c.valid else "  (cut: not valid JSON)")
         console.print(f"seed {c.seed:>4}: {c.text!r}{mark}", highlight=False)
     t = Table(title=f"{len(report.completions)} draws")
-    t.add_column("answer")
+    t.add_column(f"answer ({report.group})")
     t.add_column("count", justify="right")
     t.add_column("share", justify="right")
+    exact = report.exact is not None
+    if exact:
+        t.add_column("95% interval", justify="right")
+        t.add_column("exact p", justify="right")
     for row in report.tally:
-        t.add_row(repr(row.answer), str(row.count), f"{row.share:.0%}")
+        cells = [repr(row.answer), str(row.count), f"{row.share:.1%}" if exact else f"{row.share:.0%}"]
+        if exact:
+            cells += [f"{row.share_low:.1%}-{row.share_high:.1%}", f"{row.exact:.2%}"]
+        t.add_row(*cells)
     console.print(t)
+    if exact:
+        console.print(exact_line(report.exact), highlight=False)
+
+
+def exact_line(exact: dict) -> str:
+    """The walk's remainder and the G-test of the tally against the exact distribution, in one line."""
+    walk = f"exact: {exact['answers']:,} answers" if "answers" in exact else "exact"
+    walk += f", remainder {exact['remainder']:.4f} ({exact['stopped']})"
+    if exact["p_value"] is None:
+        return walk + "; too few draws for a G-test"
+    return (
+        f"{walk}; G-test of the tally against it: G = {exact['g']:.2f}, {exact['dof']} dof, "
+        f"p = {exact['p_value']:.3g} (other: {exact['other_observed']} drawn, {exact['other_expected']:.1f} expected)"
+    )

@@ -10,12 +10,13 @@ from mlxinfer import GRID_FIELDS, defaults
 
 from cli import flags
 from cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
-from cli.options import chat_kwargs, grid, max_tokens_option, seeds, stop, takes
+from cli.commands.sample import exact_line
+from cli.options import chat_kwargs, exact_kwargs, grid, max_tokens_option, seeds, stop, takes
 
 SHOWN = 12  # answers per cell in the table
 
 
-@takes("model", "seeds", "chat", "grid", "stop", "json")
+@takes("model", "seeds", "chat", "grid", "stop", "grouping", "exact", "walk", "json")
 def sweep(
     prompt: Optional[List[str]] = typer.Option(None, "--prompt", "-p", help="A prompt; repeat the option for more."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts", help="A UTF-8 file of prompts, one per line."),
@@ -37,6 +38,7 @@ def sweep(
     prompts = list(prompt) if prompt else mlxinfer.prompts_from_file(prompts_file)
     cells = grid(options)
     stops = stop(options)
+    walk = exact_kwargs(options)
     batch_size = mlxinfer.check_batch_size(options["batch_size"])
     m, tok = load_model(options["model"], options["compute_dtype"], shard=options["shard_model"])
     json_out = options["json_out"]
@@ -53,6 +55,7 @@ def sweep(
                 max_tokens=max_tokens,
                 batch_size=batch_size,
                 stop=stops,
+                **walk,
                 out=out,
                 resume=resume,
                 progress=update,
@@ -92,7 +95,8 @@ def render(report) -> None:
             else "too few draws for a chi-square test"
         )
         t = Table(title=f"{cell.prompt!r}\n{settings}: {cell.draws} draws; first tokens vs the model: {test}")
-        for name in ("answer", "count", "share", "95% interval", "first token", "model's p"):
+        names = ["answer", "count", "share", "95% interval", "first token", "model's p"]
+        for name in names + (["exact p"] if cell.exact else []):
             t.add_column(name, justify="left" if name in ("answer", "first token") else "right")
         for a in cell.answers:
             t.add_row(
@@ -102,5 +106,8 @@ def render(report) -> None:
                 f"{a.share_low:.1%}-{a.share_high:.1%}",
                 repr(a.first_token_text),
                 f"{a.first_token_prob:.1%}",
+                *([f"{a.exact:.2%}"] if cell.exact else []),
             )
         console.print(t)
+        if cell.exact:
+            console.print(exact_line(cell.exact), highlight=False)

@@ -119,6 +119,22 @@ class Row:
     def ended(self) -> bool:
         return self.result.finish_reason is not None
 
+    def clone(self) -> "Row":
+        """A copy that goes on alone from here (the exact answers' walk branches a row this way): its own
+        detokenizer, stop-string buffer and result; the spec, sampler and cache are shared, so a row with
+        a grammar mask (which its tokens advance) cannot be cloned."""
+        if self.spec.mask is not None:
+            raise ValueError("a row with a grammar mask cannot be cloned: its mask advances with it")
+        twin = copy.copy(self)
+        twin.detok = copy.copy(self.detok)
+        for name, value in vars(self.detok).items():  # its token lists (not a shared token map)
+            if isinstance(value, list) and name != "tokenmap":
+                setattr(twin.detok, name, list(value))
+        twin.stops = copy.copy(self.stops)
+        r = self.result
+        twin.result = RowResult(r.text, list(r.tokens), list(r.steps), r.finish_reason, r.stop_token)
+        return twin
+
     def may_continue(self) -> bool:
         """Whether a token after the next could still be drawn (the budget allows it)."""
         return self.generated + 1 < self.spec.max_tokens

@@ -17,15 +17,46 @@ from .. import defaults
 from ..settings import SamplerSettings
 from ..views import Completion, SampleReport, Tally
 from . import ranks
+from .answers import answers
 from .decode import prefill_and_decode
+from .grouping import keyer
 from .request import check_batch_size, prepare, seed_list
+from .summary import g_test, wilson
 
 
-def tally(completions: list[Completion]) -> list[Tally]:
-    """Distinct answers (stripped of surrounding space), most common first."""
-    counts = Counter(c.text.strip() for c in completions)
+def tally(completions: list[Completion], key_of: Callable[[str, Optional[int]], str]) -> list[Tally]:
+    """Distinct answers (grouped by `key_of`: grouping.keyer), most common first, each with its raw texts."""
+    counts: Counter = Counter()
+    texts: dict[str, Counter] = {}
+    for c in completions:
+        key = key_of(c.text, c.tokens[0] if c.tokens else None)
+        counts[key] += 1
+        texts.setdefault(key, Counter())[c.text] += 1
     total = len(completions)
-    return [Tally(answer, k, k / total) for answer, k in counts.most_common()]
+    return [Tally(answer, k, k / total, dict(texts[answer].most_common())) for answer, k in counts.most_common()]
+
+
+def check_against_exact(report: SampleReport, exact, shown_unseen: int = 10) -> None:
+    """Each tally row's exact probability and the 95% interval of its share, the likeliest answers no seed
+    drew (count 0), and a G-test of the whole tally against the exact distribution (summary.g_test)."""
+    probs = {a.answer: a.probs[0] for a in exact.answers}
+    n = len(report.completions)
+    for row in report.tally:
+        row.exact = probs.get(row.answer, 0.0)
+        row.share_low, row.share_high = wilson(row.count, n)
+    drawn = {row.answer for row in report.tally}
+    unseen = [a for a in exact.answers if a.answer not in drawn][:shown_unseen]
+    report.tally += [Tally(a.answer, 0, 0.0, {}, a.probs[0], *wilson(0, n)) for a in unseen]
+    remainder = exact.mass[0].remainder
+    test = g_test({row.answer: row.count for row in report.tally}, probs, remainder, n)
+    report.exact = {
+        "remainder": remainder,
+        "complete": exact.mass[0].complete,
+        "stopped": exact.stopped,
+        "nodes": exact.nodes,
+        "answers": len(exact.answers),
+        **test,
+    }
 
 
 def sample(
@@ -45,6 +76,10 @@ def sample(
     progress: Optional[Callable[[int, int], None]] = None,
     raw_special_tokens: bool = False,
     stop: str | Sequence[str] | None = None,
+    group: str = defaults.ANSWER_GROUP,
+    exact: bool = False,
+    min_mass: float = defaults.EXACT_MIN_MASS,
+    max_nodes: int = defaults.EXACT_MAX_NODES,
 ) -> SampleReport:
     """One completion per seed, then a tally of the distinct answers.
 
@@ -53,7 +88,11 @@ def sample(
     (default 32; 1 runs the seeds one at a time). json_schema / tool: every row writes JSON of
     that shape through its own grammar mask; each completion says whether it came out complete.
     raw_special_tokens: see encode_prompt. stop: a string or strings where each completion ends.
+    group: which completions count as one answer in the tally (grouping.py: first-word, text, first-token).
+    exact: also walk the answers' exact distribution under the same settings (answers.py, to min_mass or
+    max_nodes) and set each tally row's exact probability beside its count, with a G-test of the tally.
     """
+    key_of = keyer(group, lambda t: tokenizer.decode([t]))
     seed_ids = seed_list(seeds)
     size = check_batch_size(batch_size)
     request = prepare(
@@ -70,8 +109,8 @@ def sample(
         raw_special_tokens=raw_special_tokens,
         stop=stop,
     )
-    group = ranks.seed_group(model)
-    mine = ranks.share(seed_ids, group)  # under mlx.launch each rank draws every N-th seed (all: a split model)
+    seed_ranks = ranks.seed_group(model)
+    mine = ranks.share(seed_ids, seed_ranks)  # under mlx.launch each rank draws every N-th seed (all: a split model)
     specs = [request.row(seed) for seed in mine]
     completions: list[Optional[Completion]] = [None] * len(specs)
     done = 0
@@ -87,8 +126,9 @@ def sample(
         done += 1
         if progress:
             progress(done, len(specs))
-    if group.size() > 1:
-        everything = {c["seed"]: Completion(**c) for c in ranks.gather([c.to_dict() for c in completions], group)}
+    if seed_ranks.size() > 1:
+        gathered = ranks.gather([c.to_dict() for c in completions], seed_ranks)
+        everything = {c["seed"]: Completion(**c) for c in gathered}
         completions = [everything[seed] for seed in seed_ids]
     report = SampleReport(
         model.info.name,
@@ -101,5 +141,14 @@ def sample(
         definition=model.info.definition,
         sharding=model.info.sharding,
     )
-    report.tally = tally(report.completions)
+    report.group = group
+    report.tally = tally(report.completions, key_of)
+    if exact:
+        options = dict(chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens)
+        walk = answers(
+            model, tokenizer, prompt, settings=[request.settings], max_tokens=max_tokens, stop=stop,
+            min_mass=min_mass, max_nodes=max_nodes, batch_size=size, group=group, json_schema=json_schema,
+            tool=tool, **options,
+        )  # fmt: skip
+        check_against_exact(report, walk)
     return report

@@ -25,7 +25,8 @@ def wilson(count: int, n: int, z: float = Z95) -> tuple[float, float]:
     p = count / n
     center = (p + z * z / (2 * n)) / (1 + z * z / n)
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return max(0.0, center - half), min(1.0, center + half)
+    low = 0.0 if count == 0 else max(0.0, center - half)  # exactly: rounding leaves ~1e-18 there
+    return low, 1.0 if count == n else min(1.0, center + half)
 
 
 def first_token_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[float, int, float] | None:
@@ -53,8 +54,36 @@ def first_token_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[f
     return statistic, dof, float(chi2.sf(statistic, dof))
 
 
-def summarize(records: list[dict], prompts: list[str], settings: list[dict], decode) -> list[CellSummary]:
-    """One CellSummary per (prompt, settings) that has completions, in grid order."""
+def g_test(counts: dict[str, int], exact: dict[str, float], remainder: float, n: int) -> dict:
+    """The G-test (likelihood ratio) of observed answer counts against their exact probabilities:
+    answers expected fewer than MIN_EXPECTED times, those never listed, and the walk's remainder are
+    pooled as one "other" bin. {g, dof, p_value, other_observed, other_expected}; p_value None when
+    fewer than two bins remain."""
+    from scipy.stats import chi2
+
+    bins, other_o, other_e = [], 0, n * max(remainder, 0.0)
+    for answer, p in exact.items():
+        if n * p >= MIN_EXPECTED:
+            bins.append((counts.get(answer, 0), n * p))
+        else:
+            other_o, other_e = other_o + counts.get(answer, 0), other_e + n * p
+    other_o += sum(k for a, k in counts.items() if a not in exact)
+    if other_o or other_e > 0:
+        bins.append((other_o, other_e))
+    out = {"other_observed": other_o, "other_expected": other_e, "g": None, "dof": None, "p_value": None}
+    if len(bins) < 2:
+        return out
+    if any(e <= 0 < o for o, e in bins):  # drawn where the walk proved the probability 0: rejected outright
+        return {**out, "g": math.inf, "dof": len(bins) - 1, "p_value": 0.0}
+    g = 2 * sum(o * math.log(o / e) for o, e in bins if o > 0)
+    return {**out, "g": g, "dof": len(bins) - 1, "p_value": float(chi2.sf(g, len(bins) - 1))}
+
+
+def summarize(
+    records: list[dict], prompts: list[str], settings: list[dict], decode, key_of, exact: dict | None = None
+) -> list[CellSummary]:
+    """One CellSummary per (prompt, settings) that has completions, in grid order; answers grouped by
+    `key_of` (grouping.keyer). exact: (prompt, settings) -> its answers' exact distribution (answers.py)."""
     cells: dict[tuple[int, int], list[dict]] = defaultdict(list)
     for r in records:
         cells[r["prompt_index"], r["settings_index"]].append(r)
@@ -64,7 +93,7 @@ def summarize(records: list[dict], prompts: list[str], settings: list[dict], dec
         probs = {r["first_token"]: r["first_token_prob"] for r in rows}
         by_answer: dict[str, Counter] = defaultdict(Counter)
         for r in rows:
-            by_answer[r["text"].strip()][r["first_token"]] += 1
+            by_answer[key_of(r["text"], r["tokens"][0] if r["tokens"] else None)][r["first_token"]] += 1
         answers = []
         for answer, firsts in sorted(by_answer.items(), key=lambda a: (-sum(a[1].values()), a[0])):
             count = sum(firsts.values())
@@ -77,5 +106,13 @@ def summarize(records: list[dict], prompts: list[str], settings: list[dict], dec
         test = first_token_test(firsts, probs)
         if test is not None:
             cell.chi_square, cell.dof, cell.p_value = test
+        walk = (exact or {}).get((p, s))
+        if walk is not None:
+            probs_of = {a.answer: a.probs[0] for a in walk.answers}
+            for a in answers:
+                a.exact = probs_of.get(a.answer, 0.0)
+            counts = {a.answer: a.count for a in answers}
+            remainder = walk.mass[0].remainder
+            cell.exact = {"remainder": remainder, "stopped": walk.stopped, **g_test(counts, probs_of, remainder, n)}
         out.append(cell)
     return out

@@ -36,6 +36,8 @@ from . import results
 from .schema import _one_line
 from .core import RowSpec
 from .decode import Prefilled, decode, prefill
+from .answers import answers
+from .grouping import keyer
 from .request import check_batch_size, prepare, seed_list, stop_strings
 from .summary import summarize
 
@@ -74,7 +76,7 @@ def prompts_from_file(path: str | Path) -> list[str]:
 
 def first_token_probs(prefilled: Prefilled, settings: SamplerSettings) -> mx.array:
     """(V,) each token's probability as the first draw under `settings`: adjusted, tempered, cut, rescaled."""
-    return kept_probabilities(prefilled.logits, settings, history=prefilled.ids)[3]
+    return kept_probabilities(prefilled.logits.reshape(-1), settings, history=prefilled.ids)[3]
 
 
 def _model_identity(model) -> dict:
@@ -158,6 +160,10 @@ def sweep(
     resume: bool = False,
     progress: Optional[Callable[[int, int], None]] = None,
     stop: str | Sequence[str] | None = None,
+    group: str = defaults.ANSWER_GROUP,
+    exact: bool = False,
+    min_mass: float = defaults.EXACT_MIN_MASS,
+    max_nodes: int = defaults.EXACT_MAX_NODES,
 ) -> SweepReport:
     """Every prompt x every settings entry x every seed: one completion each, and the summary per cell.
 
@@ -165,7 +171,11 @@ def sweep(
     `settings_grid` builds the product of value lists. out: a .jsonl results file, appended per batch;
     resume=True skips the completions it already holds (it must be the same experiment).
     raw_special_tokens: see encode_prompt. stop: a string or strings where each completion ends.
+    group: which completions count as one answer in each cell's summary (grouping.py). exact: each cell's
+    exact answer distribution too (answers.py, to min_mass or max_nodes): every record then carries its
+    answer's exact probability (exact_prob) and every cell a G-test of its answers against it.
     """
+    key_of = keyer(group, lambda t: tokenizer.decode([t]))
     if resume and out is None:
         raise MlxinferError("resume needs out, the results file to continue", "resume", "out")
     if out is not None and not str(out).strip():
@@ -174,11 +184,11 @@ def sweep(
         model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw_special_tokens, stop
     )
     size = check_batch_size(batch_size)
-    group = rank_group.seed_group(model)
-    rank, ranks = group.rank(), group.size()
+    seed_ranks = rank_group.seed_group(model)
+    rank, ranks = seed_ranks.rank(), seed_ranks.size()
     everyone = rank_group.group()
     split = model.info.sharding is not None  # the model is split across the ranks: all run every seed
-    done, part = _resume(plan, out, resume, group, everyone, split)
+    done, part = _resume(plan, out, resume, seed_ranks, everyone, split)
     pending = [
         (p, s, seed)
         for p in range(len(plan.ids))
@@ -186,14 +196,31 @@ def sweep(
         for k, seed in enumerate(plan.seeds)
         if k % ranks == rank and (p, s, seed) not in done
     ]
+    walks = {}
+    if exact:  # before the draws, so that each record is written with its answer's exact probability
+        options = dict(max_tokens=plan.max_tokens, stop=plan.stop or None, min_mass=min_mass, max_nodes=max_nodes)
+        walks = {
+            (p, s): answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]], batch_size=size, group=group,
+                            **options)
+            for p in range(len(plan.ids))
+            for s in range(len(plan.settings))
+        }  # fmt: skip
+
+    def annotate(record: dict) -> dict:
+        walk = walks.get((record["prompt_index"], record["settings_index"]))
+        if walk is not None:
+            key = key_of(record["text"], record["tokens"][0] if record["tokens"] else None)
+            record["exact_prob"] = next((a.probs[0] for a in walk.answers if a.answer == key), 0.0)
+        return record
+
     start = time.perf_counter()
-    new = _draw_pending(model, tokenizer, plan, pending, size, part, progress)
+    new = _draw_pending(model, tokenizer, plan, pending, size, part, progress, annotate)
     seconds = time.perf_counter() - start
-    merged = _gather(plan, list(done.values()) + new, out, part, group)
+    merged = _gather(plan, list(done.values()) + new, out, part, seed_ranks)
     counts = [len(new), sum(len(r["tokens"]) for r in new)]
     if ranks > 1:  # the whole experiment's figures: sums over ranks, the slowest rank's time
-        counts = [int(c) for c in mx.distributed.all_sum(mx.array(counts), group=group).tolist()]
-        seconds = max(mx.distributed.all_gather(mx.array([seconds]), group=group).tolist())
+        counts = [int(c) for c in mx.distributed.all_sum(mx.array(counts), group=seed_ranks).tolist()]
+        seconds = max(mx.distributed.all_gather(mx.array([seconds]), group=seed_ranks).tolist())
     report = SweepReport(
         model.info.name,
         model.info.definition,
@@ -210,7 +237,7 @@ def sweep(
         sharding=model.info.sharding,
     )
     cell_settings = [s.to_dict() for s in plan.settings]
-    report.cells = summarize(merged, plan.texts, cell_settings, lambda t: tokenizer.decode([t]))
+    report.cells = summarize(merged, plan.texts, cell_settings, lambda t: tokenizer.decode([t]), key_of, walks)
     return report
 
 
@@ -235,7 +262,7 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     return done, part
 
 
-def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress) -> list[dict]:
+def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress, annotate) -> list[dict]:
     """Each prompt prefilled once, each cell's seeds `size` rows per pass; records appended per batch."""
     new: list[dict] = []
     with results.stop_cleanly_on_sigterm():
@@ -246,6 +273,7 @@ def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress) 
                 cell = [seed for q, t, seed in pending if (q, t) == (p, s)]
                 for g in range(0, len(cell), size):
                     batch = _draw_batch(model, tokenizer, prefilled, plan, p, s, cell[g : g + size], probs)
+                    batch = [annotate(r) for r in batch]
                     if part is not None:
                         part.append(batch)
                     new += batch
@@ -289,6 +317,6 @@ def _draw_batch(model, tokenizer, prefilled, plan: _Plan, p: int, s: int, seeds,
             row.finish_reason,
             firsts[i] if firsts[i] is not None else -1,
             first_probs[i],
-        ).to_dict()
+        ).to_dict(exact=False)
         for i, (seed, row) in enumerate(zip(seeds, rows))
     ]

@@ -78,7 +78,7 @@ def explain(
     """One step of the sampler as a table: the k best tokens by score, their probability at the
     temperature, whether the cut keeps them and their rescaled probability."""
     settings.validate()
-    x, probs, kept, final = kept_probabilities(scores, settings, history, allowed)
+    x, probs, kept, final = kept_probabilities(scores.reshape(-1), settings, history, allowed)
     mass_kept = mx.sum(mx.where(kept, probs, 0.0))
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
     ids, s, p, kp, fp = (a.tolist() for a in (top, x[top], probs[top], kept[top], final[top]))

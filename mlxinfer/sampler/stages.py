@@ -213,15 +213,19 @@ def cut_tail(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
 
 
 def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None, allowed=None):
-    """What one draw under `settings` draws from, for a row of raw scores (V,): the adjusted scores,
-    each token's probability at the temperature over the whole vocabulary, whether the cut keeps it,
-    and its probability as drawn (the kept rescaled to 1). The table's --explain, sweep's first tokens
-    and the exact answers all read it, so they agree with the draw by construction."""
-    x = adjust(scores.reshape(-1).astype(mx.float32), settings, history, allowed)
+    """What one draw under `settings` draws from, for raw scores (V,), or rows (A, V) that share their
+    history and mask: the adjusted scores, each token's probability at the temperature over the whole
+    vocabulary, whether the cut keeps it, and its probability as drawn (the kept rescaled to 1). The
+    table's --explain, sweep's first tokens and the exact answers all read it, so they agree with the
+    draw by construction."""
+    x = adjust(scores.astype(mx.float32), settings, history, allowed)
     probs = probabilities(x, settings.temperature)
-    kept = cut_tail(log_softmax(x), settings) > NEG_INF
+    if settings.cuts_tail or settings.greedy:
+        kept = cut_tail(log_softmax(x), settings) > NEG_INF
+    else:  # no cut: what cut_tail(log_softmax(x)) keeps is what x does not hold at -inf, without its exp
+        kept = x > NEG_INF
     held = mx.where(kept, probs, 0.0)
-    return x, probs, kept, held / mx.sum(held)
+    return x, probs, kept, held / mx.sum(held, axis=-1, keepdims=True)
 
 
 __all__ = [  # what mlxinfer.sampler exports from here

@@ -1,0 +1,120 @@
+"""`mlxinfer answers`: each whole answer's exact probability at several temperatures, by walking the token tree."""
+
+from __future__ import annotations
+
+from typing import List
+
+import typer
+
+from mlxinfer import defaults
+
+from cli.common import load_model, print_json
+from cli.options import chat_kwargs, exact_kwargs, max_tokens_option, parse_numbers, settings, stop, takes
+
+SHOWN = 20  # answers in the table
+
+
+@takes("prompt", "model", "chat", "sampling", "stop", "schema", "grouping", "walk", "json")
+def answers(
+    temps: List[str] = typer.Option(
+        [",".join(f"{t:g}" for t in defaults.TOPK_TEMPERATURES)],
+        "--temps",
+        "-t",
+        help="Temperatures, one column each: '0.5,1,1.5' or the option repeated (the other settings apply to all).",
+    ),
+    max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per answer at most, as in sample."),
+    batch_size: int = typer.Option(defaults.BATCH_SIZE, "--batch-size", help="Paths expanded per forward pass."),
+    **options,
+):
+    """The exact probability of every whole answer under the settings a seed of `sample` runs with: the tree of
+    tokens walked best-first, a batch of paths per forward pass, until --min-mass of each setting is resolved or
+    --max-nodes paths are expanded. The last row is the remainder: what was not walked, a bound on every answer
+    not listed and on what a listed one could still gain."""
+    import mlxinfer
+
+    sampling = settings(options)
+    if "temperature" in sampling:
+        temperatures = [sampling.pop("temperature")]
+    else:
+        temperatures = [mlxinfer.check_temperature(t, "temperatures") for t in parse_numbers(temps, "--temps")]
+        if not temperatures:
+            raise mlxinfer.MlxinferError("temperatures is empty; give at least one, e.g. 0.5,1,1.5", "temperatures")
+    grid = [{**sampling, "temperature": t} for t in temperatures]
+    stops = stop(options)
+    schema = {"json_schema": options["json_schema"], "tool": options["tool"]}
+    mlxinfer.Constraint.read(**schema)  # a bad schema fails before the model loads
+    walk = exact_kwargs(options)
+    batch_size = mlxinfer.check_batch_size(batch_size)
+    m, tok = load_model(options["model"], options["compute_dtype"])
+    bar, update = _progress(not options["json_out"])
+    with bar:
+        report = mlxinfer.answers(
+            m,
+            tok,
+            options["prompt"],
+            settings=grid,
+            max_tokens=max_tokens,
+            stop=stops,
+            batch_size=batch_size,
+            progress=update,
+            **walk,
+            **schema,
+            **chat_kwargs(options),
+        )
+    if options["json_out"]:
+        print_json(report.to_dict())
+    else:
+        render(report)
+
+
+def _progress(enabled: bool):
+    from rich.console import Console
+    from rich.progress import Progress, TextColumn, TimeElapsedColumn
+
+    console = Console(stderr=True)
+    progress = Progress(
+        TextColumn("{task.description}"),
+        TimeElapsedColumn(),
+        console=console,
+        transient=True,
+        disable=not enabled or not console.is_terminal,
+    )
+    task = progress.add_task("walking the answers", total=None)
+
+    def update(nodes: int, remainders: list[float]) -> None:
+        left = " / ".join(f"{r:.4f}" for r in remainders)
+        progress.update(task, description=f"walking the answers: {nodes:,} paths expanded, remainder {left}")
+
+    return progress, update
+
+
+def render(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    console.print(f"[bold]{report.model}[/bold] on {report.definition}  prompt: {len(report.prompt_ids)} tokens")
+    walked = (
+        f"{report.nodes:,} paths expanded in {report.forward_passes:,} forward passes, {report.leaves:,} ended; "
+        f"{report.kv_bytes / 1e6:,.1f} MB of keys and values kept; stopped: {report.stopped}"
+    )
+    console.print(f"[dim]{walked}[/dim]", highlight=False)
+    t = Table(title=f"whole answers (grouped by {report.group}), up to {report.max_tokens} tokens")
+    t.add_column("answer")
+    for s in report.settings:
+        t.add_column(_label(s), justify="right")
+    t.add_column("most likely path")
+    for a in report.answers[:SHOWN]:
+        path = "|".join(a.paths[0].pieces) if a.paths else ""
+        t.add_row(repr(a.answer), *(f"{p:.4f}" for p in a.probs), repr(path))
+    rest = report.answers[SHOWN:]
+    if rest:
+        sums = [sum(a.probs[i] for a in rest) for i in range(len(report.settings))]
+        t.add_row(f"({len(rest):,} more answers)", *(f"{p:.4f}" for p in sums), "")
+    t.add_row("(not walked: remainder)", *(f"{m.remainder:.4f}" for m in report.mass), "", style="dim")
+    console.print(t)
+
+
+def _label(settings: dict) -> str:
+    extra = [f"{k} {settings[k]}" for k, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)) if settings[k] != off]
+    return f"p @ T={settings['temperature']:g}" + (f"\n{', '.join(extra)}" if extra else "")

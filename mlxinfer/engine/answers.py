@@ -1,0 +1,425 @@
+"""`answers`: every complete answer's exact probability under the settings a seed runs with, found by
+walking the tree of tokens best-first instead of sampling it.
+
+Each draw of `sample` is one path through a tree whose branches carry the sampler's probabilities (the
+model's scores adjusted, tempered and cut: sampler.kept_probabilities). The walk expands the most probable
+open paths first, a batch per forward pass: each path continues its parent's keys and values (a path
+holds only its last token's, the prompt is prefilled once). A path ends by exactly the rules a row of
+`sample` ends by (core.Row: an end-of-turn token, the grammar's end, a stop string, max_tokens), and an
+answer's probability is the sum over the paths whose text it is. The remainder is the mass of the paths
+not resolved: the open ones, and the branches too light to follow (below ε of their parent, ε chosen so
+that they cost at most half of 1 - min_mass). It bounds every unlisted answer and what any listed one
+could still gain. One walk serves several settings: each node's scores are computed once, and each
+settings entry has its own probabilities and its own frontier ordered by them; the entries not yet done
+take the next paths of a batch in turn, each its heaviest.
+A cut (top-k, top-p, min-p, typical-p) makes the support finite, and then the walk can be complete.
+"""
+
+from __future__ import annotations
+
+import copy
+import heapq
+import itertools
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping, Optional, Sequence
+
+import mlx.core as mx
+import numpy as np
+
+from .. import defaults
+from ..errors import MlxinferError
+from ..model.cache import KVCache
+from ..sampler import kept_probabilities
+from ..settings import SamplerSettings, resolve_settings
+from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
+from .core import Row, RowSpec
+from .decode import prefill
+from .grouping import check_group, keyer
+from .request import check_batch_size, prepare
+
+BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
+PATHS_SHOWN = 3  # token paths kept per answer
+TEXTS_SHOWN = 20  # raw texts listed per grouped answer (its probability counts them all)
+
+
+@dataclass(eq=False)
+class _Node:
+    """A path from the prompt: its tokens, its probability under each settings entry, its parent, and once
+    expanded its last token's keys and values, (layers, 2, K, E)."""
+
+    path: tuple
+    probs: np.ndarray  # (S,) float64
+    parent: Optional["_Node"]
+    kv: Any = None
+    row: Any = None  # core.Row after the path: its text so far, whether it has ended
+    taken: bool = False  # out of the frontiers (expanded, or being)
+
+
+@dataclass(eq=False)
+class _Siblings:
+    """An expanded node's open children not yet taken, heaviest first: (tokens, their path probabilities (n, S))."""
+
+    parent: _Node
+    tokens: list
+    probs: np.ndarray
+    at: int = 0
+
+    def mass(self) -> np.ndarray:
+        return self.probs[self.at :].sum(axis=0)
+
+
+@dataclass
+class _Found:
+    probs: np.ndarray
+    texts: dict = field(default_factory=dict)  # raw text -> probs
+    paths: list = field(default_factory=list)  # (weight, tokens, step probabilities)
+
+
+def answers(
+    model,
+    tokenizer,
+    prompt: str | list[int],
+    *,
+    settings: Sequence[SamplerSettings | Mapping[str, Any]],
+    max_tokens: int = defaults.MAX_TOKENS_SAMPLE,
+    stop: str | Sequence[str] | None = None,
+    min_mass: float = defaults.EXACT_MIN_MASS,
+    max_nodes: int = defaults.EXACT_MAX_NODES,
+    batch_size: Optional[int] = None,
+    group: str = defaults.ANSWER_GROUP,
+    chat: bool = True,
+    system: Optional[str] = None,
+    thinking: bool = False,
+    json_schema: dict | str | None = None,
+    tool: dict | str | None = None,
+    raw_special_tokens: bool = False,
+    progress: Optional[Callable[[int, list[float]], None]] = None,
+) -> AnswersReport:
+    """The exact distribution of whole answers for each settings entry (each a SamplerSettings or a dict of
+    the fields set, the rest from generation_config.json, as in sweep). The walk ends when every entry has
+    min_mass of its probability resolved, when max_nodes paths have been expanded, when nothing is left
+    open (complete: remainder 0), or at Ctrl-C; the report says which. progress(nodes, remainders)."""
+    if isinstance(settings, (SamplerSettings, Mapping)) or not list(settings):
+        raise MlxinferError("settings must be a non-empty list of settings (e.g. [{'temperature': 0.7}])", "settings")
+    check_walk(min_mass, max_nodes, group)
+    size = check_batch_size(batch_size)
+    key_of = keyer(group, lambda t: tokenizer.decode([t]))
+    request = prepare(
+        model, tokenizer, prompt, max_tokens=max_tokens, json_schema=json_schema, tool=tool, chat=chat,
+        system=system, thinking=thinking, raw_special_tokens=raw_special_tokens, stop=stop,
+    )  # fmt: skip
+    resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
+    if getattr(model.info, "sharding", None):
+        raise MlxinferError("answers runs in one process; load the model without a group", "source")
+    walk = _Walk(model, tokenizer, request, resolved, min_mass, max_nodes, size, progress)
+    start = time.perf_counter()
+    mx.reset_peak_memory()
+    stopped = walk.run()
+    seconds = time.perf_counter() - start
+    return walk.report(prompt, group, key_of, stopped, seconds)
+
+
+def check_walk(min_mass: float, max_nodes: int, group: str = defaults.ANSWER_GROUP) -> None:
+    """The walk's bounds and the grouping rule, checked (a front end calls this before a model loads)."""
+    if not (isinstance(min_mass, (int, float)) and not isinstance(min_mass, bool) and 0 < min_mass <= 1):
+        raise MlxinferError(f"min_mass must be in (0, 1] (1: walk until complete), got {min_mass!r}", "min_mass")
+    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
+        raise MlxinferError(f"max_nodes must be a whole number, at least 1, got {max_nodes!r}", "max_nodes")
+    check_group(group)
+
+
+class _Walk:
+    def __init__(self, model, tokenizer, request, settings, min_mass, max_nodes, batch_size, progress):
+        self.model, self.tokenizer, self.request, self.settings = model, tokenizer, request, settings
+        self.min_mass, self.max_nodes, self.batch_size, self.progress = min_mass, max_nodes, batch_size, progress
+        S = len(settings)
+        # a branch lighter than eps of its parent is not followed: over max_tokens levels they lose at most
+        # (1 - min_mass) / 2 of each setting's mass, the other half is left for the open paths
+        self.eps = (1.0 - min_mass) / (2 * request.max_tokens)
+        self.prompt = prefill(model, request.ids)
+        self.P = len(request.ids)
+        compiled = request.compiled
+        self.stop_ids = set(tokenizer.eos_token_ids) | (set(compiled.table.eos_ids) if compiled is not None else set())
+        self.open = np.zeros(S)  # mass of the paths in the frontier
+        self.lost = np.zeros(S)  # mass of the branches not followed
+        self.found: dict[str, _Found] = {}  # final text -> what ends with it
+        self.frontiers: list[list] = [[] for _ in settings]  # per entry: (-its path probability, n, stamp, item)
+        self.counter = itertools.count()
+        self.nodes = self.passes = self.leaves = 0
+        self.kv_bytes = 0
+        self.root = _Node((), np.ones(S), None)
+        self.root.row = self._replay(())
+
+    # ------------------------------------------------------------------------- the walk
+    def run(self) -> str:
+        try:
+            self._expand_children([self.root], self.prompt.logits)
+            while True:
+                if self.min_mass < 1 and (self.open + self.lost <= 1.0 - self.min_mass).all():
+                    return "min_mass"
+                if self.nodes >= self.max_nodes:
+                    return "max_nodes"
+                batch = self._next_batch()
+                if not batch:  # nothing open is left: every path has ended
+                    break
+                for depth in sorted({len(n.path) for n in batch}):
+                    nodes = [n for n in batch if len(n.path) == depth]
+                    self._expand_children(nodes, self._forward(nodes))
+                if self.progress:
+                    self.progress(self.nodes, (self.open + self.lost).tolist())
+        except KeyboardInterrupt:
+            return "interrupted"
+        self.open[:] = 0.0  # nothing left open: exactly (the running sum drifts in the last bits)
+        return "complete" if not self.lost.any() else "min_mass"
+
+    def _push(self, item) -> None:
+        """Into every entry's frontier where it has weight; a node or a siblings cursor is taken once, from
+        whichever frontier reaches it first (the others skip it: lazy deletion)."""
+        probs = item.probs if isinstance(item, _Node) else item.probs[item.at]
+        stamp = item.at if isinstance(item, _Siblings) else -1
+        for s in np.nonzero(probs > 0)[0]:
+            heapq.heappush(self.frontiers[s], (-float(probs[s]), next(self.counter), stamp, item))
+        self.open += item.probs if isinstance(item, _Node) else item.mass()
+
+    def _pop(self, s: int):
+        """The heaviest item for entry s not yet taken (None when its frontier is empty)."""
+        frontier = self.frontiers[s]
+        while frontier:
+            _, _, stamp, item = heapq.heappop(frontier)
+            if isinstance(item, _Node) and not item.taken or isinstance(item, _Siblings) and item.at == stamp:
+                return item
+        return None
+
+    def _next_batch(self) -> list[_Node]:
+        """The heaviest open paths, up to batch_size, taken in turn by each entry that is not done (its
+        remainder above 1 - min_mass), each from its own frontier. Children come out of their parent's
+        siblings in order of weight; one that ends (an end-of-turn token, max_tokens, a stop string, the
+        grammar's end) is resolved on the way, with no forward pass."""
+        batch = []
+        turns = itertools.cycle(range(len(self.settings)))
+        idle = 0
+        while len(batch) < min(self.batch_size, self.max_nodes - self.nodes) and idle < len(self.settings):
+            s = next(turns)
+            left = self.open[s] + self.lost[s]
+            item = self._pop(s) if left > 1.0 - self.min_mass or not batch else None
+            if item is None:
+                idle += 1
+                continue
+            idle = 0
+            if isinstance(item, _Node):
+                item.taken = True
+                self.open -= item.probs
+                batch.append(item)
+                continue
+            self.open -= item.mass()
+            token, probs = item.tokens[item.at], item.probs[item.at]
+            item.at += 1
+            if item.at < len(item.tokens):
+                self._push(item)
+            row = self._follow(item.parent, token)
+            if row.ended:
+                self._leaf(item.parent, token, probs, row)
+            else:
+                self._push(_Node(item.parent.path + (token,), probs, item.parent, row=row))
+        return batch
+
+    # ------------------------------------------------------------------------- one forward pass
+    def _forward(self, nodes: list[_Node]) -> mx.array:
+        """Scores (B, V) after each path, all of one depth d: a B-row cache of the prompt and each path's
+        first d - 1 tokens (their keys and values, kept by its ancestors), then its last token."""
+        B, d = len(nodes), len(nodes[0].path)
+        chains = [self._ancestors(n) for n in nodes]  # d - 1 arrays (layers, 2, K, E) each
+        suffix = mx.stack([mx.stack(c, axis=3) for c in chains]) if d > 1 else None  # (B, layers, 2, K, d-1, E)
+        cache = []
+        for layer, c in enumerate(self.prompt.cache):
+            cache.append(_grown(c, B, None if suffix is None else suffix[:, layer], self.P))
+        tokens = mx.array([n.path[-1] for n in nodes], dtype=mx.int32)
+        logits = self.model(tokens[:, None], cache=cache)[:, -1, :]  # (B, V)
+        at = self.P + d - 1
+        own = mx.stack([_position(c, at) for c in cache], axis=1)  # (B, layers, 2, K, E)
+        mx.eval(logits, own)
+        for b, node in enumerate(nodes):
+            node.kv = mx.array(own[b])  # a copy: the batch's cache is let go
+        self.kv_bytes = own[0].nbytes
+        self.nodes += B
+        self.passes += 1
+        if not mx.all(mx.isfinite(logits)).item():
+            raise MlxinferError(
+                "the model's scores became NaN or inf on an answer's path; the walk was ended", "source"
+            )
+        return logits
+
+    def _ancestors(self, node: _Node) -> list:
+        chain, n = [], node.parent
+        while n is not None and n.kv is not None:
+            chain.append(n.kv)
+            n = n.parent
+        return chain[::-1]
+
+    # ------------------------------------------------------------------------- a node's children
+    def _expand_children(self, nodes: list[_Node], logits: mx.array) -> None:
+        """Each node's children under every settings entry: the heaviest up to BRANCHES that hold all but
+        eps of every entry's conditional mass; the rest is lost to the remainder."""
+        final = self._probabilities(nodes, logits)  # (S, B, V)
+        support = mx.sum(final > 0, axis=-1)  # (S, B): tokens each entry can draw after each path
+        weights = mx.array(np.stack([n.probs for n in nodes], axis=1).astype(np.float32))  # (S, B)
+        heaviest = mx.max(final * weights[:, :, None], axis=0)  # (B, V)
+        V = heaviest.shape[-1]
+        k = min(BRANCHES, V)
+        top = (
+            mx.argpartition(-heaviest, kth=k - 1, axis=-1)[:, :k]
+            if k < V
+            else mx.broadcast_to(mx.arange(V), (len(nodes), V))
+        )
+        picked = mx.take_along_axis(final, mx.broadcast_to(top[None], (final.shape[0], *top.shape)), axis=-1)
+        mx.eval(picked, top, support)
+        ids, support = np.array(top), np.array(support)
+        cond = np.array(picked).astype(np.float64)  # conditional probabilities (S, B, k)
+        for b, node in enumerate(nodes):
+            self._children(node, ids[b], cond[:, b], support[:, b])
+
+    def _children(self, node: _Node, ids: np.ndarray, cond: np.ndarray, support: np.ndarray) -> None:
+        keep = np.zeros(len(ids), dtype=bool)
+        for s in range(cond.shape[0]):  # each entry: its heaviest children up to 1 - eps of its mass
+            order = np.argsort(-cond[s], kind="stable")
+            mass = np.cumsum(cond[s][order])
+            n = min(int(np.searchsorted(mass, 1.0 - self.eps)) + 1, len(order)) if self.eps > 0 else len(order)
+            chosen = order[:n]
+            keep[chosen[cond[s][chosen] > 0]] = True
+        # an entry loses nothing where every token it can draw is kept (a cut support: exactly 0)
+        whole = (cond[:, keep] > 0).sum(axis=1) == support
+        self.lost += np.where(whole, 0.0, node.probs * np.clip(1.0 - cond[:, keep].sum(axis=1), 0.0, None))
+        kept = np.nonzero(keep)[0]
+        if len(kept):  # every child waits in weight order, ending ones too: resolved when taken
+            probs = node.probs[None, :] * cond[:, kept].T  # (n, S)
+            order = np.argsort(-probs.max(axis=1), kind="stable")
+            self._push(_Siblings(node, ids[kept[order]].tolist(), probs[order]))
+
+    def _probabilities(self, nodes: list[_Node], logits: mx.array) -> mx.array:
+        """(S, B, V): each settings entry's probability of each next token after each path, as drawn."""
+        history_free = all(not s.adjusts for s in self.settings) and self.request.compiled is None
+        out = []
+        for s in self.settings:
+            if history_free:
+                out.append(kept_probabilities(logits, s)[3])
+                continue
+            rows = []
+            for b, node in enumerate(nodes):
+                history = self.request.ids + list(node.path)
+                allowed = self._allowed(node.path) if self.request.compiled is not None else None
+                rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed)[3])
+            out.append(mx.stack(rows))
+        return mx.stack(out)
+
+    def _allowed(self, path: tuple) -> np.ndarray:
+        mask = self.request.compiled.mask(self.request.vocab_size)
+        mask.advance(list(path))
+        return mask.allowed()
+
+    # ------------------------------------------------------------------------- ends
+    def _follow(self, parent: _Node, token: int) -> Row:
+        """The row after parent's path and `token`: parent's row taken one token further (a grammar's row,
+        whose mask cannot be shared, is replayed from the start)."""
+        if self.request.compiled is not None:
+            return self._replay(parent.path + (token,))
+        row = parent.row.clone()
+        row.take(token, 0.0, [], row.decide(token))
+        return row
+
+    def _replay(self, path: tuple) -> Row:
+        """The path through a row of the row core, as `sample` would run it: its text and whether it ended."""
+        request = self.request
+        mask = request.compiled.mask(request.vocab_size) if request.compiled is not None else None
+        spec = RowSpec(None, SamplerSettings(), request.max_tokens, mask, request.stop)
+        row = Row(spec, _NO_HISTORY, self.tokenizer, self.stop_ids, 0)
+        for token in path:
+            reason = row.decide(token)
+            row.take(token, 0.0, [], reason)
+            if row.ended:
+                break
+        return row
+
+    def _leaf(self, parent: _Node, token: int, probs: np.ndarray, row: Row) -> None:
+        self.leaves += 1
+        text = row.result.text
+        found = self.found.setdefault(text, _Found(np.zeros_like(probs)))
+        found.probs += probs
+        found.paths.append((float(probs.max()), parent, token, probs))
+        if len(found.paths) > 4 * PATHS_SHOWN:  # keep the heaviest few
+            found.paths = sorted(found.paths, key=lambda p: -p[0])[:PATHS_SHOWN]
+
+    # ------------------------------------------------------------------------- the report
+    def report(self, prompt, group: str, key_of, stopped: str, seconds: float) -> AnswersReport:
+        grouped: dict[str, ExactAnswer] = {}
+        heaviest: dict[str, list] = {}
+        for text, found in self.found.items():
+            key = key_of(text, _first_token(found))
+            answer = grouped.setdefault(key, ExactAnswer(key, [0.0] * len(self.settings)))
+            answer.probs = [a + b for a, b in zip(answer.probs, found.probs.tolist())]
+            if len(answer.texts) < TEXTS_SHOWN:
+                answer.texts[text] = found.probs.tolist()
+            heaviest.setdefault(key, []).extend(found.paths)
+        for key, answer in grouped.items():
+            answer.paths = [self._path(p) for p in sorted(heaviest[key], key=lambda p: -p[0])[:PATHS_SHOWN]]
+        listed = sorted(grouped.values(), key=lambda a: (-max(a.probs), a.answer))
+        remainder = self.open + self.lost
+        masses = [
+            SettingsMass(s.to_dict(), float(1.0 - r), float(r), bool(r == 0)) for s, r in zip(self.settings, remainder)
+        ]
+        return AnswersReport(
+            self.model.info.name, self.model.info.definition, prompt if isinstance(prompt, str) else "",
+            self.request.ids, [s.to_dict() for s in self.settings], self.request.max_tokens,
+            list(self.request.stop), group, listed, masses, stopped, self.nodes, self.passes, self.leaves,
+            self.max_nodes, self.kv_bytes, self.nodes * self.kv_bytes, mx.get_peak_memory(), seconds,
+        )  # fmt: skip
+
+    def _path(self, entry) -> AnswerPath:
+        _, parent, token, probs = entry
+        chain, n = [probs], parent
+        while n is not None:
+            chain.append(n.probs)
+            n = n.parent
+        chain = chain[::-1]  # the root's ones first
+        steps = [(b / np.where(a > 0, a, 1)).tolist() for a, b in zip(chain, chain[1:])]
+        tokens = list(parent.path) + [token]
+        return AnswerPath(tokens, [self.tokenizer.decode([t]) for t in tokens], probs.tolist(), steps)
+
+
+def _first_token(found: _Found) -> Optional[int]:
+    _, parent, token, _ = found.paths[0]
+    return parent.path[0] if parent.path else token
+
+
+_NO_HISTORY = mx.array([], dtype=mx.int32)
+
+
+def _grown(cache, B: int, suffix: Optional[mx.array], P: int):
+    """A B-row copy of one layer's prompt cache with each row's suffix positions after the prompt, and
+    room for one more: suffix (B, 2, K, n, E) or None."""
+    if isinstance(cache, KVCache):
+        prompt = cache.kv[:, :, :, :P, :]  # (1, 2, K, P, E)
+        parts = [mx.broadcast_to(prompt, (B, *prompt.shape[1:]))]
+    elif getattr(cache, "keys", None) is not None and hasattr(cache, "offset"):
+        prompt = mx.stack([cache.keys[:, :, :P, :], cache.values[:, :, :P, :]], axis=1)
+        parts = [mx.broadcast_to(prompt, (B, *prompt.shape[1:]))]
+    else:
+        raise MlxinferError(f"answers walks models with a plain KV cache; this one uses {type(cache).__name__}")
+    if suffix is not None:
+        parts.append(suffix.astype(prompt.dtype))
+    parts.append(mx.zeros((B, *prompt.shape[1:3], 1, prompt.shape[-1]), prompt.dtype))
+    kv = mx.concatenate(parts, axis=3)  # (B, 2, K, P + n + 1, E)
+    grown = copy.copy(cache)
+    if isinstance(cache, KVCache):
+        grown.kv = kv
+    else:
+        grown.keys, grown.values = kv[:, 0], kv[:, 1]
+    grown.offset = kv.shape[3] - 1
+    return grown
+
+
+def _position(cache, at: int) -> mx.array:
+    """(B, 2, K, E): the keys and values one layer's cache holds at position `at`."""
+    if isinstance(cache, KVCache):
+        return cache.kv[:, :, :, at, :]
+    return mx.stack([cache.keys[:, :, at, :], cache.values[:, :, at, :]], axis=1)

@@ -1,0 +1,312 @@
+"""`answers`: each whole answer's exact probability, checked against oracles it did not produce.
+
+- Brute force: a tiny model over eleven words, every continuation of up to three tokens enumerated, each
+  step's probability by a softmax and cuts written here in numpy (float64) from the lesson's definitions.
+- mlx-lm: on the embedded model as stored, a listed path's probability at T = 1 is exp of the sum of
+  mlx-lm's own log-probabilities along it.
+- The sampler: 2,000 batched seeds of `sample` per setting follow the exact distribution (a G-test), and
+  the same seeds drawn at another temperature (the planted bug of a temperature applied twice) do not.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections import Counter, defaultdict
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+import checkpoints
+import mlxinfer
+from conftest import assert_one_line_error, invoke_cli
+
+PROMPT = "basil and"
+SETTINGS = [
+    {"temperature": 0.5},
+    {"temperature": 1.0},
+    {"temperature": 1.5},
+    {"temperature": 1.0, "top_k": 3},
+    {"temperature": 1.0, "top_p": 0.8},
+    {"temperature": 1.0, "min_p": 0.2},
+]
+
+
+@pytest.fixture(scope="module")
+def words(tmp_path_factory):
+    path = checkpoints.write_word_checkpoint(tmp_path_factory.mktemp("words") / "words")
+    return mlxinfer.load(path, compute_dtype="float32")
+
+
+def reference_probs(logits: np.ndarray, s: dict) -> np.ndarray:
+    """softmax(logits / T), then top-k, top-p, min-p on the tempered probabilities, rescaled to 1."""
+    z = logits / s["temperature"]
+    p = np.exp(z - z.max())
+    p /= p.sum()
+    keep = np.ones(len(p), dtype=bool)
+    order = np.argsort(-p)
+    if s.get("top_k"):
+        keep[order[s["top_k"] :]] = False
+    if s.get("top_p", 1.0) < 1.0:
+        q = np.where(keep, p, 0.0) / np.where(keep, p, 0.0).sum()
+        above = np.cumsum(q[order]) - q[order]  # the mass of the tokens ranked above each one
+        keep[order[above >= s["top_p"]]] = False
+    if s.get("min_p", 0.0) > 0:
+        keep &= p >= s["min_p"] * p[keep].max()
+    p = np.where(keep, p, 0.0)
+    return p / p.sum()
+
+
+def brute_force(model, tok, settings: dict, max_tokens: int) -> dict[str, float]:
+    """Every continuation, by hand: the answer (text stripped) -> its probability."""
+    prompt = tok.encode(PROMPT)
+    eos = set(tok.eos_token_ids)
+    out: dict[str, float] = defaultdict(float)
+
+    def walk(prefix: list[int], p: float) -> None:
+        logits = model(mx.array(prompt + prefix)[None])[0, -1].astype(mx.float32)
+        for t, q in enumerate(reference_probs(np.array(logits, dtype=np.float64), settings)):
+            if q == 0:
+                continue
+            if t in eos:
+                out[tok.decode(prefix).strip()] += p * q
+            elif len(prefix) + 1 == max_tokens:
+                out[tok.decode(prefix + [t]).strip()] += p * q
+            else:
+                walk(prefix + [t], p * q)
+
+    walk([], 1.0)
+    return dict(out)
+
+
+def test_every_answer_equals_the_brute_force_sum(words):
+    model, tok = words
+    report = mlxinfer.answers(
+        model, tok, PROMPT, settings=SETTINGS, max_tokens=3, min_mass=1.0, group="text", chat=False
+    )
+    assert report.stopped == "complete"
+    assert all(m.complete and m.remainder == 0 for m in report.mass)
+    assert report.nodes == 1 + 10 + 10 * 10 - 1  # every open path of under 3 tokens, the root's scores free
+    for s, settings in enumerate(SETTINGS):
+        truth = brute_force(model, tok, settings, 3)
+        got = {a.answer: a.probs[s] for a in report.answers if a.probs[s] > 0}
+        assert set(got) == {k for k, v in truth.items() if v > 0}, settings
+        for answer, p in truth.items():
+            assert got.get(answer, 0.0) == pytest.approx(p, abs=1e-6), (settings, answer)
+        assert sum(got.values()) == pytest.approx(1.0, abs=1e-6)
+    cut = [m for m, s in zip(report.answers, SETTINGS) if "top_k" in s]
+    assert cut  # the cut settings' supports are smaller than the vocabulary's
+    top_k = SETTINGS.index({"temperature": 1.0, "top_k": 3})
+    assert sum(1 for a in report.answers if a.probs[top_k] > 0) < sum(1 for a in report.answers if a.probs[1] > 0)
+
+
+@pytest.mark.parametrize("max_nodes", [1, 4, 30])
+def test_a_walk_cut_short_bounds_what_it_did_not_see(words, max_nodes):
+    model, tok = words
+    report = mlxinfer.answers(
+        model, tok, PROMPT, settings=SETTINGS[:3], max_tokens=3, min_mass=1.0, max_nodes=max_nodes, group="text",
+        chat=False,
+    )  # fmt: skip
+    assert report.stopped == "max_nodes" and report.nodes <= max_nodes
+    for s, settings in enumerate(SETTINGS[:3]):
+        truth = brute_force(model, tok, settings, 3)
+        got = {a.answer: a.probs[s] for a in report.answers}
+        remainder = report.mass[s].remainder
+        assert remainder > 0 and not report.mass[s].complete
+        unlisted = sum(p for answer, p in truth.items() if answer not in got)
+        assert unlisted <= remainder + 1e-9
+        for answer, p in got.items():  # a listed answer's probability is a lower bound, short by at most it
+            assert p <= truth[answer] + 1e-6 and truth[answer] - p <= remainder + 1e-6
+        assert report.mass[s].explored + remainder == pytest.approx(1.0, abs=1e-9)
+
+
+def test_grouping_folds_the_raw_texts_and_keeps_them(words):
+    model, tok = words
+    report = mlxinfer.answers(model, tok, PROMPT, settings=[SETTINGS[1]], max_tokens=3, min_mass=1.0, chat=False)
+    by_text = mlxinfer.answers(
+        model, tok, PROMPT, settings=[SETTINGS[1]], max_tokens=3, min_mass=1.0, chat=False, group="text"
+    )
+    assert report.group == "first-word" and len(report.answers) < len(by_text.answers)
+    exact = {a.answer: a.probs[0] for a in by_text.answers}
+    for a in report.answers:
+        # this vocabulary's words are lowercase letters, so a text's first word is its first run of them
+        assert all((re.findall("[a-z]+", t) or [t.strip()])[0] == a.answer for t in a.texts)
+        assert a.probs[0] == pytest.approx(sum(exact[t.strip()] for t in a.texts), abs=1e-9) or len(a.texts) == 20
+    for a in report.answers[:3]:  # each shown path's probability is its steps' product
+        for path in a.paths:
+            assert math.prod(step[0] for step in path.steps) == pytest.approx(path.probs[0], rel=1e-9)
+
+
+@pytest.mark.slow
+def test_a_listed_path_equals_mlx_lms_own_log_probabilities(embedded):
+    model, tok = embedded
+    prompt = "Name one herb to add to tomato soup. Answer with one word."
+    report = mlxinfer.answers(model, tok, prompt, settings=[{"temperature": 1.0}], max_tokens=3, max_nodes=40)
+    twin = mlxinfer.mlx_lm_twin(model)
+    ids = report.prompt_ids
+    checked = 0
+    for answer in report.answers[:4]:
+        for path in answer.paths[:2]:
+            tokens = [t for t in path.tokens if t not in tok.eos_token_ids] + [
+                t for t in path.tokens if t in tok.eos_token_ids
+            ]
+            logits = twin(mx.array(ids + tokens[:-1])[None])[0].astype(mx.float32)  # mlx-lm's class, its logits
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            ours = sum(logprobs[len(ids) - 1 + i, t].item() for i, t in enumerate(tokens))
+            assert path.probs[0] == pytest.approx(math.exp(ours), rel=2e-3), (answer.answer, path.pieces)
+            checked += 1
+    assert checked >= 4
+
+
+# ----------------------------------------------------------------------------- the sampler against the truth
+def g_test(counts: Counter, exact: dict[str, float], remainder: float, n: int) -> float:
+    """The G-test's p-value of observed answers against the exact distribution; answers expected fewer
+    than 5 times, and the remainder, pooled as "other"."""
+    from scipy.stats import chi2
+
+    bins, other_o, other_e = [], 0, n * remainder
+    for answer, p in exact.items():
+        if n * p >= 5:
+            bins.append((counts.get(answer, 0), n * p))
+        else:
+            other_o, other_e = other_o + counts.get(answer, 0), other_e + n * p
+    other_o += sum(k for a, k in counts.items() if a not in exact)
+    bins.append((other_o, other_e))
+    g = 2 * sum(o * math.log(o / e) for o, e in bins if o > 0)
+    return float(chi2.sf(g, len(bins) - 1))
+
+
+G_SETTINGS = [
+    ({"temperature": 0.7}, {"temperature": 0.49}),  # the planted bug: a temperature applied twice (0.7 x 0.7)
+    ({"temperature": 1.0, "top_p": 0.9}, None),
+    ({"temperature": 1.5, "top_k": 20}, None),
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("settings, planted", G_SETTINGS, ids=["T0.7", "T1-top_p0.9", "T1.5-top_k20"])
+def test_two_thousand_seeds_follow_the_exact_distribution(embedded_quantized, settings, planted):
+    model, tok = embedded_quantized
+    prompt = "Name one herb to add to tomato soup. Answer with one word."
+    exact = mlxinfer.answers(model, tok, prompt, settings=[settings], max_tokens=4, max_nodes=2000, group="text")
+    probs = {a.answer: a.probs[0] for a in exact.answers}
+    remainder = exact.mass[0].remainder
+    n = 2000
+    report = mlxinfer.sample(model, tok, prompt, seeds=n, settings=settings, max_tokens=4, group="text")
+    counts = Counter(c.text.strip() for c in report.completions)
+    p = g_test(counts, probs, remainder, n)
+    print(f"\n{settings}: remainder {remainder:.4f}, {len(counts)} answers drawn, G-test p = {p:.3g}")
+    assert p > 1e-4
+    if planted is not None:  # the same seeds drawn from a sampler with the bug: the test must see it
+        wrong = mlxinfer.sample(model, tok, prompt, seeds=n, settings=planted, max_tokens=4, group="text")
+        bad = g_test(Counter(c.text.strip() for c in wrong.completions), probs, remainder, n)
+        print(f"with the planted bug ({planted}): G-test p = {bad:.3g}")
+        assert bad < 1e-4
+
+
+# ----------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize(
+    "kwargs, fragment",
+    [
+        ({"min_mass": 0}, "min_mass must be in (0, 1]"),
+        ({"min_mass": 1.5}, "min_mass must be in (0, 1]"),
+        ({"min_mass": float("nan")}, "min_mass must be in (0, 1]"),
+        ({"max_nodes": 0}, "max_nodes must be a whole number"),
+        ({"max_nodes": 2.5}, "max_nodes must be a whole number"),
+        ({"settings": []}, "settings must be a non-empty list"),
+        ({"settings": {"temperature": 1}}, "settings must be a non-empty list"),
+        ({"settings": [{"temperature": -1}]}, "temperature must be"),
+        ({"max_tokens": 600}, "max_tokens"),
+        ({"group": "vibes"}, "group must be one of"),
+    ],
+)
+def test_bad_arguments_are_one_line_errors(words, kwargs, fragment):
+    model, tok = words
+    args = {"settings": [{"temperature": 1.0}], "max_tokens": 3, "chat": False, **kwargs}
+    with pytest.raises(mlxinfer.MlxinferError, match=fragment.replace("(", r"\(").replace("]", r"\]")):
+        mlxinfer.answers(model, tok, PROMPT, **args)
+
+
+def test_cli_answers_prints_what_the_library_returns(words, tmp_path):
+    model, tok = words
+    args = ["answers", "-m", str(model.info.name), "-p", PROMPT, "--no-chat", "--temps", "0.5,1.5", "--top-k", "4",
+            "--max-tokens", "2", "--min-mass", "1", "--compute-dtype", "float32"]  # fmt: skip
+    done = invoke_cli(*args, "--json")
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout)
+    want = mlxinfer.answers(
+        model, tok, PROMPT, settings=[{"temperature": t, "top_k": 4} for t in (0.5, 1.5)], max_tokens=2,
+        min_mass=1.0, chat=False,
+    ).to_dict()  # fmt: skip
+    assert [a["answer"] for a in got["answers"]] == [a["answer"] for a in want["answers"]]
+    for mine, theirs in zip(got["answers"], want["answers"]):
+        assert mine["probs"] == pytest.approx(theirs["probs"], abs=1e-12)
+    assert got["stopped"] == "complete" and [m["remainder"] for m in got["mass"]] == [0.0, 0.0]
+    table = invoke_cli(*args)
+    assert table.returncode == 0, table.stderr
+    best = want["answers"][0]
+    assert repr(best["answer"]) in table.stdout and f"{best['probs'][0]:.4f}" in table.stdout
+    assert "(not walked: remainder)" in table.stdout
+    bad = [
+        (["--min-mass", "0"], "--min-mass must be in (0, 1]"),
+        (["--max-nodes", "-3"], "--max-nodes"),
+        (["--group", "vibes"], "--group must be one of"),
+        (["--temps", "hot"], "--temps takes"),
+    ]
+    for extra, fragment in bad:
+        assert_one_line_error(invoke_cli(*args, *extra), fragment)
+
+
+def test_sample_exact_sets_each_tally_row_beside_its_count(words):
+    model, tok = words
+    report = mlxinfer.sample(
+        model, tok, PROMPT, seeds=300, settings={"temperature": 1.0}, max_tokens=3, chat=False, exact=True,
+        min_mass=1.0,
+    )  # fmt: skip
+    walk = mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, min_mass=1.0, chat=False)
+    probs = {a.answer: a.probs[0] for a in walk.answers}
+    drawn = [row for row in report.tally if row.count]
+    assert sum(row.count for row in drawn) == 300
+    for row in report.tally:
+        assert row.exact == pytest.approx(probs[row.answer], abs=1e-12)
+        assert row.share_low <= row.share <= row.share_high
+    assert report.exact["remainder"] == 0.0 and report.exact["complete"]
+    assert report.exact["p_value"] is not None and report.exact["p_value"] > 1e-4
+    assert any(row.count == 0 for row in report.tally)  # the likeliest answers no seed drew are listed too
+    for row in drawn:  # the raw texts a grouped row holds, and their counts
+        assert sum(row.texts.values()) == row.count
+
+
+def test_sweep_exact_records_and_cells(words, tmp_path):
+    model, tok = words
+    out = tmp_path / "r.jsonl"
+    report = mlxinfer.sweep(
+        model, tok, [PROMPT, "thyme"], settings=[{"temperature": 1.0}, {"temperature": 0.5}], seeds=40, max_tokens=2,
+        chat=False, exact=True, min_mass=1.0, out=out,
+    )  # fmt: skip
+    lines = [json.loads(line) for line in out.read_text().splitlines()[1:]]
+    assert len(lines) == 2 * 2 * 40 and all("exact_prob" in r for r in lines)
+    for cell in report.cells:
+        walk = mlxinfer.answers(
+            model, tok, [PROMPT, "thyme"][cell.prompt_index], settings=[cell.settings], max_tokens=2, min_mass=1.0,
+            chat=False,
+        )  # fmt: skip
+        probs = {a.answer: a.probs[0] for a in walk.answers}
+        assert {a.answer: a.exact for a in cell.answers} == pytest.approx(
+            {a.answer: probs[a.answer] for a in cell.answers}
+        )
+        assert cell.exact["remainder"] == 0.0
+    plain = mlxinfer.sweep(
+        model,
+        tok,
+        [PROMPT],
+        settings=[{"temperature": 1.0}],
+        seeds=4,
+        max_tokens=2,
+        chat=False,
+        out=tmp_path / "p.jsonl",
+    )
+    assert plain.cells[0].exact is None
+    assert all("exact_prob" not in json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()[1:])
