@@ -13,8 +13,12 @@ from __future__ import annotations
 import base64
 import fnmatch
 import json
+import os
 import re
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 from contextlib import contextmanager
@@ -246,3 +250,38 @@ def test_the_key_guards_the_json_endpoints_not_the_page(tiny):
         r = post(url, "/mlxinfer/next-token", {"prompt": PROMPT})
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
+
+
+@pytest.mark.slow
+def test_explore_serves_on_loopback_and_opens_the_page(tmp_path, checkpoint_dir):
+    """`mlxinfer explore` as a user runs it, its browser a script that writes down what it was asked to
+    open (python's webbrowser runs $BROWSER)."""
+    opened = tmp_path / "opened"
+    browser = tmp_path / "browser.py"
+    browser.write_text(f"import sys, pathlib\npathlib.Path({str(opened)!r}).write_text(sys.argv[1])\n")
+    env = {**os.environ, "BROWSER": f"{sys.executable} {browser} %s"}
+    model = checkpoint_dir("llama", 4, 64)
+    args = ["explore", "--model", str(model), "--compute-dtype", "bfloat16", "--api-key", "k/1"]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxinfer", *args], cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    try:
+        line = proc.stdout.readline().decode()
+        page = re.search(r"at (http://127\.0\.0\.1:\d+/)$", line.strip()).group(1)
+        assert "k/1" not in line  # the key is not printed
+        for _ in range(200):
+            if opened.exists():
+                break
+            time.sleep(0.05)
+        assert opened.read_text() == f"{page}#key=k%2F1"
+        assert httpx.get(page).status_code == 200
+        assert httpx.get(f"{page}mlxinfer/card", headers={"authorization": "Bearer k/1"}).json()["cli_model"] == str(
+            model
+        )
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
