@@ -16,46 +16,24 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import numpy as np
 import pytest
-import uvicorn
 
 import mlxinfer
 from mlxinfer.engine.batcher import Job
 from mlxinfer.server import explorer
+from test_serve import running  # uvicorn on a free loopback port, in a thread
 
 ROOT = Path(__file__).resolve().parents[1]
 STATIC = ROOT / "mlxinfer" / "server" / "static"
 PROMPT = "Name one fruit."
-
-
-@contextmanager
-def running(app):
-    """uvicorn serving `app` on a free loopback port in a thread: yields the base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(400):
-        if server.started:
-            break
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
 
 
 def post(url: str, path: str, body, key: str | None = None) -> httpx.Response:

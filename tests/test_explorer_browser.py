@@ -26,7 +26,7 @@ import pytest
 
 import mlxinfer
 from conftest import invoke_cli
-from test_explorer import running
+from test_serve import running
 
 HERB = "Name one herb to add to tomato soup. Answer with one word."
 KEY = "explorer-test-key"
@@ -139,6 +139,13 @@ def cli_json(*args: str) -> dict:
     return json.loads(r.stdout)
 
 
+def draw(page, n: int) -> None:
+    """Draw, and wait until all n rows have ended."""
+    page.click("#draw-run")
+    ended = "() => [...document.querySelectorAll('#draw-table .col-end')].filter(c => c.textContent).length"
+    page.wait_for_function(f"{ended} === {n}", timeout=120_000)
+
+
 def run_copied(command: str) -> dict:
     """A command line the page offers to copy, run through the CLI (as a user pasting it would)."""
     words = shlex.split(command)
@@ -200,11 +207,7 @@ def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, sh
     page.fill("#draw-n", "8")
     page.fill("#draw-base", "0")
     page.fill("#draw-max", "5")
-    page.click("#draw-run")
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('#draw-table .col-end')].filter(c => c.textContent).length === 8",
-        timeout=120_000,
-    )
+    draw(page, 8)
     assert tab.posts("/v1/chat/completions") == 1  # eight rows, one request (the server's max_rows is 8)
     command = page.text_content("#draw-cli")
     assert "--seeds 0:8" in command and "--max-tokens 5" in command
@@ -229,11 +232,7 @@ def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, sh
     tab.shoot(shots, "draws")
 
     page.fill("#draw-n", "20")  # past the server's rows in flight: ceil(20 / 8) requests, batched together
-    page.click("#draw-run")
-    page.wait_for_function(
-        "() => [...document.querySelectorAll('#draw-table .col-end')].filter(c => c.textContent).length === 20",
-        timeout=120_000,
-    )
+    draw(page, 20)
     assert tab.posts("/v1/chat/completions") == 2 + 3
     more = run_copied(page.text_content("#draw-cli"))
     assert [r[1] for r in tab.cells("#draw-table tbody tr")] == [repr(c["text"]) for c in more["completions"]]

@@ -32,10 +32,8 @@ export function mount(ctx) {
       $("draw-cli").textContent = "";
     }
   };
-  for (const id of ["draw-n", "draw-base", "draw-max", "prompt", "system", "chat", "temp", "top-k", "top-p", "min-p"]) {
-    $(id).addEventListener("input", command);
-  }
-  $("temp-range").addEventListener("input", command);
+  ctx.onShared.push(command);
+  $("view-draws").addEventListener("input", command);
   command();
   $("draw-run").addEventListener("click", () => {
     ctx.showError(null);

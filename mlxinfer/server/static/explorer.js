@@ -51,6 +51,7 @@ const ctx = {
     $("status").textContent = text;
   },
   onSettings: [],  // views that redraw when the sampler's controls move (no request)
+  onShared: [],  // views that follow any shared input: the prompt, its options, the sampler
 };
 
 function bindSampler() {
@@ -69,6 +70,9 @@ function bindSampler() {
   $("chat").addEventListener("change", () => {
     $("system").disabled = !$("chat").checked;
   });
+  for (const box of [$("prompt-form"), $("sampler")]) {
+    box.addEventListener("input", () => ctx.onShared.forEach((fn) => fn()));
+  }
 }
 
 function bindCopy() {

@@ -41,10 +41,8 @@ export function mount(ctx) {
       `curl ${url} \\\n  -H 'Content-Type: application/json'${auth} \\\n  -d ${shellQuote(JSON.stringify(body))}`;
     $("gen-python").textContent = python(path, body);
   };
-  for (const id of ["gen-seed", "gen-max", "prompt", "system", "chat", "temp", "top-k", "top-p", "min-p"]) {
-    $(id).addEventListener("input", snippets);
-  }
-  $("temp-range").addEventListener("input", snippets);
+  ctx.onShared.push(snippets);
+  $("view-generate").addEventListener("input", snippets);
   snippets();
 
   $("gen-run").addEventListener("click", () => {
