@@ -11,9 +11,9 @@ DRAW := $(VENV)/lib/libmlxinfer_draw.so
 HERB := Name one herb to add to tomato soup. Answer with one word.
 FRUIT := Name one fruit. Answer with one word.
 
-.PHONY: setup qmm run test check plots bench clean
+.PHONY: setup qmm browser run test check plots bench clean
 
-setup: $(STAMP) $(DRAW) qmm
+setup: $(STAMP) $(DRAW) qmm browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -34,6 +34,15 @@ $(DRAW): mlxinfer/cpu/native/draw_rows.c $(STAMP)
 # built, `auto` keeps the float32 or as-stored path
 qmm: $(STAMP)
 	-$(BIN)/python -m mlxinfer.cpu.qmm
+
+# the explorer page's tests drive a real Chromium (tests/test_explorer_browser.py, through playwright):
+# Debian's, installed here where it is missing and we may (root with apt-get); elsewhere the tests skip,
+# except under CI=true, where a missing browser fails them
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+		apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium chromium-driver; \
+	else echo "chromium is not installed: the explorer's browser tests will skip (CI=true: fail)"; fi
 
 run: setup
 	$(BIN)/mlxinfer topk --prompt "$(HERB)"

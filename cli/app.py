@@ -70,6 +70,7 @@ app = typer.Typer(
 def _register() -> None:
     from cli.commands import answers, bench, convert, count, generate, info, quality, quantize, sample, serve, sweep
     from cli.commands import topk
+    from cli.commands.explore import explore
 
     commands = {
         "count": count.count_command,
@@ -84,6 +85,7 @@ def _register() -> None:
         "bench": bench.bench,
         "info": info.info,
         "serve": serve.serve,
+        "explore": explore,
     }
     for name, fn in commands.items():
         app.command(name, help=_reflow(fn.__doc__ or ""))(fn)

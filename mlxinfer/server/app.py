@@ -29,11 +29,13 @@ from ..engine.batcher import Batcher, Job, QueueFull, check_bounds, check_whole
 from ..engine.request import check_seed
 from ..errors import MlxinferError
 from .errors import ApiError, error_body, from_library, from_validation
+from .explorer import routes as explorer_routes
 from .inputs import Plan, budget, chat_plan, completion_plan, prepare_within
 from .schemas import ChatRequest, CompletionRequest
 from .stream import chat_response, completion_response
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
+GUARDED = ("/v1", "/mlxinfer/")  # the paths an API key guards (the explorer's page and assets are open)
 
 
 class _State:
@@ -62,7 +64,7 @@ class _Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
-        if self.key is not None and scope["path"].startswith("/v1"):
+        if self.key is not None and scope["path"].startswith(GUARDED):
             given = headers.get(b"authorization", b"").decode("latin-1")
             if not hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode()):
                 e = ApiError(401, "a valid API key is required: Authorization: Bearer KEY", None)
@@ -305,6 +307,7 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
         Route("/v1/models", models, methods=["GET"]),
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", completions, methods=["POST"]),
+        *explorer_routes(state, _body),
     ]
     app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _not_found, 405: _not_allowed})
     if o.cors:

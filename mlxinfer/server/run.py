@@ -94,7 +94,8 @@ def serve(
             )
         app = create_app(model, tokenizer, checked)
         url = f"http://{address_text(host, port)}/v1"
-        info = {"url": url, "model": model.info.name, "definition": model.info.definition}
+        info = {"url": url, "page": f"http://{address_text(host, port)}/", "model": model.info.name}
+        info["definition"] = model.info.definition
         info["compute_dtype"] = model.info.compute_dtype
         if announce is None:
             print(

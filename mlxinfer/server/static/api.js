@@ -1,0 +1,120 @@
+// The server, from the page: JSON requests and OpenAI's server-sent events, with the API key when the
+// server has one. The key is asked for once (a 401 raises "need-key"), kept in this tab's sessionStorage,
+// and may arrive in the URL's fragment (#key=..., as `mlxinfer explore --api-key` opens it), which the
+// browser never sends to the server; it is taken out of the address bar at once.
+
+import { shellQuote } from "./format.js";
+
+const STORE = "mlxinfer-api-key";
+let key = null;
+
+export function initKey() {
+  const hash = new URLSearchParams(location.hash.slice(1));
+  if (hash.has("key")) {
+    setKey(hash.get("key"));
+    history.replaceState(null, "", location.pathname + location.search);
+  } else {
+    key = sessionStorage.getItem(STORE);
+  }
+}
+
+export function setKey(value) {
+  key = value || null;
+  if (key) sessionStorage.setItem(STORE, key);
+  else sessionStorage.removeItem(STORE);
+}
+
+export function hasKey() {
+  return key !== null;
+}
+
+export class ServerError extends Error {
+  constructor(status, body) {
+    const e = body && body.error ? body.error : {};
+    super(e.message || `the server answered ${status}`);
+    this.status = status;
+    this.param = e.param || null;
+  }
+}
+
+function headers(json) {
+  const h = {};
+  if (json) h["Content-Type"] = "application/json";
+  if (key) h.Authorization = `Bearer ${key}`;
+  return h;
+}
+
+async function checked(response) {
+  if (response.ok) return response;
+  let body = null;
+  try {
+    body = await response.json();
+  } catch {
+    body = null;
+  }
+  if (response.status === 401) window.dispatchEvent(new CustomEvent("need-key"));
+  throw new ServerError(response.status, body);
+}
+
+export async function getJson(path) {
+  const response = await checked(await fetch(path, { headers: headers(false) }));
+  return response.json();
+}
+
+export async function postJson(path, body, signal) {
+  const init = { method: "POST", headers: headers(true), body: JSON.stringify(body), signal };
+  const response = await checked(await fetch(path, init));
+  return response.json();
+}
+
+// POST with stream: true; yields each event's JSON until [DONE]. An error event (the engine failed after
+// the stream began) is thrown as a ServerError.
+export async function* streamJson(path, body, signal) {
+  const init = { method: "POST", headers: headers(true), body: JSON.stringify({ ...body, stream: true }), signal };
+  const response = await checked(await fetch(path, init));
+  const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
+  let buffer = "";
+  for (;;) {
+    const { value, done } = await reader.read();
+    if (done) return;
+    buffer += value;
+    let end;
+    while ((end = buffer.indexOf("\n\n")) >= 0) {
+      const event = buffer.slice(0, end);
+      buffer = buffer.slice(end + 2);
+      for (const line of event.split("\n")) {
+        if (!line.startsWith("data: ")) continue;
+        const data = line.slice(6);
+        if (data === "[DONE]") return;
+        const parsed = JSON.parse(data);
+        if (parsed.error) throw new ServerError(500, parsed);
+        yield parsed;
+      }
+    }
+  }
+}
+
+// The /v1 request body for the shared prompt: chat messages (with the system text first), or the text
+// alone for /v1/completions when the chat template is off.
+export function openaiRequest(ctx, extra) {
+  const p = ctx.prompt();
+  const body = { model: ctx.card.model, ...ctx.settings(), ...extra };
+  if (!p.chat) return { path: "/v1/completions", body: { ...body, prompt: p.prompt } };
+  const messages = p.system ? [{ role: "system", content: p.system }] : [];
+  messages.push({ role: "user", content: p.prompt });
+  return { path: "/v1/chat/completions", body: { ...body, messages } };
+}
+
+// The same request as an `mlxinfer` command line (what the CLI would run on this model and path).
+export function commandLine(ctx, command, flags) {
+  const p = ctx.prompt();
+  const s = ctx.settings();
+  const words = ["mlxinfer", command, "--prompt", p.prompt];
+  if (!p.chat) words.push("--no-chat");
+  if (p.system) words.push("--system", p.system);
+  words.push(...flags);
+  words.push("--temp", s.temperature, "--top-k", s.top_k, "--top-p", s.top_p, "--min-p", s.min_p);
+  if (ctx.card.cli_model) words.push("--model", ctx.card.cli_model);
+  words.push("--compute-dtype", ctx.card.compute_dtype);
+  return words.map(shellQuote).join(" ");
+}

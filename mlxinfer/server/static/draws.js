@@ -1,0 +1,152 @@
+// Seeded draws: N seeds drawn by the server's own engine, batched and streamed in as they finish.
+// One /v1 request (stream, seed, n) holds up to the server's rows in flight, row i drawing with seed
+// seed + i; more seeds are more requests, sent together, which the engine batches as rows free up.
+// Each draw can be asked for again alone (n = 1, its own seed): on a batch-invariant compute path it
+// comes back the same, which is what a seed promises. The tally counts the answers as `mlxinfer
+// sample` does (stripped of surrounding space) with Wilson's 95% interval for each share.
+
+import { commandLine, openaiRequest, postJson, streamJson } from "./api.js";
+import { el, percent, pyRepr } from "./format.js";
+import { wilson } from "./sampler.js";
+
+const $ = (id) => document.getElementById(id);
+
+function whole(id, least) {
+  const v = $(id).valueAsNumber;
+  if (!Number.isInteger(v) || v < least || v > Number.MAX_SAFE_INTEGER) {
+    throw new Error(`${$(id).labels[0].textContent} must be a whole number >= ${least}`);
+  }
+  return v;
+}
+
+export function mount(ctx) {
+  let draws = [];
+  let controller = null;
+  const command = () => {
+    try {
+      const n = whole("draw-n", 1);
+      const base = whole("draw-base", 0);
+      const max = whole("draw-max", 1);
+      $("draw-cli").textContent = commandLine(ctx, "sample", ["--seeds", `${base}:${base + n}`, "--max-tokens", max]);
+    } catch {
+      $("draw-cli").textContent = "";
+    }
+  };
+  ctx.onShared.push(command);
+  $("view-draws").addEventListener("input", command);
+  command();
+  $("draw-run").addEventListener("click", () => {
+    ctx.showError(null);
+    run();
+  });
+
+  async function run() {
+    let n, base, max;
+    try {
+      n = whole("draw-n", 1);
+      base = whole("draw-base", 0);
+      max = whole("draw-max", 1);
+    } catch (e) {
+      ctx.showError(e);
+      return;
+    }
+    if (controller) controller.abort();
+    controller = new AbortController();
+    const signal = controller.signal;
+    command();
+    draws = Array.from({ length: n }, (_, i) => row(base + i));
+    $("draw-table").tBodies[0].replaceChildren(...draws.map((d) => d.tr));
+    $("draw-table").hidden = false;
+    tally();
+    const per = ctx.card.server.max_rows;
+    const batches = [];
+    for (let at = 0; at < n; at += per) batches.push(draws.slice(at, at + per));
+    $("draw-head").textContent =
+      `${n} seeds from ${base}, ${batches.length} request${batches.length > 1 ? "s" : ""} of up to ${per} rows`;
+    ctx.status("drawing…");
+    const started = performance.now();
+    try {
+      await Promise.all(batches.map((rows) => drawBatch(rows, max, signal)));
+      ctx.status(`${n} draws in ${((performance.now() - started) / 1000).toFixed(2)} s`);
+    } catch (e) {
+      if (e.name !== "AbortError") ctx.showError(e);
+      ctx.status("");
+    }
+  }
+
+  async function drawBatch(rows, max, signal) {
+    const { path, body } = openaiRequest(ctx, { max_tokens: max, seed: rows[0].seed, n: rows.length });
+    for await (const chunk of streamJson(path, body, signal)) {
+      for (const c of chunk.choices || []) {
+        const d = rows[c.index];
+        d.text += (c.delta ? c.delta.content : c.text) || "";
+        d.textCell.textContent = pyRepr(d.text);
+        if (c.finish_reason) {
+          d.finish = c.finish_reason;
+          d.endCell.textContent = d.finish;
+          d.again.disabled = false;
+          tally();
+        }
+      }
+    }
+  }
+
+  function row(seed) {
+    const d = { seed, text: "", finish: null };
+    d.textCell = el("td", { class: "text col-text" }, "…");
+    d.endCell = el("td", { class: "text col-end" });
+    d.again = el("button", { type: "button", class: "small", disabled: true, title: `draw seed ${seed} again, alone` }, "again");
+    d.aloneCell = el("td", { class: "text col-alone" }, d.again);
+    d.again.addEventListener("click", () => alone(d));
+    d.tr = el("tr", { dataset: { seed } }, el("td", { class: "col-seed" }, String(seed)), d.textCell, d.endCell, d.aloneCell);
+    return d;
+  }
+
+  async function alone(d) {
+    d.again.disabled = true;
+    const max = Number($("draw-max").value);
+    const { path, body } = openaiRequest(ctx, { max_tokens: max, seed: d.seed, n: 1 });
+    try {
+      const r = await postJson(path, body);
+      const c = r.choices[0];
+      const text = c.message ? c.message.content ?? "" : c.text;
+      d.aloneCell.className = `text col-alone ${text === d.text ? "same" : "differs"}`;
+      d.aloneCell.replaceChildren(text === d.text ? "same" : `differs: ${pyRepr(text)}`);
+    } catch (e) {
+      ctx.showError(e);
+      d.again.disabled = false;
+    }
+  }
+
+  function tally() {
+    const done = draws.filter((d) => d.finish !== null);
+    const counts = new Map();
+    for (const d of done) counts.set(d.text.trim(), (counts.get(d.text.trim()) || 0) + 1);
+    const rows = [...counts].sort((a, b) => b[1] - a[1]);  // stable: equal counts stay in seed order
+    const table = $("tally-table");
+    table.hidden = done.length === 0;
+    table.caption.textContent = `${done.length} of ${draws.length} draws; 95% intervals (Wilson)`;
+    table.tBodies[0].replaceChildren(
+      ...rows.map(([answer, k]) => {
+        const [lo, hi] = wilson(k, done.length);
+        const share = k / done.length;
+        const bar = el("span", { class: "bar", "aria-hidden": "true" });
+        bar.style.width = `${share * 100}%`;
+        const whisker = el("span", { class: "whisker", "aria-hidden": "true" });
+        whisker.style.left = `${lo * 100}%`;
+        whisker.style.width = `${(hi - lo) * 100}%`;
+        return el(
+          "tr",
+          {},
+          el("td", { class: "text col-answer" }, pyRepr(answer)),
+          el("td", { class: "col-count" }, String(k)),
+          el("td", { class: "col-share" }, percent(share)),
+          el("td", { class: "col-interval" }, `${percent(lo)} – ${percent(hi)}`),
+          el("td", { class: "p drawn" }, bar, whisker),
+        );
+      }),
+    );
+  }
+
+  return { run };
+}

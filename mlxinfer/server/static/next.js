@@ -1,0 +1,145 @@
+// Next token: one forward pass (POST /mlxinfer/next-token), read as `mlxinfer topk --explain` reads it:
+// the top rows by score, their probability at T and at a second temperature T2, what the sampler's cut
+// keeps and each kept token's probability after it. The response carries every score of the vocabulary,
+// so moving T, T2 or a cut re-draws the table here (sampler.js) without another request.
+
+import { postJson } from "./api.js";
+import { barCell, el, fixed, pyRepr, thousands } from "./format.js";
+import { decodeScores, problem, Row } from "./sampler.js";
+
+const $ = (id) => document.getElementById(id);
+
+export function g(x) {  // Python's f"{x:g}" for the temperatures in headers
+  return String(Number(x.toPrecision(6)));
+}
+
+export function mount(ctx) {
+  let shown = null;  // { table, row: Row, cells: [{p1, p2, kept, final, tr}] }
+
+  ctx.onSettings.push(() => {
+    if (shown) redraw();
+  });
+  $("next-run").addEventListener("click", () => {
+    ctx.showError(null);
+    run();
+  });
+
+  async function run() {
+    const p = ctx.prompt();
+    const settings = ctx.settings();
+    const body = {
+      prompt: p.prompt,
+      chat: p.chat,
+      k: Math.trunc($("rows").valueAsNumber || 10),
+      temperatures: [settings.temperature, ctx.secondTemperature()],
+      ...settings,
+    };
+    if (p.system) body.system = p.system;
+    const button = $("next-run");
+    button.disabled = true;
+    ctx.status("one forward pass…");
+    const started = performance.now();
+    try {
+      const data = await postJson("/mlxinfer/next-token", body);
+      shown = build(data.table, new Row(decodeScores(data.scores)));
+      redraw();
+      ctx.status(`scored in ${fixed((performance.now() - started) / 1000, 2)} s; ${agreement(data.table, shown.row)}`);
+    } catch (e) {
+      ctx.showError(e);
+      ctx.status("");
+    } finally {
+      button.disabled = false;
+    }
+  }
+
+  function build(table, row) {
+    $("next-head").replaceChildren(
+      el("strong", {}, table.model),
+      `  prompt: ${table.prompt_ids.length} tokens · scores in one pass of ${table.definition}: ${thousands(table.n_scores)}`,
+      el("br"),
+      el("span", { class: "muted" }, "prompt "),
+      el("span", { class: "mono", id: "next-prompt" }, pyRepr(table.prompt)),
+    );
+    const body = $("next-table").tBodies[0];
+    const cells = table.rows.map((r) => {
+      const c = {
+        p1: barCell("col-p1", 0, ""),
+        p2: barCell("col-p2", 0, ""),
+        kept: el("td", { class: "col-kept" }),
+        final: barCell("col-final", 0, ""),
+      };
+      c.tr = el(
+        "tr",
+        { dataset: { id: r.id } },
+        el("td", {}, String(r.rank)),
+        el("td", { class: "text col-token" }, pyRepr(r.text ?? "")),
+        el("td", { class: "col-id" }, String(r.id)),
+        el("td", { class: "col-score" }, fixed(r.score, 2)),
+        c.p1,
+        c.p2,
+        c.kept,
+        c.final,
+      );
+      c.id = r.id;
+      return c;
+    });
+    body.replaceChildren(...cells.map((c) => c.tr));
+    $("next-table").hidden = false;
+    return { table, row, cells };
+  }
+
+  function redraw() {
+    const settings = ctx.settings();
+    const T2 = ctx.secondTemperature();
+    const bad = problem(settings) || problem({ temperature: T2 }, "T2");
+    if (bad) {
+      $("next-cut").textContent = bad;
+      return;
+    }
+    const { row, cells } = shown;
+    const p1 = row.probs(settings.temperature);
+    const p2 = row.probs(T2);
+    const cut = row.cut(settings);
+    $("next-th-p1").textContent = `p @ T=${g(settings.temperature)}`;
+    $("next-th-p2").textContent = `p @ T=${g(T2)}`;
+    const sums = [0, 0, 0];
+    for (const c of cells) {
+      const kept = cut.kept[c.id] === 1;
+      const final = cut.final(c.id);
+      setBar(c.p1, p1[c.id], fixed(p1[c.id], 3));
+      setBar(c.p2, p2[c.id], fixed(p2[c.id], 3));
+      setBar(c.final, final, kept ? fixed(final, 3) : "");
+      c.kept.textContent = kept ? "yes" : "cut";
+      c.tr.classList.toggle("cut", !kept);
+      sums[0] += p1[c.id];
+      sums[1] += p2[c.id];
+      sums[2] += final;
+    }
+    const foot = $("next-table").tFoot;
+    foot.querySelector(".col-p1").textContent = fixed(sums[0], 3);
+    foot.querySelector(".col-p2").textContent = fixed(sums[1], 3);
+    foot.querySelector(".col-final").textContent = fixed(sums[2], 3);
+    $("next-cut").replaceChildren(
+      el("strong", {}, `the sampler at T=${g(settings.temperature)}: keeps ${thousands(cut.nKept)} of ${thousands(row.size)} tokens`),
+      ` · mass kept ${fixed(cut.massKept, 3)}, cut off ${fixed(Math.max(0, cut.massCut), 3)}, then rescaled to 1`,
+    );
+  }
+
+  return { run };
+}
+
+function setBar(td, value, text) {
+  td.firstChild.style.width = `${Math.max(0, Math.min(1, value)) * 100}%`;
+  td.lastChild.nodeValue = text;
+}
+
+// The page's arithmetic against the server's own table (table_from_scores at the temperatures it was
+// asked for): the largest difference, said in the status line.
+function agreement(table, row) {
+  let worst = 0;
+  table.temperatures.forEach((T, j) => {
+    const p = row.probs(T);
+    for (const r of table.rows) worst = Math.max(worst, Math.abs(p[r.id] - r.probs[j]));
+  });
+  return `the page's softmax is within ${worst.toExponential(1)} of the server's`;
+}

@@ -1,0 +1,339 @@
+"""The explorer page in a real browser: Debian's Chromium driven by playwright, against one server on the
+embedded model (the quantized path: batch-invariant, so a seed's text is the same in any batch).
+
+What the page shows is held to what the CLI prints for the same request: the next-token table to
+`topk --json` (ids, and scores and probabilities to the printed precision), the slider's temperature
+to `topk --temps`, the cut to `topk --explain`, eight seeded draws and a generation to the command
+lines the page offers to copy, run here through the CLI. The slider makes no request; markup typed
+into the prompt stays text; without the key the page asks for it. Screenshots of each view (light and
+dark, 1280 x 800 and a phone's 390 x 844) go under the pytest tmp dir, with the page's size, first
+paint and requests per interaction (metrics.json). One server and one browser for the module; the CLI's
+references run in this process while the engine is idle.
+
+Without Chromium or playwright the tests skip; with CI set they fail (`make setup` installs both).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+import mlxinfer
+from conftest import invoke_cli
+from test_serve import running
+
+HERB = "Name one herb to add to tomato soup. Answer with one word."
+KEY = "explorer-test-key"
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SIZES = {"1280": {"width": 1280, "height": 800}, "phone": {"width": 390, "height": 844}}
+
+
+def missing(why: str):
+    if os.environ.get("CI"):
+        pytest.fail(f"{why}: CI must run the browser tests (make setup installs chromium and playwright)")
+    pytest.skip(why)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError:
+        missing("playwright is not installed (pip install -e '.[test]')")
+    executable = shutil.which("chromium") or shutil.which("chromium-browser")
+    if executable is None:
+        missing("chromium is not installed (make setup, or apt-get install chromium)")
+    pw = sync_playwright().start()
+    try:
+        launched = pw.chromium.launch(executable_path=executable, args=FLAGS)  # a fresh profile each launch
+    except Exception as e:  # noqa: BLE001 - the browser would not start here: say why
+        pw.stop()
+        missing(f"chromium did not start: {str(e).splitlines()[0]}")
+    yield launched
+    launched.close()
+    pw.stop()
+
+
+@pytest.fixture(scope="module")
+def server(embedded_quantized):
+    app = mlxinfer.create_app(*embedded_quantized, max_rows=8, api_key=KEY)
+    with running(app) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def shots(tmp_path_factory):
+    out = tmp_path_factory.mktemp("explorer-screens")
+    print(f"explorer screenshots: {out}")
+    return out
+
+
+@pytest.fixture(scope="module")
+def metrics(shots):
+    found: dict = {}
+    yield found
+    (shots / "metrics.json").write_text(json.dumps(found, indent=2))
+
+
+class Tab:
+    """One page in its own context, its requests, dialogs and script errors recorded."""
+
+    def __init__(self, browser, url: str, key: bool = True, size: str = "1280"):
+        self.context = browser.new_context(viewport=SIZES[size], color_scheme="light")
+        self.page = self.context.new_page()
+        self.requests: list[tuple[str, str]] = []
+        self.dialogs: list[str] = []
+        self.errors: list[str] = []
+        self.page.on("request", lambda r: self.requests.append((r.method, r.url)))
+        self.page.on("dialog", lambda d: (self.dialogs.append(d.message), d.dismiss()))
+        self.page.on("pageerror", lambda e: self.errors.append(str(e)))
+        self.url = url
+        self.page.goto(f"{url}/" + (f"#key={KEY}" if key else ""))
+        if key:
+            self.page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+
+    def posts(self, path: str) -> int:
+        return sum(1 for m, u in self.requests if m == "POST" and u == f"{self.url}{path}")
+
+    def type_prompt(self, text: str) -> None:
+        box = self.page.locator("#prompt")
+        box.fill("")
+        box.press_sequentially(text)
+
+    def cells(self, selector: str) -> list[list[str]]:
+        return self.page.eval_on_selector_all(selector, "rows => rows.map(r => [...r.cells].map(c => c.textContent))")
+
+    def shoot(self, shots, name: str) -> None:
+        """The view at 1280 x 800 and at a phone's width, light and dark; then back as it was."""
+        for size, viewport in SIZES.items():
+            self.page.set_viewport_size(viewport)
+            for scheme in ("light", "dark"):
+                self.page.emulate_media(color_scheme=scheme)
+                self.page.screenshot(path=str(shots / f"{name}-{size}-{scheme}.png"), full_page=size == "phone")
+        self.page.set_viewport_size(SIZES["1280"])
+        self.page.emulate_media(color_scheme="light")
+
+    def close(self) -> None:
+        assert self.errors == []
+        self.context.close()
+
+
+def cli_json(*args: str) -> dict:
+    r = invoke_cli(*args, "--json")
+    assert r.returncode == 0, r.stderr
+    return json.loads(r.stdout)
+
+
+def draw(page, n: int) -> None:
+    """Draw, and wait until all n rows have ended."""
+    page.click("#draw-run")
+    ended = "() => [...document.querySelectorAll('#draw-table .col-end')].filter(c => c.textContent).length"
+    page.wait_for_function(f"{ended} === {n}", timeout=120_000)
+
+
+def run_copied(command: str) -> dict:
+    """A command line the page offers to copy, run through the CLI (as a user pasting it would)."""
+    words = shlex.split(command)
+    assert words[0] == "mlxinfer"
+    return cli_json(*words[1:])
+
+
+def test_next_token_table_slider_and_cut_match_topk(browser, server, shots, metrics):
+    tab = Tab(browser, server)
+    page = tab.page
+    tab.type_prompt(HERB)
+    page.click("#next-run")
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('scored')", timeout=120_000)
+    assert tab.posts("/mlxinfer/next-token") == 1
+    metrics["requests"] = {"next token": 1}
+    want = cli_json("topk", "--prompt", HERB, "-k", "10", "--temps", "1,0.5", "--compute-dtype", "quantized")
+    rows = tab.cells("#next-table tbody tr")
+    assert [int(r[2]) for r in rows] == [r["id"] for r in want["rows"]]
+    assert [r[1] for r in rows] == [repr(r["text"]) for r in want["rows"]]
+    assert [r[3] for r in rows] == [f"{r['score']:.2f}" for r in want["rows"]]
+    assert [(r[4], r[5]) for r in rows] == [(f"{r['probs'][0]:.3f}", f"{r['probs'][1]:.3f}") for r in want["rows"]]
+    foot = tab.cells("#next-table tfoot tr")[0]
+    assert (foot[4], foot[5]) == (f"{want['mass'][0]:.3f}", f"{want['mass'][1]:.3f}")
+    assert page.text_content("#next-prompt") == repr(HERB)
+    tab.shoot(shots, "next")
+
+    before = len(tab.requests)
+    page.focus("#temp-range")
+    for _ in range(10):  # the keyboard moves the slider: 1.0 -> 1.5 in steps of 0.05
+        page.keyboard.press("ArrowRight")
+    assert page.input_value("#temp") == "1.5"
+    assert page.text_content("#next-th-p1") == "p @ T=1.5"
+    hot = cli_json("topk", "--prompt", HERB, "-k", "10", "--temps", "1.5", "--compute-dtype", "quantized")
+    assert [r[4] for r in tab.cells("#next-table tbody tr")] == [f"{r['probs'][0]:.3f}" for r in hot["rows"]]
+
+    page.fill("#top-p", "0.9")
+    page.fill("#top-k", "40")
+    cut = cli_json(
+        "topk", "--prompt", HERB, "-k", "10", "--explain", "--temp", "1.5", "--top-p", "0.9", "--top-k", "40",
+        "--compute-dtype", "quantized",
+    )["explanation"]  # fmt: skip
+    rows = tab.cells("#next-table tbody tr")
+    assert [r[6] for r in rows] == ["yes" if r["kept"] else "cut" for r in cut["rows"]]
+    assert [r[7] for r in rows] == [f"{r['final_prob']:.3f}" if r["kept"] else "" for r in cut["rows"]]
+    assert f"keeps {cut['n_kept']:,} of {cut['vocab_size']:,} tokens" in page.text_content("#next-cut")
+    assert len(tab.requests) == before  # the slider and the cut re-drew from the scores already here
+    metrics["requests"]["temperature slider, ten steps, and two cuts"] = 0
+    tab.shoot(shots, "next-cut")
+    tab.close()
+
+
+def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, shots, metrics):
+    tab = Tab(browser, server)
+    page = tab.page
+    tab.type_prompt(HERB)
+    page.focus("#tab-next")
+    page.keyboard.press("ArrowRight")  # the tabs, by keyboard
+    assert page.get_attribute("#tab-draws", "aria-selected") == "true" and page.is_visible("#draw-run")
+    page.fill("#draw-n", "8")
+    page.fill("#draw-base", "0")
+    page.fill("#draw-max", "5")
+    draw(page, 8)
+    assert tab.posts("/v1/chat/completions") == 1  # eight rows, one request (the server's max_rows is 8)
+    command = page.text_content("#draw-cli")
+    assert "--seeds 0:8" in command and "--max-tokens 5" in command
+    report = run_copied(command)
+    rows = tab.cells("#draw-table tbody tr")
+    assert [int(r[0]) for r in rows] == list(range(8))
+    assert [r[1] for r in rows] == [repr(c["text"]) for c in report["completions"]]
+    assert [r[2] for r in rows] == [c["finish_reason"] for c in report["completions"]]
+    tally = tab.cells("#tally-table tbody tr")
+    assert [(r[0], int(r[1]), r[2]) for r in tally] == [
+        (repr(t["answer"]), t["count"], f"{t['share']:.0%}") for t in report["tally"]
+    ]
+    for r in tally:  # each share inside its own 95% interval
+        lo, hi = (int(x.rstrip("%")) for x in r[3].split(" – "))
+        assert lo <= int(r[2].rstrip("%")) <= hi
+
+    page.click("#draw-table tr[data-seed='3'] button")
+    page.wait_for_selector("#draw-table tr[data-seed='3'] .col-alone.same", timeout=60_000)
+    assert tab.posts("/v1/chat/completions") == 2
+    metrics["requests"]["draw 8 seeds"] = 1
+    metrics["requests"]["draw one seed again"] = 1
+    tab.shoot(shots, "draws")
+
+    page.fill("#draw-n", "20")  # past the server's rows in flight: ceil(20 / 8) requests, batched together
+    draw(page, 20)
+    assert tab.posts("/v1/chat/completions") == 2 + 3
+    more = run_copied(page.text_content("#draw-cli"))
+    assert [r[1] for r in tab.cells("#draw-table tbody tr")] == [repr(c["text"]) for c in more["completions"]]
+    metrics["requests"]["draw 20 seeds"] = 3
+    tab.close()
+
+
+def test_generation_streams_shaded_and_its_snippets_say_the_same(browser, server, shots, metrics):
+    tab = Tab(browser, server)
+    page = tab.page
+    tab.type_prompt(HERB)
+    page.click("#tab-generate")
+    page.fill("#gen-seed", "7")
+    page.fill("#gen-max", "12")
+    page.click("#gen-run")
+    page.wait_for_function("() => document.querySelector('#gen-head').textContent.includes('finish:')", timeout=120_000)
+    assert tab.posts("/v1/chat/completions") == 1
+    metrics["requests"]["generate"] = 1
+    text = page.text_content("#gen-text")
+    head = page.text_content("#gen-head")
+    assert head.startswith("seed 7 · ")
+    cli = run_copied(page.text_content("#gen-cli"))
+    assert cli["seed"] == 7 and text == cli["text"]
+    steps = tab.cells("#gen-tokens tbody tr")
+    assert len(steps) == len(cli["tokens"]) == int(head.split(" · ")[1].split()[0])
+    assert [r[3] for r in steps] == [f"{s['logprob']:.3f}" for s in cli["steps"] if s["token"] is not None]
+    shades = page.eval_on_selector_all(
+        "#gen-text span", "s => s.map(x => [Number(x.dataset.p), getComputedStyle(x).backgroundColor])"
+    )
+    assert shades and all(0 < p <= 1 for p, _ in shades)
+    least = min(shades)[1]  # the least likely piece is shaded, an almost certain one barely
+    assert least != "rgba(0, 0, 0, 0)" and least != max(shades)[1]
+
+    env = {**os.environ, "MLXINFER_API_KEY": KEY}
+    python = subprocess.run([sys.executable, "-c", page.text_content("#gen-python")], env=env, capture_output=True)
+    assert python.returncode == 0, python.stderr
+    assert python.stdout.decode() == text + "\n"
+    if shutil.which("curl"):
+        curl = subprocess.run(["bash", "-c", page.text_content("#gen-curl")], env=env, capture_output=True)
+        assert json.loads(curl.stdout)["choices"][0]["message"]["content"] == text
+    tab.shoot(shots, "generate")
+    tab.close()
+
+
+def test_markup_typed_into_the_prompt_stays_text(browser, server, shots):
+    tab = Tab(browser, server)
+    page = tab.page
+    hostile = "<img src=x onerror=alert(1)>"
+    tab.type_prompt(hostile)
+    page.fill("#system", "<script>alert(2)</script>")
+    page.focus("#prompt")
+    page.keyboard.press("Control+Enter")  # runs the view on show: the next token
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('scored')", timeout=120_000)
+    assert tab.dialogs == []
+    assert page.eval_on_selector_all("img, script:not([src])", "nodes => nodes.length") == 0
+    assert page.text_content("#next-prompt") == repr(hostile)
+    tab.shoot(shots, "markup")
+    page.click("#tab-generate")  # the command lines quote it as text too
+    assert hostile in page.text_content("#gen-cli") and "<script>alert(2)</script>" in page.text_content("#gen-cli")
+    assert tab.dialogs == [] and page.eval_on_selector_all("img, script:not([src])", "nodes => nodes.length") == 0
+    tab.close()
+
+
+def test_without_the_key_the_page_asks_for_it(browser, server, shots):
+    tab = Tab(browser, server, key=False)
+    page = tab.page
+    page.wait_for_selector("#key-form:not([hidden])", timeout=60_000)
+    assert "no model card" in page.text_content("#card")
+    page.fill("#key", "wrong")
+    with page.expect_response(f"{server}/mlxinfer/card") as answer:
+        page.keyboard.press("Enter")
+    assert answer.value.status == 401
+    assert page.is_visible("#key-form") and page.get_attribute("body", "data-ready") is None
+    page.fill("#key", KEY)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("body[data-ready=true]", timeout=60_000)
+    assert page.is_hidden("#key-form") and "SmolLM2" in page.text_content("#card")
+    cards = [u for m, u in tab.requests if u.endswith("/mlxinfer/card")]
+    assert len(cards) == 3  # without the key, with the wrong one, with the right one
+    tab.close()
+
+
+def test_the_page_loads_its_own_files_only(browser, server, shots, metrics):
+    """A fresh load: every request goes to this server; its size, its first paint and its requests."""
+    tab = Tab(browser, server)
+    page = tab.page
+    assert all(u.startswith(server) for _, u in tab.requests)
+    loaded = page.evaluate(
+        """() => {
+          const nav = performance.getEntriesByType('navigation')[0];
+          const files = [nav, ...performance.getEntriesByType('resource')];
+          const paint = Object.fromEntries(performance.getEntriesByType('paint').map(p => [p.name, p.startTime]));
+          return {
+            files: files.map(f => [f.name.replace(location.origin, ''), f.encodedBodySize]),
+            first_paint_ms: paint['first-paint'], first_contentful_paint_ms: paint['first-contentful-paint'],
+            dom_content_loaded_ms: nav.domContentLoadedEventEnd,
+          };
+        }"""
+    )
+    page_bytes = sum(size for name, size in loaded["files"] if not name.startswith("/mlxinfer/"))
+    metrics["page"] = {**loaded, "page_bytes_without_the_card": page_bytes, "requests_on_load": len(tab.requests)}
+    assert loaded["first_contentful_paint_ms"] is not None
+    assert len(tab.requests) == len(loaded["files"])  # nothing requested that the page did not name
+    tab.close()
