@@ -13,7 +13,9 @@ draws what it would draw alone: `mlxinfer.sample(..., seeds=[s])` gives the same
 where the forward pass gives a row the same bits alone or in a batch (the weights as stored, on
 MLX's CPU back end). What the engine holds for a request (its job): jobs.py.
 
-Events go to each job's `emit(kind, row, payload)`, called on the engine thread:
+`call(fn)` runs any function on the engine thread between two steps (the explorer's forward passes, the
+exact answers' walk, a pass at a time). Events go to each job's `emit(kind, row, payload)`, called on the
+engine thread:
   ("step", i, Step)              a token (Step.token set) or the end (token None, finish_reason)
   ("json", i, JsonResult)        right after a constrained row's end: the parsed JSON
   ("error", None, (status, msg)) the job ended without finishing (the model's scores, a bug)
@@ -26,7 +28,8 @@ import logging
 import queue
 import threading
 import traceback
-from typing import Callable
+from concurrent.futures import Future
+from typing import Any, Callable
 
 import mlx.core as mx
 
@@ -78,6 +81,7 @@ class Batcher:
         self.batch = Batch(model, tokenizer, own_caches=True)
         self.per_row = self.batch.own  # one forward for all rows; else one per request
         self._pending: collections.deque[Job] = collections.deque()
+        self._calls: collections.deque[tuple[Callable[[], Any], Future]] = collections.deque()
         self._live: list[Row] = []  # each row's `owner` is its Job, its `index` its place in the job
         self._undelivered: list[tuple] = []  # (row, token, logprob, alternatives, finish reason) decided, not yet told
         self._cv = threading.Condition()
@@ -103,6 +107,21 @@ class Batcher:
             self._pending.append(job)
             self._cv.notify()
         return job
+
+    def call(self, fn: Callable[[], Any]) -> Future:
+        """Run fn() on the engine thread between two steps (MLX runs on that thread alone: a forward pass
+        elsewhere would run beside the steps); its result or exception in the Future. Calls wait in
+        order, at most one between two steps, and count against the queue's bound. A call cancelled
+        (Future.cancel) before it runs does not run."""
+        future: Future = Future()
+        with self._cv:
+            if self._closed:
+                raise QueueFull("the engine is shutting down")
+            if len(self._pending) + len(self._calls) >= self.max_queue:
+                raise QueueFull(f"{len(self._pending) + len(self._calls)} requests are already waiting")
+            self._calls.append((fn, future))
+            self._cv.notify()
+        return future
 
     def status(self) -> dict:
         return {
@@ -133,15 +152,18 @@ class Batcher:
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while not self._closed and not self._pending and not self._live:
+                while not self._closed and not self._pending and not self._live and not self._calls:
                     self._cv.wait(self._idle_wait)
                 if self._closed:
                     break
                 jobs = self._next_jobs()
-            if jobs:
+                call = self._calls.popleft() if self._calls else None
+            if jobs or call:
                 self._deliver()  # the last step's tokens first: the prefills below would hold them back
             for job in jobs:
                 self._admit(job)
+            if call is not None:
+                _run_call(*call)
             self._drop_finished()
             if self._live:
                 self._step()
@@ -152,6 +174,9 @@ class Batcher:
             self._fail(row.owner, 503, "the server is shutting down")
         for job in self._pending:
             self._fail(job, 503, "the server is shutting down")
+        for _, future in self._calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(QueueFull("the engine is shutting down"))
 
     def _next_jobs(self) -> list[Job]:
         """The queued jobs to prefill before the next step, first come first served: those that fit
@@ -273,6 +298,15 @@ class Batcher:
         if not job.cancelled:
             job.cancelled = True  # its other rows leave too
             job.tell("error", None, (status, message))
+
+
+def _run_call(fn: Callable[[], Any], future: Future) -> None:
+    if not future.set_running_or_notify_cancel():
+        return  # cancelled while it waited
+    try:
+        future.set_result(fn())
+    except BaseException as e:  # noqa: B036 - handed to the caller, who re-raises it
+        future.set_exception(e)
 
 
 def _settle(model) -> None:

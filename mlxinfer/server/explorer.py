@@ -6,7 +6,7 @@
 
 The page draws seeds and generates through /v1 like any client, so those views show the server's
 own engine. The JSON endpoints call the library functions the CLI calls (next_token_scores,
-table_from_scores, explain, count, system_info), each on the engine thread (engine_call.py), and
+table_from_scores, explain, count, system_info), each on the engine thread (Batcher.call), and
 answer errors in OpenAI's shape; with an API key they need it as /v1 does (app._Guard).
 
 `next-token` returns the table `topk --json` prints and the scores themselves (float32,
@@ -104,8 +104,7 @@ def routes(state, read_body) -> list[Route]:
     async def card_route(http: HttpRequest):
         try:
             if not card:
-                ticket = await prepare_within({}, model, tokenizer, [0], chat=False, max_tokens=1)
-                card.update(await on_engine(batcher, ticket, lambda: model_card(state)))
+                card.update(await on_engine(batcher, lambda: model_card(state)))
         except ApiError as e:
             return _error(e)
         return JSONResponse(card)
@@ -137,7 +136,7 @@ def routes(state, read_body) -> list[Route]:
                 table.routing = expert_routing(model, request.ids)
                 return table.to_dict(), np.asarray(scores, dtype=np.float32).astype("<f4").tobytes()
 
-            table, raw = await on_engine(batcher, request, compute)
+            table, raw = await on_engine(batcher, compute)
         except ApiError as e:
             return _error(e)
         scores = {"dtype": "float32", "byteorder": "little", "count": len(raw) // 4, "base64": _b64(raw)}
@@ -155,8 +154,8 @@ def routes(state, read_body) -> list[Route]:
         return _asset(name, http)
 
     # ANSWERS: Route("/mlxinfer/answers", answers, methods=["POST"]) -- a body of the prompt, chat options,
-    # temperatures and the answers' bounds, checked like next_token's; on_engine(batcher, request, lambda:
-    # answers(model, tokenizer, ...).to_dict()); add "answers" to VIEWS and static/answers.js to ASSETS.
+    # temperatures and the answers' bounds, checked like next_token's; the walk a pass at a time through
+    # on_engine; add "answers" to VIEWS and static/answers.js to ASSETS.
     return [
         Route("/", page, methods=["GET"]),
         Route("/explorer/{name}", asset, methods=["GET"]),
