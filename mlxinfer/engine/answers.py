@@ -104,20 +104,18 @@ def answers(
         raise MlxinferError("settings must be a non-empty list of settings (e.g. [{'temperature': 0.7}])", "settings")
     check_walk(min_mass, max_nodes, group)
     size = check_batch_size(batch_size)
-    key_of = keyer(group, lambda t: tokenizer.decode([t]))
     request = prepare(
         model, tokenizer, prompt, max_tokens=max_tokens, json_schema=json_schema, tool=tool, chat=chat,
         system=system, thinking=thinking, raw_special_tokens=raw_special_tokens, stop=stop,
     )  # fmt: skip
     resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
-    if getattr(model.info, "sharding", None):
-        raise MlxinferError("answers runs in one process; load the model without a group", "source")
-    walk = _Walk(model, tokenizer, request, resolved, min_mass, max_nodes, size, progress)
-    start = time.perf_counter()
-    mx.reset_peak_memory()
-    stopped = walk.run()
-    seconds = time.perf_counter() - start
-    return walk.report(prompt, group, key_of, stopped, seconds)
+    walk = AnswerWalk(model, tokenizer, request, resolved, min_mass, max_nodes, size, group, progress)
+    try:
+        while walk.step():
+            pass
+    except KeyboardInterrupt:
+        walk.stopped = "interrupted"
+    return walk.report(prompt)
 
 
 def check_walk(min_mass: float, max_nodes: int, group: str = defaults.ANSWER_GROUP) -> None:
@@ -129,14 +127,23 @@ def check_walk(min_mass: float, max_nodes: int, group: str = defaults.ANSWER_GRO
     check_group(group)
 
 
-class _Walk:
-    def __init__(self, model, tokenizer, request, settings, min_mass, max_nodes, batch_size, progress):
+class AnswerWalk:
+    """The walk for one prepared request (request.prepare) and its resolved settings, a batch at a time:
+    step() runs one batch's forward passes (False once the walk has ended: `stopped` says why), report()
+    says what it found. The server runs its steps between decode steps (Batcher.call)."""
+
+    def __init__(self, model, tokenizer, request, settings, min_mass, max_nodes, batch_size, group, progress=None):
+        if getattr(model.info, "sharding", None):
+            raise MlxinferError("answers runs in one process; load the model without a group", "source")
         self.model, self.tokenizer, self.request, self.settings = model, tokenizer, request, settings
         self.min_mass, self.max_nodes, self.batch_size, self.progress = min_mass, max_nodes, batch_size, progress
+        self.group, self.key_of = group, keyer(group, lambda t: tokenizer.decode([t]))
         S = len(settings)
         # a branch lighter than eps of its parent is not followed: over max_tokens levels they lose at most
         # (1 - min_mass) / 2 of each setting's mass, the other half is left for the open paths
         self.eps = (1.0 - min_mass) / (2 * request.max_tokens)
+        self.started = time.perf_counter()
+        mx.reset_peak_memory()
         self.prompt = prefill(model, request.ids)
         self.P = len(request.ids)
         compiled = request.compiled
@@ -148,30 +155,31 @@ class _Walk:
         self.counter = itertools.count()
         self.nodes = self.passes = self.leaves = 0
         self.kv_bytes = 0
+        self.stopped: Optional[str] = None
         self.root = _Node((), np.ones(S), None)
         self.root.row = self._replay(())
+        self._expand_children([self.root], self.prompt.logits)
 
     # ------------------------------------------------------------------------- the walk
-    def run(self) -> str:
-        try:
-            self._expand_children([self.root], self.prompt.logits)
-            while True:
-                if self.min_mass < 1 and (self.open + self.lost <= 1.0 - self.min_mass).all():
-                    return "min_mass"
-                if self.nodes >= self.max_nodes:
-                    return "max_nodes"
-                batch = self._next_batch()
-                if not batch:  # nothing open is left: every path has ended
-                    break
-                for depth in sorted({len(n.path) for n in batch}):
-                    nodes = [n for n in batch if len(n.path) == depth]
-                    self._expand_children(nodes, self._forward(nodes))
-                if self.progress:
-                    self.progress(self.nodes, (self.open + self.lost).tolist())
-        except KeyboardInterrupt:
-            return "interrupted"
-        self.open[:] = 0.0  # nothing left open: exactly (the running sum drifts in the last bits)
-        return "complete" if not self.lost.any() else "min_mass"
+    def step(self) -> bool:
+        """One batch of the heaviest open paths through the model; False once the walk has ended."""
+        if self.stopped is not None:
+            return False
+        if self.min_mass < 1 and (self.open + self.lost <= 1.0 - self.min_mass).all():
+            self.stopped = "min_mass"
+        elif self.nodes >= self.max_nodes:
+            self.stopped = "max_nodes"
+        else:
+            batch = self._next_batch()
+            if not batch:  # nothing open is left: every path has ended
+                self.open[:] = 0.0  # exactly (the running sum drifts in the last bits)
+                self.stopped = "complete" if not self.lost.any() else "min_mass"
+            for depth in sorted({len(n.path) for n in batch}):
+                nodes = [n for n in batch if len(n.path) == depth]
+                self._expand_children(nodes, self._forward(nodes))
+            if self.progress and batch:
+                self.progress(self.nodes, (self.open + self.lost).tolist())
+        return self.stopped is None
 
     def _push(self, item) -> None:
         """Into every entry's frontier where it has weight; a node or a siblings cursor is taken once, from
@@ -350,7 +358,10 @@ class _Walk:
             found.paths = sorted(found.paths, key=lambda p: -p[0])[:PATHS_SHOWN]
 
     # ------------------------------------------------------------------------- the report
-    def report(self, prompt, group: str, key_of, stopped: str, seconds: float) -> AnswersReport:
+    def report(self, prompt) -> AnswersReport:
+        """What the walk found so far: the answers (grouped), each entry's explored mass and remainder."""
+        group, key_of, stopped = self.group, self.key_of, self.stopped or "interrupted"
+        seconds = time.perf_counter() - self.started
         grouped: dict[str, ExactAnswer] = {}
         heaviest: dict[str, list] = {}
         for text, found in self.found.items():
