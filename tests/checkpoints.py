@@ -67,7 +67,10 @@ GGUF_PARTS = {
     "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
+GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
 def write_tokenizer(out: Path, vocab_size: int = 300) -> None:
@@ -237,3 +240,74 @@ def write_mlx_lm_checkpoint(out: Path, arch: str, seed: int = 0, **overrides) ->
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_tokenizer(out)
     return out
+
+
+# ---- GGUF files, written as llama.cpp's converter and quantizer lay them out -------------------------------
+
+
+def gguf_name(hf_name: str) -> str:
+    module, _, part = hf_name.rpartition(".")
+    if module in GGUF_TOP:
+        return f"{GGUF_TOP[module]}.{part}"
+    _, _, layer, inside = module.split(".", 3)
+    return f"blk.{layer}.{GGUF_PARTS[inside]}.{part}"
+
+
+def write_gguf(hf_dir: Path, out: Path, kind=lambda name, shape: "F32", file_type: int | None = None) -> dict:
+    """The checkpoint in `hf_dir` (llama, qwen2 or qwen3) as a GGUF file written by the gguf package:
+    llama's q/k rows permuted as convert_hf_to_gguf.py permutes them, the tokenizer and chat template in
+    metadata, each tensor stored as kind(gguf name, shape) gives (vectors stay F32; quantized types through
+    tests/ggml_blocks.py). Returns {gguf name: the float32 values written, before quantization}."""
+    import gguf
+    import ggml_blocks
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
+    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(hf_dir / "model.safetensors")).items()}
+    arch = cfg["model_type"]
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("head_dim"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if file_type is not None:
+        w.add_file_type(file_type)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in specials else 1 for t in tokens])
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
+
+    def permute(v, heads):  # convert_hf_to_gguf.py's LlamaModel.permute
+        return v.reshape(heads, 2, v.shape[0] // heads // 2, *v.shape[1:]).swapaxes(1, 2).reshape(v.shape)
+
+    written = {}
+    for name, value in weights.items():
+        if arch == "llama" and name.endswith("self_attn.q_proj.weight"):
+            value = permute(value, cfg["num_attention_heads"])
+        elif arch == "llama" and name.endswith("self_attn.k_proj.weight"):
+            value = permute(value, cfg["num_key_value_heads"])
+        gname = gguf_name(name)
+        written[gname] = value
+        t = kind(gname, value.shape) if value.ndim == 2 else "F32"
+        if t in ("F32", "F16"):
+            w.add_tensor(gname, value.astype(np.float32 if t == "F32" else np.float16))
+        else:
+            w.add_tensor(gname, ggml_blocks.quantize(value, t), raw_dtype=gguf.GGMLQuantizationType[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return written
