@@ -294,6 +294,14 @@ def write_gguf(hf_dir: Path, out: Path, kind=lambda name, shape: "F32", file_typ
         return v.reshape(heads, 2, v.shape[0] // heads // 2, *v.shape[1:]).swapaxes(1, 2).reshape(v.shape)
 
     written = {}
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type") in ("linear", "yarn"):  # as metadata
+        w.add_rope_scaling_type(gguf.RopeScalingType(scaling["rope_type"]))
+        w.add_rope_scaling_factor(scaling["factor"])
+    if scaling.get("rope_type") == "llama3":  # convert_hf_to_gguf.py's LlamaModel: one factor per rotary pair
+        factors = _llama3_rope_factors(cfg)
+        w.add_tensor("rope_freqs.weight", factors)
+        written["rope_freqs.weight"] = factors
     for name, value in weights.items():
         if arch == "llama" and name.endswith("self_attn.q_proj.weight"):
             value = permute(value, cfg["num_attention_heads"])
@@ -311,3 +319,24 @@ def write_gguf(hf_dir: Path, out: Path, kind=lambda name, shape: "F32", file_typ
     w.write_tensors_to_file()
     w.close()
     return written
+
+
+def _llama3_rope_factors(cfg: dict) -> np.ndarray:
+    """What llama.cpp's converter stores as rope_freqs.weight for Llama 3.1's scaling: 1 for short
+    wavelengths, `factor` for long ones, the inverse of the smooth ramp between."""
+    import math
+
+    s, dim = cfg["rope_scaling"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old = s.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in 1.0 / cfg["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)

@@ -422,3 +422,64 @@ def test_another_gguf_architecture_is_one_line_pointing_at_its_safetensors(tiny,
     bad.write_bytes(raw[:at] + (6).to_bytes(8, "little") + b"gemma3" + raw[at + 13 :])
     result = invoke_cli("topk", "--model", str(bad), "--prompt", "hi")
     assert_one_line_error(result, "unknown architecture 'gemma3'", "safetensors", "mlx-lm")
+
+
+def test_llama3_rope_frequencies_are_applied(tmp_path):
+    """A Llama 3.1-style GGUF stores its RoPE scaling as rope_freqs.weight (one factor per rotary pair): it
+    loads to the logits of its HF twin (rope_scaling llama3, factor 8, original context 64), in a K-quant
+    file as in F32; factors that no Llama 3 scaling gives are one line."""
+    hf = checkpoints.write_checkpoint(tmp_path / "hf", "llama", dtype=mx.float32, **KQUANT)
+    assert json.loads((hf / "config.json").read_text())["rope_scaling"]["rope_type"] == "llama3"
+    want_model, tok = mlxinfer.load(hf, compute_dtype="float32")
+    want = _logits(want_model, tok)
+    flat = tmp_path / "f32.gguf"
+    written = checkpoints.write_gguf(hf, flat)
+    factors = written["rope_freqs.weight"]
+    assert factors[0] == 1.0 and factors[-1] == 8.0 and ((factors > 1) & (factors < 8)).any()  # a ramp between
+    model, _ = mlxinfer.load(flat, compute_dtype="float32")
+    assert model.config.rope_scaling["original_max_position_embeddings"] == 64
+    assert mx.abs(_logits(model, tok) - want).max().item() < 1e-4
+    plain = tmp_path / "plain"
+    checkpoints.write_checkpoint(plain, "llama", dtype=mx.float32, **KQUANT, rope_scaling=None)
+    unscaled, _ = mlxinfer.load(plain, compute_dtype="float32")
+    assert mx.abs(_logits(unscaled, tok) - want).max().item() > 1e-2  # the scaling matters at these positions
+    quantized = tmp_path / "q4k.gguf"
+    checkpoints.write_gguf(hf, quantized, _q4_k_m)
+    q, _ = mlxinfer.load(quantized, compute_dtype="float32")
+    assert q.config.rope_scaling == model.config.rope_scaling
+    notes = json.loads(invoke_cli("count", str(quantized), "--json").stdout)["stored"]["notes"]
+    assert any("rope_freqs.weight" in n for n in notes) and any("stored exactly once" in n for n in notes)
+    raw = bytearray(flat.read_bytes())
+    at = bytes(raw).index(factors.tobytes())
+    raw[at : at + 4] = np.float32(3.0).tobytes()  # the first pair, which Llama 3 never scales
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(bytes(raw))
+    assert_one_line_error(invoke_cli("topk", "--model", str(bad), "--prompt", "hi"), "rope_freqs.weight", "Llama 3")
+
+
+def test_linear_rope_scaling_from_the_metadata(tmp_path):
+    """{arch}.rope.scaling.type linear with its factor: the logits of the twin built from gguf-py's values
+    with the HF config (rope_scaling linear, factor 4); yarn, which the model does not apply, is one line."""
+    hf = checkpoints.write_checkpoint(
+        tmp_path / "hf",
+        "qwen3",
+        dtype=mx.float32,
+        **KQUANT,
+        **TINY["qwen3"],
+        rope_scaling={"rope_type": "linear", "factor": 4.0},
+    )
+    _, tok = mlxinfer.load(hf, compute_dtype="float32")
+    checkpoints.write_gguf(hf, tmp_path / "linear.gguf", _q4_k_m)
+    model, _ = mlxinfer.load(tmp_path / "linear.gguf", compute_dtype="float32")
+    assert model.config.rope_scaling == {"rope_type": "linear", "factor": 4.0}
+    twin = _dequantized_twin(tmp_path / "linear.gguf", hf, tmp_path / "twin")
+    ref, _ = mlxinfer.load(twin, compute_dtype="float32")
+    a, b = _logits(model, tok), _logits(ref, tok)
+    assert mx.abs(a - b).max().item() < 2e-2 * mx.abs(b).max().item()
+    yarn = tmp_path / "hf-yarn"
+    checkpoints.write_checkpoint(yarn, "qwen3", dtype=mx.float32, **KQUANT, **TINY["qwen3"])
+    cfg = json.loads((yarn / "config.json").read_text())
+    (yarn / "config.json").write_text(json.dumps({**cfg, "rope_scaling": {"rope_type": "yarn", "factor": 4.0}}))
+    checkpoints.write_gguf(yarn, tmp_path / "yarn.gguf", _q4_k_m)
+    result = invoke_cli("topk", "--model", str(tmp_path / "yarn.gguf"), "--prompt", "hi")
+    assert_one_line_error(result, "rope.scaling.type 'yarn'", "safetensors")

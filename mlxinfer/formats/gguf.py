@@ -18,6 +18,7 @@ from typing import Any
 from ..errors import MlxinferError
 from .config import ModelConfig
 from .ggml_types import GGML_TYPES
+from .gguf_rope import rope_scaling
 
 MAGIC = b"GGUF"
 
@@ -308,14 +309,13 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     }
     if get("attention.key_length"):
         d["head_dim"] = get("attention.key_length")
-    if "rope_freqs.weight" in names:
-        raise MlxinferError(
-            f"{header.path}: stores custom RoPE frequencies (rope_freqs.weight), which this loader does not apply;"
-            " use the model's safetensors checkpoint"
-        )
     missing = [k for k, v in d.items() if v is None]
     if missing:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks {', '.join(missing)}; the file is incomplete")
+    if isinstance(d["hidden_size"], int) and isinstance(heads, int) and heads > 0:
+        scaling = rope_scaling(header, arch, d.get("head_dim") or d["hidden_size"] // heads, d["rope_theta"])
+        if scaling:
+            d["rope_scaling"] = scaling
     check_blocks(header, d["num_hidden_layers"], f"{arch}.block_count")
     return ModelConfig.from_dict(d, where=str(header.path))
 

@@ -23,7 +23,7 @@ from ..formats.gguf import MX_LOAD_TYPES, GGUFHeader
 from . import gguf_tensors
 
 QUANT_PARTS = ("scales", "biases")
-_IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs)$")
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs|^rope_freqs\.weight)$")  # GGUF's: gguf_rope.py reads it
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 
 # llama.cpp's tensor names -> Hugging Face's
