@@ -18,6 +18,8 @@ time, so the float32 values of a large tensor are never all held at once.
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from ..errors import MlxinferError
@@ -42,7 +44,8 @@ EXACT: dict[str, tuple[dict[int, bytes], int]] = {
 FLOAT = {"F32": np.float32, "F16": np.float16, "BF16": np.uint16}  # BF16: its bits
 SUPPORTED = set(EXACT) | REFIT | set(FLOAT)
 GROUP = 32
-CHUNK_VALUES = 1 << 22  # float32 values converted at a time (16 MiB)
+CHUNK_VALUES = 1 << 22  # float32 values converted at a time (16 MiB), per thread
+MAX_THREADS = 8
 
 
 def check_types(header: GGUFHeader) -> None:
@@ -93,9 +96,12 @@ def _convert(t: GGUFTensor, raw: np.ndarray, dequantize: bool) -> dict[str, np.n
     convert = _exact if t.type_name in EXACT else _refit
     weight = np.empty((rows, cols * bits // 32), np.uint32)
     scales, biases = (np.empty((rows, cols // GROUP), np.float32) for _ in range(2))
-    step = max(1, CHUNK_VALUES // cols)
-    for r in range(0, rows, step):
+
+    def rows_from(r: int) -> None:  # each chunk writes its own rows: no result is held past its chunk
         weight[r : r + step], scales[r : r + step], biases[r : r + step] = convert(t.type_name, blocks[r : r + step])
+
+    step = max(1, CHUNK_VALUES // cols)
+    _each(rows_from, range(0, rows, step))
     scales, biases = _narrow(scales, biases)
     return {"weight": weight, "scales": scales, "biases": biases}
 
@@ -103,9 +109,27 @@ def _convert(t: GGUFTensor, raw: np.ndarray, dequantize: bool) -> dict[str, np.n
 def _chunks(blocks: np.ndarray, cols: int, fn) -> np.ndarray:
     out = np.empty((blocks.shape[0], cols), np.float32)
     step = max(1, CHUNK_VALUES // cols)
-    for r in range(0, blocks.shape[0], step):
+
+    def rows_from(r: int) -> None:
         out[r : r + step] = fn(blocks[r : r + step])
+
+    _each(rows_from, range(0, blocks.shape[0], step))
     return out
+
+
+def _each(fn, starts) -> None:
+    """fn(start) for every chunk, on up to one thread per core (numpy lets go of the GIL in its loops)."""
+    starts = list(starts)
+    workers = min(len(starts), os.cpu_count() or 1, MAX_THREADS)
+    if workers < 2:
+        for r in starts:
+            fn(r)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(workers) as pool:
+        for _ in pool.map(fn, starts):  # re-raises a chunk's error here
+            pass
 
 
 def _values(type_name: str, blocks: np.ndarray) -> np.ndarray:
@@ -169,6 +193,8 @@ def _pack(codes: np.ndarray, bits: int) -> np.ndarray:
     rows, cols = codes.shape
     if bits == 8:
         return np.ascontiguousarray(codes).view(np.uint32)
+    if bits == 4:
+        return np.ascontiguousarray(codes[:, 0::2] | (codes[:, 1::2] << 4)).view(np.uint32)
     eight = codes.reshape(rows, cols // 8, 8).astype(np.uint64)  # eight codes fill `bits` whole bytes
     stream = (eight << (np.arange(8, dtype=np.uint64) * np.uint64(bits))).sum(-1, dtype=np.uint64)
     packed = stream.reshape(rows, cols // 8, 1).view(np.uint8)[:, :, :bits]
