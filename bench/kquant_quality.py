@@ -9,7 +9,6 @@ tests/ggml_blocks.py (min/max scales, not llama.cpp's search): the files are val
 
     python bench/kquant_quality.py                     # every file, the shipped text, windows of 512
     python bench/kquant_quality.py --max-tokens 600    # a quicker look
-    python bench/kquant_quality.py --refit-bits 4      # the re-fit types at 4 bits instead, for comparison
 """
 
 from __future__ import annotations
@@ -22,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
 
-import mlxinfer  # noqa: E402,F401  (first: it loads a fast BLAS before anything imports mlx)
+import mlxinfer  # noqa: E402  (first: it loads a fast BLAS before anything imports mlx)
 
 # name -> (ffn_down's type, the 576-input matrices' type, general.file_type)
 FILES = {
@@ -46,10 +45,9 @@ def write(name: str, out: Path) -> Path:
     import gguf
     import numpy as np
 
-    from mlxinfer.formats.sources import embedded_model_path
-
     down, other, file_type = FILES[name]
-    src = gguf.GGUFReader(str(embedded_model_path()))
+    embedded, _ = mlxinfer.load(None, compute_dtype="bfloat16")
+    src = gguf.GGUFReader(str(embedded.info.source.path))
     arch = src.fields["general.architecture"].contents()
     n_layers = src.fields[f"{arch}.block_count"].contents()
     w = gguf.GGUFWriter(str(out), arch)
@@ -85,14 +83,10 @@ def main() -> None:
     parser.add_argument("--files", default=",".join(FILES), help="which of " + ", ".join(FILES))
     parser.add_argument("--max-tokens", type=int, default=None)
     parser.add_argument("--window", type=int, default=512)
-    parser.add_argument("--refit-bits", type=int, default=8, help="the re-fit types' bits (the rule: 8)")
     args = parser.parse_args()
 
-    from mlxinfer.formats import ggml_types
-    from mlxinfer.model import gguf_tensors
     from quant import evaluate
 
-    ggml_types.REFIT_BITS = gguf_tensors.REFIT_BITS = args.refit_bits
     print("| file | types | bits/weight (file) | mean KL (nats) | max KL | top-1 | perplexity (reference) |")
     print("|---|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
