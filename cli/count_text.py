@@ -219,7 +219,7 @@ def _quantization(r) -> list[str]:
                 f"{name}, {d['tensors']} tensor{'s' * (d['tensors'] != 1)}",
                 f"{d['parameters']:,} parameters",
                 _n(d["bytes"]),
-                f"bytes, {d['bits_per_weight']:.2f} bits per weight",
+                f"bytes, {d['bits_per_weight']:.2f} bits per weight; loads {d['loads_as']}",
             )
             for name, d in q["types"].items()
         ]
@@ -251,7 +251,13 @@ def _quantization(r) -> list[str]:
             _gb(q["bytes"]),
         ),
     ]
-    return _section("Quantized weights" + (" (GGUF tensor table)" if q["kind"] == "gguf" else ""), rows)
+    out = _section("Quantized weights" + (" (GGUF tensor table)" if q["kind"] == "gguf" else ""), rows)
+    if q["kind"] == "gguf":  # llama.cpp's loader lines, as it prints them
+        size = q["bytes"] / 2**30 if q["bytes"] >= 2**30 else q["bytes"] / 2**20
+        unit = "GiB" if q["bytes"] >= 2**30 else "MiB"
+        out += [f"llama.cpp: file type = {q['file_type']}", f"llama.cpp: file size = {size:.2f} {unit} "
+                f"({q['bits_per_parameter']:.2f} BPW)"]  # fmt: skip
+    return out
 
 
 def _stored(r) -> list[str]:

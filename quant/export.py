@@ -11,7 +11,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from mlxinfer.errors import MlxinferError
-from mlxinfer.formats import gguf
+from mlxinfer.formats import ggml_types, gguf
 from mlxinfer.formats.config import ModelConfig
 from mlxinfer.formats.sources import is_embedded, resolve
 from mlxinfer.model.params import unpacked_parameter_count
@@ -77,9 +77,10 @@ def quantize(
 
 
 def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str = writer.DEFAULT_SHARD_BYTES) -> dict:
-    """A GGUF file to a model directory with the same numbers: Q4_0/Q4_1/Q8_0 tensors stay the MLX affine
-    weights (group 32) `mx.load` reads them as, F32/F16/BF16 tensors stay as stored (norms in float32);
-    only llama's q/k rows are put back in Hugging Face order, as the loader does."""
+    """A GGUF file to a model directory of the MLX affine weights (group 32) the loader keeps: Q4_0/Q4_1/
+    Q8_0 as `mx.load` reads them, K-quants and i-quants by model/gguf_tensors.py's rule (exactly where the
+    block allows, else re-fit to 8 bits), F32/F16/BF16 as stored (norms in float32); only llama's q/k rows
+    are put back in Hugging Face order, as the loader does."""
     max_shard_bytes = writer.parse_size(max_shard_bytes)
     src = resolve(path)
     if src.kind != "gguf":
@@ -98,7 +99,8 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
     config = _hf_config(model, dtype, config_block(settings))
     parameters, files = _write(model, tokenizer, out, tensors, config, force, max_shard_bytes)
     kinds = sorted({t.type_name for t in gguf.read_header(src.path).tensors})
-    return _summary("convert", model, out, config, tensors, parameters, files, "kept as stored: " + ", ".join(kinds))
+    policy = ", ".join(f"{k} {ggml_types.loads_as(k)}" for k in kinds)
+    return _summary("convert", model, out, config, tensors, parameters, files, policy)
 
 
 # ---- pieces --------------------------------------------------------------------------------------------
@@ -209,8 +211,9 @@ def _write_tokenizer(model, tokenizer, directory: Path) -> None:
 
 
 def source_bytes(model) -> int:
-    """Bytes of the source's tensors as stored: the GGUF tensor table, or the loaded safetensors."""
-    if model.info.source.kind == "gguf":
+    """Bytes of the source's tensors as stored: the GGUF tensor table, or the loaded safetensors (and a
+    GGUF read as float32, `model.gguf@float32`: the float32 tensors it became)."""
+    if model.info.source.kind == "gguf" and not model.info.source.dequantized:
         return sum(t.nbytes for t in gguf.read_header(model.info.source.path).tensors)
     from mlx.utils import tree_flatten
 

@@ -67,7 +67,10 @@ GGUF_PARTS = {
     "mlp.down_proj": "ffn_down",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
 }
+GGUF_TOP = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
 
 
 def write_tokenizer(out: Path, vocab_size: int = 300) -> None:
@@ -262,3 +265,103 @@ def write_word_checkpoint(out: Path, seed: int = 0, scale: float = 3.0) -> Path:
     config = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
     (out / "tokenizer_config.json").write_text(json.dumps(config))
     return out
+
+
+# ---- GGUF files, written as llama.cpp's converter and quantizer lay them out -------------------------------
+
+
+def gguf_name(hf_name: str) -> str:
+    module, _, part = hf_name.rpartition(".")
+    if module in GGUF_TOP:
+        return f"{GGUF_TOP[module]}.{part}"
+    _, _, layer, inside = module.split(".", 3)
+    return f"blk.{layer}.{GGUF_PARTS[inside]}.{part}"
+
+
+def write_gguf(hf_dir: Path, out: Path, kind=lambda name, shape: "F32", file_type: int | None = None) -> dict:
+    """The checkpoint in `hf_dir` (llama, qwen2 or qwen3) as a GGUF file written by the gguf package:
+    llama's q/k rows permuted as convert_hf_to_gguf.py permutes them, the tokenizer and chat template in
+    metadata, each tensor stored as kind(gguf name, shape) gives (vectors stay F32; quantized types through
+    tests/ggml_blocks.py). Returns {gguf name: the float32 values written, before quantization}."""
+    import gguf
+    import ggml_blocks
+
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
+    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(hf_dir / "model.safetensors")).items()}
+    arch = cfg["model_type"]
+    w = gguf.GGUFWriter(str(out), arch)
+    w.add_block_count(cfg["num_hidden_layers"])
+    w.add_context_length(cfg["max_position_embeddings"])
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg["rope_theta"])
+    w.add_vocab_size(cfg["vocab_size"])
+    if cfg.get("head_dim"):
+        w.add_key_length(cfg["head_dim"])
+        w.add_value_length(cfg["head_dim"])
+    if file_type is not None:
+        w.add_file_type(file_type)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("gpt2")
+    w.add_token_list(tokens)
+    w.add_token_types([3 if t in specials else 1 for t in tokens])
+    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
+    w.add_eos_token_id(tokens.index("<|im_end|>"))
+    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
+
+    def permute(v, heads):  # convert_hf_to_gguf.py's LlamaModel.permute
+        return v.reshape(heads, 2, v.shape[0] // heads // 2, *v.shape[1:]).swapaxes(1, 2).reshape(v.shape)
+
+    written = {}
+    scaling = cfg.get("rope_scaling") or {}
+    if scaling.get("rope_type") in ("linear", "yarn"):  # as metadata
+        w.add_rope_scaling_type(gguf.RopeScalingType(scaling["rope_type"]))
+        w.add_rope_scaling_factor(scaling["factor"])
+    if scaling.get("rope_type") == "llama3":  # convert_hf_to_gguf.py's LlamaModel: one factor per rotary pair
+        factors = _llama3_rope_factors(cfg)
+        w.add_tensor("rope_freqs.weight", factors)
+        written["rope_freqs.weight"] = factors
+    for name, value in weights.items():
+        if arch == "llama" and name.endswith("self_attn.q_proj.weight"):
+            value = permute(value, cfg["num_attention_heads"])
+        elif arch == "llama" and name.endswith("self_attn.k_proj.weight"):
+            value = permute(value, cfg["num_key_value_heads"])
+        gname = gguf_name(name)
+        written[gname] = value
+        t = kind(gname, value.shape) if value.ndim == 2 else "F32"
+        if t in ("F32", "F16"):
+            w.add_tensor(gname, value.astype(np.float32 if t == "F32" else np.float16))
+        else:
+            w.add_tensor(gname, ggml_blocks.quantize(value, t), raw_dtype=gguf.GGMLQuantizationType[t])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return written
+
+
+def _llama3_rope_factors(cfg: dict) -> np.ndarray:
+    """What llama.cpp's converter stores as rope_freqs.weight for Llama 3.1's scaling: 1 for short
+    wavelengths, `factor` for long ones, the inverse of the smooth ramp between."""
+    import math
+
+    s, dim = cfg["rope_scaling"], cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    factor, low, high = s["factor"], s.get("low_freq_factor", 1.0), s.get("high_freq_factor", 4.0)
+    old = s.get("original_max_position_embeddings", 8192)
+    out = []
+    for freq in 1.0 / cfg["rope_theta"] ** (np.arange(0, dim, 2, dtype=np.float32) / dim):
+        wavelen = 2 * math.pi / freq
+        if wavelen < old / high:
+            out.append(1.0)
+        elif wavelen > old / low:
+            out.append(factor)
+        else:
+            smooth = (old / wavelen - low) / (high - low)
+            out.append(1 / ((1 - smooth) / factor + smooth))
+    return np.array(out, np.float32)

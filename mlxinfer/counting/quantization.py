@@ -3,7 +3,7 @@ bits, group size and mode, and the bytes that costs."""
 
 from __future__ import annotations
 
-from ..formats import gguf
+from ..formats import ggml_types, gguf
 from ..formats.config import KNOWN_DTYPES, ModelConfig
 from .layout import Weight
 
@@ -62,16 +62,22 @@ def mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
 
 
 def gguf_quant(h: gguf.GGUFHeader) -> dict:
-    """GGUF: the tensor table gives each tensor's ggml type and stored bytes."""
+    """GGUF: the tensor table gives each tensor's ggml type and stored bytes; bits per parameter is what
+    llama.cpp prints as BPW (all tensor bytes x 8 / all values), the file type its name for
+    general.file_type (guessed as it guesses without the key); `loads_as`: how mlxinfer keeps the type."""
     types: dict[str, dict] = {}
     for t in h.tensors:
         d = types.setdefault(t.type_name, {"tensors": 0, "parameters": 0, "bytes": 0})
         d.update(tensors=d["tensors"] + 1, parameters=d["parameters"] + t.n_elements, bytes=d["bytes"] + t.nbytes)
         d["bits_per_weight"] = 8 * d["bytes"] / d["parameters"]
+        d["loads_as"] = ggml_types.loads_as(t.type_name)
     nbytes, params = sum(t.nbytes for t in h.tensors), sum(t.n_elements for t in h.tensors)
     emb = next((t.nbytes for t in h.tensors if t.name == "token_embd.weight"), 0)
+    file_type_id, file_type = ggml_types.file_type(h.metadata, {t.name: t.type_name for t in h.tensors})
     return {
         "kind": "gguf",
+        "file_type": file_type,
+        "file_type_id": file_type_id,
         "types": types,
         "bytes": nbytes,
         "embedding_bytes": emb,

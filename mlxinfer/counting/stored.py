@@ -57,7 +57,10 @@ def stored_gguf(h: gguf.GGUFHeader, total: int) -> dict:
     head = h.file_size - sum(x.nbytes for x in h.tensors)  # metadata, tensor table, alignment padding
     s = _sums([{"name": h.path.name, "file_bytes": h.file_size, "header_bytes": head, "tensors": t}], "gguf")
     s["unique_parameters"] = total
-    diff = s["parameters"] - total
+    rope = next((x.n_elements for x in h.tensors if x.name == "rope_freqs.weight"), 0)
+    if rope:
+        s["notes"].append(f"rope_freqs.weight: Llama 3's RoPE scaling, one factor per rotary pair ({rope:,} values)")
+    diff = s["parameters"] - rope - total
     s["notes"].append(
         "every parameter is stored exactly once (a tied table is stored once, as token_embd)"
         if diff == 0

@@ -17,29 +17,14 @@ from typing import Any
 
 from ..errors import MlxinferError
 from .config import ModelConfig
+from .ggml_types import GGML_TYPES
+from .gguf_rope import rope_scaling
 
 MAGIC = b"GGUF"
 
-# ggml tensor types: name, elements per block, bytes per block
-GGML_TYPES: dict[int, tuple[str, int, int]] = {
-    0: ("F32", 1, 4),
-    1: ("F16", 1, 2),
-    2: ("Q4_0", 32, 18),
-    3: ("Q4_1", 32, 20),
-    6: ("Q5_0", 32, 22),
-    7: ("Q5_1", 32, 24),
-    8: ("Q8_0", 32, 34),
-    9: ("Q8_1", 32, 36),
-    10: ("Q2_K", 256, 84),
-    11: ("Q3_K", 256, 110),
-    12: ("Q4_K", 256, 144),
-    13: ("Q5_K", 256, 176),
-    14: ("Q6_K", 256, 210),
-    15: ("Q8_K", 256, 292),
-    30: ("BF16", 1, 2),
-}
-# the types mx.load reads (quantized ones arrive as MLX affine weights, group 32)
-LOADABLE = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
+# the types mx.load reads (quantized ones arrive as MLX affine weights, group 32); model/gguf_tensors.py
+# reads the others
+MX_LOAD_TYPES = {"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q8_0"}
 
 _SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
 _STRUCTS = {t: struct.Struct(fmt) for t, fmt in _SCALARS.items()}
@@ -243,11 +228,18 @@ def _tensor_info(r: _Reader, path: Path) -> GGUFTensor:
     dims = [r.scalar(10) for _ in range(n_dims)]
     type_id, offset = r.scalar(4), r.scalar(10)
     if type_id not in GGML_TYPES:
-        raise MlxinferError(f"{path}: tensor {name} has unknown ggml type {type_id}")
-    type_name, block, block_bytes = GGML_TYPES[type_id]
-    if min(dims) < 1 or max(dims) >= 2**31 or dims[0] % block:  # MLX's shapes are int32
         raise MlxinferError(
-            f"{path} has a corrupt header (tensor {name!r} has dimensions {dims}, which {type_name} cannot store)"
+            f"{path}: tensor {name} has unknown ggml type {type_id} (a newer llama.cpp's?); re-quantize the "
+            "model with llama.cpp's llama-quantize to a K-quant such as Q4_K_M, or Q8_0"
+        )
+    type_name, block, block_bytes = GGML_TYPES[type_id]
+    if min(dims) < 1 or max(dims) >= 2**31:  # MLX's shapes are int32
+        raise MlxinferError(f"{path} has a corrupt header (tensor {name!r} has dimensions {dims})")
+    if dims[0] % block:
+        raise MlxinferError(
+            f"{path} has a corrupt header (tensor {name!r} has dimensions {dims}, which {type_name} cannot store: "
+            f"its rows of {dims[0]:,} values are no whole number of {block}-value blocks); re-download or "
+            "re-quantize the file"
         )
     n = 1
     for d in dims:
@@ -272,8 +264,8 @@ def _check_layout(h: GGUFHeader, alignment: int) -> None:
         end, last = h.data_offset + t.offset + t.nbytes, t.name
         if end > h.file_size:
             raise MlxinferError(
-                f"{h.path} is truncated: its tensors need {end:,} bytes but the file has {h.file_size:,}; "
-                "re-download it"
+                f"{h.path} is truncated: tensor {t.name!r} ({t.type_name}, {t.nbytes:,} bytes) ends at byte "
+                f"{end:,} but the file has {h.file_size:,}; re-download it"
             )
 
 
@@ -286,7 +278,11 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     """Translate GGUF metadata into the fields config.json would have."""
     m, arch = header.metadata, header.architecture
     if arch not in _ARCH:
-        raise MlxinferError(f"{header.path}: unknown architecture '{arch}'; supported: {', '.join(sorted(_ARCH))}")
+        raise MlxinferError(
+            f"{header.path}: unknown architecture '{arch}' for a GGUF file (GGUF files load for "
+            f"{', '.join(sorted(_ARCH))}); load the model's safetensors checkpoint instead, which runs on "
+            "mlx-lm's class for it"
+        )
 
     def get(key: str, default=None):
         return m.get(f"{arch}.{key}", default)
@@ -313,14 +309,13 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     }
     if get("attention.key_length"):
         d["head_dim"] = get("attention.key_length")
-    if "rope_freqs.weight" in names:
-        raise MlxinferError(
-            f"{header.path}: stores custom RoPE frequencies (rope_freqs.weight), which this loader does not apply;"
-            " use the model's safetensors checkpoint"
-        )
     missing = [k for k, v in d.items() if v is None]
     if missing:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks {', '.join(missing)}; the file is incomplete")
+    if isinstance(d["hidden_size"], int) and isinstance(heads, int) and heads > 0:
+        scaling = rope_scaling(header, arch, d.get("head_dim") or d["hidden_size"] // heads, d["rope_theta"])
+        if scaling:
+            d["rope_scaling"] = scaling
     check_blocks(header, d["num_hidden_layers"], f"{arch}.block_count")
     return ModelConfig.from_dict(d, where=str(header.path))
 

@@ -14,7 +14,7 @@ import os
 import re
 import sys
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import MlxinferError
@@ -42,11 +42,17 @@ HUB_PATTERNS = [*DESCRIBING_FILES, "*.safetensors", "model.safetensors.index.jso
 REPO_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 
 
+# after a GGUF source (`model.gguf@float32`, `embedded@float32`): every tensor as the gguf package's float32
+# dequantization of it, exactly (the reference `quality` measures a re-quantization against)
+DEQUANTIZED = "@float32"
+
+
 @dataclass(frozen=True)
 class ModelSource:
     kind: str  # "dir" | "gguf" | "config" (a config .json alone) | "hub" (a repo id, nothing downloaded)
     path: Path | None  # the directory, the .gguf or the .json; None for "hub"
     name: str  # what the user asked for, for messages and output
+    dequantized: bool = False  # a GGUF named with DEQUANTIZED: its tensors read as float32 values
 
 
 def embedded_model_path() -> Path:
@@ -74,6 +80,17 @@ def is_embedded(source) -> bool:
 
 def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelSource:
     """Turn what the user typed into local files, downloading from the hub if `weights`."""
+    text = "" if source is None else str(source)
+    if text.endswith(DEQUANTIZED) and not Path(text).expanduser().exists():
+        src = resolve(text[: -len(DEQUANTIZED)] or None, weights=weights)
+        if src.kind != "gguf":
+            raise MlxinferError(
+                f"{text}: '{DEQUANTIZED}' names a GGUF file's tensors dequantized to float32, and "
+                f"{src.name} is not a .gguf file; drop the suffix",
+                "source",
+            )
+        embedded = EMBEDDED_NAME.replace("GGUF", "GGUF dequantized to float32")
+        return replace(src, name=embedded if src.name == EMBEDDED_NAME else text, dequantized=True)
     if is_embedded(source):
         return ModelSource("gguf", embedded_model_path(), EMBEDDED_NAME)
     text = str(source)

@@ -18,7 +18,9 @@ from .weights import check_layers, fill, quantize_like, read_gguf, read_safetens
 
 def load(source: str | Path | None = None, compute_dtype: str = "auto", group=None):
     """Load a model and its tokenizer: a local directory, a .gguf, a hub repo id, or None (or
-    "embedded") for the embedded model.
+    "embedded") for the embedded model. A GGUF's K-quants and i-quants load as model/gguf_tensors.py
+    says; "model.gguf@float32" (or "embedded@float32") loads every tensor as the gguf package's float32
+    dequantization of it, exactly.
 
     compute_dtype: "bfloat16" keeps the weights as stored (quantized stays quantized, like
     mlx_lm.load); "quantized" keeps quantized weights packed and computes in float32 through the
@@ -52,7 +54,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     if src.kind == "gguf":
         header = gguf.read_header(src.path)
         cfg = gguf.config_from_header(header)
-        weights = read_gguf(header, cfg)
+        weights = read_gguf(header, cfg, dequantize=src.dequantized)
         tokenizer = tokenizer_from_gguf(header)
         generation_config = None
     else:

@@ -1,9 +1,10 @@
 """Read tensors and build the model with bf16 or quantized modules, by Hugging Face names.
 
 Sources: safetensors in Hugging Face layout (bf16/f16/f32, or MLX affine-quantized as
-mlx-community writes them), and GGUF files (F32/F16/BF16/Q4_0/Q4_1/Q8_0, which `mx.load`
-hands over as MLX affine weights with group size 32; their names are mapped to Hugging
-Face's here). Never pickle.
+mlx-community writes them), and GGUF files: F32/F16/BF16/Q4_0/Q4_1/Q8_0, which `mx.load`
+hands over as MLX affine weights with group size 32, and K-quants, i-quants and the rest
+through gguf_tensors.py (exact MLX affine weights where the block allows, else re-fit to
+8 bits); their names are mapped to Hugging Face's here. Never pickle.
 """
 
 from __future__ import annotations
@@ -18,10 +19,11 @@ from mlx.utils import tree_flatten
 from ..errors import MlxinferError
 from ..formats import safetensors
 from ..formats.config import QUANT_BITS, QUANT_GROUPS, ModelConfig
-from ..formats.gguf import LOADABLE, GGUFHeader
+from ..formats.gguf import MX_LOAD_TYPES, GGUFHeader
+from . import gguf_tensors
 
 QUANT_PARTS = ("scales", "biases")
-_IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs)$")
+_IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs|^rope_freqs\.weight)$")  # GGUF's: gguf_rope.py reads it
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 
 # llama.cpp's tensor names -> Hugging Face's
@@ -79,27 +81,24 @@ def read_safetensors(directory: Path) -> dict[str, mx.array]:
     return {k: v for k, v in weights.items() if not _IGNORED.search(k)}
 
 
-def read_gguf(header: GGUFHeader, cfg: ModelConfig) -> dict[str, mx.array]:
-    bad = sorted({t.type_name for t in header.tensors} - LOADABLE)
-    if bad:
-        raise MlxinferError(
-            f"{header.path} uses GGUF tensor types {', '.join(bad)}; this loader reads "
-            f"{', '.join(sorted(LOADABLE))} (re-quantize with one of those)",
-            "source",
-        )
-    if header.float64_keys:  # MLX 0.32's GGUF reader dies with SIGSEGV on a FLOAT64 value
-        raise MlxinferError(
-            f"{header.path}: metadata {header.float64_keys[0]!r} is a FLOAT64 value, which MLX's GGUF reader "
-            "cannot read (it crashes); store it as FLOAT32 or remove it (gguf-py's gguf_new_metadata)",
-            "source",
-        )
+def read_gguf(header: GGUFHeader, cfg: ModelConfig, dequantize: bool = False) -> dict[str, mx.array]:
+    """The file's tensors by Hugging Face names: `mx.load` for a file of its types, else gguf_tensors.py
+    (K-quants, i-quants, ...: its rule); `dequantize`: every tensor as gguf-py's float32 values."""
     for t in header.tensors:  # every name placed before a byte is read
         if not _IGNORED.search(t.name):
             gguf_to_hf(t.name)
-    try:
-        raw = mx.load(str(header.path))
-    except Exception as e:
-        raise MlxinferError(f"{header.path} could not be read as GGUF ({e}); re-download it", "source") from None
+    if dequantize or header.float64_keys or not {t.type_name for t in header.tensors} <= MX_LOAD_TYPES:
+        # (MLX 0.32's GGUF reader dies with SIGSEGV on a FLOAT64 metadata value: such files come this way too)
+        names = {t.name for t in header.tensors if not _IGNORED.search(t.name)}
+        raw = {}
+        for name, parts in gguf_tensors.read(header, names, dequantize).items():
+            for part, value in parts.items():
+                raw[name if part == "weight" else f"{name.rsplit('.', 1)[0]}.{part}"] = _mx(value)
+    else:
+        try:
+            raw = mx.load(str(header.path))
+        except Exception as e:
+            raise MlxinferError(f"{header.path} could not be read as GGUF ({e}); re-download it", "source") from None
     weights = {gguf_to_hf(k): v for k, v in raw.items() if not _IGNORED.search(k)}
     if cfg.model_type == "llama":
         # llama.cpp stores q/k rows permuted for interleaved RoPE; undo it for our half-split RoPE
@@ -116,6 +115,13 @@ def read_gguf(header: GGUFHeader, cfg: ModelConfig) -> dict[str, mx.array]:
                             )
                         weights[key] = unpermute_rows(weights[key], heads)
     return weights
+
+
+def _mx(value) -> mx.array:
+    """A numpy tensor from gguf_tensors.py in MLX (a BF16 tensor's uint16 bits viewed as bfloat16)."""
+    import numpy as np
+
+    return mx.array(value).view(mx.bfloat16) if value.dtype == np.uint16 else mx.array(value)
 
 
 def check_layers(cfg: ModelConfig, weights: dict, where: str) -> None:
