@@ -135,6 +135,7 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             "--max-nodes",
             "Expand at most this many token paths (each keeps its last token's keys and values).",
         ),
+        ("max_seconds", Optional[float], None, "--max-seconds", "Stop the walk after this many seconds."),
     ],
     "exact": [
         (
@@ -257,8 +258,8 @@ def exact_kwargs(options: dict) -> dict:
     checked before any model loads."""
     import mlxinfer
 
-    given = {k: options[k] for k in ("group", "exact", "min_mass", "max_nodes") if k in options}
-    mlxinfer.check_walk(given.get("min_mass", 1.0), given.get("max_nodes", 1), given["group"])
+    given = {k: options[k] for k in ("group", "exact", "min_mass", "max_nodes", "max_seconds") if k in options}
+    mlxinfer.check_walk(given.get("min_mass", 1.0), given.get("max_nodes", 1), given["group"], given.get("max_seconds"))
     return given
 
 

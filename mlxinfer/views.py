@@ -243,7 +243,7 @@ class AnswersReport(View):
     group: str
     answers: list[ExactAnswer]
     mass: list[SettingsMass]  # per settings entry
-    stopped: str  # "complete", "min_mass", "max_nodes" or "interrupted"
+    stopped: str  # "complete", "min_mass", "max_nodes", "max_seconds" or "interrupted"
     nodes: int  # paths expanded (one forward row each)
     forward_passes: int
     leaves: int  # paths that ended

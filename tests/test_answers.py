@@ -116,7 +116,7 @@ def test_a_walk_cut_short_bounds_what_it_did_not_see(words, max_nodes):
         remainder = report.mass[s].remainder
         assert remainder > 0 and not report.mass[s].complete
         unlisted = sum(p for answer, p in truth.items() if answer not in got)
-        assert unlisted <= remainder + 1e-9
+        assert unlisted <= remainder + 1e-6  # within the float32 scores' rounding, as every answer is
         for answer, p in got.items():  # a listed answer's probability is a lower bound, short by at most it
             assert p <= truth[answer] + 1e-6 and truth[answer] - p <= remainder + 1e-6
         assert report.mass[s].explored + remainder == pytest.approx(1.0, abs=1e-9)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import copy
 import heapq
 import itertools
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -95,21 +96,23 @@ def answers(
     tool: dict | str | None = None,
     raw_special_tokens: bool = False,
     progress: Optional[Callable[[int, list[float]], None]] = None,
+    max_seconds: Optional[float] = None,
 ) -> AnswersReport:
     """The exact distribution of whole answers for each settings entry (each a SamplerSettings or a dict of
     the fields set, the rest from generation_config.json, as in sweep). The walk ends when every entry has
-    min_mass of its probability resolved, when max_nodes paths have been expanded, when nothing is left
-    open (complete: remainder 0), or at Ctrl-C; the report says which. progress(nodes, remainders)."""
+    min_mass of its probability resolved, when max_nodes paths have been expanded, after max_seconds (when
+    given), when nothing is left open (complete: remainder 0), or at Ctrl-C; the report says which.
+    progress(nodes, remainders) after each batch."""
     if isinstance(settings, (SamplerSettings, Mapping)) or not list(settings):
         raise MlxinferError("settings must be a non-empty list of settings (e.g. [{'temperature': 0.7}])", "settings")
-    check_walk(min_mass, max_nodes, group)
+    check_walk(min_mass, max_nodes, group, max_seconds)
     size = check_batch_size(batch_size)
     request = prepare(
         model, tokenizer, prompt, max_tokens=max_tokens, json_schema=json_schema, tool=tool, chat=chat,
         system=system, thinking=thinking, raw_special_tokens=raw_special_tokens, stop=stop,
     )  # fmt: skip
     resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
-    walk = AnswerWalk(model, tokenizer, request, resolved, min_mass, max_nodes, size, group, progress)
+    walk = AnswerWalk(model, tokenizer, request, resolved, min_mass, max_nodes, size, group, progress, max_seconds)
     try:
         while walk.step():
             pass
@@ -118,12 +121,18 @@ def answers(
     return walk.report(prompt)
 
 
-def check_walk(min_mass: float, max_nodes: int, group: str = defaults.ANSWER_GROUP) -> None:
+def check_walk(
+    min_mass: float, max_nodes: int, group: str = defaults.ANSWER_GROUP, max_seconds: Optional[float] = None
+) -> None:
     """The walk's bounds and the grouping rule, checked (a front end calls this before a model loads)."""
     if not (isinstance(min_mass, (int, float)) and not isinstance(min_mass, bool) and 0 < min_mass <= 1):
         raise MlxinferError(f"min_mass must be in (0, 1] (1: walk until complete), got {min_mass!r}", "min_mass")
     if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
         raise MlxinferError(f"max_nodes must be a whole number, at least 1, got {max_nodes!r}", "max_nodes")
+    if max_seconds is not None and not (
+        isinstance(max_seconds, (int, float)) and not isinstance(max_seconds, bool) and 0 < max_seconds < math.inf
+    ):
+        raise MlxinferError(f"max_seconds must be a number of seconds > 0, got {max_seconds!r}", "max_seconds")
     check_group(group)
 
 
@@ -132,11 +141,13 @@ class AnswerWalk:
     step() runs one batch's forward passes (False once the walk has ended: `stopped` says why), report()
     says what it found. The server runs its steps between decode steps (Batcher.call)."""
 
-    def __init__(self, model, tokenizer, request, settings, min_mass, max_nodes, batch_size, group, progress=None):
+    def __init__(self, model, tokenizer, request, settings, min_mass, max_nodes, batch_size, group, progress=None,
+                 max_seconds=None):  # fmt: skip
         if getattr(model.info, "sharding", None):
             raise MlxinferError("answers runs in one process; load the model without a group", "source")
         self.model, self.tokenizer, self.request, self.settings = model, tokenizer, request, settings
         self.min_mass, self.max_nodes, self.batch_size, self.progress = min_mass, max_nodes, batch_size, progress
+        self.max_seconds = max_seconds
         self.group, self.key_of = group, keyer(group, lambda t: tokenizer.decode([t]))
         S = len(settings)
         # a branch lighter than eps of its parent is not followed: over max_tokens levels they lose at most
@@ -169,6 +180,8 @@ class AnswerWalk:
             self.stopped = "min_mass"
         elif self.nodes >= self.max_nodes:
             self.stopped = "max_nodes"
+        elif self.max_seconds is not None and time.perf_counter() - self.started >= self.max_seconds:
+            self.stopped = "max_seconds"
         else:
             batch = self._next_batch()
             if not batch:  # nothing open is left: every path has ended
@@ -271,6 +284,7 @@ class AnswerWalk:
         eps of every entry's conditional mass; the rest is lost to the remainder."""
         final = self._probabilities(nodes, logits)  # (S, B, V)
         support = mx.sum(final > 0, axis=-1)  # (S, B): tokens each entry can draw after each path
+        total = mx.sum(final, axis=-1)  # (S, B): 1 but for float32's rounding
         weights = mx.array(np.stack([n.probs for n in nodes], axis=1).astype(np.float32))  # (S, B)
         heaviest = mx.max(final * weights[:, :, None], axis=0)  # (B, V)
         V = heaviest.shape[-1]
@@ -281,9 +295,10 @@ class AnswerWalk:
             else mx.broadcast_to(mx.arange(V), (len(nodes), V))
         )
         picked = mx.take_along_axis(final, mx.broadcast_to(top[None], (final.shape[0], *top.shape)), axis=-1)
-        mx.eval(picked, top, support)
+        mx.eval(picked, top, support, total)
         ids, support = np.array(top), np.array(support)
-        cond = np.array(picked).astype(np.float64)  # conditional probabilities (S, B, k)
+        # conditional probabilities (S, B, k), divided by their row's whole sum so that each row holds exactly 1
+        cond = np.array(picked).astype(np.float64) / np.array(total).astype(np.float64)[:, :, None]
         for b, node in enumerate(nodes):
             self._children(node, ids[b], cond[:, b], support[:, b])
 
@@ -295,9 +310,12 @@ class AnswerWalk:
             n = min(int(np.searchsorted(mass, 1.0 - self.eps)) + 1, len(order)) if self.eps > 0 else len(order)
             chosen = order[:n]
             keep[chosen[cond[s][chosen] > 0]] = True
-        # an entry loses nothing where every token it can draw is kept (a cut support: exactly 0)
+        # an entry loses nothing where every token it can draw is kept (a cut support: exactly 0); there its
+        # children are rescaled to sum to 1 exactly, so that no mass leaks in rounding
         whole = (cond[:, keep] > 0).sum(axis=1) == support
-        self.lost += np.where(whole, 0.0, node.probs * np.clip(1.0 - cond[:, keep].sum(axis=1), 0.0, None))
+        taken = cond[:, keep].sum(axis=1)
+        cond = np.where(whole[:, None] & (taken[:, None] > 0), cond / np.where(taken > 0, taken, 1.0)[:, None], cond)
+        self.lost += np.where(whole, 0.0, node.probs * (1.0 - taken))  # what the children do not hold, exactly
         kept = np.nonzero(keep)[0]
         if len(kept):  # every child waits in weight order, ending ones too: resolved when taken
             probs = node.probs[None, :] * cond[:, kept].T  # (n, S)
@@ -374,7 +392,7 @@ class AnswerWalk:
         for key, answer in grouped.items():
             answer.paths = [self._path(p) for p in sorted(heaviest[key], key=lambda p: -p[0])[:PATHS_SHOWN]]
         listed = sorted(grouped.values(), key=lambda a: (-max(a.probs), a.answer))
-        remainder = self.open + self.lost
+        remainder = np.clip(self.open + self.lost, 0.0, 1.0)  # >= 0 but for float64's last bits
         masses = [
             SettingsMass(s.to_dict(), float(1.0 - r), float(r), bool(r == 0)) for s, r in zip(self.settings, remainder)
         ]

@@ -80,6 +80,7 @@ def sample(
     exact: bool = False,
     min_mass: float = defaults.EXACT_MIN_MASS,
     max_nodes: int = defaults.EXACT_MAX_NODES,
+    max_seconds: Optional[float] = None,
 ) -> SampleReport:
     """One completion per seed, then a tally of the distinct answers.
 
@@ -147,7 +148,8 @@ def sample(
         options = dict(chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens)
         walk = answers(
             model, tokenizer, prompt, settings=[request.settings], max_tokens=max_tokens, stop=stop,
-            min_mass=min_mass, max_nodes=max_nodes, batch_size=size, group=group, json_schema=json_schema,
+            min_mass=min_mass, max_nodes=max_nodes, max_seconds=max_seconds, batch_size=size, group=group,
+            json_schema=json_schema,
             tool=tool, **options,
         )  # fmt: skip
         check_against_exact(report, walk)

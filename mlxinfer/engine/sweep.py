@@ -164,6 +164,7 @@ def sweep(
     exact: bool = False,
     min_mass: float = defaults.EXACT_MIN_MASS,
     max_nodes: int = defaults.EXACT_MAX_NODES,
+    max_seconds: Optional[float] = None,
 ) -> SweepReport:
     """Every prompt x every settings entry x every seed: one completion each, and the summary per cell.
 
@@ -198,7 +199,8 @@ def sweep(
     ]
     walks = {}
     if exact:  # before the draws, so that each record is written with its answer's exact probability
-        options = dict(max_tokens=plan.max_tokens, stop=plan.stop or None, min_mass=min_mass, max_nodes=max_nodes)
+        options = dict(max_tokens=plan.max_tokens, stop=plan.stop or None, min_mass=min_mass, max_nodes=max_nodes,
+                       max_seconds=max_seconds)  # fmt: skip
         walks = {
             (p, s): answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]], batch_size=size, group=group,
                             **options)
