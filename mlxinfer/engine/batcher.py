@@ -63,6 +63,10 @@ class QueueFull(Exception):
     """More requests are waiting than the queue bound allows: the caller should retry later."""
 
 
+class _Left(Exception):
+    """The job's client left while its prompt was being prefilled: the rest of the prefill is skipped."""
+
+
 class Batcher:
     """The engine: `submit` from any thread, events back through each job's `emit`."""
 
@@ -113,7 +117,7 @@ class Batcher:
     def status(self) -> dict:
         return {
             "rows_in_flight": len(self._live),
-            "queued": len(self._pending),
+            "queued": sum(not job.cancelled for job in self._pending),  # a job whose client left waits for nothing
             "max_rows": self.max_rows,
             "max_queue": self.max_queue,
             "steps": self.steps,
@@ -185,7 +189,10 @@ class Batcher:
         """Prefill the job's prompt once and draw each row's first token from its scores."""
         request = job.request
         try:
-            prefilled = self._prompts.get(request.ids) or self._prompts.put(prefill(self.model, request.ids))
+            _stop_if_left(job)  # it may have left while the jobs taken before it were prefilled
+            prefilled = self._prompts.get(request.ids) or self._prompts.put(
+                prefill(self.model, request.ids, progress=lambda done, total: _stop_if_left(job))
+            )
             history = mx.array(request.ids[:-1], dtype=mx.int32)
             rows = [ServedRow(request.row(seed), history, self.tokenizer, self.stop_ids) for seed in job.seeds]
             last = mx.array(request.ids[-1:], dtype=mx.int32)
@@ -193,6 +200,8 @@ class Batcher:
                 rows, prefilled.logits, [last] * len(rows), job.top_logprobs, self.fast, job.logprobs, host_draw=True
             )
             mx.eval(y, lp, alts)
+        except _Left:  # between two chunks of its prefill (decode.prefill's step_size tokens)
+            return
         except MlxinferError as e:  # the prefill's scores are NaN or inf: the model's fault, named
             self._fail(job, 500, str(e))
             return
@@ -317,6 +326,11 @@ class Batcher:
         if not job.cancelled:
             job.cancelled = True  # its other rows leave too
             job.tell("error", None, (status, message))
+
+
+def _stop_if_left(job: Job) -> None:
+    if job.cancelled:
+        raise _Left
 
 
 def _settle(model) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import logging
 import secrets
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
@@ -29,11 +30,12 @@ from ..engine.batcher import Batcher, Job, QueueFull, check_bounds, check_whole
 from ..engine.request import check_seed
 from ..errors import MlxinferError
 from .errors import ApiError, error_body, from_library, from_validation
-from .inputs import Plan, budget, chat_plan, completion_plan, prepare_within
-from .schemas import ChatRequest, CompletionRequest
+from .inputs import ClientGone, Plan, budget, chat_plan, completion_plan, prepare_within
+from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, unknown_fields
 from .stream import chat_response, completion_response
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
+log = logging.getLogger("mlxinfer.server")
 
 
 class _State:
@@ -41,6 +43,8 @@ class _State:
         self.model, self.tokenizer, self.batcher, self.model_id = model, tokenizer, batcher, model_id
         self.names = {model_id, model.info.name}
         self.default_max_tokens = default_max_tokens
+        self.preparing = 0  # requests whose schema or prompt is being prepared (or waits to be)
+        self.abandoned = 0  # requests whose client left during preparation (dropped there)
         self.fingerprint = "mlxinfer-" + "-".join(model.info.definition.split()[1:]) + f"-{model.info.compute_dtype}"
 
 
@@ -109,6 +113,23 @@ def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
 
 
+def _gone() -> JSONResponse:
+    """The answer to a client that left during preparation: no one reads it (499, as nginx logs it)."""
+    return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
+
+
+def _noted(response, body):
+    """The response, with the body's fields that neither OpenAI nor this server defines named in a
+    header (a misspelled "temprature" would otherwise pass unseen): OpenAI-compatible clients send
+    other servers' extras, which a refusal would break."""
+    unknown = unknown_fields(body) if body is not None else []
+    if unknown:
+        shown = ", ".join(unknown[:10]) + (f", and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        response.headers[IGNORED_HEADER] = shown.encode("ascii", "backslashreplace").decode("ascii")[:1000]
+        log.warning("a request's fields were ignored: %s", shown)
+    return response
+
+
 # Deeper bodies are refused before validation: nothing OpenAI defines nests past a few levels (a
 # json_schema a few dozen), and every later walk over the body (pydantic, the schema compiler) recurses.
 MAX_JSON_DEPTH = 100
@@ -164,22 +185,34 @@ def _check(state: _State, body) -> None:
         raise ApiError(400, "stop takes at most 4 strings of at most 256 characters", "stop")
 
 
-async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: dict, want_lp: bool, top: int):
-    """prepare (under the template deadline), the budget, the seeds, and the job queued."""
-    request = await prepare_within(
-        fields,
-        state.model,
-        state.tokenizer,
-        plan.prompt,
-        settings=body.settings(),
-        max_tokens=asked if asked is not None else 1,
-        json_schema=plan.json_schema,
-        tool=plan.tool,
-        or_text=plan.or_text,
-        chat=plan.chat,
-        system=plan.system,
-        parts=plan.parts,
-    )
+async def _start(state: _State, http, body, plan: Plan, asked: Optional[int], fields: dict, want_lp: bool, top: int):
+    """prepare (under the template deadline), the budget, the seeds, and the job queued. At most
+    max_rows + max_queue requests in preparation (more could not all be served): past it, a 429."""
+    if state.preparing >= state.batcher.max_rows + state.batcher.max_queue:
+        raise ApiError(429, f"the server is busy ({state.preparing} requests in preparation); retry shortly",
+                       None, Retry_After="1")  # fmt: skip
+    state.preparing += 1
+    try:
+        request = await prepare_within(
+            http,
+            fields,
+            state.model,
+            state.tokenizer,
+            plan.prompt,
+            settings=body.settings(),
+            max_tokens=asked if asked is not None else 1,
+            json_schema=plan.json_schema,
+            tool=plan.tool,
+            or_text=plan.or_text,
+            chat=plan.chat,
+            system=plan.system,
+            parts=plan.parts,
+        )
+    except ClientGone:
+        state.abandoned += 1
+        raise
+    finally:
+        state.preparing -= 1
     request = budget(request, state.model, asked, state.default_max_tokens)
     base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)
     loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -256,16 +289,24 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
     state = _State(model, tokenizer, batcher, o.model_name or model_id_for(model), o.default_max_tokens)
 
     async def health(http):
-        return JSONResponse({"status": "ok", "model": state.model_id, **batcher.status()})
+        preparation = {"preparing": state.preparing, "abandoned": state.abandoned}
+        return JSONResponse({"status": "ok", "model": state.model_id, **batcher.status(), **preparation})
 
     async def models(http):
         card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "mlxinfer"}
         return JSONResponse({"object": "list", "data": [card]})
 
     async def chat(http):
+        body = None
         try:
             body = await _body(http, ChatRequest)
             _check(state, body)
+            context = state.model.config.max_position_embeddings
+            if len(body.messages) > context:  # each message is at least one token of the prompt
+                raise ApiError(
+                    400, f"messages: {len(body.messages):,} messages cannot fit the model's context of {context:,} "
+                    "tokens; send fewer", "messages",
+                )  # fmt: skip
             if body.top_logprobs is not None and not (0 <= body.top_logprobs <= MAX_TOP_LOGPROBS):
                 raise ApiError(400, f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
             if body.top_logprobs and not body.logprobs:
@@ -274,12 +315,17 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
             asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
             field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
             fields = {"max_tokens": field, "logprobs": "top_logprobs"}
-            started = await _start(state, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
+            if plan.wrapped and not plan.or_json:  # the one grammar is the tools' calls
+                fields["json_schema"] = "tools"
+            started = await _start(state, http, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
         except ApiError as e:
-            return _error(e)
-        return await chat_response(state, http, body, plan, *started)
+            return _noted(_error(e), body)
+        except ClientGone:
+            return _gone()
+        return _noted(await chat_response(state, http, body, plan, *started), body)
 
     async def completions(http):
+        body = None
         try:
             body = await _body(http, CompletionRequest)
             _check(state, body)
@@ -288,11 +334,13 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
             plan = completion_plan(body)
             fields = {"prompt": "prompt", "max_tokens": "max_tokens"}
             started = await _start(
-                state, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
+                state, http, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
             )
         except ApiError as e:
-            return _error(e)
-        return await completion_response(state, http, body, plan, *started)
+            return _noted(_error(e), body)
+        except ClientGone:
+            return _gone()
+        return _noted(await completion_response(state, http, body, plan, *started), body)
 
     @asynccontextmanager
     async def lifespan(app):

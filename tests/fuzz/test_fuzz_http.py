@@ -21,7 +21,7 @@ from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 import mlxinfer
-from test_serve import running
+from served import running
 
 CASES = 40  # ~10 s: each case is one short request to a tiny model
 DOCUMENTED = {200, 400, 404, 413, 422, 429}
