@@ -23,6 +23,7 @@ from mlxinfer.engine import batcher as batcher_module
 from mlxinfer.engine import schema_bounds
 from mlxinfer.engine.batcher import Batcher, Job
 from mlxinfer.engine.request import prepare
+from mlxinfer.engine.schema import GRAMMAR_LIMITS
 from mlxinfer.server import inputs
 from served import EngineGate, address, client, health, model_id, post, raw_exchange, raw_post, running, texts, until
 
@@ -322,3 +323,16 @@ def test_a_job_whose_client_left_costs_no_more_prefill(checkpoint_dir, monkeypat
     assert engine._prompts.status()["prompts"] == 0  # a part-prefilled prompt is not kept
     engine._pending.extend([types.SimpleNamespace(cancelled=True), types.SimpleNamespace(cancelled=False)])
     assert engine.status()["queued"] == 1
+
+
+def test_the_bounds_are_what_the_docs_say():
+    """docs/bad_input.md states each bound by its name; a change of one must change the page."""
+    from conftest import ROOT
+
+    page = (ROOT / "docs" / "bad_input.md").read_text()
+    bounds = {"MAX_TOOLS": inputs.MAX_TOOLS}
+    bounds |= {name: getattr(schema_bounds, name) for name in dir(schema_bounds) if name.startswith("MAX_")}
+    for name, value in bounds.items():
+        assert f"{value:,} (`{name}`" in page, name
+    assert "`max_grammar_size` 200,000" in page
+    assert GRAMMAR_LIMITS["max_grammar_size"] == 200_000
