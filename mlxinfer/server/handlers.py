@@ -28,7 +28,7 @@ from ..errors import MlxinferError
 from .errors import ApiError, error_body, from_library, from_validation
 from .inputs import ClientGone, Plan, budget, chat_plan, completion_plan, prepare_within
 from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, unknown_fields
-from .stream import chat_response, completion_response
+from .stream import Exchange, chat_response, completion_response
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
 log = logging.getLogger("mlxinfer.server")
@@ -107,7 +107,7 @@ class Endpoints:
             raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
         except MlxinferError as e:
             raise from_library(e) from None
-        return request, job, events, base
+        return Exchange(self, http, body, plan, request, job, events, base)
 
     async def health(self, http):
         preparation = {"preparing": self.preparing, "abandoned": self.abandoned}
@@ -138,12 +138,12 @@ class Endpoints:
             fields = {"max_tokens": field, "logprobs": "top_logprobs"}
             if plan.wrapped and not plan.or_json:  # the one grammar is the tools' calls
                 fields["json_schema"] = "tools"
-            started = await self.start(http, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
+            exchange = await self.start(http, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
         except ApiError as e:
             return _noted(_error(e), body)
         except ClientGone:
             return _gone()
-        return _noted(await chat_response(self, http, body, plan, *started), body)
+        return _noted(await chat_response(exchange), body)
 
     async def completions(self, http):
         body = None
@@ -154,14 +154,14 @@ class Endpoints:
                 raise ApiError(400, f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "logprobs")
             plan = completion_plan(body)
             fields = {"prompt": "prompt", "max_tokens": "max_tokens"}
-            started = await self.start(
+            exchange = await self.start(
                 http, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
             )
         except ApiError as e:
             return _noted(_error(e), body)
         except ClientGone:
             return _gone()
-        return _noted(await completion_response(self, http, body, plan, *started), body)
+        return _noted(await completion_response(exchange), body)
 
     @asynccontextmanager
     async def lifespan(self, app):
