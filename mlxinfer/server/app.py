@@ -23,6 +23,7 @@ from ..errors import MlxinferError
 from .errors import ApiError, error_body
 from .handlers import Endpoints
 
+
 def model_id_for(model) -> str:
     """The id clients send as `model`: the model's name without its parenthesised note."""
     return model.info.name.split(" (")[0].strip() or "mlxinfer"

@@ -12,7 +12,7 @@ import asyncio
 import json
 import time
 from dataclasses import dataclass
-from typing import Any, Optional
+from typing import Any, AsyncIterator, Callable, Optional
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
@@ -141,6 +141,22 @@ class Exchange:
             return JSONResponse(error_body(e.status, e.message), status_code=e.status)
         return None
 
+    def stream(self, pieces: AsyncIterator[str], usage: Callable[[], dict]) -> StreamingResponse:
+        """The response's events: each piece, then with include_usage the usage chunk, then [DONE]; an
+        engine error after the stream began is an error event before [DONE]."""
+
+        async def framed():
+            try:
+                async for piece in pieces:
+                    yield piece
+                if self.include_usage:
+                    yield _sse(usage())
+            except EngineError as e:
+                yield _sse(error_body(e.status, e.message))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(framed(), media_type="text/event-stream", headers=SSE_HEADERS)
+
 
 class _StreamedRow:
     """One choice as it streams: its Choice, the logprob entries already sent, and for a chat (tools):
@@ -176,28 +192,21 @@ async def chat_response(ex: Exchange):
         data = {**chunk, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
         return _sse({**data, "usage": None} if ex.include_usage else data)
 
-    async def gen():
+    async def pieces():
         rows = [_StreamedRow(c) for c in choices]
-        try:
-            for c in choices:
-                yield piece(c.index, {"role": "assistant", "content": ""})
-            async for i, text, ended in ex.events_of(choices, constrained, poll=False):
-                row, c = rows[i], choices[i]
-                entries = row.new_entries()
-                lp = c.chat_logprobs(entries) if entries else None
-                for out in _chat_pieces(row, plan, text, lp, piece):
+        for c in choices:
+            yield piece(c.index, {"role": "assistant", "content": ""})
+        async for i, text, ended in ex.events_of(choices, constrained, poll=False):
+            row, c = rows[i], choices[i]
+            entries = row.new_entries()
+            lp = c.chat_logprobs(entries) if entries else None
+            for out in _chat_pieces(row, plan, text, lp, piece):
+                yield out
+            if ended:
+                for out in _chat_end(row, plan, piece):
                     yield out
-                if ended:
-                    for out in _chat_end(row, plan, piece):
-                        yield out
-            if ex.include_usage:
-                yield _sse({**chunk, "choices": [], "usage": ex.usage(choices)})
-            yield "data: [DONE]\n\n"
-        except EngineError as e:
-            yield _sse(error_body(e.status, e.message))
-            yield "data: [DONE]\n\n"
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return ex.stream(pieces(), lambda: {**chunk, "choices": [], "usage": ex.usage(choices)})
 
 
 def _chat_choice(c: outputs.Choice, plan: Plan) -> dict:
@@ -266,21 +275,14 @@ async def completion_response(ex: Exchange):
         ]  # fmt: skip
         return failed or JSONResponse({**head, "choices": out, "usage": ex.usage(choices)})
 
-    async def gen():
+    async def pieces():
         rows = [_StreamedRow(c) for c in choices]
-        try:
-            async for i, text, _ in ex.events_of(choices, False, poll=False):
-                c, entries = choices[i], rows[i].new_entries()
-                if text or entries or c.finish_reason:
-                    lp = c.completion_logprobs(entries) if entries else None
-                    item = {"text": text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason}
-                    data = {**head, "choices": [item]}
-                    yield _sse({**data, "usage": None} if ex.include_usage else data)
-            if ex.include_usage:
-                yield _sse({**head, "choices": [], "usage": ex.usage(choices)})
-            yield "data: [DONE]\n\n"
-        except EngineError as e:
-            yield _sse(error_body(e.status, e.message))
-            yield "data: [DONE]\n\n"
+        async for i, text, _ in ex.events_of(choices, False, poll=False):
+            c, entries = choices[i], rows[i].new_entries()
+            if text or entries or c.finish_reason:
+                lp = c.completion_logprobs(entries) if entries else None
+                item = {"text": text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason}
+                data = {**head, "choices": [item]}
+                yield _sse({**data, "usage": None} if ex.include_usage else data)
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return ex.stream(pieces(), lambda: {**head, "choices": [], "usage": ex.usage(choices)})
