@@ -24,30 +24,12 @@ ARCHS = {"qwen2": gguf.MODEL_ARCH.QWEN2, "qwen3": gguf.MODEL_ARCH.QWEN3}
 
 def write_gguf_twin(hf_dir, out, arch: str) -> None:
     cfg = json.loads((hf_dir / "config.json").read_text())
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
-    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
     names = gguf.get_tensor_name_map(ARCHS[arch], cfg["num_hidden_layers"])
     w = gguf.GGUFWriter(str(out), gguf.MODEL_ARCH_NAMES[ARCHS[arch]])
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_vocab_size(cfg["vocab_size"])  # the embedding rows; the tokenizer holds fewer tokens
+    checkpoints.write_gguf_metadata(w, hf_dir)  # the tokenizer's own pre-tokenizer (a real Qwen file says qwen2)
     if cfg.get("head_dim"):  # as convert_hf_to_gguf.py writes an explicit head_dim
         w.add_key_length(cfg["head_dim"])
         w.add_value_length(cfg["head_dim"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")  # the twin's own pre-tokenizer (a real Qwen file says qwen2)
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in specials else 1 for t in tokens])
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
     for name, value in mx.load(str(hf_dir / "model.safetensors")).items():
         module, part = name.rsplit(".", 1)
         w.add_tensor(f"{names.get_name(module)}.{part}", np.array(value.astype(mx.float32)))

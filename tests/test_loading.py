@@ -73,9 +73,6 @@ def test_gguf_header_matches_gguf_py():
 def _write_gguf_twin(hf_dir, out):
     """The tiny llama written as llama.cpp's converter would: F32, q/k rows permuted, tokenizer in metadata."""
     cfg = json.loads((hf_dir / "config.json").read_text())
-    tok = json.loads((hf_dir / "tokenizer.json").read_text())
-    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
-    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
     weights = {k: np.array(v.astype(mx.float32)) for k, v in mx.load(str(hf_dir / "model.safetensors")).items()}
 
     def permute(w, heads):  # convert_hf_to_gguf.py's LlamaModel.permute
@@ -87,22 +84,7 @@ def _write_gguf_twin(hf_dir, out):
         "lm_head.weight": "output.weight",
     }
     w = gguf.GGUFWriter(str(out), "llama")
-    w.add_block_count(cfg["num_hidden_layers"])
-    w.add_context_length(cfg["max_position_embeddings"])
-    w.add_embedding_length(cfg["hidden_size"])
-    w.add_feed_forward_length(cfg["intermediate_size"])
-    w.add_head_count(cfg["num_attention_heads"])
-    w.add_head_count_kv(cfg["num_key_value_heads"])
-    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
-    w.add_rope_freq_base(cfg["rope_theta"])
-    w.add_vocab_size(cfg["vocab_size"])
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
-    w.add_token_list(tokens)
-    w.add_token_types([3 if t in specials else 1 for t in tokens])
-    w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
-    w.add_eos_token_id(tokens.index("<|im_end|>"))
-    w.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
+    checkpoints.write_gguf_metadata(w, hf_dir)
     for name, value in weights.items():
         if name in names:
             w.add_tensor(names[name], value)

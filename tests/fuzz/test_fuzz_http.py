@@ -7,9 +7,10 @@ vocabulary, lists nested 90 to 400 deep), or bytes that are no JSON at all (3,00
 among them), or a chat request whose tools and response_format are drawn by size and nesting
 (SHAPES: 100 to 1,000 tools, objects of up to 1,200 properties, 60 levels deep, enums of up to
 12,000 values, pattern repetition counts up to 10^10, $ref loops), around and past each bound, some
-streamed (a stream must end with [DONE] and hold no server_error). The rule every answer keeps: a status the API documents (200, 400, 404, 413, 422,
-429), a body that is JSON (an error in OpenAI's shape when the status is not 200), no 5xx, and
-afterwards a normal request still gets a normal answer. The seed is the run's MLXINFER_FUZZ_SEED (conftest).
+streamed (a stream must end with [DONE] and hold no server_error). The rule every answer keeps: a
+status the API documents (200, 400, 404, 413, 422, 429), a body that is JSON (an error in OpenAI's
+shape when the status is not 200), no 5xx, and afterwards a normal request still gets a normal
+answer. The seed is the run's MLXINFER_FUZZ_SEED (conftest).
 """
 
 from __future__ import annotations
