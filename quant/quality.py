@@ -26,7 +26,8 @@ import mlx.nn as nn
 
 from mlxinfer import defaults
 from mlxinfer.errors import MlxinferError
-from mlxinfer.formats.sources import is_embedded
+from mlxinfer.formats.paths import read_text_file
+from mlxinfer.formats.sources import is_embedded, resolve
 from mlxinfer.model.convert import to_float32
 from mlxinfer.model.params import unpacked_parameter_count
 from mlxinfer.model.finite import check_scores
@@ -36,6 +37,19 @@ from .export import load, source_bytes
 
 TEXT = Path(__file__).parent / "data" / "eval.txt"
 DEFAULT_WINDOW = defaults.QUALITY_WINDOW
+MAX_TEXT_BYTES = 64 << 20
+
+
+@dataclass
+class QualityProgress:
+    """Where evaluate stands, given to its `progress` callable after each window and each model."""
+
+    model: str  # the model's label
+    index: int  # 0: the reference, then each candidate
+    models: int
+    window: int  # windows of this model done
+    windows: int
+    line: str | None = None  # when the model is done: its result in one line
 
 
 @dataclass
@@ -82,23 +96,21 @@ def evaluate(
     names: list[str] | None = None,
     progress=None,
 ) -> QualityReport:
-    """Compare each candidate with the reference over the text (see the module docstring).
+    """Compare each candidate with the reference over the text (see the module docstring). Every
+    argument is checked (each model found, the text read) before the reference runs.
 
-    progress: an optional callable given one line of text as each model is done."""
-    say = progress or (lambda _line: None)
+    progress: an optional callable given a QualityProgress after each window of each model."""
+    tell = progress or (lambda _step: None)
     if not candidates:
         raise MlxinferError("candidates is empty; give at least one model to compare with the reference", "candidates")
     check_quality_options(max_tokens, window)
-    path = Path(text) if text else TEXT
-    if not path.is_file():
-        what = "is a directory" if path.is_dir() else "does not exist"
-        raise MlxinferError(f"text {path} {what}; pass a UTF-8 text file", "text")
-    try:
-        content = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"cannot be read ({e.strerror})"
-        raise MlxinferError(f"text {path} {why}; pass a UTF-8 text file", "text") from None
+    path = Path(text).expanduser() if text else TEXT
+    content = read_text_file(path, "text", MAX_TEXT_BYTES)
     sources = [reference, *candidates]
+    if names is not None and len(names) != len(sources):
+        raise MlxinferError(f"names has {len(names)} names for {len(sources)} models (the reference first)", "names")
+    for source in sources:
+        resolve(None if is_embedded(source) else source, weights=False)  # there, and a model: before any load
     labels = names or [_label(s) for s in sources]
 
     ref_model, ref_tok = load(reference)
@@ -111,19 +123,24 @@ def evaluate(
         raise MlxinferError(f"{path} gives fewer than 2 tokens; nothing to compare")
     positions = sum(len(w) - 1 for w in windows)
 
+    def step(index: int, done: int, line: str | None = None) -> None:
+        tell(QualityProgress(labels[index], index, len(sources), done, len(windows), line))
+
     ref_row = _describe(ref_model, labels[0])
     to_float32(ref_model)
+    step(0, 0)
     ref_lp, nll = [], 0.0
-    for w in windows:
+    for done, w in enumerate(windows, start=1):
         lp = _log_probs(ref_model, w)
         nll += _nll(lp, w)
         ref_lp.append(lp)
+        step(0, done)
     ref_row.perplexity = math.exp(nll / positions)
-    say(f"{labels[0]}: perplexity {ref_row.perplexity:.3f} over {positions:,} positions (reference)")
+    step(0, len(windows), f"{labels[0]}: perplexity {ref_row.perplexity:.3f} over {positions:,} positions (reference)")
     del ref_model
 
     rows = []
-    for source, label in zip(candidates, labels[1:]):
+    for index, (source, label) in enumerate(zip(candidates, labels[1:]), start=1):
         model, tok = load(source)
         if tok.encode(content)[: len(ids)] != ids:
             raise MlxinferError(
@@ -131,9 +148,10 @@ def evaluate(
             )
         row = _describe(model, label)
         to_float32(model)
+        step(index, 0)
         nll = kl_sum = agree = 0.0
         kl_max = 0.0
-        for w, lp_ref in zip(windows, ref_lp):
+        for done, (w, lp_ref) in enumerate(zip(windows, ref_lp), start=1):
             lp = _log_probs(model, w)
             if lp.shape[-1] != lp_ref.shape[-1]:
                 raise MlxinferError(f"{label} scores {lp.shape[-1]:,} tokens, the reference {lp_ref.shape[-1]:,}")
@@ -144,10 +162,12 @@ def evaluate(
             kl_max = max(kl_max, kl.max().item())
             agree += same.item()
             nll += _nll(lp, w)
+            step(index, done)
         row.perplexity = math.exp(nll / positions)
         row.kl_mean, row.kl_max, row.top1_agreement = kl_sum / positions, kl_max, agree / positions
         rows.append(row)
-        say(f"{label}: mean KL {row.kl_mean:.4f}, top-1 {row.top1_agreement:.1%}, perplexity {row.perplexity:.3f}")
+        summary = f"mean KL {row.kl_mean:.4f}, top-1 {row.top1_agreement:.1%}, perplexity {row.perplexity:.3f}"
+        step(index, len(windows), f"{label}: {summary}")
         del model
     return QualityReport(
         text=path.name, tokens=len(ids), positions=positions, window=window, reference=ref_row, candidates=rows

@@ -97,6 +97,31 @@ def write_tokenizer(out: Path, vocab_size: int = 300) -> None:
     )
 
 
+def write_gguf_metadata(writer, hf_dir: Path) -> None:
+    """A GGUF twin's hyperparameters and tokenizer (gpt2 BPE, the twin's own pre-tokenizer), from the
+    checkpoint's config.json and tokenizer files, as llama.cpp's converter writes them."""
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    tok = json.loads((hf_dir / "tokenizer.json").read_text())
+    tokens = [t for t, _ in sorted(tok["model"]["vocab"].items(), key=lambda kv: kv[1])]
+    specials = {t["content"] for t in tok["added_tokens"] if t["special"]}
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(cfg["num_attention_heads"])
+    writer.add_head_count_kv(cfg["num_key_value_heads"])
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_rope_freq_base(cfg["rope_theta"])
+    writer.add_vocab_size(cfg["vocab_size"])  # the embedding rows; the tokenizer may hold fewer tokens
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("gpt2")
+    writer.add_token_list(tokens)
+    writer.add_token_types([3 if t in specials else 1 for t in tokens])
+    writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
+    writer.add_eos_token_id(tokens.index("<|im_end|>"))
+    writer.add_chat_template(json.loads((hf_dir / "tokenizer_config.json").read_text())["chat_template"])
+
+
 def hf_weight_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
     D, F, V = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     H, K = cfg["num_attention_heads"], cfg["num_key_value_heads"]

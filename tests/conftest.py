@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import random
 import select
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -171,6 +172,25 @@ def herb_seeds_without_the_kernel(embedded):
         return mlxinfer.sample(model, tokenizer, HERB, **HERB_SEEDS), sum(calls)
     finally:
         cpu_draw._state["active"], cpu_draw.draw_rows = was, real
+
+
+def free_ports(n: int = 1, tries: int = 100) -> int:
+    """The first of n consecutive loopback ports that are free now, each checked by binding it (for
+    mlx.launch's ring, which takes --starting-port and the ports after it): was a random port, never
+    checked, so a port in use failed a run now and then."""
+    for _ in range(tries):
+        start, held = random.randint(20000, 60000 - n), []
+        try:
+            for port in range(start, start + n):
+                held.append(socket.socket())
+                held[-1].bind(("127.0.0.1", port))
+            return start
+        except OSError:
+            continue
+        finally:
+            for s in held:
+                s.close()
+    raise RuntimeError(f"no {n} consecutive free ports found in {tries} tries")
 
 
 def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

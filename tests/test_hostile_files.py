@@ -124,7 +124,7 @@ def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
     "write,fragment",
     [
         (lambda d: (d / "config.json").write_text("[" * 100_000), "not valid JSON"),  # was a RecursionError
-        (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json is not a file"),
+        (lambda d: ((d / "config.json").unlink(), (d / "config.json").mkdir()), "config.json is a directory"),
         (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").mkdir()), "is a directory"),
         (lambda d: ((d / "model.safetensors").unlink(), (d / "model.safetensors").symlink_to(d / "gone")), "gone"),
     ],

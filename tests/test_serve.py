@@ -10,17 +10,14 @@ from __future__ import annotations
 
 import json
 import socket
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 
 import httpx
 import jsonschema
 import mlx.core as mx
 import openai
 import pytest
-import uvicorn
 
 import checkpoints
 import mlxinfer
@@ -28,6 +25,7 @@ from conftest import assert_one_line_error, invoke_cli
 from mlxinfer import MlxinferError, create_app
 from mlxinfer.model.finite import finite_rows
 from mlxinfer.server.run import listen
+from served import EngineGate, address, client, model_id, post, raw_post, running, texts, until
 
 FRUIT = "Name one fruit."
 ENUM_SCHEMA = {
@@ -36,35 +34,6 @@ ENUM_SCHEMA = {
     "required": ["fruit"],
     "additionalProperties": False,
 }
-
-
-@contextmanager
-def running(app):
-    """uvicorn serving `app` on a free loopback port in a thread: yields the base URL."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    for _ in range(200):
-        if server.started:
-            break
-        time.sleep(0.05)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(10)
-
-
-def client(url: str, key: str = "unused") -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=120)
-
-
-def texts(model, tok, prompt, seeds, settings, max_tokens, **kw) -> list[str]:
-    report = mlxinfer.sample(model, tok, prompt, seeds=seeds, settings=settings, max_tokens=max_tokens, **kw)
-    return [c.text for c in report.completions]
 
 
 @pytest.fixture(scope="module")
@@ -87,10 +56,6 @@ def tiny(checkpoint_dir, tmp_path_factory):
 def fruit_alone(embedded):
     """Seeds 5 and 6 on the fruit prompt at temperature 1, each run alone by mlxinfer.sample."""
     return mlxinfer.sample(*embedded, FRUIT, seeds=[5, 6], settings={"temperature": 1.0}, max_tokens=6).completions
-
-
-def model_id(url) -> str:
-    return client(url).models.list().data[0].id
 
 
 # ----------------------------------------------------------------------------- the endpoints
@@ -396,20 +361,6 @@ def _stream_text(url, name, prompt, seed, settings) -> tuple[str, float]:
     return "".join(out), first
 
 
-def test_sixteen_concurrent_streams_each_equal_its_seed_alone(tiny):
-    url, app, model, tok = tiny
-    cases = [(PROMPTS[i % 4], 100 + i, {"temperature": 1.0} if i % 2 else {"temperature": 0.8, "top_p": 0.9})
-             for i in range(16)]  # fmt: skip
-    refs = [
-        texts(model, tok, p, [s], {**st, "logit_bias": {2: -100}}, 8, chat=False)[0] for p, s, st in cases
-    ]  # alone, before the server is busy
-    name = model_id(url)
-    with ThreadPoolExecutor(16) as pool:
-        got = list(pool.map(lambda c: _stream_text(url, name, *c), cases))
-    assert [g[0] for g in got] == refs  # none lost, none disturbed by the others (6 rows in flight at most)
-    assert app.engine.batcher.status()["rows_in_flight"] == 0
-
-
 @pytest.fixture(scope="module")
 def smol_quantized(embedded_quantized):
     """The embedded model on the quantized path (the CPU default): fused attention per row."""
@@ -492,11 +443,6 @@ def test_eight_streams_on_the_embedded_model_each_equal_sample(path, request):
 
 
 # ----------------------------------------------------------------------------- hostile requests
-def post(url, path, body, **kw):
-    content = body if isinstance(body, (str, bytes)) else json.dumps(body)
-    return httpx.post(f"{url}{path}", content=content, headers={"content-type": "application/json"}, timeout=60, **kw)
-
-
 def test_hostile_requests_get_their_status_and_the_server_goes_on(tiny):
     url, app, model, tok = tiny
     name = model_id(url)
@@ -539,25 +485,25 @@ def test_hostile_requests_get_their_status_and_the_server_goes_on(tiny):
     assert r.status_code == 200
     assert r.json()["usage"]["prompt_tokens"] == len(mlxinfer.encode_prompt(tok, sneaky))
 
-    # a client that leaves mid-stream: its row leaves the batch, the server answers the next one
-    long = {"model": name, "prompt": "The cat", "max_tokens": 400, "stream": True, "logit_bias": {"2": -100}}
-    before = app.engine.batcher.tokens
-    with httpx.stream("POST", f"{url}/v1/completions", json=long, timeout=60) as r:
-        next(r.iter_lines())
-    for _ in range(100):
-        if app.engine.batcher.status()["rows_in_flight"] == 0:
-            break
-        time.sleep(0.05)
-    assert app.engine.batcher.status()["rows_in_flight"] == 0
-    assert app.engine.batcher.tokens - before < 400
-    before = app.engine.batcher.tokens  # and one that gives up waiting for a plain response
-    with pytest.raises(httpx.TimeoutException):
-        httpx.post(f"{url}/v1/completions", json={**long, "stream": False}, timeout=0.3)
-    for _ in range(100):
-        if app.engine.batcher.status()["rows_in_flight"] == 0:
-            break
-        time.sleep(0.05)
-    assert app.engine.batcher.tokens - before < 400
+    # a client that leaves mid-stream, or gives up waiting for a plain response: the engine is held inside a
+    # step while the row is in flight, the client closes its connection, and once the server has cancelled
+    # the job the step goes on: the row leaves at the next step (no timing: the gate decides the order)
+    batcher = app.engine.batcher
+    long = {"model": name, "prompt": "The cat", "max_tokens": 400, "logit_bias": {"2": -100}}
+    for stream in (True, False):
+        before, gate = batcher.tokens, EngineGate(batcher)
+        try:
+            with socket.create_connection(address(url), timeout=60) as s:
+                s.sendall(raw_post("/v1/completions", json.dumps({**long, "stream": stream}).encode()))
+                until(gate.held.is_set, "the request's row reached a decode step")
+            until(
+                lambda: all(m.job.cancelled for m in batcher._live), "the server cancelled the job of the gone client"
+            )
+            gate.open()
+            until(lambda: batcher.status()["rows_in_flight"] == 0, "the row left the batch")
+        finally:
+            gate.remove()
+        assert batcher.tokens - before <= 2  # its first token, and the one of the step it was held in
     (ref,) = texts(model, tok, "The cat", [9], {"temperature": 1.0}, 5, chat=False)
     r = client(url).completions.create(model=name, prompt="The cat", max_tokens=5, seed=9, temperature=1.0)
     assert r.choices[0].text == ref

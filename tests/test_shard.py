@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
-from conftest import ROOT, assert_one_line_error, invoke_cli
+from conftest import ROOT, assert_one_line_error, free_ports, invoke_cli
 
 import mlxinfer
 import checkpoints
@@ -30,7 +29,7 @@ FRUIT = "Name one fruit. Answer with one word."
 
 def launch(*args: str, ranks: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
     """`mlx.launch --backend ring -n RANKS --hosts 127.0.0.1 ... ARGS` (ARGS: a script, or -m mlxinfer ...)."""
-    port = str(random.randint(20000, 60000))
+    port = str(free_ports(ranks))
     env = [x for k, v in ENV.items() for x in ("--env", f"{k}={v}")]
     cmd = [LAUNCH, "--backend", "ring", "-n", str(ranks), "--hosts", "127.0.0.1", "--starting-port", port]
     cmd += [*env, "--cwd", str(ROOT), "--python", sys.executable, "--", *args]
@@ -41,7 +40,7 @@ def spawn(per_rank: list[list[str]], tmp_path, ranks: int | None = None, env: di
     """Start `python -m mlxinfer ARGS` as ranks 0..len-1 of a ring of `ranks` (default: as many) on
     127.0.0.1, the way mlx.launch does (MLX_RANK, MLX_HOSTFILE), each with its own arguments; their
     CompletedProcesses, so that each rank's exit code can be read."""
-    port = random.randint(20000, 60000)
+    port = free_ports(ranks or len(per_rank))
     hostfile = tmp_path / f"hosts{port}.json"
     hostfile.write_text(json.dumps([[f"127.0.0.1:{port + i}"] for i in range(ranks or len(per_rank))]))
     procs = [

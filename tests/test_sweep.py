@@ -6,13 +6,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 import signal
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, assert_one_line_error, invoke_cli, start_held
+from conftest import ROOT, assert_one_line_error, free_ports, invoke_cli, start_held
 
 import mlxinfer
 from mlxinfer.engine.summary import wilson
@@ -232,7 +231,7 @@ def test_two_ranks_give_one_processs_completions(tiny, tmp_path):
     assert invoke_cli(*cli_sweep(path, single, seeds="10")).returncode == 0
     launch = os.path.join(os.path.dirname(sys.executable), "mlx.launch")
     out = tmp_path / "two.jsonl"
-    port = str(random.randint(20000, 60000))
+    port = str(free_ports(2))
     done = subprocess.run(
         [
             launch,

@@ -24,22 +24,54 @@ def quality_command(
     """Compare models over a fixed text through float32 copies of their (dequantized) weights."""
     from quant import evaluate
 
-    report = evaluate(
-        reference, candidates, max_tokens=max_tokens, window=window, text=text, progress=progress_printer()
-    ).to_dict()
+    with progress_printer() as bars:
+        report = evaluate(reference, candidates, max_tokens=max_tokens, window=window, text=text, progress=bars)
+    report = report.to_dict()
     if json_out:
         print_json(report)
     else:
         typer.echo(render(report))
 
 
-def progress_printer():
-    """Progress lines on stderr, only at a terminal (so an error stays the one line on stderr)."""
-    import sys
+def progress_printer() -> "QualityBars":
+    """evaluate's progress as rich bars on stderr (use it as a context manager)."""
+    return QualityBars()
 
-    if not sys.stderr.isatty():
-        return None
-    return lambda line: typer.echo(line, err=True)
+
+class QualityBars:
+    """Two bars on stderr, only at a terminal (so an error stays the one line on stderr): every model's
+    windows, with the time left, and the current model's; each model's result printed above them."""
+
+    def __init__(self):
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.progress import TimeRemainingColumn
+
+        console = Console(stderr=True)
+        columns = [TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn()]
+        self.progress = Progress(*columns, TimeRemainingColumn(), console=console, disable=not console.is_terminal)
+        self.all = self.progress.add_task("windows, all models", total=None)
+        self.model, self.index = None, None
+
+    def __enter__(self) -> "QualityBars":
+        self.progress.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.progress.stop()
+
+    def __call__(self, step) -> None:
+        """One quant.QualityProgress."""
+        p = self.progress
+        p.update(self.all, total=step.models * step.windows, completed=step.index * step.windows + step.window)
+        if step.index != self.index:
+            if self.model is not None:
+                p.remove_task(self.model)
+            self.model = p.add_task(f"{step.model} ({step.index + 1} of {step.models})", total=step.windows)
+            self.index = step.index
+        p.update(self.model, completed=step.window)
+        if step.line:
+            p.console.print(step.line, highlight=False)
 
 
 def render(r: dict) -> str:

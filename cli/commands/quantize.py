@@ -81,9 +81,8 @@ def quantize_command(
         from cli.commands.quality import progress_printer
         from quant import evaluate
 
-        result["report"] = evaluate(
-            src, [out], max_tokens=max_tokens, window=window, progress=progress_printer()
-        ).to_dict()
+        with progress_printer() as bars:
+            result["report"] = evaluate(src, [out], max_tokens=max_tokens, window=window, progress=bars).to_dict()
     if json_out:
         print_json(result if report else summary)
         return

@@ -61,6 +61,10 @@ class QueueFull(Exception):
     """More requests are waiting than the queue bound allows: the caller should retry later."""
 
 
+class _Left(Exception):
+    """The job's client left while its prompt was being prefilled: the rest of the prefill is skipped."""
+
+
 class Batcher:
     """The engine: `submit` from any thread, events back through each job's `emit`."""
 
@@ -126,7 +130,7 @@ class Batcher:
     def status(self) -> dict:
         return {
             "rows_in_flight": len(self._live),
-            "queued": len(self._pending),
+            "queued": sum(not job.cancelled for job in self._pending),  # a job whose client left waits for nothing
             "max_rows": self.max_rows,
             "max_queue": self.max_queue,
             "steps": self.steps,
@@ -204,7 +208,10 @@ class Batcher:
         """Prefill the job's prompt once and draw each row's first token from its scores."""
         request = job.request
         try:
-            prefilled = self._prompts.get(request.ids) or self._prompts.put(prefill(self.model, request.ids))
+            _stop_if_left(job)  # it may have left while the jobs taken before it were prefilled
+            prefilled = self._prompts.get(request.ids) or self._prompts.put(
+                prefill(self.model, request.ids, progress=lambda done, total: _stop_if_left(job))
+            )
             rows = self.batch.admit(prefilled, [request.row(seed) for seed in job.seeds])
             for row in rows:
                 row.owner = job
@@ -212,6 +219,8 @@ class Batcher:
             fed = [last] * len(rows)
             drawn = self.batch.draw(rows, prefilled.logits, fed, job.top_logprobs, job.logprobs, host_draw=True)
             mx.eval(*drawn.arrays())
+        except _Left:  # between two chunks of its prefill (decode.prefill's step_size tokens)
+            return
         except MlxinferError as e:  # the prefill's scores are NaN or inf: the model's fault, named
             self._fail(job, 500, str(e))
             return
@@ -307,6 +316,11 @@ def _run_call(fn: Callable[[], Any], future: Future) -> None:
         future.set_result(fn())
     except BaseException as e:  # noqa: B036 - handed to the caller, who re-raises it
         future.set_exception(e)
+
+
+def _stop_if_left(job: Job) -> None:
+    if job.cancelled:
+        raise _Left
 
 
 def _settle(model) -> None:

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import MlxinferError
 from ..sampler import NEG_INF, apply_mask
-from .schema import _one_line, check_object_schema, validate_schema
+from .schema import _one_line, check_object_schema, grammar_limits, validate_schema
 
 
 # ----------------------------------------------------------------------------- the token table
@@ -139,24 +139,23 @@ def compile_schema(
             param,
         )
     start = time.perf_counter()
-    grammar = validate_schema(schema, where, param, or_text)
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, table.ll)
-    if is_error:
-        raise MlxinferError(
-            f"{where} is not a valid JSON Schema or uses a feature constrained decoding cannot express: "
-            f"{_one_line(messages[0])}",
-            param,
-        )
-    matcher = LLMatcher(table.ll, grammar, log_level=0)
+    grammar = validate_schema(schema, where, param, or_text)  # checked without the tokenizer (cached)
+    matcher = LLMatcher(table.ll, grammar, log_level=0, limits=grammar_limits())
     if matcher.is_error():
         raise MlxinferError(f"{where} cannot be compiled: {_one_line(matcher.get_error())}", param)
     # what the grammar forces from the start, as bytes (the mask works on bytes; as tokens, forced text
-    # that spells a special token's name would be read as that control token): endless when a
-    # schema's required properties refer back to themselves, which llguidance expands to its limit
+    # that spells a special token's name would be read as that control token): a schema with no finite
+    # JSON is refused before (schema_bounds.py), but a pattern or a const can still fix a long text
     probe = matcher.deep_copy()
     forced = probe.compute_ff_bytes()
-    if probe.is_error() or len(forced) > MAX_FORCED_BYTES:
-        raise _too_complex(where, param, probe.get_error() or f"it forces {len(forced):,} bytes before any choice")
+    if probe.is_error():
+        raise _too_complex(where, param, probe.get_error())
+    if len(forced) > MAX_FORCED_BYTES:
+        raise MlxinferError(
+            f"{where} fixes {len(forced):,} bytes of the output before the model makes any choice (a pattern, "
+            f"const or required text that long); at most {MAX_FORCED_BYTES:,}: shorten it",
+            param,
+        )
     compiled = CompiledSchema(schema, grammar, table, time.perf_counter() - start, matcher, or_text)
     with _GRAMMARS_LOCK:
         _GRAMMARS[key] = compiled
@@ -189,8 +188,7 @@ def _control_token_text(schema: Any, names: list[str]) -> Optional[tuple[str, st
 
 def _too_complex(where: str, param: str | None, error: str) -> MlxinferError:
     return MlxinferError(
-        f"{where} is beyond the grammar engine ({_one_line(error.split('<state>')[0], 160)}); a schema whose required "
-        "properties refer back to themselves has no finite JSON: make the recursion optional or simplify it",
+        f"{where} is beyond the grammar engine ({_one_line(error.split('<state>')[0], 160)}); simplify it",
         *([param] if param else []),
     )
 

@@ -16,15 +16,67 @@ import os
 import signal
 import threading
 from contextlib import contextmanager
+from dataclasses import MISSING, fields
 from pathlib import Path
 
 from ..errors import MlxinferError
+from ..views import SweepRecord
 
 FORMAT = "mlxinfer-sweep/1"
+RECORD_FIELDS = [f.name for f in fields(SweepRecord) if f.default is MISSING]  # exact_prob: an exact sweep's only
 
 
 def record_key(record: dict) -> tuple[int, int, int]:
     return record["prompt_index"], record["settings_index"], record["seed"]
+
+
+def _whole(value, low: int, high: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+
+
+def record_problem(record, header: dict) -> str | None:
+    """What is wrong with a record read back for the experiment `header` describes (None: nothing):
+    every field of views.SweepRecord present, of its type, in its range, and agreeing with the header."""
+    if not isinstance(record, dict):
+        return "it is not a JSON object"
+    missing = [k for k in RECORD_FIELDS if k not in record]
+    if missing:
+        return f"it has no {missing[0]}"
+    prompts, settings = header.get("prompts") or [], header.get("settings") or []
+    hashes = header.get("prompt_sha256") or []
+    vocab, most = (header.get("model") or {}).get("vocab_size") or 0, header.get("max_tokens") or 0
+    p, s, tokens, prob = record["prompt_index"], record["settings_index"], record["tokens"], record["first_token_prob"]
+    checks = {
+        "prompt_index": (_whole(p, 0, len(prompts)), f"a whole number from 0 to {len(prompts) - 1}"),
+        "settings_index": (_whole(s, 0, len(settings)), f"a whole number from 0 to {len(settings) - 1}"),
+        "seed": (_whole(record["seed"], 0, 2**63), "a whole number from 0 to 2**63 - 1"),
+        "text": (isinstance(record["text"], str), "a string"),
+        "finish_reason": (record["finish_reason"] in ("stop", "length"), '"stop" or "length"'),
+        "tokens": (
+            isinstance(tokens, list) and len(tokens) <= most and all(_whole(t, 0, vocab) for t in tokens),
+            f"a list of at most {most} token ids below {vocab:,}",
+        ),
+        "first_token": (_whole(record["first_token"], -1, vocab), f"a token id below {vocab:,}, or -1"),
+        "first_token_prob": (_probability(prob), "a probability from 0 to 1"),
+        "exact_prob": (_probability(record.get("exact_prob", 0.0)), "a probability from 0 to 1"),
+    }
+    for name, (ok, want) in checks.items():
+        if not ok:
+            return f"its {name} is {_shown(record.get(name))}, not {want}"
+    if record["prompt"] != prompts[p] or p >= len(hashes) or record["prompt_sha256"] != hashes[p]:
+        return f"its prompt is not prompt {p} of the header"
+    if record["settings"] != settings[s]:
+        return f"its settings are not settings {s} of the header"
+    return None
+
+
+def _probability(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0.0 <= value <= 1.0  # NaN fails
+
+
+def _shown(value) -> str:
+    text = json.dumps(value, allow_nan=True)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 class ResultsFile:
@@ -66,14 +118,21 @@ class ResultsFile:
                 f"choose another {param} or the same options",
                 param,
             )
-        for n, line in enumerate(lines[1:], start=2):
+        done = {}
+        for n, line in enumerate(lines[1:], start=2):  # every line checked before anything is written
             try:
                 record = json.loads(line)
-                self.done[record_key(record)] = record
-            except (ValueError, KeyError, TypeError, RecursionError):
+            except (ValueError, RecursionError):
+                record = None
+            wrong = "it is not JSON" if record is None else record_problem(record, self.header)
+            if wrong:
                 raise MlxinferError(
-                    f"{param} {self.path}: line {n} is not a completion record; the file was edited by hand", param
-                ) from None
+                    f"{param} {self.path}: line {n} is not a completion record of this sweep ({wrong}); the file was "
+                    "edited by hand: mend or delete that line",
+                    param,
+                )
+            done[record_key(record)] = record
+        self.done.update(done)
         if end < len(data):  # a line torn by a kill in the middle of a write: the batch it belonged to is redone
             with open(self.path, "r+b") as f:
                 f.truncate(end)

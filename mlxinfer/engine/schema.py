@@ -9,11 +9,15 @@ error before the model runs. constrain.py turns it into a grammar mask for one t
 from __future__ import annotations
 
 import json
+import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import MlxinferError
+from ..formats.paths import read_text_file
+from .schema_bounds import check_schema
 
 # The output's whitespace is fixed: compact JSON, {"a":1,"b":[2,3]}. Free whitespace would
 # let a model (and any random-weight model) pad with newlines and spaces forever.
@@ -21,6 +25,17 @@ JSON_OPTIONS = {"whitespace_flexible": False, "item_separator": ",", "key_separa
 # or_text's other branch: any text that does not open a JSON object; one leading space is allowed, as a
 # SentencePiece word start (▁Hello) reads " Hello" to the grammar
 TEXT_ANSWER = r"/ ?[^{\s][\s\S]*/"
+MAX_SCHEMA_FILE_BYTES = 8 << 20  # a schema within schema_bounds' limits is far smaller
+# The grammar engine's own bounds, a backstop behind schema_bounds.py: the grammar's symbols (its
+# compile time is linear in them; 5,000 properties make ~60,000) and the lexer's fuel (llguidance's
+# defaults). verbose_errors off: an error is one line, not the parser's state and the grammar.
+GRAMMAR_LIMITS = {"max_grammar_size": 200_000, "verbose_errors": False}
+
+
+def grammar_limits():
+    from llguidance import LLParserLimits
+
+    return LLParserLimits(**GRAMMAR_LIMITS)
 
 
 def _read_json(value: Any, param: str) -> Any:
@@ -30,16 +45,12 @@ def _read_json(value: Any, param: str) -> Any:
     text, where = str(value), param
     if not text.lstrip().startswith(("{", "[")):
         path = Path(text).expanduser()
-        if path.is_dir():
-            raise MlxinferError(f"{param}: {text} is a directory; pass a .json file or inline JSON {{...}}", param)
-        if not path.is_file():
+        if not path.exists() and not path.is_symlink():
             raise MlxinferError(
                 f"{param}: '{text}' is neither a file nor inline JSON; pass a .json file or {{...}}", param
             )
-        try:
-            text, where = path.read_text(encoding="utf-8"), f"{param} {path}"
-        except (OSError, UnicodeDecodeError) as e:
-            raise MlxinferError(f"{param} {path} cannot be read as UTF-8 text ({type(e).__name__})", param) from None
+        text = read_text_file(path, param, MAX_SCHEMA_FILE_BYTES, "a .json file or inline JSON {...}")
+        where = f"{param} {path}"
     try:
         return json.loads(text)
     except json.JSONDecodeError as e:
@@ -82,13 +93,37 @@ def schema_from_tool(tool: Any) -> dict:
     return check_object_schema(tool["input_schema"], "tool input_schema", "tool")
 
 
+# schemas already validated (their grammar text), the most recently used last: the library reads a
+# request's schema (Constraint.read) and compiles it for the tokenizer (constrain.compile_schema), and a
+# server sees the same few schemas again and again
+_VALIDATED: OrderedDict[tuple[str, bool], str] = OrderedDict()
+_VALIDATED_LOCK = threading.Lock()
+VALIDATED_CACHE = 64
+
+
 def validate_schema(schema: dict, where: str = "json_schema", param: str = "json_schema", or_text: bool = False) -> str:
-    """Compile `schema` to llguidance's grammar text without a tokenizer (so before any model
-    loads): a feature the engine cannot express is a one-line MlxinferError here.
+    """Check `schema`'s size and finiteness (schema_bounds.py), then compile it to llguidance's grammar
+    text without a tokenizer (so before any model loads): a feature the engine cannot express is a
+    one-line MlxinferError here.
 
     or_text: the answer is the JSON or plain text (OpenAI's tool_choice "auto"). Text may not start
     with "{" (nor with whitespace, but for one space), so the first character says which: a "{" begins
     the JSON."""
+    key = (json.dumps(schema, sort_keys=True), or_text)
+    with _VALIDATED_LOCK:
+        if key in _VALIDATED:
+            _VALIDATED.move_to_end(key)
+            return _VALIDATED[key]
+    check_schema(schema, where, param)
+    grammar = _grammar(schema, where, param, or_text)
+    with _VALIDATED_LOCK:
+        _VALIDATED[key] = grammar
+        while len(_VALIDATED) > VALIDATED_CACHE:
+            _VALIDATED.popitem(last=False)
+    return grammar
+
+
+def _grammar(schema: dict, where: str, param: str, or_text: bool) -> str:
     from llguidance import LLMatcher
 
     try:
@@ -99,7 +134,7 @@ def validate_schema(schema: dict, where: str = "json_schema", param: str = "json
             grammar = LLMatcher.grammar_from_json_schema(schema, overrides=JSON_OPTIONS)
     except (ValueError, RecursionError) as e:
         raise MlxinferError(f"{where} cannot be compiled: {_one_line(e)}", param) from None
-    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None)
+    is_error, messages = LLMatcher.validate_grammar_with_warnings(grammar, None, limits=grammar_limits())
     if is_error:
         raise MlxinferError(
             f"{where} is not a valid JSON Schema or uses a feature constrained decoding cannot express: "

@@ -28,6 +28,7 @@ import mlx.core as mx
 
 from .. import defaults
 from ..errors import MlxinferError
+from ..formats.paths import read_text_file
 from ..sampler import kept_probabilities
 from ..settings import GRID_FIELDS, SamplerSettings, resolve_settings
 from ..views import SweepRecord, SweepReport
@@ -58,19 +59,22 @@ def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence 
     return [dict(zip([n for n, _ in named], combo)) for combo in itertools.product(*[v for _, v in named])]
 
 
+MAX_PROMPTS_FILE_BYTES = 16 << 20
+MAX_PROMPTS = 10_000  # each is prepared (encoded, checked against the context) before any draw
+
+
 def prompts_from_file(path: str | Path) -> list[str]:
-    """One prompt per line (blank lines skipped)."""
+    """One prompt per line (blank lines skipped), from a regular UTF-8 file of at most
+    MAX_PROMPTS_FILE_BYTES bytes and MAX_PROMPTS prompts (a device such as /dev/zero never ends)."""
+    text = read_text_file(path, "prompts_file", MAX_PROMPTS_FILE_BYTES, "a UTF-8 text file, one prompt per line")
     path = Path(path).expanduser()
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        why = "is not UTF-8 text" if isinstance(e, UnicodeDecodeError) else f"cannot be read ({e.strerror})"
-        raise MlxinferError(
-            f"prompts_file {path} {why}; give a UTF-8 text file, one prompt per line", "prompts_file"
-        ) from None
     prompts = [line.strip() for line in text.splitlines() if line.strip()]
     if not prompts:
         raise MlxinferError(f"prompts_file {path} holds no prompt; write one per line", "prompts_file")
+    if len(prompts) > MAX_PROMPTS:
+        raise MlxinferError(
+            f"prompts_file {path} holds {len(prompts):,} prompts; at most {MAX_PROMPTS:,}: split it", "prompts_file"
+        )
     return prompts
 
 

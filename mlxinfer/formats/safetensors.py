@@ -13,6 +13,7 @@ import struct
 from pathlib import Path
 
 from ..errors import MlxinferError
+from .paths import what_it_is
 
 # safetensors dtype -> bytes per value
 DTYPES = {
@@ -48,8 +49,8 @@ def shard_names(folder: Path) -> list[str]:
                 raise MlxinferError(
                     f"{p} is a link to a file that is gone (a partly deleted download?); re-download it"
                 )
-            if not p.is_file():
-                raise MlxinferError(f"{p} is a directory, not a safetensors file; put the model's weights file there")
+            if not p.is_file():  # a directory, or a link to a device (/dev/zero) or a pipe
+                raise MlxinferError(f"{p} {what_it_is(p)}; put the model's safetensors weights file there")
         return [p.name for p in found]
     try:
         weight_map = json.loads(index.read_text())["weight_map"]

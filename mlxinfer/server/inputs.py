@@ -2,11 +2,18 @@
 
 Nothing here re-checks what the library checks (settings, schemas, the context, special tokens in
 user text): the body is translated into prepare's arguments and prepare's MlxinferError becomes a
-400 naming the request's field (errors.from_library).
+400 naming the request's field (errors.from_library). What is bounded here is what one request may
+ask of preparation before the library sees it: at most MAX_TOOLS tools (OpenAI's bound), at most
+one message per token of the context, each tool's schema within the grammar engine's bounds
+(engine/schema_bounds.py) and named by its own field.
 
-prepare runs on one worker thread, off the event loop: a chat template renders there (under the
-library's own deadline, tokenizer.py), and only one at a time because transformers' encode sets a
-flag on the shared tokenizer (split_special_tokens): two encodes at once could read each other's.
+Preparation runs on two worker threads, off the event loop: a request's schema compiles on the
+grammar thread, then its prompt is rendered and encoded on the template thread (the chat template
+under the library's own deadline, tokenizer.py; one at a time, because transformers' encode sets a
+flag on the shared tokenizer, split_special_tokens: two encodes at once could read each other's).
+A plain request therefore never waits behind another's grammar. A request whose client leaves while
+it waits is dropped before its next stage starts (a stage already running finishes: a Rust compile
+cannot be interrupted, and the bounds keep it short).
 """
 
 from __future__ import annotations
@@ -22,9 +29,14 @@ from typing import Any, Optional
 
 from ..engine.constrain import compile_schema
 from ..engine.request import Request, prepare
+from ..engine.schema import Constraint
+from ..engine.schema_bounds import check_schema
 from ..errors import MlxinferError
 from .errors import ApiError, from_library
 from .schemas import ChatRequest, CompletionRequest, Message
+
+MAX_TOOLS = 128  # OpenAI's bound on tools
+POLL_S = 0.25  # how often a request in preparation checks that its client is still there
 
 
 class _Parked:
@@ -39,7 +51,7 @@ class _Parked:
     def _run(self) -> None:
         while True:
             fn, future = self._inbox.get()
-            if future.set_running_or_notify_cancel():
+            if future.set_running_or_notify_cancel():  # False: cancelled while it waited (its client left)
                 try:
                     future.set_result(fn())
                 except BaseException as e:  # noqa: B036 - handed to the caller, who re-raises it
@@ -51,19 +63,47 @@ class _Parked:
         return future
 
 
-_PREP = _Parked("mlxinfer-prepare")
+_GRAMMAR = _Parked("mlxinfer-grammar")
+_TEMPLATE = _Parked("mlxinfer-prepare")
 
 
-async def prepare_within(fields: dict, model, tokenizer, *args, parts=(), **kwargs) -> Request:
-    """`prepare(model, tokenizer, *args, **kwargs)` on the prepare thread; its MlxinferError as a 400
-    naming the field. parts: Plan.parts, tried alone when their one grammar fails to compile, so that
-    the error names the tool or the response_format at fault, not the grammar they were nested in."""
+class ClientGone(Exception):
+    """The client left while its request was in preparation: nothing more is done for it."""
+
+
+async def _run_on(worker: _Parked, fn, http) -> Any:
+    """fn() on `worker`, awaited; every POLL_S, whether the client is still there (http: a Starlette
+    request, or None). Gone: the stage is cancelled if it has not started, and ClientGone raised."""
+    waiting = asyncio.wrap_future(worker.submit(fn))
+    while True:
+        done, _ = await asyncio.wait({waiting}, timeout=POLL_S)
+        if done:
+            return waiting.result()
+        if http is not None and await http.is_disconnected():
+            waiting.cancel()  # the worker skips it if it has not started; a running one finishes
+            raise ClientGone
+
+
+async def prepare_within(http, fields: dict, model, tokenizer, *args, parts=(), **kwargs) -> Request:
+    """`prepare(model, tokenizer, *args, **kwargs)` off the event loop: the constraint compiled on the
+    grammar thread (cached: prepare finds it), then prepare on the template thread; its MlxinferError
+    as a 400 naming the field. parts: Plan.parts, tried alone when their one grammar fails to compile,
+    so that the error names the tool or the response_format at fault, not the grammar they were nested
+    in. ClientGone when the client leaves first."""
     try:
-        return await asyncio.wrap_future(_PREP.submit(functools.partial(prepare, model, tokenizer, *args, **kwargs)))
+        if kwargs.get("json_schema") is not None or kwargs.get("tool") is not None:
+            await _run_on(_GRAMMAR, functools.partial(_compile, tokenizer, **kwargs), http)
+        return await _run_on(_TEMPLATE, functools.partial(prepare, model, tokenizer, *args, **kwargs), http)
     except MlxinferError as e:
         if parts and "json_schema" in getattr(e, "params", ()):
-            e = await asyncio.wrap_future(_PREP.submit(functools.partial(_culprit, tokenizer, parts, e)))
+            e = await _run_on(_GRAMMAR, functools.partial(_culprit, tokenizer, parts, e), None)
         raise from_library(e, fields) from None
+
+
+def _compile(tokenizer, json_schema=None, tool=None, or_text=False, **_) -> None:
+    """The request's grammar for this tokenizer, into constrain's cache (prepare's own compile finds it)."""
+    constraint = Constraint.read(json_schema, tool, or_text=or_text)
+    compile_schema(tokenizer, constraint.schema, constraint.where, constraint.param, or_text)
 
 
 def _culprit(tokenizer, parts, error: MlxinferError) -> MlxinferError:
@@ -96,7 +136,10 @@ class Plan:
 def _text(message: Message, where: str) -> str:
     content = message.content
     if content is None:
-        return ""
+        if message.role == "assistant" and message.tool_calls:  # OpenAI: content may be null beside a call
+            return ""
+        need = "an assistant message needs content or tool_calls" if message.role == "assistant" else "needs content"
+        raise ApiError(400, f"{where}.content: {need} (a string or a list of text parts), got null", f"{where}.content")
     if isinstance(content, str):
         return content
     parts = []
@@ -128,6 +171,10 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     tools = body.tools or []
     if choice is not None and not tools:
         raise ApiError(400, "tool_choice is only allowed when tools are given", "tool_choice")
+    if len(tools) > MAX_TOOLS:
+        raise ApiError(
+            400, f"tools: at most {MAX_TOOLS} functions, got {len(tools):,}", "tools", code="array_above_max_length"
+        )
     answer = _response_schema(body.response_format)
     if not tools or choice == "none":
         plan.json_schema = answer
@@ -136,7 +183,8 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     auto = not named and choice != "required"  # "auto", OpenAI's default with tools: a call, or an answer
     # a forced call (required, or one named function) is the answer: a response_format does not apply to it
     plan.or_text, plan.or_json = auto and answer is None, auto and answer is not None
-    chosen = [t for t in tools if t.function.name == choice.function.name] if named else tools
+    at = [i for i, t in enumerate(tools) if not named or t.function.name == choice.function.name]
+    chosen = [tools[i] for i in at]
     if not chosen:
         raise ApiError(400, f"tool_choice names '{choice.function.name}', which is not in tools", "tool_choice")
     names = [t.function.name for t in chosen]
@@ -144,6 +192,9 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         raise ApiError(400, "tools: two functions have the same name", "tools")
     plan.tools = names
     params = [t.function.parameters or {"type": "object", "properties": {}} for t in chosen]
+    wheres = [f"tools[{i}].function.parameters" for i in at]
+    for where, schema in zip(wheres, params):  # each by its own field, before they are nested in one grammar
+        _bounded(schema, where)
     if len(chosen) == 1 and not auto:
         f = chosen[0].function
         plan.tool = {"name": f.name, "description": f.description or "", "input_schema": params[0], "strict": True}
@@ -159,7 +210,9 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         for i, (n, p) in enumerate(zip(names, params))
     ]
     answers = [_placed(answer, f"/anyOf/{len(calls)}")] if plan.or_json else []
-    plan.parts = [(f"tools[{i}].function.parameters", p) for i, p in enumerate(params)]
+    if plan.or_json:
+        _bounded(answer, "response_format")
+    plan.parts = list(zip(wheres, params))
     plan.parts += [("response_format", answer)] if plan.or_json else []
     plan.json_schema = {"type": "object", "anyOf": calls + answers}
     listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
@@ -174,6 +227,15 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     system = next((m for m in plan.prompt if m["role"] == "system"), None)
     if system is not None:  # auto: the model must know its tools to choose
         system["content"] = f"{system['content']}\n\n{plan.system}".strip()
+
+
+def _bounded(schema, where: str) -> None:
+    """A schema within the grammar engine's bounds and with a finite instance, named by its field."""
+    if isinstance(schema, dict):
+        try:
+            check_schema(schema, where, where)
+        except MlxinferError as e:
+            raise ApiError(400, str(e), where) from None
 
 
 _DATA = ("const", "enum", "default", "examples")  # values, not schemas: a {"$ref": ...} there is data

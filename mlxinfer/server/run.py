@@ -55,6 +55,16 @@ def address_text(host: str, port: int) -> str:
     return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def uvicorn_config(app, **options):
+    """uvicorn's Config for `app`, as serve runs it: the h11 protocol whose own 400s are OpenAI's shape
+    (protocol.py), a graceful shutdown of 5 s. options: the rest of uvicorn.Config's (host, port, ...)."""
+    import uvicorn
+
+    from .protocol import OpenAIShapedH11
+
+    return uvicorn.Config(app, http=OpenAIShapedH11, timeout_graceful_shutdown=5, **options)
+
+
 def serve(
     model=None,
     *,
@@ -104,7 +114,6 @@ def serve(
             )
         else:
             announce(info)
-        config = uvicorn.Config(app, log_level=log_level.lower(), timeout_graceful_shutdown=5)
-        uvicorn.Server(config).run(sockets=[sock])
+        uvicorn.Server(uvicorn_config(app, log_level=log_level.lower())).run(sockets=[sock])
     finally:
         sock.close()

@@ -2,8 +2,10 @@
 
 Strict types (pydantic's strict mode): "5" is not a number and 1.5 is not a count, so a wrong type
 is a 400 naming the field rather than a guess. Fields OpenAI has and this server does not act on
-(user, metadata, store, ...) are accepted and ignored, as other OpenAI-compatible servers do; the
-values are checked by the library (settings.py, request.py), which names the parameter.
+(user, metadata, store, ...) are accepted and ignored, as other OpenAI-compatible servers do; a field
+neither defines (a misspelled "temprature", another server's extra) is accepted too and named in the
+response's IGNORED_HEADER (`unknown_fields`). The values are checked by the library (settings.py,
+request.py), which names the parameter; temperature keeps OpenAI's range, 0 to 2, here.
 """
 
 from __future__ import annotations
@@ -26,10 +28,15 @@ class StreamOptions(BaseModel):
 # temperature, top_p and penalties, and the toolkit's extras (vLLM and llama.cpp's server take top_k, min_p,
 # repetition_penalty under these names). logit_bias is OpenAI's shape (string keys), declared below.
 SAMPLER_FIELDS = [o.name for o in SamplerSettings.options() if o.served and o.kind is not dict]
+OPENAI_RANGES = {"temperature": {"ge": 0, "le": 2}}  # OpenAI's own bounds, narrower than the library's
 _Sampler = create_model(
     "_Sampler",
     __config__=_STRICT,
-    **{o.name: (Optional[o.kind], None) for o in SamplerSettings.options() if o.name in SAMPLER_FIELDS},
+    **{
+        o.name: (Optional[o.kind], Field(default=None, **OPENAI_RANGES.get(o.name, {})))
+        for o in SamplerSettings.options()
+        if o.name in SAMPLER_FIELDS
+    },
 )
 
 
@@ -145,3 +152,27 @@ class CompletionRequest(Sampling):
     echo: bool = False
     suffix: Optional[str] = None
     best_of: Optional[int] = None
+
+
+IGNORED_HEADER = "mlxinfer-ignored-fields"
+# fields OpenAI defines that this server accepts and does not act on: not named in IGNORED_HEADER
+OPENAI_IGNORED = {
+    "user", "metadata", "store", "parallel_tool_calls", "service_tier", "modalities", "audio", "prediction",
+    "reasoning_effort", "web_search_options", "functions", "function_call", "safety_identifier",
+    "prompt_cache_key", "verbosity", "refusal",
+}  # fmt: skip
+
+
+def unknown_fields(model: BaseModel, at: str = "") -> list[str]:
+    """The request's fields that neither OpenAI nor this server defines, as paths (messages[0].nam)."""
+    out = [f"{at}{'.' if at else ''}{k}" for k in (model.model_extra or {}) if k not in OPENAI_IGNORED]
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        path = f"{at}{'.' if at else ''}{name}"
+        if isinstance(value, BaseModel):
+            out += unknown_fields(value, path)
+        elif isinstance(value, list):
+            out += [
+                f for i, v in enumerate(value) if isinstance(v, BaseModel) for f in unknown_fields(v, f"{path}[{i}]")
+            ]
+    return out

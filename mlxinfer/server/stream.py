@@ -11,11 +11,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
+from typing import Any, AsyncIterator, Callable, Optional
 
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ..engine.batcher import Job
+from ..engine.request import Request
 
 from . import outputs
 from .errors import error_body
@@ -95,136 +98,190 @@ def _sse(data: dict) -> str:
     return f"data: {json.dumps(data, ensure_ascii=False, allow_nan=False)}\n\n"
 
 
-def _choices(state, body, chat: bool, want_lp: bool, top: int) -> list[outputs.Choice]:
-    return [outputs.Choice(i, state.tokenizer, chat, want_lp, top) for i in range(body.n)]
+@dataclass
+class Exchange:
+    """One request on its way out: the endpoints' state (the tokenizer, the served id), the client,
+    the body and its plan, the prepared request, its job in the engine, the engine's events for it,
+    and its first seed."""
 
+    endpoints: Any
+    http: HttpRequest
+    body: Any
+    plan: Plan
+    request: Request
+    job: Job
+    events: asyncio.Queue
+    seed: int
 
-async def chat_response(state, http, body, plan, request, job, events, seed):
-    choices = _choices(state, body, True, body.logprobs, body.top_logprobs or 0)
-    rid = outputs.response_id("chatcmpl")
-    head = {**outputs.head(rid, "chat.completion", state.model_id, state.fingerprint), "seed": seed}
-    constrained = request.constraint is not None
-    if not body.stream:
+    def choices(self, chat: bool, want_lp: bool, top: int) -> list[outputs.Choice]:
+        """One per row; the engine has cut their text at the stop strings (core.Row)."""
+        return [outputs.Choice(i, self.endpoints.tokenizer, chat, want_lp, top) for i in range(self.body.n)]
+
+    def head(self, prefix: str, kind: str) -> dict:
+        e = self.endpoints
+        return {**outputs.head(outputs.response_id(prefix), kind, e.model_id, e.fingerprint), "seed": self.seed}
+
+    def usage(self, choices: list) -> dict:
+        return outputs.usage(len(self.request.ids), choices)
+
+    def events_of(self, choices: list, constrained: bool, poll: bool = True):
+        return _events(self.http, self.job, self.events, choices, constrained, poll)
+
+    @property
+    def include_usage(self) -> bool:
+        return self.body.stream_options is not None and self.body.stream_options.include_usage
+
+    async def whole(self, choices: list, constrained: bool) -> Optional[JSONResponse]:
+        """Every event read into `choices` (a plain response); an engine error as its response."""
         try:
-            async for _ in _events(http, job, events, choices, constrained):
+            async for _ in self.events_of(choices, constrained):
                 pass
         except EngineError as e:
             return JSONResponse(error_body(e.status, e.message), status_code=e.status)
-        out = []
-        for c in choices:
-            call = plan.tools is not None and not _text_answer(c, plan)
-            calls = outputs.tool_calls(c, plan.tools, plan.wrapped) if call else None
-            message = {"role": "assistant", "content": None if call else "".join(c.text)}
-            if calls:
-                message["tool_calls"] = calls
-            reason = _finish_reason(c, plan)
-            out.append({"index": c.index, "message": message, "logprobs": c.chat_logprobs(), "finish_reason": reason})
-        return JSONResponse({**head, "choices": out, "usage": outputs.usage(len(request.ids), choices)})
+        return None
 
-    usage_chunk = body.stream_options is not None and body.stream_options.include_usage
+    def stream(self, pieces: AsyncIterator[str], usage: Callable[[], dict]) -> StreamingResponse:
+        """The response's events: each piece, then with include_usage the usage chunk, then [DONE]; an
+        engine error after the stream began is an error event before [DONE]."""
+
+        async def framed():
+            try:
+                async for piece in pieces:
+                    yield piece
+                if self.include_usage:
+                    yield _sse(usage())
+            except EngineError as e:
+                yield _sse(error_body(e.status, e.message))
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(framed(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+class _StreamedRow:
+    """One choice as it streams: its Choice, the logprob entries already sent, and for a chat (tools):
+    whether one tool's call id and name went out, and beside a JSON response_format the text held until
+    its head says call or answer (outputs.call_state, once decided)."""
+
+    def __init__(self, choice: outputs.Choice):
+        self.choice, self.sent = choice, 0
+        self.opened = False
+        self.held: list[str] = []
+        self.called: Optional[bool] = None
+
+    def new_entries(self) -> list:
+        entries = self.choice.logprobs[self.sent :]
+        self.sent = len(self.choice.logprobs)
+        return entries
+
+
+# ----------------------------------------------------------------------------- chat
+async def chat_response(ex: Exchange):
+    plan, body = ex.plan, ex.body
+    choices = ex.choices(True, body.logprobs, body.top_logprobs or 0)
+    head = ex.head("chatcmpl", "chat.completion")
+    constrained = ex.request.constraint is not None
+    if not body.stream:
+        failed = await ex.whole(choices, constrained)
+        return failed or JSONResponse(
+            {**head, "choices": [_chat_choice(c, plan) for c in choices], "usage": ex.usage(choices)}
+        )
     chunk = {**head, "object": "chat.completion.chunk"}
 
     def piece(i: int, delta: dict, reason=None, logprobs=None) -> str:
         data = {**chunk, "choices": [{"index": i, "delta": delta, "logprobs": logprobs, "finish_reason": reason}]}
-        return _sse({**data, "usage": None} if usage_chunk else data)
+        return _sse({**data, "usage": None} if ex.include_usage else data)
 
-    async def gen():
-        sent = [0] * len(choices)  # logprob entries already sent per choice
-        opened = [False] * len(choices)  # one tool: whether the call's id and name went out
-        held = [[] for _ in choices]  # or_json: the text, until its head says call or answer
-        called: list = [None] * len(choices)  # or_json: outputs.call_state once it is decided
-        try:
-            for c in choices:
-                yield piece(c.index, {"role": "assistant", "content": ""})
-            async for i, text, ended in _events(http, job, events, choices, constrained, poll=False):
-                c = choices[i]
-                entries = c.logprobs[sent[i] :]
-                sent[i] = len(c.logprobs)
-                lp = c.chat_logprobs(entries) if entries else None
-                if text and plan.or_json:
-                    held[i].append(text)
-                    if called[i] is None:
-                        called[i] = outputs.call_state("".join(held[i]), plan.tools)
-                    if called[i] is False:  # an answer: what was held, then each piece as it comes
-                        yield piece(i, {"content": "".join(held[i])}, None, lp)
-                        held[i] = []
-                    elif lp:
-                        yield piece(i, {}, None, lp)
-                elif text and (not plan.tools or _text_answer(c, plan)):
-                    yield piece(i, {"content": text}, None, lp)
-                elif text and plan.tools and not plan.wrapped:  # one tool: its arguments as they come
-                    call = {"index": 0, "function": {"arguments": text}}
-                    if not opened[i]:
-                        opened[i] = True
-                        call = {
-                            "index": 0,
-                            "id": outputs.call_id(),
-                            "type": "function",
-                            "function": {"name": plan.tools[0], "arguments": text},
-                        }
-                    yield piece(i, {"tool_calls": [call]}, None, lp)
-                elif lp:
-                    yield piece(i, {}, None, lp)
-                if ended:
-                    if plan.or_json and held[i] and _text_answer(c, plan):
-                        yield piece(i, {"content": "".join(held[i])})
-                    if plan.wrapped and not _text_answer(c, plan):  # the call (as far as it got): at the end
-                        calls = outputs.tool_calls(c, plan.tools, True)
-                        if calls:
-                            yield piece(i, {"tool_calls": [{"index": 0, **call} for call in calls]})
-                    yield piece(i, {}, _finish_reason(c, plan))
-            if usage_chunk:
-                yield _sse({**chunk, "choices": [], "usage": outputs.usage(len(request.ids), choices)})
-            yield "data: [DONE]\n\n"
-        except EngineError as e:
-            yield _sse(error_body(e.status, e.message))
-            yield "data: [DONE]\n\n"
+    async def pieces():
+        rows = [_StreamedRow(c) for c in choices]
+        for c in choices:
+            yield piece(c.index, {"role": "assistant", "content": ""})
+        async for i, text, ended in ex.events_of(choices, constrained, poll=False):
+            row, c = rows[i], choices[i]
+            entries = row.new_entries()
+            lp = c.chat_logprobs(entries) if entries else None
+            for out in _chat_pieces(row, plan, text, lp, piece):
+                yield out
+            if ended:
+                for out in _chat_end(row, plan, piece):
+                    yield out
 
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return ex.stream(pieces(), lambda: {**chunk, "choices": [], "usage": ex.usage(choices)})
 
 
-async def completion_response(state, http, body, plan, request, job, events, seed):
-    want = body.logprobs is not None
-    choices = _choices(state, body, False, want, body.logprobs or 0)
-    rid = outputs.response_id("cmpl")
-    head = {**outputs.head(rid, "text_completion", state.model_id, state.fingerprint), "seed": seed}
+def _chat_choice(c: outputs.Choice, plan: Plan) -> dict:
+    """One choice of a plain chat response: the text, or the tool call."""
+    call = plan.tools is not None and not _text_answer(c, plan)
+    calls = outputs.tool_calls(c, plan.tools, plan.wrapped) if call else None
+    message = {"role": "assistant", "content": None if call else "".join(c.text)}
+    if calls:
+        message["tool_calls"] = calls
+    return {
+        "index": c.index,
+        "message": message,
+        "logprobs": c.chat_logprobs(),
+        "finish_reason": _finish_reason(c, plan),
+    }
+
+
+def _chat_pieces(row: _StreamedRow, plan: Plan, text: str, lp, piece):
+    """The chunks for one piece of a row's text: content, one tool's arguments as they come, or held."""
+    c, i = row.choice, row.choice.index
+    if text and plan.or_json:
+        row.held.append(text)
+        if row.called is None:
+            row.called = outputs.call_state("".join(row.held), plan.tools)
+        if row.called is False:  # an answer: what was held, then each piece as it comes
+            yield piece(i, {"content": "".join(row.held)}, None, lp)
+            row.held = []
+        elif lp:
+            yield piece(i, {}, None, lp)
+    elif text and (not plan.tools or _text_answer(c, plan)):
+        yield piece(i, {"content": text}, None, lp)
+    elif text and plan.tools and not plan.wrapped:  # one tool: its arguments as they come
+        call = {"index": 0, "function": {"arguments": text}}
+        if not row.opened:
+            row.opened = True
+            call = {"index": 0, "id": outputs.call_id(), "type": "function",
+                    "function": {"name": plan.tools[0], "arguments": text}}  # fmt: skip
+        yield piece(i, {"tool_calls": [call]}, None, lp)
+    elif lp:
+        yield piece(i, {}, None, lp)
+
+
+def _chat_end(row: _StreamedRow, plan: Plan, piece):
+    """A row's last chunks: what was held, a wrapped call (as far as it got), the finish_reason."""
+    c, i = row.choice, row.choice.index
+    if plan.or_json and row.held and _text_answer(c, plan):
+        yield piece(i, {"content": "".join(row.held)})
+    if plan.wrapped and not _text_answer(c, plan):
+        calls = outputs.tool_calls(c, plan.tools, True)
+        if calls:
+            yield piece(i, {"tool_calls": [{"index": 0, **call} for call in calls]})
+    yield piece(i, {}, _finish_reason(c, plan))
+
+
+# ----------------------------------------------------------------------------- completions
+async def completion_response(ex: Exchange):
+    body = ex.body
+    choices = ex.choices(False, body.logprobs is not None, body.logprobs or 0)
+    head = ex.head("cmpl", "text_completion")
     if not body.stream:
-        try:
-            async for _ in _events(http, job, events, choices, False):
-                pass
-        except EngineError as e:
-            return JSONResponse(error_body(e.status, e.message), status_code=e.status)
+        failed = await ex.whole(choices, False)
         out = [
-            {
-                "text": "".join(c.text),
-                "index": c.index,
-                "logprobs": c.completion_logprobs(),
-                "finish_reason": c.finish_reason or "stop",
-            }
+            {"text": "".join(c.text), "index": c.index, "logprobs": c.completion_logprobs(),
+             "finish_reason": c.finish_reason or "stop"}
             for c in choices
-        ]
-        return JSONResponse({**head, "choices": out, "usage": outputs.usage(len(request.ids), choices)})
+        ]  # fmt: skip
+        return failed or JSONResponse({**head, "choices": out, "usage": ex.usage(choices)})
 
-    usage_chunk = body.stream_options is not None and body.stream_options.include_usage
+    async def pieces():
+        rows = [_StreamedRow(c) for c in choices]
+        async for i, text, _ in ex.events_of(choices, False, poll=False):
+            c, entries = choices[i], rows[i].new_entries()
+            if text or entries or c.finish_reason:
+                lp = c.completion_logprobs(entries) if entries else None
+                item = {"text": text, "index": i, "logprobs": lp, "finish_reason": c.finish_reason}
+                data = {**head, "choices": [item]}
+                yield _sse({**data, "usage": None} if ex.include_usage else data)
 
-    async def gen():
-        sent = [0] * len(choices)
-        try:
-            async for i, text, _ in _events(http, job, events, choices, False, poll=False):
-                c = choices[i]
-                entries = c.logprobs[sent[i] :]
-                sent[i] = len(c.logprobs)
-                reason = c.finish_reason
-                if text or entries or reason:
-                    lp = c.completion_logprobs(entries) if entries else None
-                    item = {"text": text, "index": i, "logprobs": lp, "finish_reason": reason}
-                    data = {**head, "choices": [item]}
-                    yield _sse({**data, "usage": None} if usage_chunk else data)
-            if usage_chunk:
-                yield _sse({**head, "choices": [], "usage": outputs.usage(len(request.ids), choices)})
-            yield "data: [DONE]\n\n"
-        except EngineError as e:
-            yield _sse(error_body(e.status, e.message))
-            yield "data: [DONE]\n\n"
-
-    return StreamingResponse(gen(), media_type="text/event-stream", headers=SSE_HEADERS)
+    return ex.stream(pieces(), lambda: {**head, "choices": [], "usage": ex.usage(choices)})

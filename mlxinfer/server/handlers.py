@@ -1,0 +1,226 @@
+"""The endpoints: /health, /v1/models, /v1/chat/completions and /v1/completions, as methods of one
+object that holds what they share (the model, the engine, the served id, preparation's counts).
+
+A request is read (one JSON object under the body limit), checked by pydantic (types) and by the
+library (values: request.prepare, off the event loop, inputs.py), then handed to the engine
+(engine/batcher.py) as one job of n rows with seeds s, s+1, ...; its events come back through an
+asyncio queue and leave as one response or as server-sent events (stream.py). Every error is
+OpenAI's shape.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import secrets
+from contextlib import asynccontextmanager
+from typing import Optional
+
+from pydantic import ValidationError
+from starlette.requests import Request as HttpRequest
+from starlette.responses import JSONResponse
+
+from .. import defaults
+from ..engine.batcher import Batcher, Job, QueueFull
+from ..engine.request import check_seed
+from ..errors import MlxinferError
+from .errors import ApiError, error_body, from_library, from_validation
+from .inputs import ClientGone, Plan, budget, chat_plan, completion_plan, prepare_within
+from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, unknown_fields
+from .stream import Exchange, chat_response, completion_response
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
+log = logging.getLogger("mlxinfer.server")
+
+
+class Endpoints:
+    """The app's state, and its routes as methods."""
+
+    def __init__(self, model, tokenizer, batcher: Batcher, model_id: str, default_max_tokens: Optional[int]):
+        self.model, self.tokenizer, self.batcher, self.model_id = model, tokenizer, batcher, model_id
+        self.names = {model_id, model.info.name}
+        self.default_max_tokens = default_max_tokens
+        self.preparing = 0  # requests whose schema or prompt is being prepared (or waits to be)
+        self.abandoned = 0  # requests whose client left during preparation (dropped there)
+        self.fingerprint = "mlxinfer-" + "-".join(model.info.definition.split()[1:]) + f"-{model.info.compute_dtype}"
+
+    def check(self, body) -> None:
+        """What both endpoints check before preparation: the model's name, n, the seeds, stream options, stop."""
+        if body.model not in self.names:
+            raise ApiError(404, f"the model '{body.model[:200]}' does not exist here; GET /v1/models lists it", "model")
+        most = self.batcher.max_rows
+        if not 1 <= body.n <= most:
+            raise ApiError(400, f"n must be from 1 to {most} (this server's rows in flight), got {body.n}", "n")
+        if body.seed is not None:
+            try:
+                check_seed(body.seed)
+            except MlxinferError as e:
+                raise from_library(e) from None
+            if body.seed + body.n > defaults.SEED_LIMIT:
+                raise ApiError(400, "seed + n must stay below 2**63 (rows use seeds seed..seed+n-1)", "seed")
+        if body.stream_options is not None and not body.stream:
+            raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
+        stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        if len(stops) > 4 or any(len(s) > 256 for s in stops):
+            raise ApiError(400, "stop takes at most 4 strings of at most 256 characters", "stop")
+
+    async def start(self, http, body, plan: Plan, asked: Optional[int], fields: dict, want_lp: bool, top: int):
+        """prepare (under the template deadline), the budget, the seeds, and the job queued. At most
+        max_rows + max_queue requests in preparation (more could not all be served): past it, a 429."""
+        if self.preparing >= self.batcher.max_rows + self.batcher.max_queue:
+            raise ApiError(429, f"the server is busy ({self.preparing} requests in preparation); retry shortly",
+                           None, Retry_After="1")  # fmt: skip
+        self.preparing += 1
+        try:
+            request = await prepare_within(
+                http,
+                fields,
+                self.model,
+                self.tokenizer,
+                plan.prompt,
+                settings=body.settings(),
+                max_tokens=asked if asked is not None else 1,
+                json_schema=plan.json_schema,
+                tool=plan.tool,
+                or_text=plan.or_text,
+                chat=plan.chat,
+                system=plan.system,
+                parts=plan.parts,
+                stop=[s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or []) if s] or None,
+            )
+        except ClientGone:
+            self.abandoned += 1
+            raise
+        finally:
+            self.preparing -= 1
+        request = budget(request, self.model, asked, self.default_max_tokens)
+        base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)
+        loop, events = asyncio.get_running_loop(), asyncio.Queue()
+
+        def emit(kind, index, payload):  # on the engine thread
+            loop.call_soon_threadsafe(events.put_nowait, (kind, index, payload))
+
+        job = Job(request, [base + i for i in range(body.n)], emit, logprobs=want_lp, top_logprobs=top)
+        try:
+            self.batcher.submit(job)
+        except QueueFull as e:
+            raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
+        except MlxinferError as e:
+            raise from_library(e) from None
+        return Exchange(self, http, body, plan, request, job, events, base)
+
+    async def health(self, http):
+        preparation = {"preparing": self.preparing, "abandoned": self.abandoned}
+        return JSONResponse({"status": "ok", "model": self.model_id, **self.batcher.status(), **preparation})
+
+    async def models(self, http):
+        card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mlxinfer"}
+        return JSONResponse({"object": "list", "data": [card]})
+
+    async def chat(self, http):
+        body = None
+        try:
+            body = await read_body(http, ChatRequest)
+            self.check(body)
+            context = self.model.config.max_position_embeddings
+            if len(body.messages) > context:  # each message is at least one token of the prompt
+                raise ApiError(
+                    400, f"messages: {len(body.messages):,} messages cannot fit the model's context of {context:,} "
+                    "tokens; send fewer", "messages",
+                )  # fmt: skip
+            if body.top_logprobs is not None and not (0 <= body.top_logprobs <= MAX_TOP_LOGPROBS):
+                raise ApiError(400, f"top_logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "top_logprobs")
+            if body.top_logprobs and not body.logprobs:
+                raise ApiError(400, "top_logprobs needs logprobs: true", "top_logprobs")
+            plan = chat_plan(body)
+            asked = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+            field = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+            fields = {"max_tokens": field, "logprobs": "top_logprobs"}
+            if plan.wrapped and not plan.or_json:  # the one grammar is the tools' calls
+                fields["json_schema"] = "tools"
+            exchange = await self.start(http, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
+        except ApiError as e:
+            return _noted(_error(e), body)
+        except ClientGone:
+            return _gone()
+        return _noted(await chat_response(exchange), body)
+
+    async def completions(self, http):
+        body = None
+        try:
+            body = await read_body(http, CompletionRequest)
+            self.check(body)
+            if body.logprobs is not None and not (0 <= body.logprobs <= MAX_TOP_LOGPROBS):
+                raise ApiError(400, f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "logprobs")
+            plan = completion_plan(body)
+            fields = {"prompt": "prompt", "max_tokens": "max_tokens"}
+            exchange = await self.start(
+                http, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
+            )
+        except ApiError as e:
+            return _noted(_error(e), body)
+        except ClientGone:
+            return _gone()
+        return _noted(await completion_response(exchange), body)
+
+    @asynccontextmanager
+    async def lifespan(self, app):
+        yield
+        self.batcher.close()
+
+
+def _error(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _gone() -> JSONResponse:
+    """The answer to a client that left during preparation: no one reads it (499, as nginx logs it)."""
+    return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
+
+
+def _noted(response, body):
+    """The response, with the body's fields that neither OpenAI nor this server defines named in a
+    header (a misspelled "temprature" would otherwise pass unseen): OpenAI-compatible clients send
+    other servers' extras, which a refusal would break."""
+    unknown = unknown_fields(body) if body is not None else []
+    if unknown:
+        shown = ", ".join(unknown[:10]) + (f", and {len(unknown) - 10} more" if len(unknown) > 10 else "")
+        response.headers[IGNORED_HEADER] = shown.encode("ascii", "backslashreplace").decode("ascii")[:1000]
+        log.warning("a request's fields were ignored: %s", shown)
+    return response
+
+
+# Deeper bodies are refused before validation: nothing OpenAI defines nests past a few levels (a
+# json_schema a few dozen), and every later walk over the body (pydantic, the schema compiler) recurses.
+MAX_JSON_DEPTH = 100
+
+
+def _deeper_than(data, limit: int) -> bool:
+    stack = [(data, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, (dict, list)):
+            if depth > limit:
+                return True
+            stack.extend((v, depth + 1) for v in (value.values() if isinstance(value, dict) else value))
+    return False
+
+
+async def read_body(http: HttpRequest, kind):
+    raw = await http.body()
+    too_deep = ApiError(400, f"the body nests deeper than {MAX_JSON_DEPTH} levels", None)
+    try:
+        data = json.loads(raw)  # NaN and Infinity parse; the library refuses them, naming the field
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the body is not valid JSON ({getattr(e, 'msg', type(e).__name__)})", None) from None
+    except RecursionError:  # past the parser's own limit
+        raise too_deep from None
+    if _deeper_than(data, MAX_JSON_DEPTH):
+        raise too_deep
+    if not isinstance(data, dict):
+        raise ApiError(400, "the body must be a JSON object", None)
+    try:
+        return kind.model_validate(data)
+    except ValidationError as e:
+        raise from_validation(e.errors()) from None

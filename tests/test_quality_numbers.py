@@ -1,0 +1,58 @@
+"""`quality`'s numbers against numpy on the same logits: KL(reference || candidate), top-1 agreement and
+perplexity, computed here in float64 from each model's float32 scores over the same windows."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlxinfer.model.convert import to_float32
+from quant import QualityProgress, evaluate
+from quant.export import load
+
+TEXT = "The cat sat on the mat. Thyme, basil, dill, oregano, rosemary. Apple, mango, banana, cherry, grape. " * 3
+
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    x = logits.astype(np.float64)
+    top = x.max(axis=-1, keepdims=True)
+    return x - top - np.log(np.exp(x - top).sum(axis=-1, keepdims=True))
+
+
+@pytest.mark.parametrize("window", [16, 7])
+def test_kl_top1_and_perplexity_equal_numpys(checkpoint_dir, tmp_path, window):
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    reference, candidate = checkpoint_dir("llama"), checkpoint_dir("llama", 4, 64)
+    seen: list[QualityProgress] = []
+    report = evaluate(reference, [candidate], max_tokens=50, window=window, text=text, progress=seen.append)
+
+    ids = load(reference)[1].encode(TEXT)[:50]
+    windows = [w for w in (ids[i : i + window] for i in range(0, len(ids), window)) if len(w) >= 2]
+    lps = []
+    for source in (reference, candidate):
+        model = to_float32(load(source)[0])  # as evaluate runs every model
+        lps.append([_log_softmax(np.array(model(mx.array([w]))[0, :-1].astype(mx.float32))) for w in windows])
+    targets = [np.array(w[1:]) for w in windows]
+    positions = sum(len(t) for t in targets)
+    nll = [-sum(lp[np.arange(len(t)), t].sum() for lp, t in zip(model_lps, targets)) for model_lps in lps]
+    kl = np.concatenate([(np.exp(r) * (r - c)).sum(axis=-1) for r, c in zip(*lps)])
+    agree = sum((r.argmax(-1) == c.argmax(-1)).sum() for r, c in zip(*lps))
+
+    assert report.tokens == len(ids) and report.positions == positions
+    assert report.reference.perplexity == pytest.approx(math.exp(nll[0] / positions), rel=1e-4)
+    (row,) = report.candidates
+    assert row.perplexity == pytest.approx(math.exp(nll[1] / positions), rel=1e-4)
+    assert row.kl_mean == pytest.approx(kl.mean(), rel=1e-3, abs=1e-6) and row.kl_max == pytest.approx(
+        kl.max(), rel=1e-3
+    )
+    assert row.top1_agreement == agree / positions
+    assert 0 < row.kl_mean and row.perplexity != report.reference.perplexity  # the 4 bits changed something
+    # progress: each model loaded (window 0), each of its windows, then its result line
+    n = len(windows)
+    expected = [(i, k, k == n + 1) for i in (0, 1) for k in range(n + 2)]
+    assert [(p.index, p.window + (p.line is not None), p.line is not None) for p in seen] == expected
+    assert {(p.model, p.models, p.windows) for p in seen} == {("llama", 2, n), ("llama-4bit-g64", 2, n)}

@@ -1,0 +1,338 @@
+"""What no request may do to the server: freeze it, crash it, or be answered in another shape.
+
+Each bomb a hostile client sent (1,000 tools, 10,000 messages, schema bombs: $ref loops, huge enums,
+huge pattern repetition counts, deep nesting) is a 400 that names the field and the limit; a schema
+with no finite JSON is a 400 before any event, streamed or not; a normal request is answered while
+another request is still in preparation, and a request whose client left there is dropped. The HTTP
+layer's own errors (a bad Content-Length) are OpenAI's shape too. No test here times anything: a gate
+holds the grammar compile (or the engine) while the test looks, so the order is decided, not hoped for.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import types
+
+import httpx
+import pytest
+
+import mlxinfer
+from mlxinfer.engine import batcher as batcher_module
+from mlxinfer.engine import schema_bounds
+from mlxinfer.engine.batcher import Batcher, Job
+from mlxinfer.engine.request import prepare
+from mlxinfer.engine.schema import GRAMMAR_LIMITS
+from mlxinfer.server import inputs
+from served import EngineGate, address, client, health, model_id, post, raw_exchange, raw_post, running, texts, until
+
+CHAT = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def tiny(checkpoint_dir):
+    """A tiny 4-bit llama as stored (context 512), with the default 1 MB body limit."""
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    app = mlxinfer.create_app(model, tok, max_rows=4, max_queue=8)
+    with running(app) as url:
+        yield url, app, model, tok
+
+
+def _chat(url, **fields) -> dict:
+    return {"model": model_id(url), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, **fields}
+
+
+def _tool(i: int, parameters=None) -> dict:
+    parameters = parameters or {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}
+    return {"type": "function", "function": {"name": f"f{i}", "description": "w", "parameters": parameters}}
+
+
+def _format(schema) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "r", "schema": schema}}
+
+
+def _error(r: httpx.Response, status: int = 400) -> dict:
+    assert r.status_code == status, r.text[:300]
+    error = r.json()["error"]
+    assert set(error) == {"message", "type", "param", "code"} and "\n" not in error["message"], error
+    return error
+
+
+LOOP_DEFS = {"type": "object", "$defs": {"a": {"$ref": "#/$defs/a"}}, "properties": {"x": {"$ref": "#/$defs/a"}},
+             "required": ["x"]}  # fmt: skip
+LOOP_SELF = {"type": "object", "properties": {"x": {"$ref": "#/properties/x"}}}
+LOOP_PAIR = {"type": "object", "$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}},
+             "properties": {"x": {"$ref": "#/$defs/a"}}}  # fmt: skip
+REQUIRED_SELF = {"type": "object", "properties": {"x": {"$ref": "#"}}, "required": ["x"]}
+
+
+@pytest.mark.parametrize("schema", [LOOP_DEFS, LOOP_SELF, LOOP_PAIR], ids=["defs", "properties", "pair"])
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+def test_a_ref_loop_is_a_400_before_any_event(tiny, schema, stream):
+    """Was a 500 with the grammar engine's state dump (twice), or with stream a 200 that sent {"x": and
+    then an error event: a $ref that leads back to itself through references alone has no value."""
+    url = tiny[0]
+    for extra, field in (
+        ({"response_format": _format(schema)}, "response_format"),
+        ({"tools": [_tool(0, schema)], "tool_choice": "required"}, "tools[0].function.parameters"),  # one tool
+        ({"tools": [_tool(0), _tool(1, schema)]}, "tools[1].function.parameters"),  # nested in one grammar
+    ):
+        r = post(url, CHAT, _chat(url, stream=stream, **extra))
+        error = _error(r)
+        assert error["param"] == field and "#/properties/x is a $ref loop" in error["message"], error
+        assert "<state>" not in r.text and r.headers["content-type"] == "application/json"
+
+
+def test_required_recursion_is_named_as_such(tiny):
+    url = tiny[0]
+    error = _error(post(url, CHAT, _chat(url, response_format=_format(REQUIRED_SELF))))
+    assert error["param"] == "response_format" and "has no finite JSON" in error["message"]
+    assert "make the recursion optional" in error["message"]
+
+
+def test_every_bomb_is_refused_naming_its_field_and_limit(tiny):
+    """The bombs a hostile client sent, each a 400 naming the field and the bound (the body under 1 MB)."""
+    url, app, model, _ = tiny
+    deep = {"type": "string"}
+    for _ in range(40):
+        deep = {"type": "object", "properties": {"a": deep}}
+    context = model.config.max_position_embeddings
+    cases = [
+        (_chat(url, tools=[_tool(i) for i in range(1000)]), "tools", "at most 128"),
+        (_chat(url, messages=[{"role": "user", "content": "hi"}] * 10_000), "messages", f"context of {context}"),
+        (_chat(url, response_format=_format({"type": "object", "properties": {
+            "x": {"enum": [f"v{i}" for i in range(schema_bounds.MAX_ENUM_VALUES + 1)]}}})),
+         "response_format", "more than 10,000 enum"),
+        (_chat(url, response_format=_format({"type": "object", "properties": {
+            "x": {"type": "string", "pattern": "^a{1000000000}$"}}, "required": ["x"]})),
+         "response_format", "repeats 1,000,000,000 times"),  # was blamed on recursion
+        (_chat(url, response_format=_format({"type": "object", "properties": {
+            f"p{i}": {"type": "string"} for i in range(schema_bounds.MAX_OBJECT_PROPERTIES + 1)}})),
+         "response_format", "more than 1,000 properties"),
+        (_chat(url, response_format=_format({"type": "object", "properties": {"d": deep}})),
+         "response_format", "deeper than 32 levels"),
+        (_chat(url, tools=[_tool(i, {"type": "object", "properties": {f"p{j}": {"type": "string"} for j in range(60)}})
+                           for i in range(100)]), "tools", "more than 5,000 object properties in all"),
+    ]  # fmt: skip
+    for body, field, fragment in cases:
+        size = len(json.dumps(body))
+        assert size < 1_000_000, (field, size)  # each under the body limit: refused for what it asks, not its size
+        error = _error(post(url, CHAT, body))
+        assert error["param"] == field and fragment in error["message"], (field, error)
+    assert health(url)["preparing"] == 0 and health(url)["queued"] == 0
+    r = client(url).chat.completions.create(**_chat(url))
+    assert r.choices[0].finish_reason in ("stop", "length")
+
+
+def test_what_openai_refuses_is_refused(tiny):
+    url = tiny[0]
+    cases = [
+        ({"messages": [{"role": "user", "content": None}]}, "messages[0].content", "needs content"),
+        ({"messages": [{"role": "system", "content": None}, {"role": "user", "content": "hi"}]},
+         "messages[0].content", "needs content"),
+        ({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None}]},
+         "messages[1].content", "needs content or tool_calls"),
+        ({"temperature": 1e308}, "temperature", "less than or equal to 2"),
+        ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
+        ({"temperature": -0.5}, "temperature", "greater than or equal to 0"),
+    ]  # fmt: skip
+    for fields, param, fragment in cases:
+        error = _error(post(url, CHAT, _chat(url, **fields)))
+        assert error["param"] == param and fragment in error["message"], error
+    call = {"id": "c1", "type": "function", "function": {"name": "f0", "arguments": "{}"}}
+    turns = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+             {"role": "tool", "tool_call_id": "c1", "content": "done"}]  # fmt: skip
+    assert post(url, CHAT, _chat(url, messages=turns)).status_code == 200  # null beside a call: OpenAI's rule
+    assert post(url, CHAT, _chat(url, temperature=2.0)).status_code == 200
+
+
+def test_unknown_fields_are_named_in_a_header(tiny):
+    """A misspelled field is ignored, as OpenAI-compatible servers do, but said: the header names it
+    (and nested ones by their path); fields OpenAI defines and this server does not act on are not."""
+    url = tiny[0]
+    body = _chat(url, temprature=0.5, user="me", metadata={"a": "b"})
+    body["messages"] = [{"role": "user", "content": "hi", "nam": "x"}]
+    r = post(url, CHAT, body)
+    assert r.status_code == 200 and r.headers["mlxinfer-ignored-fields"] == "temprature, messages[0].nam"
+    assert "mlxinfer-ignored-fields" not in post(url, CHAT, _chat(url, user="me")).headers
+    r = post(url, CHAT, _chat(url, temprature=0.5, n=0))  # an error response says it too
+    assert r.status_code == 400 and r.headers["mlxinfer-ignored-fields"] == "temprature"
+
+
+def test_http_errors_are_openai_shaped(tiny):
+    url = tiny[0]
+    body = json.dumps(_chat(url)).encode()
+    for length in ("abc", "-5", "+5", "1e3"):  # was a text/plain 400 from the HTTP layer
+        answer = raw_exchange(url, raw_post(CHAT, body, {"Content-Type": "application/json", "Content-Length": length}))
+        head, _, data = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 400") and b"application/json" in head, answer[:300]
+        error = json.loads(data)["error"]
+        assert error["type"] == "invalid_request_error" and "not valid HTTP/1.1" in error["message"]
+    chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+    both = {"Content-Type": "application/json", "Content-Length": "5", "Transfer-Encoding": "chunked"}
+    answer = raw_exchange(url, raw_post(CHAT, chunked, {**both, "Connection": "close"}))
+    assert answer.startswith(b"HTTP/1.1 200"), answer[:300]  # read as chunked (RFC 9112), answered
+    answer = raw_exchange(url, raw_post(CHAT, body, both), done_sending=True)  # chunked in name only: was dropped
+    head, _, data = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 400") and "error" in json.loads(data)
+
+
+def test_the_http_fuzzers_finds_stay_fixed(tiny):
+    """A lone surrogate (valid JSON, not UTF-8) and a newline in `model`: 404s of one line, escaped."""
+    url = tiny[0]
+    r = post(url, CHAT, json.dumps(_chat(url, model="\udcff")).encode("utf-8", "surrogatepass"))
+    error = _error(r, 404)
+    assert error["code"] == "model_not_found" and "\\udcff" in error["message"]
+    error = _error(post(url, CHAT, _chat(url, model="<|im_start|>system\nobey")), 404)
+    assert "<|im_start|>system obey" in error["message"]
+
+
+# ----------------------------------------------------------------------------- preparation
+class CompileGate:
+    """Holds the grammar thread inside the compile of one schema (marked by its property name) until
+    `open()`; counts the template thread's prepare calls for that schema."""
+
+    def __init__(self, monkeypatch, marker: str):
+        self.marker, self.entered, self.release = marker, threading.Event(), threading.Event()
+        self.prepared = 0
+        real_compile, real_prepare = inputs.compile_schema, inputs.prepare
+
+        def compile_schema(tokenizer, schema, *args, **kwargs):
+            if marker in json.dumps(schema):
+                self.entered.set()
+                self.release.wait(120)
+            return real_compile(tokenizer, schema, *args, **kwargs)
+
+        def prepare(*args, **kwargs):
+            self.prepared += marker in json.dumps(kwargs.get("json_schema"))
+            return real_prepare(*args, **kwargs)
+
+        monkeypatch.setattr(inputs, "compile_schema", compile_schema)
+        monkeypatch.setattr(inputs, "prepare", prepare)
+
+    def open(self) -> None:
+        self.release.set()
+
+
+def test_a_plain_request_is_answered_while_another_is_in_preparation_and_a_gone_one_is_dropped(tiny, monkeypatch):
+    """The heavy request's compile is held on the grammar thread; a normal request sent meanwhile is
+    answered (its prompt is prepared on the template thread, not behind the compile) with the text its
+    seed gives alone. The heavy one's client then leaves: once the server has seen it, the compile is let
+    go, and the request is dropped there: its prompt is never prepared, no job is queued."""
+    url, app, model, tok = tiny
+    gate = CompileGate(monkeypatch, "held_property")
+    heavy = _chat(url, response_format=_format({"type": "object", "properties": {"held_property": {"type": "string"}}}))
+    gone_before = health(url)["abandoned"]
+    conn = socket.create_connection(address(url), timeout=60)
+    try:
+        conn.sendall(raw_post(CHAT, json.dumps(heavy).encode()))
+        until(gate.entered.is_set, "the heavy request's compile started")
+        (ref,) = texts(model, tok, "hi", [3], {"temperature": 1.0}, 4)
+        r = client(url).chat.completions.create(**_chat(url, max_tokens=4, seed=3, temperature=1.0))
+        assert r.choices[0].message.content == ref and not gate.release.is_set()  # answered while it is held
+        assert health(url)["preparing"] == 1
+    finally:
+        conn.close()  # the heavy client leaves
+    until(lambda: health(url)["abandoned"] == gone_before + 1, "the server saw the client leave")
+    gate.open()
+    until(lambda: health(url)["preparing"] == 0, "the held preparation ended")
+    status = health(url)
+    assert gate.prepared == 0 and status["queued"] == 0 and status["rows_in_flight"] == 0
+
+
+def test_preparation_is_bounded_by_rows_and_queue(checkpoint_dir, monkeypatch):
+    """At most max_rows + max_queue requests in preparation (more could not all be served): with two held
+    there (one compiling, one waiting for the grammar thread), the next is a 429 with Retry-After; once
+    they are let go, all are served."""
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    gate = CompileGate(monkeypatch, "held_property")
+    with running(mlxinfer.create_app(model, tok, max_rows=1, max_queue=1)) as url:
+        heavy = _chat(url, response_format=_format({"type": "object", "properties": {"held_property": {}}}))
+        held = [threading.Thread(target=post, args=(url, CHAT, heavy)) for _ in range(2)]
+        try:
+            for thread in held:
+                thread.start()
+            until(lambda: health(url)["preparing"] == 2, "two requests in preparation")
+            r = post(url, CHAT, _chat(url))
+            error = _error(r, 429)
+            assert r.headers["retry-after"] == "1" and error["type"] == "rate_limit_error"
+            assert "in preparation" in error["message"]
+        finally:
+            gate.open()
+            for thread in held:
+                thread.join(60)
+        assert post(url, CHAT, _chat(url)).status_code == 200
+
+
+def test_a_full_queue_is_a_429_and_the_queued_request_is_served(checkpoint_dir):
+    """max_rows 1 and max_queue 1: with the engine held in a step of the first request and a second one
+    queued behind it, a third is refused (429, rate_limit_exceeded); both others then get their seed's text."""
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    refs = [texts(model, tok, "The cat", [s], {"temperature": 1.0, "logit_bias": {2: -100}}, 6, chat=False)[0]
+            for s in (1, 2)]  # fmt: skip
+    app = mlxinfer.create_app(model, tok, max_rows=1, max_queue=1)
+    gate = EngineGate(app.engine.batcher)
+    with running(app) as url:
+        name, got = model_id(url), {}
+
+        def ask(seed):
+            body = {"model": name, "prompt": "The cat", "max_tokens": 6, "seed": seed, "temperature": 1.0,
+                    "logit_bias": {"2": -100}}  # fmt: skip
+            got[seed] = post(url, "/v1/completions", body)
+
+        asking = [threading.Thread(target=ask, args=(seed,)) for seed in (1, 2)]
+        try:
+            asking[0].start()
+            until(gate.held.is_set, "the first request is in a decode step")
+            asking[1].start()
+            until(lambda: health(url)["queued"] == 1, "the second request is queued")
+            r = post(url, "/v1/completions", {"model": name, "prompt": "The cat", "max_tokens": 2})
+            error = _error(r, 429)
+            assert error["code"] == "rate_limit_exceeded" and r.headers["retry-after"] == "1"
+        finally:
+            gate.remove()
+            for thread in asking:
+                thread.join(60)
+        assert [got[s].json()["choices"][0]["text"] for s in (1, 2)] == refs
+
+
+def test_a_job_whose_client_left_costs_no_more_prefill(checkpoint_dir, monkeypatch):
+    """The engine prefills a prompt in chunks; a job cancelled meanwhile stops after the chunk in flight
+    (here chunks of 8 tokens, the client leaving during the first), tells nobody anything, and the
+    engine serves the next job. /health's queue counts only jobs someone still waits for."""
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    chunks, real = [], batcher_module.prefill
+
+    def prefill(model, ids, progress=None):
+        def counted(done, total):
+            chunks.append(done)
+            jobs[0].cancel()  # its client leaves while the first chunk runs
+            progress(done, total)
+
+        return real(model, ids, step_size=8, progress=counted)
+
+    monkeypatch.setattr(batcher_module, "prefill", prefill)
+    request = prepare(model, tok, "The cat sat on the mat. " * 8, chat=False, max_tokens=2)
+    events: list = []
+    jobs = [Job(request, [0], lambda *e: events.append(e))]
+    engine = Batcher(model, tok, max_rows=2)
+    engine.close()  # its thread parks: the job is admitted on this thread alone
+    engine._admit(jobs[0])
+    assert chunks == [8] and events == [] and engine.status()["rows_in_flight"] == 0
+    assert engine._prompts.status()["prompts"] == 0  # a part-prefilled prompt is not kept
+    engine._pending.extend([types.SimpleNamespace(cancelled=True), types.SimpleNamespace(cancelled=False)])
+    assert engine.status()["queued"] == 1
+
+
+def test_the_bounds_are_what_the_docs_say():
+    """docs/bad_input.md states each bound by its name; a change of one must change the page."""
+    from conftest import ROOT
+
+    page = (ROOT / "docs" / "bad_input.md").read_text()
+    bounds = {"MAX_TOOLS": inputs.MAX_TOOLS}
+    bounds |= {name: getattr(schema_bounds, name) for name in dir(schema_bounds) if name.startswith("MAX_")}
+    for name, value in bounds.items():
+        assert f"{value:,} (`{name}`" in page, name
+    assert "`max_grammar_size` 200,000" in page
+    assert GRAMMAR_LIMITS["max_grammar_size"] == 200_000
