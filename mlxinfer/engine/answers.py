@@ -17,7 +17,6 @@ A cut (top-k, top-p, min-p, typical-p) makes the support finite, and then the wa
 
 from __future__ import annotations
 
-import copy
 import heapq
 import itertools
 import math
@@ -30,13 +29,13 @@ import numpy as np
 
 from .. import defaults
 from ..errors import MlxinferError
-from ..model.cache import KVCache
 from ..sampler import kept_probabilities
 from ..settings import SamplerSettings, resolve_settings
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
 from .core import Row, RowSpec
 from .decode import prefill
 from .grouping import check_group, keyer
+from .path_cache import at_position, paths_cache
 from .request import check_batch_size, prepare
 
 BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
@@ -250,15 +249,10 @@ class AnswerWalk:
         """Scores (B, V) after each path, all of one depth d: a B-row cache of the prompt and each path's
         first d - 1 tokens (their keys and values, kept by its ancestors), then its last token."""
         B, d = len(nodes), len(nodes[0].path)
-        chains = [self._ancestors(n) for n in nodes]  # d - 1 arrays (layers, 2, K, E) each
-        suffix = mx.stack([mx.stack(c, axis=3) for c in chains]) if d > 1 else None  # (B, layers, 2, K, d-1, E)
-        cache = []
-        for layer, c in enumerate(self.prompt.cache):
-            cache.append(_grown(c, B, None if suffix is None else suffix[:, layer], self.P))
+        cache = paths_cache(self.prompt.cache, self.P, [self._ancestors(n) for n in nodes])
         tokens = mx.array([n.path[-1] for n in nodes], dtype=mx.int32)
         logits = self.model(tokens[:, None], cache=cache)[:, -1, :]  # (B, V)
-        at = self.P + d - 1
-        own = mx.stack([_position(c, at) for c in cache], axis=1)  # (B, layers, 2, K, E)
+        own = at_position(cache, self.P + d - 1)  # (B, layers, 2, K, E)
         mx.eval(logits, own)
         for b, node in enumerate(nodes):
             node.kv = mx.array(own[b])  # a copy: the batch's cache is let go
@@ -421,34 +415,3 @@ def _first_token(found: _Found) -> Optional[int]:
 
 
 _NO_HISTORY = mx.array([], dtype=mx.int32)
-
-
-def _grown(cache, B: int, suffix: Optional[mx.array], P: int):
-    """A B-row copy of one layer's prompt cache with each row's suffix positions after the prompt, and
-    room for one more: suffix (B, 2, K, n, E) or None."""
-    if isinstance(cache, KVCache):
-        prompt = cache.kv[:, :, :, :P, :]  # (1, 2, K, P, E)
-        parts = [mx.broadcast_to(prompt, (B, *prompt.shape[1:]))]
-    elif getattr(cache, "keys", None) is not None and hasattr(cache, "offset"):
-        prompt = mx.stack([cache.keys[:, :, :P, :], cache.values[:, :, :P, :]], axis=1)
-        parts = [mx.broadcast_to(prompt, (B, *prompt.shape[1:]))]
-    else:
-        raise MlxinferError(f"answers walks models with a plain KV cache; this one uses {type(cache).__name__}")
-    if suffix is not None:
-        parts.append(suffix.astype(prompt.dtype))
-    parts.append(mx.zeros((B, *prompt.shape[1:3], 1, prompt.shape[-1]), prompt.dtype))
-    kv = mx.concatenate(parts, axis=3)  # (B, 2, K, P + n + 1, E)
-    grown = copy.copy(cache)
-    if isinstance(cache, KVCache):
-        grown.kv = kv
-    else:
-        grown.keys, grown.values = kv[:, 0], kv[:, 1]
-    grown.offset = kv.shape[3] - 1
-    return grown
-
-
-def _position(cache, at: int) -> mx.array:
-    """(B, 2, K, E): the keys and values one layer's cache holds at position `at`."""
-    if isinstance(cache, KVCache):
-        return cache.kv[:, :, :, at, :]
-    return mx.stack([cache.keys[:, :, at, :], cache.values[:, :, at, :]], axis=1)
