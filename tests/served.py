@@ -106,10 +106,10 @@ class EngineGate:
     how many rows each step ran with."""
 
     def __init__(self, batcher):
-        self.batcher, self.real = batcher, batcher._forward
+        self.batch, self.real = batcher.batch, batcher.batch.forward  # the row core's one forward pass a step
         self.held, self.release = threading.Event(), threading.Event()
         self.rows: list[int] = []
-        batcher._forward = self._forward
+        self.batch.forward = self._forward
 
     def _forward(self, live, tokens):
         self.rows.append(len(live))
@@ -123,4 +123,4 @@ class EngineGate:
 
     def remove(self) -> None:
         self.release.set()
-        self.batcher._forward = self.real
+        self.batch.forward = self.real

@@ -497,7 +497,7 @@ def test_hostile_requests_get_their_status_and_the_server_goes_on(tiny):
                 s.sendall(raw_post("/v1/completions", json.dumps({**long, "stream": stream}).encode()))
                 until(gate.held.is_set, "the request's row reached a decode step")
             until(
-                lambda: all(m.job.cancelled for m in batcher._live), "the server cancelled the job of the gone client"
+                lambda: all(r.owner.cancelled for r in batcher._live), "the server cancelled the job of the gone client"
             )
             gate.open()
             until(lambda: batcher.status()["rows_in_flight"] == 0, "the row left the batch")
