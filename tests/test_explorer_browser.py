@@ -85,7 +85,7 @@ def shots(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def metrics(shots):
-    found: dict = {}
+    found: dict = {"requests": {}}
     yield found
     (shots / "metrics.json").write_text(json.dumps(found, indent=2))
 
@@ -160,7 +160,7 @@ def test_next_token_table_slider_and_cut_match_topk(browser, server, shots, metr
     page.click("#next-run")
     page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('scored')", timeout=120_000)
     assert tab.posts("/mlxinfer/next-token") == 1
-    metrics["requests"] = {"next token": 1}
+    metrics["requests"]["next token"] = 1
     want = cli_json("topk", "--prompt", HERB, "-k", "10", "--temps", "1,0.5", "--compute-dtype", "quantized")
     rows = tab.cells("#next-table tbody tr")
     assert [int(r[2]) for r in rows] == [r["id"] for r in want["rows"]]
@@ -223,6 +223,14 @@ def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, sh
     for r in tally:  # each share inside its own 95% interval
         lo, hi = (int(x.rstrip("%")) for x in r[3].split(" – "))
         assert lo <= int(r[2].rstrip("%")) <= hi
+    page.select_option("#draw-group", "text")  # the whole text as the answer: the tally regroups, no request
+    assert "--group text" in page.text_content("#draw-cli")
+    by_text = run_copied(page.text_content("#draw-cli"))
+    assert [(r[0], int(r[1])) for r in tab.cells("#tally-table tbody tr")] == [
+        (repr(t["answer"]), t["count"]) for t in by_text["tally"]
+    ]
+    assert tab.posts("/v1/chat/completions") == 1
+    page.select_option("#draw-group", "first-word")
 
     page.click("#draw-table tr[data-seed='3'] button")
     page.wait_for_selector("#draw-table tr[data-seed='3'] .col-alone.same", timeout=60_000)

@@ -217,6 +217,7 @@ def model_card(state) -> dict:
             "temperatures": list(defaults.TOPK_TEMPERATURES),
             "max_tokens_sample": defaults.MAX_TOKENS_SAMPLE,
             "max_tokens_generate": defaults.MAX_TOKENS_GENERATE,
+            "group": defaults.ANSWER_GROUP,
         },
         "views": VIEWS,
     }

@@ -2,12 +2,13 @@
 // One /v1 request (stream, seed, n) holds up to the server's rows in flight, row i drawing with seed
 // seed + i; more seeds are more requests, sent together, which the engine batches as rows free up.
 // Each draw can be asked for again alone (n = 1, its own seed): on a batch-invariant compute path it
-// comes back the same, which is what a seed promises. The tally counts the answers as `mlxinfer
-// sample` does (stripped of surrounding space) with Wilson's 95% interval for each share.
+// comes back the same, which is what a seed promises. The tally groups the answers by the rule
+// `mlxinfer sample --group` names (the first word, case and punctuation folded, by default; or the whole
+// text) with Wilson's 95% interval for each share, and lists the texts each answer holds.
 
 import { commandLine, openaiRequest, postJson, streamJson } from "./api.js";
 import { el, percent, pyRepr } from "./format.js";
-import { wilson } from "./sampler.js";
+import { answerKey, wilson } from "./sampler.js";
 
 const $ = (id) => document.getElementById(id);
 
@@ -27,7 +28,9 @@ export function mount(ctx) {
       const n = whole("draw-n", 1);
       const base = whole("draw-base", 0);
       const max = whole("draw-max", 1);
-      $("draw-cli").textContent = commandLine(ctx, "sample", ["--seeds", `${base}:${base + n}`, "--max-tokens", max]);
+      const group = $("draw-group").value;
+      const extra = group === ctx.card.defaults.group ? [] : ["--group", group];
+      $("draw-cli").textContent = commandLine(ctx, "sample", ["--seeds", `${base}:${base + n}`, "--max-tokens", max, ...extra]);
     } catch {
       $("draw-cli").textContent = "";
     }
@@ -35,6 +38,7 @@ export function mount(ctx) {
   ctx.onShared.push(command);
   $("view-draws").addEventListener("input", command);
   command();
+  $("draw-group").addEventListener("change", () => tally());
   $("draw-run").addEventListener("click", () => {
     ctx.showError(null);
     run();
@@ -120,8 +124,15 @@ export function mount(ctx) {
 
   function tally() {
     const done = draws.filter((d) => d.finish !== null);
+    const group = $("draw-group").value;
     const counts = new Map();
-    for (const d of done) counts.set(d.text.trim(), (counts.get(d.text.trim()) || 0) + 1);
+    const texts = new Map();
+    for (const d of done) {
+      const key = answerKey(d.text, group);
+      counts.set(key, (counts.get(key) || 0) + 1);
+      if (!texts.has(key)) texts.set(key, new Set());
+      texts.get(key).add(d.text);
+    }
     const rows = [...counts].sort((a, b) => b[1] - a[1]);  // stable: equal counts stay in seed order
     const table = $("tally-table");
     table.hidden = done.length === 0;
@@ -138,7 +149,7 @@ export function mount(ctx) {
         return el(
           "tr",
           {},
-          el("td", { class: "text col-answer" }, pyRepr(answer)),
+          el("td", { class: "text col-answer", title: [...texts.get(answer)].map(pyRepr).join("\n") }, pyRepr(answer)),
           el("td", { class: "col-count" }, String(k)),
           el("td", { class: "col-share" }, percent(share)),
           el("td", { class: "col-interval" }, `${percent(lo)} – ${percent(hi)}`),

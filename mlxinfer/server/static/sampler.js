@@ -105,6 +105,18 @@ export class Row {
   }
 }
 
+// The answer a completion counts as, by the rule `mlxinfer sample --group` names (engine/grouping.py):
+// "first-word" is the first word (letters and digits, with inner apostrophes and hyphens), case-folded;
+// "text" the whole text stripped of surrounding space. A text with no word in it is its own answer.
+const WORD = /[\p{L}\p{N}]+(?:['’-][\p{L}\p{N}]+)*/u;
+export function answerKey(text, group) {
+  if (group === "first-word") {
+    const word = WORD.exec(text);
+    if (word) return word[0].toLowerCase();
+  }
+  return text.trim();
+}
+
 // Wilson's score interval for k successes in n draws (95%: z = 1.96): where the share would settle
 // with many more draws, honest for small n and for shares near 0 or 1.
 export function wilson(k, n, z = 1.959963984540054) {
