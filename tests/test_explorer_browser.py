@@ -303,6 +303,8 @@ def test_whole_answers_match_answers_and_show_each_path(browser, server, shots, 
     assert [r[3:5] for r in steps] == [[f"{q:.4f}" for q in step] for step in first["steps"]]
     assert tab.posts("/mlxinfer/answers") == 1  # choosing an answer asks nothing
     tab.shoot(shots, "answers")
+    page.locator("#ans-path").scroll_into_view_if_needed()
+    tab.shoot(shots, "answers-path")
     tab.close()
 
 

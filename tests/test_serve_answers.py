@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -20,7 +21,8 @@ import mlxinfer
 from mlxinfer.engine import answers as engine_answers
 from mlxinfer.server import answers as served_answers
 from mlxinfer.server import explorer
-from served import post, running
+from conftest import ROOT
+from served import post, running, until
 
 PROMPT = "Name one fruit."
 KEY = "walk-key"
@@ -195,3 +197,31 @@ def test_the_key_is_required_and_the_card_says_the_caps(tiny):
         served_answers.MAX_SECONDS,
         served_answers.MAX_TOKENS,
     )
+
+
+def test_a_walk_whose_client_leaves_stops(tiny, monkeypatch):
+    url = tiny[0]
+    steps: list[int] = []
+    real_step = engine_answers.AnswerWalk.step
+
+    def slow(self):  # 20 ms a step: 10,000 paths would take seconds
+        steps.append(self.nodes)
+        time.sleep(0.02)
+        return real_step(self)
+
+    monkeypatch.setattr(engine_answers.AnswerWalk, "step", slow)
+    body = {"prompt": PROMPT, "temperatures": [1.0], "top_k": 0, "top_p": 1.0, "max_tokens": 5, "min_mass": 1.0}
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"{url}/mlxinfer/answers", json=body, headers=AUTH, timeout=0.5)
+    until(lambda: steps, "the walk started")
+    time.sleep(0.2)
+    seen = len(steps)
+    time.sleep(1.5)
+    assert len(steps) <= seen + 1, (seen, len(steps))  # it stopped at its next step, not at max_nodes
+    assert steps[-1] < served_answers.MAX_NODES
+
+
+def test_the_docs_state_the_caps():
+    page = (ROOT / "docs" / "explorer.md").read_text()
+    for name in ("MAX_NODES", "MAX_SECONDS", "MAX_TOKENS"):
+        assert f"{getattr(served_answers, name):,g} (`{name}`)" in page, name
