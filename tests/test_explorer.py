@@ -171,7 +171,7 @@ def test_the_card_is_count_and_system_info(tiny):
     assert card["cli_model"] == str(path) and card["compute_dtype"] == model.info.compute_dtype
     assert (card["definition"], card["architecture"]) == (model.info.definition, "llama")
     assert card["server"]["max_rows"] == app.engine.batcher.max_rows == 4
-    assert card["views"] == ["next-token", "draws", "generate"]
+    assert card["views"] == ["next-token", "answers", "draws", "generate"]
 
 
 def test_the_page_and_its_assets_are_served_whole_under_a_policy(tiny):

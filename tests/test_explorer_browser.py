@@ -3,12 +3,13 @@ embedded model (the quantized path: batch-invariant, so a seed's text is the sam
 
 What the page shows is held to what the CLI prints for the same request: the next-token table to
 `topk --json` (ids, and scores and probabilities to the printed precision), the slider's temperature
-to `topk --temps`, the cut to `topk --explain`, eight seeded draws and a generation to the command
-lines the page offers to copy, run here through the CLI. The slider makes no request; markup typed
-into the prompt stays text; without the key the page asks for it. Screenshots of each view (light and
-dark, 1280 x 800 and a phone's 390 x 844) go under the pytest tmp dir, with the page's size, first
-paint and requests per interaction (metrics.json). One server and one browser for the module; the CLI's
-references run in this process while the engine is idle.
+to `topk --temps`, the cut to `topk --explain`, the whole answers and each one's token paths to
+`answers --json`, eight seeded draws and a generation to the command lines the page offers to copy,
+run here through the CLI. The slider makes no request; markup typed into the prompt stays text;
+without the key the page asks for it. Screenshots of each view (light and dark, 1280 x 800 and a
+phone's 390 x 844) go under the pytest tmp dir, with the page's size, first paint and requests per
+interaction (metrics.json). One server and one browser for the module; the CLI's references run in
+this process while the engine is idle.
 
 Without Chromium or playwright the tests skip; with CI set they fail (`make setup` installs both).
 """
@@ -202,7 +203,9 @@ def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, sh
     page = tab.page
     tab.type_prompt(HERB)
     page.focus("#tab-next")
-    page.keyboard.press("ArrowRight")  # the tabs, by keyboard
+    page.keyboard.press("ArrowRight")  # the tabs, by keyboard: whole answers, then the draws
+    assert page.get_attribute("#tab-answers", "aria-selected") == "true" and page.is_visible("#ans-run")
+    page.keyboard.press("ArrowRight")
     assert page.get_attribute("#tab-draws", "aria-selected") == "true" and page.is_visible("#draw-run")
     page.fill("#draw-n", "8")
     page.fill("#draw-base", "0")
@@ -245,6 +248,63 @@ def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, sh
     more = run_copied(page.text_content("#draw-cli"))
     assert [r[1] for r in tab.cells("#draw-table tbody tr")] == [repr(c["text"]) for c in more["completions"]]
     metrics["requests"]["draw 20 seeds"] = 3
+    tab.close()
+
+
+def test_whole_answers_match_answers_and_show_each_path(browser, server, shots, metrics):
+    tab = Tab(browser, server)
+    page = tab.page
+    tab.type_prompt(HERB)
+    page.click("#tab-answers")
+    page.fill("#ans-temps", "0.5,1")
+    page.fill("#ans-max", "2")
+    page.fill("#ans-nodes", "40")  # a batch of 32 first tokens, then 8 more: a capped walk, quick on a CPU
+    page.click("#ans-run")
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('walked')", timeout=120_000)
+    assert tab.posts("/mlxinfer/answers") == 1  # the server walks step by step; the page asks once
+    metrics["requests"]["whole answers"] = 1
+    command = page.text_content("#ans-cli")
+    assert "--temps 0.5,1" in command and "--max-tokens 2" in command and "--max-nodes 40" in command
+    assert "--temp " not in command  # the sampler's T is not a column: the cut alone applies to both
+    report = run_copied(command)
+    assert report["stopped"] == "max_nodes" and report["nodes"] == 40
+    shown = report["answers"][:20]
+    rows = tab.cells("#ans-table tbody tr")
+    assert len(rows) == len(shown) >= 2
+    assert [r[0] for r in rows] == [repr(a["answer"]) for a in shown]
+    assert [r[1:3] for r in rows] == [[f"{p:.4f}" for p in a["probs"]] for a in shown]
+    assert [r[3] for r in rows] == [repr("|".join(a["paths"][0]["pieces"])) for a in shown]
+    foot = {r[0]: r[1:3] for r in tab.cells("#ans-table tfoot tr")}
+    assert foot["(not walked: remainder)"] == [f"{m['remainder']:.4f}" for m in report["mass"]]
+    assert foot["explored"] == [f"{m['explored']:.4f}" for m in report["mass"]]
+    rest = report["answers"][20:]
+    if rest:
+        more = foot[f"({len(rest):,} more answers)"]
+        assert more == [f"{sum(a['probs'][i] for a in rest):.4f}" for i in range(2)]
+    assert "stopped: max_nodes" in page.text_content("#ans-head")
+    assert "max nodes (40 paths expanded)" in page.text_content("#ans-bound")
+
+    page.focus("#ans-table tbody tr:nth-child(2) button.answer")  # an answer by keyboard: its paths
+    page.keyboard.press("Enter")
+    answer = report["answers"][1]
+    assert page.get_attribute("#ans-table tbody tr:nth-child(2) button.answer", "aria-expanded") == "true"
+    assert page.locator("#ans-path table.path").count() == len(answer["paths"])
+    for k, path in enumerate(answer["paths"]):
+        steps = tab.cells(f"#ans-path table.path[data-path='{k}'] tbody tr")
+        assert [r[1] for r in steps] == [repr(piece) for piece in path["pieces"]]
+        assert [int(r[2]) for r in steps] == path["tokens"]
+        assert [r[3:5] for r in steps] == [[f"{q:.4f}" for q in step] for step in path["steps"]]
+        (whole,) = tab.cells(f"#ans-path table.path[data-path='{k}'] tfoot tr")
+        assert whole[3:5] == [f"{q:.4f}" for q in path["probs"]]
+    page.click("#ans-table tbody tr:nth-child(1) td.col-p")  # or by a click anywhere on its row
+    assert page.get_attribute("#ans-table tbody tr:nth-child(1)", "class") == "chosen"
+    first = report["answers"][0]["paths"][0]
+    steps = tab.cells("#ans-path table.path[data-path='0'] tbody tr")
+    assert [r[3:5] for r in steps] == [[f"{q:.4f}" for q in step] for step in first["steps"]]
+    assert tab.posts("/mlxinfer/answers") == 1  # choosing an answer asks nothing
+    tab.shoot(shots, "answers")
+    page.locator("#ans-path").scroll_into_view_if_needed()
+    tab.shoot(shots, "answers-path")
     tab.close()
 
 

@@ -3,10 +3,11 @@
     GET  /                     the page (static/index.html); its assets under /explorer/
     GET  /mlxinfer/card        the model card: what runs (model.info), `count`, `system_info`, the limits
     POST /mlxinfer/next-token  one forward pass read as `topk` reads it, with every score of the vocabulary
+    POST /mlxinfer/answers     every whole answer's exact probability, as `answers --json` (server/answers.py)
 
 The page draws seeds and generates through /v1 like any client, so those views show the server's
 own engine. The JSON endpoints call the library functions the CLI calls (next_token_scores,
-table_from_scores, explain, count, system_info), each on the engine thread (Batcher.call), and
+table_from_scores, explain, count, system_info, the answers walk), each on the engine thread (Batcher.call), and
 answer errors in OpenAI's shape; with an API key they need it as /v1 does (app._Guard).
 
 `next-token` returns the table `topk --json` prints and the scores themselves (float32,
@@ -14,9 +15,6 @@ little-endian, base64): the page recomputes softmax(s / T) and the sampler's cut
 temperature slider moves without another forward pass. The page is plain HTML, CSS and
 JavaScript modules (static/), read from the package and served with a policy that lets it load
 nothing but its own files.
-
-A view of whole answers (the exact answer distribution) belongs here as `POST /mlxinfer/answers`
-once the library has `answers`: see ANSWERS below, and the VIEWS list the card reports.
 """
 
 from __future__ import annotations
@@ -40,15 +38,15 @@ from ..errors import MlxinferError
 from ..formats.sources import embedded_model_path
 from ..model.system import system_info
 from ..settings import resolve_settings
+from . import answers
 from .engine_call import on_engine
 from .errors import ApiError, error_body, from_library
 from .inputs import ClientGone, prepare_within
 
 MAX_ROWS_SHOWN = 200  # rows of the next-token table one request may ask for (each token is decoded)
 MAX_TEMPERATURES = 8
-# The views the page shows, in its order; the card lists them so the page builds only those the server
-# serves. ANSWERS: "answers" goes between the first two once `mlxinfer.answers` exists.
-VIEWS = ["next-token", "draws", "generate"]
+# The views the page shows, in its order; the card lists them so the page builds only those the server serves.
+VIEWS = ["next-token", "answers", "draws", "generate"]
 
 ASSETS = {  # file in static/ -> its content type; nothing else is served
     "index.html": "text/html; charset=utf-8",
@@ -58,6 +56,7 @@ ASSETS = {  # file in static/ -> its content type; nothing else is served
     "sampler.js": "text/javascript; charset=utf-8",
     "format.js": "text/javascript; charset=utf-8",
     "next.js": "text/javascript; charset=utf-8",
+    "answers.js": "text/javascript; charset=utf-8",
     "draws.js": "text/javascript; charset=utf-8",
     "generate.js": "text/javascript; charset=utf-8",
 }
@@ -147,6 +146,15 @@ def routes(state, read_body) -> list[Route]:
             {"object": "mlxinfer.next_token", "model": state.model_id, "table": table, "scores": scores}
         )
 
+    async def answers_route(http: HttpRequest):
+        try:
+            found = await answers.answers_route(state, read_body, FIELDS, MAX_TEMPERATURES, http)
+        except ApiError as e:
+            return _error(e)
+        except ClientGone:
+            return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
+        return JSONResponse(found)
+
     async def page(http: HttpRequest):
         return _asset("index.html", http)
 
@@ -156,14 +164,12 @@ def routes(state, read_body) -> list[Route]:
             return JSONResponse(error_body(404, f"no route {http.url.path}", None, "not_found"), status_code=404)
         return _asset(name, http)
 
-    # ANSWERS: Route("/mlxinfer/answers", answers, methods=["POST"]) -- a body of the prompt, chat options,
-    # temperatures and the answers' bounds, checked like next_token's; the walk a pass at a time through
-    # on_engine; add "answers" to VIEWS and static/answers.js to ASSETS.
     return [
         Route("/", page, methods=["GET"]),
         Route("/explorer/{name}", asset, methods=["GET"]),
         Route("/mlxinfer/card", card_route, methods=["GET"]),
         Route("/mlxinfer/next-token", next_token, methods=["POST"]),
+        Route("/mlxinfer/answers", answers_route, methods=["POST"]),
     ]
 
 
@@ -212,12 +218,17 @@ def model_card(state) -> dict:
             "max_rows_shown": MAX_ROWS_SHOWN,
             "max_temperatures": MAX_TEMPERATURES,
             "max_top_logprobs": 20,
+            "max_answer_nodes": answers.MAX_NODES,
+            "max_answer_seconds": answers.MAX_SECONDS,
+            "max_answer_tokens": answers.MAX_TOKENS,
         },
         "defaults": {
             "temperatures": list(defaults.TOPK_TEMPERATURES),
             "max_tokens_sample": defaults.MAX_TOKENS_SAMPLE,
             "max_tokens_generate": defaults.MAX_TOKENS_GENERATE,
             "group": defaults.ANSWER_GROUP,
+            "min_mass": defaults.EXACT_MIN_MASS,
+            "max_nodes": defaults.EXACT_MAX_NODES,
         },
         "views": VIEWS,
     }

@@ -106,14 +106,16 @@ export function openaiRequest(ctx, extra) {
 }
 
 // The same request as an `mlxinfer` command line (what the CLI would run on this model and path).
-export function commandLine(ctx, command, flags) {
+// temperature: false where the flags carry the temperatures themselves (answers' --temps).
+export function commandLine(ctx, command, flags, { temperature = true } = {}) {
   const p = ctx.prompt();
   const s = ctx.settings();
   const words = ["mlxinfer", command, "--prompt", p.prompt];
   if (!p.chat) words.push("--no-chat");
   if (p.system) words.push("--system", p.system);
   words.push(...flags);
-  words.push("--temp", s.temperature, "--top-k", s.top_k, "--top-p", s.top_p, "--min-p", s.min_p);
+  if (temperature) words.push("--temp", s.temperature);
+  words.push("--top-k", s.top_k, "--top-p", s.top_p, "--min-p", s.min_p);
   if (ctx.card.cli_model) words.push("--model", ctx.card.cli_model);
   words.push("--compute-dtype", ctx.card.compute_dtype);
   return words.map(shellQuote).join(" ");

@@ -3,11 +3,9 @@
 // A view is a module with mount(ctx) -> { run() }: it reads the prompt and settings from ctx, talks to
 // the server through api.js, and writes into its own <section id="view-ID">. VIEWS lists them in the
 // page's order; the server's card says which it serves (card.views), and the page shows only those.
-// Whole answers (the exact answer distribution, `mlxinfer.answers`) goes in as one more entry here,
-// { id: "answers", tab: "tab-answers", module: answers }, with its <section> and tab in index.html,
-// its module answers.js, and POST /mlxinfer/answers on the server (server/explorer.py, ANSWERS).
 
 import { getJson, initKey, setKey } from "./api.js";
+import * as answers from "./answers.js";
 import * as draws from "./draws.js";
 import { el, fixed, thousands } from "./format.js";
 import * as generate from "./generate.js";
@@ -15,6 +13,7 @@ import * as next from "./next.js";
 
 const VIEWS = [
   { id: "next-token", tab: "tab-next", module: next },
+  { id: "answers", tab: "tab-answers", module: answers },
   { id: "draws", tab: "tab-draws", module: draws },
   { id: "generate", tab: "tab-generate", module: generate },
 ];
