@@ -10,7 +10,8 @@ place. The temporary name carries the writer's process id (`.OUT.partial-<pid>-<
   name once it is stale: its process is gone, or the id now belongs to a process started after
   the partial was made.
 
-No mlx here: the OpenBLAS shim's build uses it too.
+`staged_dir` and `staged_file` are the whole pattern: make the partial, let the caller fill it, rename
+it into place, remove it on any failure. No mlx here: the native builds use it too.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import os
 import re
 import shutil
 import signal
+import tempfile
 import threading
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,6 +33,66 @@ _PID = re.compile(r"-(\d+)-")
 def prefix(final: Path, kind: str = "partial") -> str:
     """The temporary-name prefix for `final` (pass it to tempfile.mkdtemp/mkstemp with dir=final.parent)."""
     return f".{Path(final).name}.{kind}-{os.getpid()}-"
+
+
+@contextmanager
+def staged_dir(final: Path, mode: int | None = None, replace: bool = False) -> Iterator[Path]:
+    """A new empty directory beside `final` (its parents made, earlier writers' stale partials removed) for
+    the block to fill; when the block ends it takes `mode` (default: a new directory's under the umask) and
+    is renamed onto `final`. With `replace`, a `final` that exists is set aside first, put back if the
+    rename fails, and removed after it. On any error, SIGTERM and SIGHUP included, the partial is removed
+    and the error propagates: an OSError as it came, for the caller to word."""
+    final = Path(final)
+    with cleanup_on_signals():
+        final.parent.mkdir(parents=True, exist_ok=True)
+        remove_stale(final)
+        tmp = Path(tempfile.mkdtemp(prefix=prefix(final), dir=final.parent))
+        try:
+            yield tmp
+            os.chmod(tmp, 0o777 & ~_umask() if mode is None else mode)  # mkdtemp's 0700 is for secrets
+            if replace and final.exists():
+                _swap_in(tmp, final)
+            else:
+                os.rename(tmp, final)
+        finally:
+            if tmp.exists():
+                shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _swap_in(tmp: Path, final: Path) -> None:
+    old = Path(tempfile.mkdtemp(prefix=prefix(final, "old"), dir=final.parent))
+    os.rename(final, old / "x")
+    try:
+        os.rename(tmp, final)
+    except BaseException:
+        os.rename(old / "x", final)
+        old.rmdir()
+        raise
+    shutil.rmtree(old, ignore_errors=True)
+
+
+@contextmanager
+def staged_file(final: Path, mode: int | None = None, suffix: str = "") -> Iterator[Path]:
+    """`staged_dir` for one file: a new empty file beside `final` (whose folder must exist) for the block to
+    write; then it takes `mode` (default: a new file's under the umask) and replaces `final`."""
+    final = Path(final)
+    with cleanup_on_signals():
+        remove_stale(final)
+        fd, name = tempfile.mkstemp(prefix=prefix(final), suffix=suffix, dir=final.parent)
+        os.close(fd)
+        tmp = Path(name)
+        try:
+            yield tmp
+            os.chmod(tmp, 0o666 & ~_umask() if mode is None else mode)  # mkstemp's 0600 is for secrets
+            os.replace(tmp, final)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+def _umask() -> int:
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask
 
 
 def remove_stale(final: Path) -> list[Path]:

@@ -13,10 +13,8 @@ directory is removed on an error, Ctrl-C, SIGTERM or SIGHUP, and by the next run
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
-import tempfile
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Iterator
@@ -84,38 +82,17 @@ def check_output(out: Path, force: bool) -> None:
 @contextmanager
 def staged(out: Path, force: bool) -> Iterator[Path]:
     """Yield a temporary directory next to OUT; on success it replaces OUT, on any failure (or SIGTERM) it
-    is removed. An OSError (a read-only place, a path under a file, a full disk) is a one-line error."""
+    is removed (atomic.staged_dir). An OSError (a read-only place, a path under a file, a full disk) is a
+    one-line error, and the parents made for OUT are removed too."""
     out = Path(out).absolute()
     check_output(out, force)
     created = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)
-    with atomic.cleanup_on_signals():
+    with atomic.cleanup_on_signals():  # held until the parents made for OUT are gone as well
         try:
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic.remove_stale(out)
-            tmp = Path(tempfile.mkdtemp(prefix=atomic.prefix(out), dir=out.parent))
-        except OSError as e:
-            if created is not None:
-                shutil.rmtree(created, ignore_errors=True)
-            raise _cannot_write(out, e) from None
-        os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp's 0700 is for secrets; a model directory is ordinary
-        try:
-            yield tmp
-            check_output(out, force)  # nothing appeared meanwhile
-            old = None
-            if out.exists():
-                old = Path(tempfile.mkdtemp(prefix=atomic.prefix(out, "old"), dir=out.parent))
-                os.rename(out, old / "x")
-            try:
-                os.rename(tmp, out)
-            except BaseException:
-                if old is not None:
-                    os.rename(old / "x", out)
-                    old.rmdir()
-                raise
-            if old is not None:
-                shutil.rmtree(old, ignore_errors=True)
+            with atomic.staged_dir(out, replace=True) as tmp:
+                yield tmp
+                check_output(out, force)  # nothing appeared meanwhile
         except BaseException as e:
-            shutil.rmtree(tmp, ignore_errors=True)
             if created is not None:
                 shutil.rmtree(created, ignore_errors=True)
             if isinstance(e, OSError):
@@ -130,12 +107,6 @@ def _cannot_write(out: Path, e: OSError) -> MlxinferError:
     else:
         why = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename and str(e.filename) != str(out) else "")
     return MlxinferError(f"cannot write out {out}: {why}; choose a place you can write to", "out")
-
-
-def _umask() -> int:
-    mask = os.umask(0o22)
-    os.umask(mask)
-    return mask
 
 
 def save_weights(

@@ -385,8 +385,8 @@ def test_auto_rule(device, fast, model_bytes, ram, want):
 
 @pytest.mark.parametrize("ram", [3 * GIB, 8 * GIB, 16 * GIB, 24 * GIB, 96 * GIB, 10**10 + 1])
 def test_auto_rule_threshold_is_a_third(ram):
-    """The README's rule, read as arithmetic, to the byte: float32 when its weights take under a third of
-    physical RAM, as stored from a third on; the reason says 1/3."""
+    """The documented rule (docs/architecture.md), read as arithmetic, to the byte: float32 when its
+    weights take under a third of physical RAM, as stored from a third on; the reason says 1/3."""
     below, third = (ram - 1) // 3, -(-ram // 3)  # the most bytes under a third; the fewest at a third or over
     facts = dict(device="cpu", fast_blas=True, ram_bytes=ram)
     assert auto_rule(model_bytes_float32=below, **facts)[0] == "float32"
@@ -394,7 +394,7 @@ def test_auto_rule_threshold_is_a_third(ram):
     assert auto_rule(model_bytes_float32=2 * third, **facts)[0] == "bfloat16"
     for size in (below, third):
         assert "1/3 of RAM" in auto_rule(model_bytes_float32=size, **facts)[1]
-    assert "under a third of physical RAM" in " ".join((ROOT / "README.md").read_text().split())
+    assert "under a third of physical RAM" in " ".join((ROOT / "docs" / "architecture.md").read_text().split())
 
 
 def test_explicit_choices_pass_through_and_bad_ones_fail():

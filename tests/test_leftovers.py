@@ -100,6 +100,42 @@ def test_stale_partials_are_removed_by_the_next_run(checkpoint_dir, tmp_path):
         sleeper.wait()
 
 
+def test_staged_writes_are_whole_or_absent(tmp_path):
+    """atomic.staged_dir / staged_file, which quantize, the kernel builds and a sweep's merge stand on:
+    a failure inside leaves the old contents and no partial; success swaps in the new with its mode."""
+    from mlxinfer import atomic
+
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "old.txt").write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic.staged_dir(out, replace=True) as tmp:
+            (tmp / "new.txt").write_text("new")
+            raise RuntimeError("stopped")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"] and (out / "old.txt").exists()
+    with atomic.staged_dir(out, mode=0o750, replace=True) as tmp:
+        (tmp / "new.txt").write_text("new")
+    assert [p.name for p in out.iterdir()] == ["new.txt"] and out.stat().st_mode & 0o777 == 0o750
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+    taken = tmp_path / "taken"
+    (taken / "x").mkdir(parents=True)
+    with pytest.raises(OSError):  # without replace, a non-empty target is not overwritten
+        with atomic.staged_dir(taken) as tmp:
+            (tmp / "y").write_text("y")
+    assert [p.name for p in taken.iterdir()] == ["x"] and _leftovers(tmp_path, "taken") == []
+
+    f = tmp_path / "f.jsonl"
+    f.write_text("before\n")
+    with pytest.raises(RuntimeError):
+        with atomic.staged_file(f) as tmp:
+            tmp.write_text("half")
+            raise RuntimeError("stopped")
+    assert f.read_text() == "before\n" and _leftovers(tmp_path, "f.jsonl") == []
+    with atomic.staged_file(f) as tmp:
+        tmp.write_text("after\n")
+    assert f.read_text() == "after\n" and f.stat().st_mode & 0o777 == 0o666 & ~os.umask(os.umask(0o22))
+
+
 # ---------------------------------------------------------------------------------------------- the shim
 def test_openblas_shim_is_readable_by_other_users(tmp_path):
     """Was: mode 0711 (mkstemp's 0600 plus the linker's +x), so other users fell back to the slow BLAS."""

@@ -2,7 +2,7 @@
 
 Log-probabilities against `generate(..., logprobs=K)` token by token; every sampler extra and the
 model's generation_config.json defaults against `sample` with the same settings and seeds (the weights
-as stored: a row's bits do not depend on its batch); the README's `extra_body` example as written; the
+as stored: a row's bits do not depend on its batch); docs/server.md's `extra_body` example as written; the
 raw server-sent events (`data: ` lines, the usage chunk, `data: [DONE]`, an error mid-stream); the
 error bodies' type and code. Each reference is computed while the engine is idle.
 """
@@ -119,17 +119,17 @@ def test_generation_config_defaults_and_max_completion_tokens(tiny):
         assert r.usage.completion_tokens == len(report.completions[0].tokens)
 
 
-def test_the_readmes_extra_body_example_runs_as_written(smol, embedded):
-    """The README's openai snippet, its base_url pointed at this server: its printed list is what its
-    comment says, mlxinfer sample --seeds 3:5 --top-k 20 --temp 1 --max-tokens 8."""
+def test_the_server_pages_extra_body_example_runs_as_written(smol, embedded):
+    """The server page's openai snippet (docs/server.md), its base_url pointed at this server: its printed
+    list is what its comment says, mlxinfer sample --seeds 3:5 --top-k 20 --temp 1 --max-tokens 8."""
     url, _ = smol
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "server.md").read_text()
     (block,) = [b for b in re.findall(r"```python\n(.*?)```", text, flags=re.S) if "extra_body" in b]
     assert 'base_url="http://127.0.0.1:8080/v1"' in block
     code = block.replace("http://127.0.0.1:8080/v1", f"{url}/v1")
     printed = StringIO()
     with redirect_stdout(printed):
-        exec(compile(code, "README.md", "exec"), {})
+        exec(compile(code, "docs/server.md", "exec"), {})
     ref = texts(*embedded, FRUIT, "3:5", {"top_k": 20, "temperature": 1.0}, 8)
     assert printed.getvalue().strip() == repr(ref)
 

@@ -1,7 +1,8 @@
 """Compile one of mlxinfer's small C files into a shared library, atomically.
 
 Used by openblas_shim.py and draw.py. The library goes to <prefix>/lib (the virtualenv's),
-complete or not at all: it is written to a temporary file beside the target and renamed.
+complete or not at all: it is written to a temporary file beside the target and renamed
+(atomic.staged_file).
 """
 
 from __future__ import annotations
@@ -10,7 +11,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Callable
 
@@ -33,18 +33,13 @@ def compiler(what: str, given: str | None = None) -> str:
 
 def compile_library(source: str, out: str, what: str, flags: list[str], cc: str) -> str:
     """cc <flags> -shared -fPIC source -o out (+ flags after it, for -l); returns `out`. One-line errors."""
-    with atomic.cleanup_on_signals():  # SIGTERM, like Ctrl-C, removes the temporary file
-        try:
-            os.makedirs(os.path.dirname(out), exist_ok=True)
-            atomic.remove_stale(Path(out))
-            fd, tmp = tempfile.mkstemp(prefix=atomic.prefix(Path(out)), suffix=".so", dir=os.path.dirname(out))
-        except OSError as e:
-            raise MlxinferError(f"cannot write {what} to {out} ({e.strerror or e})") from None
-        os.close(fd)
-        compile_flags = [f for f in flags if not f.startswith(("-l", "-L", "-Wl,"))]
-        link_flags = [f for f in flags if f.startswith(("-l", "-L", "-Wl,"))]
-        cmd = [cc, *compile_flags, "-shared", "-fPIC", source, "-o", tmp, *link_flags]
-        try:
+    compile_flags = [f for f in flags if not f.startswith(("-l", "-L", "-Wl,"))]
+    link_flags = [f for f in flags if f.startswith(("-l", "-L", "-Wl,"))]
+    try:
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        # 0755: every user of this Python must read it (mkstemp's 0600 plus the linker's +x was 0711)
+        with atomic.staged_file(Path(out), mode=0o755, suffix=".so") as tmp:
+            cmd = [cc, *compile_flags, "-shared", "-fPIC", source, "-o", str(tmp), *link_flags]
             try:
                 done = subprocess.run(cmd, capture_output=True, text=True)
             except OSError as e:  # CC names a program that is not there, or not executable
@@ -54,11 +49,8 @@ def compile_library(source: str, out: str, what: str, flags: list[str], cc: str)
             if done.returncode != 0:
                 first = (done.stderr.strip().splitlines() or ["no message"])[0]
                 raise MlxinferError(f"building {what} failed ({os.path.basename(cc)}: {first})")
-            os.chmod(tmp, 0o755)  # mkstemp's 0600 (+x from the linker): every user of this Python must read it
-            os.replace(tmp, out)  # complete or absent, never half-written
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+    except OSError as e:
+        raise MlxinferError(f"cannot write {what} to {out} ({e.strerror or e})") from None
     return out
 
 

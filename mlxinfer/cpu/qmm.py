@@ -31,7 +31,6 @@ import platform
 import shutil
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 from .. import atomic
@@ -142,15 +141,8 @@ def build() -> str:
     if existing:
         return str(existing)
     cmake = _tools()
-    with atomic.cleanup_on_signals():
-        try:
-            final.parent.mkdir(parents=True, exist_ok=True)
-            atomic.remove_stale(final)
-            tmp = Path(tempfile.mkdtemp(prefix=atomic.prefix(final), dir=final.parent))
-        except OSError as e:
-            where = f"{final.parent} ({e.strerror or e})"
-            raise MlxinferError(f"cannot write the quantized matmul kernel to {where}") from None
-        try:
+    try:
+        with atomic.staged_dir(final, mode=0o755) as tmp:  # 0755: every user of this Python must read it
             work = tmp / "build"
             configure = [cmake, "-S", str(SOURCE_DIR), "-B", str(work), f"-DPython_EXECUTABLE={sys.executable}"]
             configure += ["-DCMAKE_BUILD_TYPE=Release", f"-DMLXINFER_QMM_ISA={_isa()}"]
@@ -170,17 +162,9 @@ def build() -> str:
                 raise MlxinferError("building the quantized matmul kernel made no library; rebuild it")
             shutil.copy2(library, tmp / library.name)
             shutil.rmtree(work, ignore_errors=True)
-            os.chmod(tmp, 0o755)  # mkdtemp's 0700: every user of this Python must read it
-            try:
-                os.rename(tmp, final)  # complete or absent
-            except OSError:
-                if not (final.is_dir() and _built_library(final)):  # not another process's build landing first
-                    raise
-        except OSError as e:
+    except OSError as e:
+        if not (final.is_dir() and _built_library(final)):  # not another process's build landing first
             raise MlxinferError(f"cannot write the quantized matmul kernel to {final} ({e.strerror or e})") from None
-        finally:
-            if tmp.exists():
-                shutil.rmtree(tmp, ignore_errors=True)
     return str(_built_library(final))
 
 

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import MISSING, fields
 from pathlib import Path
 
+from .. import atomic
 from ..errors import MlxinferError
 from ..views import SweepRecord
 
@@ -167,14 +168,9 @@ class ResultsFile:
 
 def write_whole(path: str | os.PathLike, header: dict, records: list[dict]) -> None:
     """The merged results of several ranks: written beside the target, then renamed over it."""
-    path = Path(path).expanduser()
-    tmp = path.with_name(f".{path.name}.merging-{os.getpid()}")
     lines = [{"format": FORMAT, **header}, *records]
-    try:
+    with atomic.staged_file(Path(path).expanduser()) as tmp:
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in lines))
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
 
 
 @contextmanager
