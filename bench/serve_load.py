@@ -15,10 +15,15 @@ same weights), then:
 2. R small requests in a row, the server's RSS sampled every 50: flat memory means no leak.
 3. With --mlx-lm: the same concurrent load against mlx_lm.server, and whether a seeded request
    gives the same text twice, alone and under load.
+4. With --llama-server BIN: the same against llama.cpp's server on the same GGUF file (the embedded
+   model's by default), `--parallel N` slots with continuous batching, the machine's thread count.
+   Build it for the CPU it runs on (docs/performance.md gives the recipe, `GGML_NATIVE=ON`); its
+   `/props` system-info line is printed so a reader sees which kernels it ran.
 
     python bench/serve_load.py                                   # embedded model, 32 clients
     python bench/serve_load.py --compute-dtype bfloat16 --clients 8 --requests 200
     python bench/serve_load.py --model smol-bf16 --mlx-lm smol-bf16   # beside mlx_lm.server
+    python bench/serve_load.py --llama-server ~/llama.cpp/build/bin/llama-server   # beside llama-server
 
 Every request goes to 127.0.0.1; every loop is bounded; the servers are stopped at the end.
 """
@@ -260,6 +265,8 @@ def main() -> None:
     p.add_argument("--max-tokens", type=int, default=16)
     p.add_argument("--requests", type=int, default=1000, help="small requests in a row for the memory check")
     p.add_argument("--mlx-lm", default=None, help="a model directory to serve with mlx_lm.server as well")
+    p.add_argument("--llama-server", default=None, help="a llama-server binary to run on the same GGUF file")
+    p.add_argument("--gguf", default=None, help="the GGUF file llama-server serves (default: the embedded model's)")
     p.add_argument(
         "--client",
         choices=("raw", "openai"),
@@ -306,6 +313,34 @@ def main() -> None:
         finally:
             proc.terminate()
             proc.wait(30)
+    if a.llama_server:
+        llama_server(a)
+
+
+def llama_server(a) -> None:
+    """The same load against llama.cpp's own server: N slots (`--parallel`), continuous batching, each slot
+    a context for one request's prompt and tokens, as many threads as MLX uses here."""
+    import httpx
+
+    from mlxinfer.formats.sources import embedded_model_path
+
+    gguf = a.gguf or str(embedded_model_path())
+    threads = str(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
+    port = free_port()
+    cmd = [a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--parallel", str(a.clients),
+           "--cont-batching", "-c", str(a.clients * 256), "-t", threads, "-tb", threads, "--log-disable"]  # fmt: skip
+    proc = start(cmd, port)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        props = httpx.get(f"{url}/props", timeout=10).json()
+        print(json.dumps({"server": "llama-server", "build": props.get("build_info"),
+                          "system_info": props.get("system_info")}), flush=True)  # fmt: skip
+        model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
+        compare(url, model, a.clients, a.max_tokens, "llama-server", a.client, a.rounds)
+        reproducible(url, model, a.max_tokens)
+    finally:
+        proc.terminate()
+        proc.wait(30)
 
 
 if __name__ == "__main__":

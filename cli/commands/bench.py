@@ -66,6 +66,18 @@ def markdown(report) -> str:
             f"{'same' if r.same_tokens else 'DIFFER'} |"
         )
     lines.append("")
+    for name, peer in report.peers.items():  # which build of the peer ran, in its own words
+        lines.append(f"{name} {peer['version']}: {peer['system_info']}  ")
+        theirs = {r.prompt_tokens: r for r in report.rows if r.engine == name}
+        ours = [r for r in report.rows if r.engine.startswith("mlxinfer") and r.prompt_tokens in theirs]
+        for r in ours:
+            t = theirs[r.prompt_tokens]
+            lines.append(
+                f"- {r.engine} / {name} at {r.prompt_tokens} prompt tokens: prefill "
+                f"{r.prefill_tokens_per_s / t.prefill_tokens_per_s:.2f}x, decode "
+                f"{r.decode_tokens_per_s / t.decode_tokens_per_s:.2f}x  "
+            )
+        lines.append("")
     lines.append(
         f"roofline: memory bandwidth {report.bandwidth_gb_s:.1f} GB/s ({report.bandwidth_source}); decode can "
         "be no faster than bandwidth / weight bytes read per token:"

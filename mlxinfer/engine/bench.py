@@ -68,6 +68,7 @@ class BenchReport:
     rows: list[BenchRow] = field(default_factory=list)
     roofline: dict = field(default_factory=dict)  # engine -> {bytes_per_token, max_tokens_per_s}
     help_seconds: float = 0.0  # `mlxinfer --help` wall time over `python -c pass`
+    peers: dict = field(default_factory=dict)  # peer -> {version, system_info}: which build and kernels it ran
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -149,6 +150,17 @@ def help_overhead() -> float:
 
     runs = [(wall(["-m", "mlxinfer", "--help"]), wall(["-c", "pass"])) for _ in range(3)]
     return statistics.median(a - b for a, b in runs)
+
+
+def llama_cpp_info() -> dict:
+    """The importable llama.cpp's version and its own system-info line (the SIMD kernels its build has:
+    a build narrower than the CPU, e.g. without AVX-512 on an AVX-512 machine, is not a fair peer)."""
+    import llama_cpp
+
+    return {
+        "version": getattr(llama_cpp, "__version__", "unknown"),
+        "system_info": llama_cpp.llama_print_system_info().decode(errors="replace").strip(),
+    }
 
 
 def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int], Iterator[int]]]:
@@ -268,6 +280,7 @@ def run_bench(
         report.roofline[name] = {"bytes_per_token": b, "max_tokens_per_s": bandwidth * 1e9 / b}
     if peer is not None:  # llama.cpp reads the GGUF's bytes: the as-stored weights
         report.roofline["llama.cpp"] = report.roofline["mlxinfer"]
+        report.peers["llama.cpp"] = llama_cpp_info()
     for n in prompt_tokens:
         reference = results[("mlx-lm", n)][0].tokens
         rows = {name: _median_row(name, n, results, load_s, paths, reference) for name in names}
