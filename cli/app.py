@@ -68,7 +68,8 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from cli.commands import answers, bench, convert, count, generate, info, quality, quantize, sample, serve, sweep
+    from cli.commands import answers, bench, chat, convert, count, generate, info, quality, quantize, sample, serve
+    from cli.commands import sweep
     from cli.commands import topk
     from cli.commands.explore import explore
 
@@ -79,6 +80,7 @@ def _register() -> None:
         "sweep": sweep.sweep,
         "answers": answers.answers,
         "generate": generate.generate,
+        "chat": chat.chat,
         "quantize": quantize.quantize_command,
         "convert": convert.convert_command,
         "quality": quality.quality_command,
