@@ -41,6 +41,7 @@ _LAZY = {
     "sweep": ("engine.sweep", "sweep"),
     "settings_grid": ("engine.sweep", "settings_grid"),
     "prompts_from_file": ("engine.sweep", "prompts_from_file"),
+    "read_prompt": ("formats.paths", "read_prompt"),
     "seed_list": ("engine.request", "seed_list"),
     "check_batch_size": ("engine.request", "check_batch_size"),
     "check_stop": ("engine.request", "stop_strings"),
