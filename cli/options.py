@@ -226,6 +226,20 @@ def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:
     return prompt
 
 
+def model_or_first(model: Optional[str], given: list, usage: str) -> tuple[str, list]:
+    """The model a command reads, as its first positional argument or as --model/-m (then every positional
+    is one of the rest): (model, the other positionals). `usage`: the command's line, for the error."""
+    from mlxinfer import MlxinferError
+
+    given = [g for g in given if g is not None]
+    if model is None:
+        if not given:
+            raise MlxinferError(f"give the model: {usage}")
+        return given[0], given[1:]
+    flags.use(source="--model")
+    return model, given
+
+
 def settings(options: dict) -> dict:
     """The sampling options the user set (None: not set), checked before any model loads."""
     import mlxinfer
