@@ -11,6 +11,7 @@ import typer
 
 from mlxinfer import defaults
 
+from cli import flags
 from cli.common import load_model, print_json
 from cli.options import max_tokens_option, settings, takes
 
@@ -81,7 +82,7 @@ def _turn(session, line: str, json_out: bool) -> None:
                 sys.stdout.write(text)
                 sys.stdout.flush()
     except MlxinferError as e:  # the conversation is unchanged: say why and take the next line
-        print(f"error: {e}", file=sys.stderr)
+        print(f"error: {flags.error_line(e)}", file=sys.stderr)
         return
     except KeyboardInterrupt:
         if turn is None:  # stopped before the reply began: nothing to keep
