@@ -3,8 +3,9 @@
 Each command parses its options, calls one library function and renders the result; none
 imports mlx (the library does, when a command runs). Bad input is one line on stderr and exit
 code 2: the library's MlxinferError with its parameter names swapped for our flags
-(cli/flags.py), and Click's own usage errors (a missing option, `--max-tokens abc`). `mlxinfer --debug
-COMMAND ...` adds the error's detail (e.g. each layer's NaN/inf counts) on the lines after it.
+(cli/flags.py), and Click's own usage errors (a missing option, `--max-tokens abc`). `--debug`, before
+the command or anywhere after it, adds the error's detail (e.g. each layer's NaN/inf counts) on the
+lines after it.
 """
 
 from __future__ import annotations
@@ -16,14 +17,33 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from cli import flags
+from cli import completion, flags
 from mlxinfer import MlxinferError
 
 
 _debug = {"on": False}
+DEBUG_HELP = "On an error, also print its detail (lines after the first)."
+
+
+def _set_debug(ctx, param, value) -> None:
+    if value:
+        _debug["on"] = True
 
 
 class _Commands(TyperGroup):
+    def get_command(self, ctx, name):
+        """Each command also takes --debug (anywhere on its line, as a flag of its own: never a value)."""
+        command = super().get_command(ctx, name)
+        if command is not None and not any(p.name == "debug" for p in command.params):
+            command.params.append(
+                click.Option(["--debug"], is_flag=True, expose_value=False, callback=_set_debug, help=DEBUG_HELP)
+            )
+        return command
+
+    def get_params(self, ctx):
+        self.params = completion.by_name(self.params)  # once: the replacements are no longer flags
+        return super().get_params(ctx)
+
     def invoke(self, ctx):
         flags._overrides.clear()
         try:
@@ -62,13 +82,15 @@ app = typer.Typer(
     cls=_Commands,
     help="Open a language model and see what it computes: count, topk, sample, generate.",
     no_args_is_help=True,
-    add_completion=False,
+    add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, powershell)
     pretty_exceptions_enable=False,
+    suggest_commands=False,  # Click's own "Did you mean ...?" is enough: Typer's would repeat it
 )
 
 
 def _register() -> None:
-    from cli.commands import answers, bench, convert, count, generate, info, quality, quantize, sample, serve, sweep
+    from cli.commands import answers, bench, chat, convert, count, generate, info, quality, quantize, sample, serve
+    from cli.commands import sweep
     from cli.commands import topk
     from cli.commands.explore import explore
 
@@ -79,6 +101,7 @@ def _register() -> None:
         "sweep": sweep.sweep,
         "answers": answers.answers,
         "generate": generate.generate,
+        "chat": chat.chat,
         "quantize": quantize.quantize_command,
         "convert": convert.convert_command,
         "quality": quality.quality_command,
@@ -115,7 +138,7 @@ def _show_version(value: bool) -> None:
 
 @app.callback()
 def _options(
-    debug: bool = typer.Option(False, "--debug", help="On an error, also print its detail (lines after the first)."),
+    debug: bool = typer.Option(False, "--debug", help=DEBUG_HELP),
     version: bool = typer.Option(
         False, "--version", callback=_show_version, is_eager=True, help="Print mlxinfer's version and exit."
     ),

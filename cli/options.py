@@ -50,7 +50,10 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
         ("model", _Str, None, "--model -m", MODEL_HELP),
         ("compute_dtype", str, "auto", "--compute-dtype", COMPUTE_HELP),
     ],
-    "prompt": [("prompt", str, ..., "--prompt -p", "The text the model reads.")],
+    "prompt": [
+        ("prompt", _Str, None, "--prompt -p", "The text the model reads; - reads it from standard input."),
+        ("prompt_file", _Str, None, "--prompt-file", "Read the prompt from this UTF-8 file instead."),
+    ],
     "chat": [
         ("system", _Str, None, "--system", "A system message for the chat template."),
         ("chat", bool, True, "--chat/--no-chat", "Wrap the prompt in the model's chat template."),
@@ -197,6 +200,8 @@ def takes(*groups: str) -> Callable:
 
         @functools.wraps(fn)
         def command(**kwargs):
+            if "prompt" in groups:  # -p TEXT, -p - or --prompt-file PATH: the command sees the text
+                kwargs["prompt"] = prompt_text(kwargs["prompt"], kwargs.pop("prompt_file"))
             return fn(**kwargs)
 
         command.__signature__ = inspect.Signature(params)
@@ -204,6 +209,35 @@ def takes(*groups: str) -> Callable:
         return command
 
     return wrap
+
+
+def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:
+    """The prompt -p TEXT gives, or standard input's for -p -, or the file's for --prompt-file, checked."""
+    import mlxinfer
+
+    if prompt is not None and prompt_file is not None:
+        raise mlxinfer.MlxinferError(
+            "give the prompt with -p TEXT (-p - reads standard input) or --prompt-file PATH, not both"
+        )
+    if prompt_file is not None or prompt == "-":
+        return mlxinfer.read_prompt(prompt_file if prompt_file is not None else "-")
+    if prompt is None:
+        raise mlxinfer.MlxinferError("give a prompt: -p TEXT, -p - (standard input) or --prompt-file PATH")
+    return prompt
+
+
+def model_or_first(model: Optional[str], given: list, usage: str) -> tuple[str, list]:
+    """The model a command reads, as its first positional argument or as --model/-m (then every positional
+    is one of the rest): (model, the other positionals). `usage`: the command's line, for the error."""
+    from mlxinfer import MlxinferError
+
+    given = [g for g in given if g is not None]
+    if model is None:
+        if not given:
+            raise MlxinferError(f"give the model: {usage}")
+        return given[0], given[1:]
+    flags.use(source="--model")
+    return model, given
 
 
 def settings(options: dict) -> dict:

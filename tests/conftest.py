@@ -206,13 +206,14 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subproce
     )
 
 
-def invoke_cli(*args: str) -> subprocess.CompletedProcess:
-    """Run the CLI in this process (no start-up cost); same exit code and streams as `run_cli`."""
+def invoke_cli(*args: str, input: str | bytes | None = None) -> subprocess.CompletedProcess:
+    """Run the CLI in this process (no start-up cost); same exit code and streams as `run_cli`.
+    input: what the command reads on standard input."""
     from typer.testing import CliRunner
 
     from cli.app import app
 
-    result = CliRunner().invoke(app, list(args))
+    result = CliRunner().invoke(app, list(args), input=input)
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise result.exception
     return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+from typing import Optional
+
 import typer
 
 from mlxinfer import defaults
 
 from cli import flags
 from cli.common import JsonOption, print_json
+from cli.options import model_or_first
 
 
 def convert_command(
-    gguf: str = typer.Argument(..., help="A .gguf file (F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors), or 'embedded'."),
-    out: str = typer.Argument(
-        ..., help="The directory to write (refused if it exists and is not empty, unless --force)."
+    gguf: Optional[str] = typer.Argument(
+        None,
+        help="A .gguf file (F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors), or 'embedded'. Or give it as --model.",
+        show_default=False,
     ),
+    out: Optional[str] = typer.Argument(
+        None,
+        help="The directory to write (refused if it exists and is not empty, unless --force).",
+        show_default=False,
+    ),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The .gguf file to convert, instead of GGUF."),
     force: bool = typer.Option(False, "--force", help="Replace OUT if it exists and is not empty."),
     max_shard_size: str = typer.Option(
         defaults.SHARD_SIZE,
@@ -27,7 +37,13 @@ def convert_command(
     from cli.commands.quantize import render_summary
     from quant import convert_gguf
 
+    from mlxinfer import MlxinferError
+
     flags.use(out="OUT")
+    gguf, rest = model_or_first(model, [gguf, out], "mlxinfer convert MODEL.gguf OUT, or --model MODEL.gguf OUT")
+    if len(rest) != 1:
+        raise MlxinferError("give the file and the directory to write: GGUF OUT, or --model GGUF OUT (not both)")
+    (out,) = rest
 
     summary = convert_gguf(gguf, out, force=force, max_shard_bytes=max_shard_size)
     if json_out:

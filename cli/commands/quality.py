@@ -9,11 +9,19 @@ import typer
 from mlxinfer import defaults
 
 from cli.common import JsonOption, print_json
+from cli.options import model_or_first
 
 
 def quality_command(
-    reference: str = typer.Argument(..., help="The reference model (a directory, .gguf, repo id, or 'embedded')."),
-    candidates: List[str] = typer.Argument(..., help="One or more models to compare with it (same tokenizer)."),
+    reference: Optional[str] = typer.Argument(
+        None,
+        help="The reference model (a directory, .gguf, repo id, or 'embedded'); or give it as --model.",
+        show_default=False,
+    ),
+    candidates: Optional[List[str]] = typer.Argument(
+        None, help="One or more models to compare with it (same tokenizer).", show_default=False
+    ),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The reference model, instead of REFERENCE."),
     max_tokens: Optional[int] = typer.Option(None, "--max-tokens", help="Only the first N tokens of the text."),
     window: int = typer.Option(defaults.QUALITY_WINDOW, "--window", help="Tokens per independent window of context."),
     text: Optional[str] = typer.Option(
@@ -22,8 +30,13 @@ def quality_command(
     json_out: bool = JsonOption,
 ):
     """Compare models over a fixed text through float32 copies of their (dequantized) weights."""
+    from mlxinfer import MlxinferError
     from quant import evaluate
 
+    usage = "mlxinfer quality REFERENCE CANDIDATE..., or --model REFERENCE CANDIDATE..."
+    reference, candidates = model_or_first(model, [reference, *(candidates or [])], usage)
+    if not candidates:
+        raise MlxinferError(f"give at least one model to compare with the reference: {usage}", "candidates")
     with progress_printer() as bars:
         report = evaluate(reference, candidates, max_tokens=max_tokens, window=window, text=text, progress=bars)
     report = report.to_dict()

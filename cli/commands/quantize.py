@@ -10,6 +10,7 @@ from mlxinfer import MlxinferError, defaults
 
 from cli import flags
 from cli.common import JsonOption, print_json
+from cli.options import model_or_first
 
 SRC_HELP = (
     "The model to quantize: a local directory, a .gguf file, a Hugging Face repo id, "
@@ -18,10 +19,13 @@ SRC_HELP = (
 
 
 def quantize_command(
-    src: str = typer.Argument(..., help=SRC_HELP),
-    out: str = typer.Argument(
-        ..., help="The directory to write (refused if it exists and is not empty, unless --force)."
+    src: Optional[str] = typer.Argument(None, help=SRC_HELP + " Or give it as --model.", show_default=False),
+    out: Optional[str] = typer.Argument(
+        None,
+        help="The directory to write (refused if it exists and is not empty, unless --force).",
+        show_default=False,
     ),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="The model to quantize, instead of SRC."),
     bits: int = typer.Option(
         4, "--bits", help="Bits per weight: 1, 2, 3, 4, 5, 6 or 8; 16 writes float weights (dequantizes)."
     ),
@@ -59,6 +63,10 @@ def quantize_command(
     from quant import quantize
 
     flags.use(source="SRC", out="OUT")
+    src, rest = model_or_first(model, [src, out], "mlxinfer quantize SRC OUT, or mlxinfer quantize --model SRC OUT")
+    if len(rest) != 1:
+        raise MlxinferError("give the model and the directory to write: SRC OUT, or --model SRC OUT (not both)")
+    (out,) = rest
     if report:
         from quant import check_quality_options
 

@@ -11,14 +11,17 @@ from mlxinfer import GRID_FIELDS, defaults
 from cli import flags
 from cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
 from cli.commands.sample import exact_line
-from cli.options import chat_kwargs, exact_kwargs, grid, max_tokens_option, seeds, stop, takes
+from cli.options import chat_kwargs, exact_kwargs, grid, max_tokens_option, prompt_text, seeds, stop, takes
 
 SHOWN = 12  # answers per cell in the table
 
 
 @takes("model", "seeds", "chat", "grid", "stop", "grouping", "exact", "walk", "json")
 def sweep(
-    prompt: Optional[List[str]] = typer.Option(None, "--prompt", "-p", help="A prompt; repeat the option for more."),
+    prompt: Optional[List[str]] = typer.Option(
+        None, "--prompt", "-p", help="A prompt; repeat the option for more; - reads one from standard input."
+    ),
+    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", help="One prompt: this UTF-8 file's text."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts", help="A UTF-8 file of prompts, one per line."),
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per completion (the lesson uses 5)."),
     out: Optional[str] = typer.Option(None, "--out", help="Append one JSON line per completion to this file."),
@@ -33,9 +36,13 @@ def sweep(
 
     flags.use(temperature="--temps")  # a grid value's error names the grid's flag
     seed_ids = seeds(options)
-    if bool(prompt) == bool(prompts_file):
-        raise MlxinferError("give prompts with --prompt (repeated) or --prompts FILE, one of the two")
-    prompts = list(prompt) if prompt else mlxinfer.prompts_from_file(prompts_file)
+    given = list(prompt or [])
+    if prompt_file is not None:
+        given = [prompt_text(None if not given else given[0], prompt_file)]  # both given: refused there
+    given = [prompt_text(p, None) if p == "-" else p for p in given]
+    if bool(given) == bool(prompts_file):
+        raise MlxinferError("give prompts with --prompt (repeated), --prompt-file or --prompts FILE, one of them")
+    prompts = given or mlxinfer.prompts_from_file(prompts_file)
     cells = grid(options)
     stops = stop(options)
     walk = exact_kwargs(options)

@@ -140,7 +140,13 @@ def build() -> str:
     existing = _built_library(final) if final.is_dir() else None
     if existing:
         return str(existing)
-    cmake = _tools()
+    cmake = _tools()  # a missing tool is the one warning line, with no notice of a build before it
+    print(
+        f"mlxinfer: building the quantized matmul kernel (an MLX C++ extension, once per mlx version and CPU: "
+        f"~15-120 s) into {final} ...",
+        file=sys.stderr,
+        flush=True,
+    )
     try:
         with atomic.staged_dir(final, mode=0o755) as tmp:  # 0755: every user of this Python must read it
             work = tmp / "build"
@@ -219,8 +225,6 @@ def _check(build_if_missing: bool = True) -> None:
             _state["reason"] = "not built yet (python -m mlxinfer.cpu.qmm; it is also built at first use)"
             return
         if path is None:
-            _tools()  # a missing tool is the one warning line, with no notice of a build before it
-            print("mlxinfer: building the quantized matmul kernel (once, ~30 s) ...", file=sys.stderr, flush=True)
             path = build()
         module = _import(str(path))
         if getattr(module, "abi", lambda: None)() != ABI:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import stat
+import sys
 from pathlib import Path
 
 from ..errors import MlxinferError
@@ -55,3 +56,31 @@ def read_text_file(path: str | os.PathLike, param: str, limit: int, what: str = 
         return data.decode("utf-8")
     except UnicodeDecodeError:
         raise MlxinferError(f"{param} {path} is not UTF-8 text; pass {what}", param) from None
+
+
+MAX_PROMPT_BYTES = 16 << 20
+
+
+def read_prompt(source: str | os.PathLike, stdin=None) -> str:
+    """A prompt from a file, or from standard input for '-' (`stdin`: a binary stream, default
+    sys.stdin's): UTF-8 text of at most MAX_PROMPT_BYTES, not empty, its one final line break
+    dropped (what `echo TEXT |` and most editors add)."""
+    if str(source) == "-":
+        stream = stdin if stdin is not None else sys.stdin.buffer
+        where, param = "standard input (-p -)", ()
+        data = stream.read(MAX_PROMPT_BYTES + 1)
+        if len(data) > MAX_PROMPT_BYTES:
+            raise MlxinferError(f"{where} is over {MAX_PROMPT_BYTES:,} bytes; pass a shorter prompt", *param)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise MlxinferError(f"{where} is not UTF-8 text; pipe UTF-8 text in", *param) from None
+        fix = "pipe the text in: echo TEXT | mlxinfer ... -p -"
+    else:
+        param = ("prompt_file",)
+        text = read_text_file(source, param[0], MAX_PROMPT_BYTES, "a UTF-8 text file holding the prompt")
+        where, fix = f"prompt_file {Path(source).expanduser()}", "write the prompt in it"
+    text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
+    if not text.strip():
+        raise MlxinferError(f"{where} is empty; {fix}", *param)
+    return text

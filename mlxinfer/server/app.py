@@ -1,9 +1,10 @@
-"""The ASGI app: OpenAI's /v1/chat/completions, /v1/completions, /v1/models, and /health.
+"""The ASGI app: OpenAI's /v1/chat/completions, /v1/completions, /v1/models, /health and /metrics.
 
     app = create_app(model, tokenizer)          # Starlette; run it with uvicorn, or in-process
 
 create_app checks the options (ServerOptions), starts the engine (engine/batcher.py) and routes each
-path to a method of handlers.Endpoints; _Guard, in front, keeps the body limit and the API key.
+path to a method of handlers.Endpoints; _Guard, in front, keeps the body limit and the API key, and
+metrics.Counted, in front of it, counts every response for /metrics.
 """
 
 from __future__ import annotations
@@ -23,8 +24,9 @@ from ..errors import MlxinferError
 from .errors import ApiError, error_body
 from .explorer import routes as explorer_routes
 from .handlers import Endpoints, read_body
+from .metrics import Counted, Metrics
 
-GUARDED = ("/v1", "/mlxinfer/")  # the paths an API key guards (the explorer's page and assets are open)
+GUARDED = ("/v1", "/mlxinfer/", "/metrics")  # the paths an API key guards (the explorer's page and assets are open)
 
 
 def model_id_for(model) -> str:
@@ -145,22 +147,25 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
         model, tokenizer, max_rows=o.max_rows, max_queue=o.max_queue, prompt_cache_bytes=o.prompt_cache_bytes
     )
     endpoints = Endpoints(model, tokenizer, batcher, o.model_name or model_id_for(model), o.default_max_tokens)
+    endpoints.metrics = metrics = Metrics(endpoints)
 
     routes = [
         Route("/health", endpoints.health, methods=["GET"]),
+        Route("/metrics", metrics.endpoint, methods=["GET"]),
         Route("/v1/models", endpoints.models, methods=["GET"]),
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
         Route("/v1/completions", endpoints.completions, methods=["POST"]),
         *explorer_routes(endpoints, read_body),
     ]
+    metrics.routes = routes
     app = Starlette(routes=routes, lifespan=endpoints.lifespan, exception_handlers={404: _not_found, 405: _not_allowed})
     if o.cors:
         from starlette.middleware.cors import CORSMiddleware
 
         app.add_middleware(CORSMiddleware, allow_origins=list(o.cors), allow_methods=["*"], allow_headers=["*"])
-    guarded = _Guard(app, o.max_body_bytes, o.api_key)
-    guarded.engine = endpoints  # for tests and embedding: the model, the batcher, the served id
-    return guarded
+    counted = Counted(_Guard(app, o.max_body_bytes, o.api_key), metrics)
+    counted.engine = endpoints  # for tests and embedding: the model, the batcher, the served id, the metrics
+    return counted
 
 
 async def _not_found(http, exc):

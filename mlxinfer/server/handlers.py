@@ -14,6 +14,7 @@ import asyncio
 import json
 import logging
 import secrets
+import time
 from contextlib import asynccontextmanager
 from typing import Optional
 
@@ -41,6 +42,7 @@ class Endpoints:
         self.model, self.tokenizer, self.batcher, self.model_id = model, tokenizer, batcher, model_id
         self.names = {model_id, model.info.name}
         self.default_max_tokens = default_max_tokens
+        self.metrics = None  # metrics.Metrics, set by create_app
         self.preparing = 0  # requests whose schema or prompt is being prepared (or waits to be)
         self.abandoned = 0  # requests whose client left during preparation (dropped there)
         self.fingerprint = "mlxinfer-" + "-".join(model.info.definition.split()[1:]) + f"-{model.info.compute_dtype}"
@@ -72,6 +74,7 @@ class Endpoints:
             raise ApiError(429, f"the server is busy ({self.preparing} requests in preparation); retry shortly",
                            None, Retry_After="1")  # fmt: skip
         self.preparing += 1
+        started = time.perf_counter()
         try:
             request = await prepare_within(
                 http,
@@ -101,9 +104,13 @@ class Endpoints:
         def emit(kind, index, payload):  # on the engine thread
             loop.call_soon_threadsafe(events.put_nowait, (kind, index, payload))
 
+        if self.metrics is not None:
+            emit = self.metrics.timed(emit, started)
         job = Job(request, [base + i for i in range(body.n)], emit, logprobs=want_lp, top_logprobs=top)
         try:
             self.batcher.submit(job)
+            if self.metrics is not None:
+                self.metrics.prompt_tokens.inc(len(request.ids))
         except QueueFull as e:
             raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
         except MlxinferError as e:

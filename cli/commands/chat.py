@@ -1,0 +1,139 @@
+"""`mlxinfer chat`: a conversation at the terminal; the session and its commands live in mlxinfer.ChatSession."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from mlxinfer import defaults
+
+from cli import flags
+from cli.common import load_model, print_json
+from cli.options import max_tokens_option, settings, takes
+
+PROMPT = ">>> "
+
+
+@takes("model", "sampling", "penalties", "json")
+def chat(
+    max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_GENERATE, "Stop each reply after this many new tokens."),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Seed every reply with this (default: a fresh seed per reply, shown before it)."
+    ),
+    system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
+    thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="Qwen3's thinking switch."),
+    **options,
+):
+    """Chat with the model: each reply reads the whole conversation through the model's chat template and
+    streams; its seed is shown, and `generate --seed` with that seed and conversation writes it again.
+
+    /help lists the commands (/temp, /top-p, /top-k, /seed, /system, /topk, /save, /reset, /quit). Ctrl-C stops
+    a reply, Ctrl-D leaves. With --json each reply and command prints one JSON object instead."""
+    import mlxinfer
+
+    sampling = settings(options)
+    mlxinfer.check_max_tokens(max_tokens)
+    m, tok = load_model(options["model"], options["compute_dtype"], shard=False)
+    session = mlxinfer.ChatSession(
+        m, tok, settings=sampling, seed=seed, system=system, max_tokens=max_tokens, thinking=thinking
+    )
+    json_out = options["json_out"]
+    interactive = sys.stdin.isatty()
+    if interactive:
+        _readline()
+    if not json_out:
+        print(f"[{m.info.name}] /help lists the commands; Ctrl-C stops a reply, Ctrl-D leaves", file=sys.stderr)
+    while True:
+        try:
+            line = input(PROMPT if interactive else "")
+        except EOFError:
+            break
+        except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
+            print()
+            continue
+        if not line.strip():
+            continue
+        if line.startswith("/"):
+            outcome = session.command(line)
+            if json_out:
+                print_json(outcome.to_dict())
+            else:
+                _render(outcome)
+            if outcome.kind == "quit":
+                break
+            continue
+        _turn(session, line, json_out)
+
+
+def _turn(session, line: str, json_out: bool) -> None:
+    from mlxinfer import MlxinferError
+
+    turn = None
+    try:
+        turn = session.reply(line)
+        if not json_out:
+            print(f"[seed {turn.seed}]", file=sys.stderr, flush=True)
+        for text in turn:
+            if not json_out:
+                sys.stdout.write(text)
+                sys.stdout.flush()
+    except MlxinferError as e:  # the conversation is unchanged: say why and take the next line
+        print(f"error: {flags.error_line(e)}", file=sys.stderr)
+        return
+    except KeyboardInterrupt:
+        if turn is None:  # stopped before the reply began: nothing to keep
+            print()
+            return
+        turn.stop()
+        if not json_out:
+            sys.stdout.write(" [stopped]")
+    if json_out:
+        print_json(turn.record.to_dict())
+    else:
+        sys.stdout.write("\n")
+        sys.stdout.flush()
+
+
+def _render(outcome) -> None:
+    if outcome.kind == "error":
+        print(f"error: {outcome.message}", file=sys.stderr)
+    elif outcome.kind == "help":
+        width = max(len(usage) for usage, _ in outcome.data)
+        for usage, what in outcome.data:
+            print(f"  {usage:<{width}}  {what}")
+    elif outcome.kind == "table":
+        from cli.commands.topk import render
+
+        render(outcome.data)
+    else:
+        print(outcome.message)
+
+
+def _readline() -> None:
+    """Line editing and a history kept between chats (stdlib readline, where Python has it), in
+    $MLXINFER_CHAT_HISTORY or ~/.cache/mlxinfer/chat_history."""
+    try:
+        import readline
+    except ImportError:
+        return
+    path = Path(os.environ.get("MLXINFER_CHAT_HISTORY") or Path.home() / ".cache" / "mlxinfer" / "chat_history")
+    try:
+        readline.read_history_file(path)
+    except OSError:
+        pass
+    readline.set_history_length(1000)
+
+    import atexit
+
+    def save() -> None:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            readline.write_history_file(path)
+        except OSError:
+            pass
+
+    atexit.register(save)

@@ -1,0 +1,285 @@
+"""A chat: the conversation so far, its sampling settings and the turn logic, all returned as data.
+
+    session = ChatSession(model, tokenizer, settings={"temperature": 0.7})
+    turn = session.reply("Name one fruit.")   # the whole conversation, rendered by the chat template
+    for text in turn: print(text, end="")     # streamed through stream_generate
+    turn.record                               # its seed (fresh per reply unless fixed), tokens, finish
+    session.command("/temp 0.5")              # a slash command: an Outcome (kind, message, data)
+
+A reply's seed makes it reproducible: `generate(model, tokenizer, turn.messages, seed=turn.seed, ...)`
+with the session's settings writes the same text. A turn stopped part-way (`turn.stop()`, e.g. on
+Ctrl-C) keeps the text written so far, as llama.cpp's chat does.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import os
+import secrets
+import tempfile
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Optional
+
+from .. import atomic, defaults
+from ..errors import MlxinferError
+from ..settings import user_settings
+from ..tokenizer import encode_prompt
+from .generate import stream_generate
+from .request import check_max_tokens, check_seed
+from .tables import next_token_table
+
+FRESH_SEEDS = 2**32  # a fresh seed is drawn below this: short enough to type back with /seed
+
+COMMANDS = {  # name: (argument, what it does)
+    "/temp": ("X", "sampling temperature (0 = greedy)"),
+    "/top-p": ("X", "keep the top tokens holding at least p (1 = off)"),
+    "/top-k": ("N", "keep the k most likely tokens (0 = off)"),
+    "/seed": ("N|random", "fix the seed of every reply, or draw a fresh one per reply"),
+    "/system": ("TEXT", "the system message (nothing after it: none); applies to the whole conversation"),
+    "/topk": ("[K]", "the next-token table for the last turn's prompt"),
+    "/save": ("FILE", "write the conversation as JSON"),
+    "/reset": ("", "forget the conversation (settings stay)"),
+    "/help": ("", "list these commands"),
+    "/quit": ("", "leave (Ctrl-D too)"),
+}
+_SETTINGS = {"/temp": ("temperature", float), "/top-p": ("top_p", float), "/top-k": ("top_k", int)}
+
+
+@dataclass
+class Outcome:
+    """What a slash command did. kind: set, error, table, saved, reset, help or quit; message: one line
+    to show; data: the command's result (the new settings, a NextTokenTable, the saved path, ...)."""
+
+    command: str
+    kind: str
+    message: str
+    data: Any = None
+
+    def to_dict(self) -> dict:
+        data = self.data.to_dict() if hasattr(self.data, "to_dict") else self.data
+        return {"command": self.command, "kind": self.kind, "message": self.message, "data": data}
+
+
+@dataclass
+class TurnRecord:
+    """One reply: its seed, text and the counts of its prompt (the whole conversation) and reply."""
+
+    user: str
+    text: str
+    seed: int
+    prompt_tokens: int
+    generated_tokens: int = 0
+    finish_reason: Optional[str] = None  # stop, length, or interrupted (stopped part-way)
+    settings: dict = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+class ChatTurn:
+    """One reply, streamed: iterate for its text pieces. When the iteration ends (or `stop()` is
+    called) the user's message and the reply join the conversation and `record` is complete."""
+
+    def __init__(self, session: "ChatSession", user: str, messages: list[dict], seed: int, stream):
+        self.session, self.messages, self.seed, self.stream = session, messages, seed, stream
+        self.record = TurnRecord(user, "", seed, len(stream.request.ids), settings=dict(session.settings))
+        self._pieces: list[str] = []
+        self._done = False
+
+    def __iter__(self) -> Iterator[str]:
+        for step in self.stream:
+            self.record.generated_tokens += step.token is not None  # the last step (token None) ends the run
+            if step.text:
+                self._pieces.append(step.text)
+                yield step.text
+        result = self.stream.result
+        self._finish(result.text, result.finish_reason)
+
+    def stop(self) -> None:
+        """End the turn part-way: the text written so far is kept, finish_reason 'interrupted'."""
+        self._finish("".join(self._pieces), "interrupted")
+
+    def _finish(self, text: str, reason: str) -> None:
+        if self._done:
+            return
+        self._done = True
+        self.record.text, self.record.finish_reason = text, reason
+        self.session._add(self)
+
+
+class ChatSession:
+    """A conversation with one model. settings: the sampler fields you set (the rest come from the
+    model's generation_config.json, as generate's); seed: fixed for every reply, or None for a fresh
+    one per reply; system: the system message."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        seed: Optional[int] = None,
+        system: Optional[str] = None,
+        max_tokens: int = defaults.MAX_TOKENS_GENERATE,
+        thinking: bool = False,
+    ):
+        check_seed(seed)
+        check_max_tokens(max_tokens)
+        self.model, self.tokenizer = model, tokenizer
+        self.settings = user_settings(dict(settings or {}))
+        self.seed, self.system, self.max_tokens, self.thinking = seed, system, max_tokens, thinking
+        self.messages: list[dict] = []
+        self.turns: list[TurnRecord] = []
+        self.last_prompt: Optional[list[dict]] = None  # the messages the last reply answered
+
+    def reply(self, text: str) -> ChatTurn:
+        """Start the reply to `text` (checked and encoded now: a bad prompt or a full context is an
+        MlxinferError here, and the conversation is unchanged)."""
+        if not isinstance(text, str) or not text.strip():
+            raise MlxinferError("say something: the message is empty", "prompt")
+        messages = [*self.messages, {"role": "user", "content": text}]
+        seed = self.seed if self.seed is not None else secrets.randbelow(FRESH_SEEDS)
+        stream = stream_generate(
+            self.model,
+            self.tokenizer,
+            messages,
+            settings=self.settings,
+            max_tokens=self.max_tokens,
+            seed=seed,
+            system=self.system,
+            thinking=self.thinking,
+        )
+        return ChatTurn(self, text, messages, seed, stream)
+
+    def _add(self, turn: ChatTurn) -> None:
+        self.messages = [*turn.messages, {"role": "assistant", "content": turn.record.text}]
+        self.last_prompt = turn.messages
+        self.turns.append(turn.record)
+
+    def prompt_ids(self, messages: Optional[list[dict]] = None) -> list[int]:
+        """The token ids the model reads for `messages` (default: the conversation so far), the
+        system message first and the assistant's turn opened, as a reply's prompt is rendered."""
+        messages = self.messages if messages is None else messages
+        return encode_prompt(self.tokenizer, messages, system=self.system, thinking=self.thinking)
+
+    def prompt_text(self, messages: Optional[list[dict]] = None) -> str:
+        """prompt_ids as text, control tokens written out: what `generate --no-chat --raw-special-tokens`
+        reads back as the same ids."""
+        return self.tokenizer.decode(self.prompt_ids(messages))
+
+    def to_dict(self) -> dict:
+        return {
+            "model": self.model.info.name,
+            "system": self.system,
+            "settings": dict(self.settings),
+            "seed": self.seed,
+            "max_tokens": self.max_tokens,
+            "messages": [dict(m) for m in self.messages],
+            "turns": [t.to_dict() for t in self.turns],
+        }
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """The conversation as JSON at `path`, complete or not at all (a temporary file renamed into place)."""
+        final = Path(path).expanduser()
+        if not str(path).strip() or final.is_dir():
+            raise MlxinferError(f"cannot save to {str(path)!r}: give a file name, e.g. /save chat.json")
+        data = json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
+        with atomic.cleanup_on_signals():
+            tmp = None
+            try:
+                atomic.remove_stale(final)
+                fd, tmp = tempfile.mkstemp(prefix=atomic.prefix(final), dir=final.parent)
+                with os.fdopen(fd, "w", encoding="utf-8") as f:
+                    f.write(data)
+                os.replace(tmp, final)
+                tmp = None
+            except OSError as e:
+                raise MlxinferError(f"cannot save to {final} ({e.strerror or e}); pick a writable path") from None
+            finally:
+                if tmp is not None and os.path.exists(tmp):
+                    os.unlink(tmp)
+        return final
+
+    def command(self, line: str) -> Outcome:
+        """Run one slash command ('/temp 0.7'). A bad value is an Outcome of kind 'error' whose message
+        names the problem and the fix; the session is then unchanged."""
+        name, _, arg = line.strip().partition(" ")
+        arg = arg.strip()
+        if name not in COMMANDS:
+            close = difflib.get_close_matches(name, list(COMMANDS), n=1)
+            hint = f"did you mean {close[0]}? " if close else ""
+            return Outcome(name, "error", f"unknown command {name}; {hint}/help lists the commands")
+        try:
+            return getattr(self, "_" + name[1:].replace("-", "_"))(name, arg)
+        except MlxinferError as e:
+            return Outcome(name, "error", str(e))
+
+    def _set(self, name: str, arg: str) -> Outcome:
+        param, kind = _SETTINGS[name]
+        rule = "a number, e.g. 0.7" if kind is float else "a whole number, e.g. 20"
+        try:
+            value = kind(arg)
+        except ValueError:
+            raise MlxinferError(f"{name} takes {rule}; got {arg!r}") from None
+        try:
+            self.settings = user_settings({**self.settings, param: value})
+        except MlxinferError as e:
+            raise MlxinferError(f"{name} {arg}: {e}") from None
+        return Outcome(name, "set", f"{param} = {value:g}", dict(self.settings))
+
+    _temp = _top_p = _top_k = _set
+
+    def _seed(self, name: str, arg: str) -> Outcome:
+        if arg in ("", "random"):
+            self.seed = None
+            return Outcome(name, "set", "a fresh seed for each reply", None)
+        try:
+            seed = int(arg)
+            check_seed(seed)
+        except (ValueError, MlxinferError):
+            raise MlxinferError(f"/seed takes a whole number from 0 to 2**63-1, or 'random'; got {arg!r}") from None
+        self.seed = seed
+        return Outcome(name, "set", f"seed = {seed} for every reply (/seed random: a fresh one each)", seed)
+
+    def _system(self, name: str, arg: str) -> Outcome:
+        self.system = arg or None
+        return Outcome(name, "set", f"system message: {arg!r}" if arg else "no system message", self.system)
+
+    def _topk(self, name: str, arg: str) -> Outcome:
+        if self.last_prompt is None:
+            raise MlxinferError("/topk shows the next-token table of the last turn's prompt: say something first")
+        try:
+            k = int(arg) if arg else 6
+        except ValueError:
+            raise MlxinferError(f"/topk takes a whole number of rows, e.g. /topk 10; got {arg!r}") from None
+        table = next_token_table(
+            self.model,
+            self.tokenizer,
+            self.last_prompt,
+            temperatures=defaults.TOPK_TEMPERATURES,
+            k=k,
+            settings=self.settings or None,
+            system=self.system,
+            thinking=self.thinking,
+        )
+        message = f"the next token after the last turn's prompt ({len(table.prompt_ids)} tokens)"
+        return Outcome(name, "table", message, table)
+
+    def _save(self, name: str, arg: str) -> Outcome:
+        if not arg:
+            raise MlxinferError("/save takes a file name, e.g. /save chat.json")
+        path = self.save(arg)
+        return Outcome(name, "saved", f"saved {len(self.messages)} messages to {path}", str(path))
+
+    def _reset(self, name: str, arg: str) -> Outcome:
+        self.messages, self.turns, self.last_prompt = [], [], None
+        return Outcome(name, "reset", "the conversation is forgotten; settings stay", None)
+
+    def _help(self, name: str, arg: str) -> Outcome:
+        rows = [(f"{c} {a}".strip(), what) for c, (a, what) in COMMANDS.items()]
+        return Outcome(name, "help", "commands: " + ", ".join(COMMANDS), rows)
+
+    def _quit(self, name: str, arg: str) -> Outcome:
+        return Outcome(name, "quit", "bye", None)

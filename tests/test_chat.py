@@ -1,0 +1,168 @@
+"""`mlxinfer chat` and mlxinfer.ChatSession: the conversation, its seeds, its slash commands, at a real terminal."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+from conftest import ROOT, run_cli
+from terminal import Terminal
+
+import mlxinfer
+
+FRUIT = "Name one fruit. Answer with one word."
+MORE = "And one more?"
+
+
+def test_the_second_turn_reads_the_first(embedded):
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=6, seed=3)
+    first = session.reply(FRUIT)
+    reply = "".join(first)
+    second = session.reply(MORE)
+    "".join(second)
+    conversation = [
+        {"role": "user", "content": FRUIT},
+        {"role": "assistant", "content": reply},
+        {"role": "user", "content": MORE},
+    ]
+    # the second reply's prompt is the template's rendering of all three messages, nothing else
+    assert second.stream.request.ids == mlxinfer.encode_prompt(tok, conversation)
+    assert second.record.prompt_tokens > first.record.prompt_tokens + len(tok.encode(reply, add_special_tokens=False))
+    assert [m["content"] for m in session.messages] == [FRUIT, reply, MORE, second.record.text]
+    assert [t.seed for t in session.turns] == [3, 3]
+
+
+def test_a_seeded_reply_is_generate_with_that_seed(embedded):
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=8, settings={"temperature": 1.0})
+    "".join(session.reply(FRUIT))
+    second = session.reply(MORE)
+    text = "".join(second)
+    assert {t.seed for t in session.turns} != {None}
+    again = mlxinfer.generate(model, tok, second.messages, seed=second.seed, max_tokens=8, settings={"temperature": 1})
+    assert again.text == text == second.record.text
+
+
+def test_fresh_seeds_per_reply_unless_fixed(embedded):
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=1)
+    seeds = set()
+    for _ in range(4):
+        turn = session.reply(FRUIT)
+        list(turn)
+        seeds.add(turn.seed)
+        session.command("/reset")
+    assert len(seeds) == 4  # drawn from 2**32: four equal by chance is ~1e-28
+    assert session.command("/seed 11").kind == "set"
+    assert [session.reply(FRUIT).seed for _ in range(2)] == [11, 11]
+
+
+@pytest.mark.parametrize(
+    "line, fragment",
+    [
+        ("/temp -1", "/temp -1: temperature must be >= 0"),
+        ("/temp hot", "/temp takes a number"),
+        ("/top-p 1.5", "top_p must be in (0, 1]"),
+        ("/top-k 2.5", "/top-k takes a whole number"),
+        ("/seed -4", "/seed takes a whole number"),
+        ("/save", "/save takes a file name"),
+        ("/topk", "say something first"),
+        ("/tmep 1", "did you mean /temp?"),
+    ],
+)
+def test_bad_commands_are_refused_and_change_nothing(embedded, line, fragment):
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, settings={"temperature": 0.5}, seed=2)
+    outcome = session.command(line)
+    assert outcome.kind == "error" and fragment in outcome.message, outcome.message
+    assert "\n" not in outcome.message
+    assert (session.settings, session.seed) == ({"temperature": 0.5}, 2)
+
+
+def test_commands_set_what_they_say(embedded):
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=2)
+    for line in ("/temp 0", "/top-p 0.9", "/top-k 20"):
+        assert session.command(line).kind == "set"
+    assert session.settings == {"temperature": 0.0, "top_p": 0.9, "top_k": 20}
+    session.command("/system Be brief.")
+    turn = session.reply(FRUIT)
+    list(turn)
+    assert turn.stream.request.ids == mlxinfer.encode_prompt(tok, FRUIT, system="Be brief.")
+    table = session.command("/topk 4").data
+    # the table is the next token after that same prompt: its top row is the greedy reply's first token
+    assert table.prompt_ids == turn.stream.request.ids and len(table.rows) == 4
+    assert table.rows[0].id == turn.stream.result.tokens[0]
+    assert session.command("/reset").kind == "reset" and session.messages == [] and session.settings
+
+
+def test_save_writes_the_conversation_as_json(embedded, tmp_path):
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=3, seed=5)
+    list(session.reply(FRUIT))
+    out = tmp_path / "chat.json"
+    assert session.command(f"/save {out}").kind == "saved"
+    saved = json.loads(out.read_text())
+    assert saved["messages"] == session.messages and saved["turns"][0]["seed"] == 5
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json"]  # no temporary file left
+    refused = session.command(f"/save {tmp_path / 'missing' / 'chat.json'}")
+    assert refused.kind == "error" and "pick a writable path" in refused.message
+
+
+@pytest.mark.slow
+def test_chat_at_a_terminal(embedded, tmp_path):
+    """Two turns at a pseudo-terminal: each reply equals `mlxinfer generate` with its seed and conversation;
+    a bad /temp is one line and the chat goes on; /save writes JSON; /quit leaves with exit 0."""
+    env = {"MLXINFER_CHAT_HISTORY": str(tmp_path / "history"), "TERM": "xterm"}
+    term = Terminal("chat", "--max-tokens", "6", "--seed", "7", cwd=str(ROOT), env=env)
+    try:
+        term.expect(r">>> ")
+        term.send(FRUIT + "\n")
+        first = term.expect(r"\[seed 7\]\n(.*?)\n>>> ").group(1).decode()
+        term.send(MORE + "\n")
+        second = term.expect(r"\[seed 7\]\n(.*?)\n>>> ").group(1).decode()
+        term.send("/temp -1\n")
+        refused = term.expect(r"(error: [^\n]*)\n>>> ").group(1).decode()
+        assert refused.startswith("error: /temp -1: temperature must be >= 0"), refused
+        out = tmp_path / "chat.json"
+        term.send(f"/save {out}\n")
+        term.expect(r"saved 4 messages")
+        term.send("/quit\n")
+        assert term.wait() == 0
+    finally:
+        term.close()
+    saved = json.loads(out.read_text())
+    assert [m["content"] for m in saved["messages"]] == [FRUIT, first, MORE, second]
+    assert FRUIT in (tmp_path / "history").read_text()  # readline's history, kept for the next chat
+
+    one = run_cli("generate", "-p", FRUIT, "--seed", "7", "--max-tokens", "6")
+    assert one.returncode == 0 and one.stdout.rstrip("\n") == first
+    # the second reply from the rendered conversation, control tokens read as such
+    session = mlxinfer.ChatSession(*embedded)
+    rendered = session.prompt_text(saved["messages"][:3])
+    two = run_cli("generate", "--no-chat", "--raw-special-tokens", "-p", rendered, "--seed", "7", "--max-tokens", "6")
+    assert two.returncode == 0 and two.stdout.rstrip("\n") == second
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_reply_not_the_chat(tmp_path):
+    env = {"MLXINFER_CHAT_HISTORY": str(tmp_path / "history"), "TERM": "xterm"}
+    term = Terminal("chat", "--max-tokens", "2000", "--temp", "0", cwd=str(ROOT), env=env)
+    try:
+        term.expect(r">>> ")
+        term.send("Write a long story about a dragon who learns to bake bread.\n")
+        term.expect(r"\[seed \d+\]\n\S")  # the reply has begun
+        term.send("\x03")
+        term.expect(r"\[stopped\]\n>>> ", timeout=30)
+        out = tmp_path / "chat.json"
+        term.send(f"/save {out}\n")
+        term.expect(r"saved 2 messages[^\n]*\n>>> ")  # readline reads again (a Ctrl-D before is no EOF)
+        term.send("\x04")  # Ctrl-D at the prompt leaves
+        assert term.wait() == 0
+    finally:
+        term.close()
+    turn = json.loads(out.read_text())["turns"][0]
+    assert turn["finish_reason"] == "interrupted" and 0 < turn["generated_tokens"] < 2000
+    assert re.search(r"\w", turn["text"])

@@ -1,0 +1,94 @@
+"""The command line around the commands: shell completion, --debug anywhere, a mistyped command's hint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import assert_one_line_error, invoke_cli
+
+MLXINFER = str(Path(sys.executable).with_name("mlxinfer"))  # the installed script: completion keys on its name
+
+
+def shell(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [MLXINFER, *args], capture_output=True, text=True, timeout=120, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.mark.parametrize(
+    "name, marker",
+    [
+        ("bash", "complete -o default -F _mlxinfer_completion mlxinfer"),
+        ("zsh", "#compdef mlxinfer"),
+        ("fish", "complete --command mlxinfer"),
+    ],
+)
+def test_show_completion_prints_the_named_shells_script(name, marker):
+    """The shell named, whatever shell runs the command (Typer's own flag would print the running one's)."""
+    r = shell("--show-completion", name, env={"SHELL": "/bin/sh"})
+    assert r.returncode == 0 and marker in r.stdout, (r.stdout, r.stderr)
+    assert "_MLXINFER_COMPLETE=complete_" + name in r.stdout
+
+
+def test_the_script_s_callback_completes_commands_and_options():
+    """What bash's script runs on TAB: the commands and each command's options, no model loaded."""
+
+    def complete(words: str, cword: int) -> list[str]:
+        env = {"_MLXINFER_COMPLETE": "complete_bash", "COMP_WORDS": words, "COMP_CWORD": str(cword)}
+        r = shell(env=env)
+        assert r.returncode == 0, r.stderr
+        return r.stdout.split()
+
+    assert complete("mlxinfer ch", 1) == ["chat"]
+    assert "--prompt-file" in complete("mlxinfer generate --pr", 2)
+    assert complete("mlxinfer chat --max", 2) == ["--max-tokens"]
+
+
+def test_install_completion_writes_bash_s_files(tmp_path):
+    r = shell("--install-completion", "bash", env={"HOME": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    script = tmp_path / ".bash_completions" / "mlxinfer.sh"
+    assert "_mlxinfer_completion" in script.read_text()
+    assert str(script) in (tmp_path / ".bashrc").read_text()
+
+
+def test_an_unknown_shell_is_one_line():
+    assert_one_line_error(invoke_cli("--show-completion", "tcsh"), "--show-completion", "bash, zsh, fish")
+
+
+def test_a_mistyped_command_gets_its_hint_once():
+    r = invoke_cli("tpk", "-p", "hi")
+    assert_one_line_error(r, "No such command 'tpk'")
+    assert r.stderr.count("Did you mean 'topk'?") == 1
+
+
+@pytest.mark.parametrize("where", ["before the command", "after the command", "at the end"])
+def test_debug_anywhere_on_the_line_prints_the_detail(where, tmp_path):
+    """An error with detail lines (a NaN in the embedding: each layer's counts) shows them with --debug in
+    any position; a prompt that reads "--debug" stays the prompt."""
+    import checkpoints
+    import mlx.core as mx
+
+    path = checkpoints.write_checkpoint(tmp_path / "nan", "llama")
+    weights = mx.load(str(path / "model.safetensors"))
+    name = next(k for k in weights if "embed_tokens" in k)
+    weights[name] = mx.full(weights[name].shape, float("nan"), dtype=weights[name].dtype)
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    args = ["-m", str(path), "-p", "hi"]
+    line = {
+        "before the command": ["--debug", "topk", *args],
+        "after the command": ["topk", "--debug", *args],
+        "at the end": ["topk", *args, "--debug"],
+    }[where]
+    plain = invoke_cli("topk", *args)
+    assert_one_line_error(plain, "NaN or inf", "--debug ... shows more")
+    detailed = invoke_cli(*line)
+    lines = detailed.stderr.splitlines()
+    assert detailed.returncode == 2 and lines[0].startswith("error: ") and "--debug" not in lines[0]
+    assert len(lines) > 1 and all(line.startswith("  ") for line in lines[1:])
+    # -p's value is the text "--debug": the prompt, not the flag, so the error stays one line
+    assert_one_line_error(invoke_cli("topk", "-m", str(path), "-p", "--debug"), "NaN or inf", "shows more")

@@ -1,0 +1,82 @@
+"""-p - (the prompt from standard input) and --prompt-file PATH, on every command that takes a prompt."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import assert_one_line_error, invoke_cli
+
+FRUIT = "Name one fruit. Answer with one word."
+COMMANDS = {  # each command that takes a prompt, with what else it needs to run
+    "topk": [],
+    "generate": ["--max-tokens", "2"],
+    "sample": ["--seeds", "2", "--max-tokens", "2"],
+    "answers": ["--max-nodes", "4"],
+    "sweep": ["--seeds", "2", "--max-tokens", "2"],
+}
+
+
+@pytest.fixture
+def files(tmp_path):
+    made = {
+        "prompt": FRUIT + "\n",
+        "latin1": "caf\xe9".encode("latin-1"),
+        "empty": "",
+        "blank": " \n\n",
+    }
+    for name, data in made.items():
+        path = tmp_path / name
+        path.write_bytes(data if isinstance(data, bytes) else data.encode())
+    return tmp_path
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize(
+    "how, fragments",
+    [
+        (["-p", "hi", "--prompt-file", "{dir}/prompt"], ["not both"]),
+        (["--prompt-file", "{dir}/missing"], ["--prompt-file", "does not exist"]),
+        (["--prompt-file", "{dir}"], ["--prompt-file", "is a directory"]),
+        (["--prompt-file", "{dir}/latin1"], ["--prompt-file", "not UTF-8"]),
+        (["--prompt-file", "{dir}/empty"], ["--prompt-file", "is empty"]),
+        (["--prompt-file", "{dir}/blank"], ["is empty"]),
+    ],
+)
+def test_bad_prompt_input_is_one_line(files, command, how, fragments):
+    args = [a.format(dir=files) for a in how]
+    assert_one_line_error(invoke_cli(command, *args, *COMMANDS[command]), *fragments)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("data, fragment", [(b"", "is empty"), (b"\xff\xfe", "not UTF-8"), (b"\n", "is empty")])
+def test_bad_standard_input_is_one_line(command, data, fragment):
+    assert_one_line_error(invoke_cli(command, "-p", "-", *COMMANDS[command], input=data), "standard input", fragment)
+
+
+def test_no_prompt_at_all_says_how_to_give_one():
+    assert_one_line_error(invoke_cli("topk"), "-p TEXT", "--prompt-file")
+
+
+def _ids(result) -> list[int]:
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout)["prompt_ids"]
+
+
+def test_stdin_and_a_file_are_the_prompt_text(files):
+    """The same prompt ids whichever way the text comes: -p TEXT, -p - (a final line break dropped, as
+    `echo` adds it) and --prompt-file; a line break inside the text is kept."""
+    given = _ids(invoke_cli("topk", "-p", FRUIT, "--json"))
+    assert _ids(invoke_cli("topk", "-p", "-", "--json", input=FRUIT + "\n")) == given
+    assert _ids(invoke_cli("topk", "--prompt-file", str(files / "prompt"), "--json")) == given
+    two_lines = "Name one fruit.\nAnswer with one word."
+    (files / "two").write_text(two_lines + "\r\n")
+    generated = invoke_cli("generate", "--prompt-file", str(files / "two"), "--max-tokens", "2", "--json")
+    assert _ids(generated) == _ids(invoke_cli("generate", "-p", two_lines, "--max-tokens", "2", "--json"))
+    assert _ids(generated) != given
+
+
+def test_sweep_reads_a_prompt_from_stdin(files):
+    result = invoke_cli("sweep", "-p", "-", "--seeds", "2", "--max-tokens", "2", "--json", input=FRUIT + "\n")
+    assert result.returncode == 0, result.stderr
+    assert {cell["prompt"] for cell in json.loads(result.stdout)["cells"]} == {FRUIT}
