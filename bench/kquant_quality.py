@@ -85,7 +85,7 @@ def main() -> None:
     parser.add_argument("--window", type=int, default=512)
     args = parser.parse_args()
 
-    from quant import evaluate
+    from mlxinfer_quant import evaluate
 
     print("| file | types | bits/weight (file) | mean KL (nats) | max KL | top-1 | perplexity (reference) |")
     print("|---|---|---:|---:|---:|---:|---:|")

@@ -89,7 +89,7 @@ def main() -> None:
     args = ap.parse_args()
 
     py, repo = sys.executable, args.repo.resolve()
-    app = [py, "-m", "cli.app"]
+    app = [py, "-m", "mlxinfer_cli.app"]
     rows = [
         ("python -c pass", [py, "-c", "pass"]),
         ("mlxinfer count", [*app, "count"]),

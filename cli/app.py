@@ -17,7 +17,7 @@ import click
 import typer
 from typer.core import TyperGroup
 
-from cli import completion, flags
+from mlxinfer_cli import completion, flags
 from mlxinfer import MlxinferError
 
 
@@ -89,10 +89,10 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from cli.commands import answers, bench, chat, convert, count, generate, info, quality, quantize, sample, serve
-    from cli.commands import sweep
-    from cli.commands import topk
-    from cli.commands.explore import explore
+    from mlxinfer_cli.commands import answers, bench, chat, convert, count, generate, info, quality, quantize, sample, serve
+    from mlxinfer_cli.commands import sweep
+    from mlxinfer_cli.commands import topk
+    from mlxinfer_cli.commands.explore import explore
 
     commands = {
         "count": count.count_command,

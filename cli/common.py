@@ -7,8 +7,8 @@ import math
 import sys
 from typing import Any
 
-from cli import options
-from cli.options import GROUPS
+from mlxinfer_cli import options
+from mlxinfer_cli.options import GROUPS
 
 JsonOption = GROUPS["json"][0].option
 ModelOption = GROUPS["model"][0].option

@@ -15,7 +15,7 @@ from typing import Any, Callable, List, Optional, get_type_hints
 
 import typer
 
-from cli import flags
+from mlxinfer_cli import flags
 from mlxinfer import GRID_FIELDS, SamplerSettings, defaults
 
 MODEL_HELP = (

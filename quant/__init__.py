@@ -49,4 +49,4 @@ def __getattr__(name):
     }
     if name in where:
         return getattr(importlib.import_module(f".{where[name]}", __name__), name)
-    raise AttributeError(f"module 'quant' has no attribute {name!r}")
+    raise AttributeError(f"module 'mlxinfer_quant' has no attribute {name!r}")

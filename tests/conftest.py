@@ -211,7 +211,7 @@ def invoke_cli(*args: str, input: str | bytes | None = None) -> subprocess.Compl
     input: what the command reads on standard input."""
     from typer.testing import CliRunner
 
-    from cli.app import app
+    from mlxinfer_cli.app import app
 
     result = CliRunner().invoke(app, list(args), input=input)
     if result.exception is not None and not isinstance(result.exception, SystemExit):

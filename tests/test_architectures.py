@@ -249,7 +249,7 @@ def test_weights_that_do_not_match_the_class_name_the_first_tensor(mlx_lm_dir, t
 @pytest.mark.parametrize("arch", ["gemma3_text", "mixtral", "phi3"])
 def test_quantize_writes_mlx_lms_convert(mlx_lm_dir, tmp_path, arch):
     """The same tensors and config block as mlx-lm's convert, mixtral's stacked experts included."""
-    from quant import quantize
+    from mlxinfer_quant import quantize
 
     quantize(mlx_lm_dir(arch), tmp_path / "ours", bits=4, group_size=64)
     ours = mx.load(str(tmp_path / "ours" / "model.safetensors"))
@@ -263,7 +263,7 @@ def test_quantize_writes_mlx_lms_convert(mlx_lm_dir, tmp_path, arch):
 
 @pytest.mark.slow
 def test_quality_report_on_mlx_lms_class(mlx_lm_dir):
-    from quant import evaluate
+    from mlxinfer_quant import evaluate
 
     report = evaluate(mlx_lm_dir("phi3"), [mlx_lm_dir("phi3", "4bit")], max_tokens=64)
     ref, q4 = report.reference, report.candidates[0]

@@ -1,6 +1,6 @@
 """The public boundary and the layers, read from the source (ast), not from a running import.
 
-- The CLI, bench/, examples/ and the notebooks use only what `mlxinfer` and `quant` export (their
+- The CLI, bench/, examples/ and the notebooks use only what `mlxinfer` and `mlxinfer_quant` export (their
   `__all__`): no `from mlxinfer.engine.x import y`, no `mlxinfer.settings.user_settings`.
 - Inside the library a module imports only its own layer and the layers below it (LAYERS, bottom
   first; the same order as the README's architecture section).
@@ -16,7 +16,7 @@ import json
 from pathlib import Path
 
 import mlxinfer
-import quant
+import mlxinfer_quant as quant
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -32,8 +32,12 @@ PUBLIC_MODULES = {"mlxinfer.sampler", "mlxinfer.defaults"}  # public whole (mlxi
 FACADE = {"mlxinfer", "mlxinfer.__main__"}  # the lazy export table and `python -m mlxinfer`
 
 
+INSTALLED = {"cli": "mlxinfer_cli", "quant": "mlxinfer_quant"}  # folder -> the name it installs as (pyproject)
+
+
 def module_name(path: Path, root: Path) -> str:
     parts = list(path.relative_to(root).with_suffix("").parts)
+    parts[0] = INSTALLED.get(parts[0], parts[0])
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
@@ -117,7 +121,7 @@ def layer_problems(edges: dict[str, set[str]], package: str = "mlxinfer") -> lis
                 there = dep.split(".")[1]
                 if rank.get(there, -1) > rank[here]:
                     problems.append(f"{module} ({here}) imports {dep} ({there}), a layer above it")
-            elif dep.split(".")[0] in ("cli", "bench"):
+            elif dep.split(".")[0] in ("mlxinfer_cli", "bench"):
                 problems.append(f"{module} imports {dep}, which stands on the library")
     return problems
 
@@ -163,7 +167,7 @@ def front_end_files() -> list[Path]:
     ]
 
 
-EXPORTS = {"mlxinfer": set(mlxinfer.__all__), "quant": set(quant.__all__)}
+EXPORTS = {"mlxinfer": set(mlxinfer.__all__), "mlxinfer_quant": set(quant.__all__)}
 
 
 def test_front_ends_use_only_the_exports():

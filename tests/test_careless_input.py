@@ -125,10 +125,10 @@ def test_a_schema_no_json_can_meet_is_refused_before_generation(checkpoint_dir, 
 def test_quality_checks_every_argument_before_the_reference_runs(monkeypatch, tmp_path):
     """Was: 52 s (the reference's whole run) before `quality embedded /nonexistent` said the candidate
     does not exist; `--text /dev/zero` "did not exist". The reference is never loaded here."""
-    import quant.quality
+    import mlxinfer_quant.quality
 
     loaded = []
-    monkeypatch.setattr(quant.quality, "load", lambda source: loaded.append(source) or pytest.fail("a model loaded"))
+    monkeypatch.setattr(mlxinfer_quant.quality, "load", lambda source: loaded.append(source) or pytest.fail("a model loaded"))
     (tmp_path / "empty").mkdir()
     cases = [
         (["embedded", "/nonexistent"], "no model at /nonexistent"),

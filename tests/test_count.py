@@ -443,7 +443,7 @@ def test_count_imports_no_framework():
     api = f"import sys; from mlxinfer.counting import count; {counts}; {check}"
     cli = (
         f"import sys; sys.argv = ['mlxinfer', 'count', {str(LLAMA_8B)!r}, '--context', '100']\n"
-        "from cli.app import main\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "from mlxinfer_cli.app import main\ntry:\n    main()\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
         + check.replace("'numpy'", "'mlx'")
     )  # numpy: only the API is held to it
     for code in (api, cli):

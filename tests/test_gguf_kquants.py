@@ -305,7 +305,7 @@ def test_convert_writes_the_loaded_tensors_that_mlx_lm_runs(tiny, tmp_path):
     groups), whose logits in mlxinfer and in mlx-lm's own loader equal the GGUF's as stored, to the bit."""
     from mlx_lm import load as mlx_lm_load
 
-    from quant import convert_gguf
+    from mlxinfer_quant import convert_gguf
 
     path, _ = tiny("llama", "Q4_K_M")
     summary = convert_gguf(path, tmp_path / "out")

@@ -46,7 +46,7 @@ def test_refused_write_is_one_error_and_leaves_nothing(checkpoint_dir, tmp_path,
     """What a read-only directory does (as root, which the one above cannot show): EACCES on the temp dir."""
     import tempfile
 
-    from quant import quantize
+    from mlxinfer_quant import quantize
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied", kwargs.get("dir"))

@@ -154,7 +154,7 @@ def test_routing_is_what_mlx_lms_router_chooses(mlx_lm_dir):
 def test_quantize_equals_mlx_lms_convert_routers_at_8_bits(mlx_lm_dir, tmp_path):
     """`mlxinfer quantize` of a Qwen3-MoE writes mlx-lm's convert's tensors: experts stacked and
     quantized, the routers at 8 bits (mlx-lm's quant_predicate for the class)."""
-    from quant import quantize
+    from mlxinfer_quant import quantize
 
     src = mlx_lm_dir("qwen3_moe")
     quantize(src, tmp_path / "ours", bits=4, group_size=64)

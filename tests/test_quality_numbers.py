@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from mlxinfer.model.convert import to_float32
-from quant import QualityProgress, evaluate
-from quant.export import load
+from mlxinfer_quant import QualityProgress, evaluate
+from mlxinfer_quant.export import load
 
 TEXT = "The cat sat on the mat. Thyme, basil, dill, oregano, rosemary. Apple, mango, banana, cherry, grape. " * 3
 

@@ -12,12 +12,12 @@ import pytest
 from conftest import assert_one_line_error, invoke_cli
 
 import mlxinfer
-import quant
+import mlxinfer_quant as quant
 from mlxinfer.errors import MlxinferError
 from mlxinfer.model.weights import unpermute_rows
-from quant import writer
-from quant.affine import dequantize_tensor, module_weight, quantize_tensor, tables
-from quant.export import convert_gguf, load, quantize
+from mlxinfer_quant import writer
+from mlxinfer_quant.affine import dequantize_tensor, module_weight, quantize_tensor, tables
+from mlxinfer_quant.export import convert_gguf, load, quantize
 
 IDS = mx.array([[1, 504, 2705, 314, 253, 1028, 28]])
 TINY_IDS = mx.array([[1, 5, 17, 42, 99, 120, 7, 300, 2]])

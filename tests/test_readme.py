@@ -57,7 +57,7 @@ def parse(words: list[str]) -> None:
     argument or a value of the wrong type raises click.UsageError."""
     import typer.main
 
-    from cli.app import app
+    from mlxinfer_cli.app import app
 
     group = typer.main.get_command(app)
     assert words and words[0] in group.commands, f"no command {words[:1]} (mlxinfer --help lists them)"
@@ -81,7 +81,7 @@ def test_every_command_shown_parses(page):
     if page == README:  # the tour shows every command the CLI has
         import typer.main
 
-        from cli.app import app
+        from mlxinfer_cli.app import app
 
         assert {w[0] for w, _ in shown} >= set(typer.main.get_command(app).commands)
     for words, _ in shown:

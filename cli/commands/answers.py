@@ -8,8 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import load_model, print_json
-from cli.options import chat_kwargs, exact_kwargs, max_tokens_option, parse_numbers, settings, stop, takes
+from mlxinfer_cli.common import load_model, print_json
+from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, parse_numbers, settings, stop, takes
 
 SHOWN = 20  # answers in the table
 

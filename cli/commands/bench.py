@@ -8,8 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import JsonOption, ModelOption, print_json, progress_bar
-from cli.options import parse_numbers
+from mlxinfer_cli.common import JsonOption, ModelOption, print_json, progress_bar
+from mlxinfer_cli.options import parse_numbers
 
 
 def bench(

@@ -11,9 +11,9 @@ import typer
 
 from mlxinfer import defaults
 
-from cli import flags
-from cli.common import load_model, print_json
-from cli.options import max_tokens_option, settings, takes
+from mlxinfer_cli import flags
+from mlxinfer_cli.common import load_model, print_json
+from mlxinfer_cli.options import max_tokens_option, settings, takes
 
 PROMPT = ">>> "
 
@@ -106,7 +106,7 @@ def _render(outcome) -> None:
         for usage, what in outcome.data:
             print(f"  {usage:<{width}}  {what}")
     elif outcome.kind == "table":
-        from cli.commands.topk import render
+        from mlxinfer_cli.commands.topk import render
 
         render(outcome.data)
     else:

@@ -8,9 +8,9 @@ import typer
 
 from mlxinfer import defaults
 
-from cli import flags
-from cli.common import JsonOption, print_json
-from cli.options import model_or_first
+from mlxinfer_cli import flags
+from mlxinfer_cli.common import JsonOption, print_json
+from mlxinfer_cli.options import model_or_first
 
 
 def convert_command(
@@ -34,8 +34,8 @@ def convert_command(
     json_out: bool = JsonOption,
 ):
     """Convert a GGUF file to safetensors, keeping Q4_0/Q4_1/Q8_0 exactly as MLX affine weights (group 32)."""
-    from cli.commands.quantize import render_summary
-    from quant import convert_gguf
+    from mlxinfer_cli.commands.quantize import render_summary
+    from mlxinfer_quant import convert_gguf
 
     from mlxinfer import MlxinferError
 

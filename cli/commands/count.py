@@ -10,9 +10,9 @@ from typing import Optional
 
 import typer
 
-from cli import flags
-from cli.common import MODEL_HELP, JsonOption, print_json
-from cli.count_text import render
+from mlxinfer_cli import flags
+from mlxinfer_cli.common import MODEL_HELP, JsonOption, print_json
+from mlxinfer_cli.count_text import render
 
 RATE_HELP = "Prefixes are decimal (k M G T P = 10^3 .. 10^15), Ki Mi Gi Ti binary; a plain number works too."
 

@@ -11,8 +11,8 @@ from urllib.parse import quote
 
 import typer
 
-from cli.common import JsonOption
-from cli.options import takes
+from mlxinfer_cli.common import JsonOption
+from mlxinfer_cli.options import takes
 
 
 @takes("model")

@@ -10,9 +10,9 @@ import typer
 
 from mlxinfer import defaults
 
-from cli import flags
-from cli.common import load_model, other_rank, print_json, sharding_line
-from cli.options import chat_kwargs, max_tokens_option, settings, stop, takes
+from mlxinfer_cli import flags
+from mlxinfer_cli.common import load_model, other_rank, print_json, sharding_line
+from mlxinfer_cli.options import chat_kwargs, max_tokens_option, settings, stop, takes
 
 
 @takes("prompt", "model", "chat", "sampling", "penalties", "schema", "stop", "json")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import typer
 
-from cli.common import JsonOption, print_json
+from mlxinfer_cli.common import JsonOption, print_json
 
 
 def info(json_out: bool = JsonOption):

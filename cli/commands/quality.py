@@ -8,8 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import JsonOption, print_json
-from cli.options import model_or_first
+from mlxinfer_cli.common import JsonOption, print_json
+from mlxinfer_cli.options import model_or_first
 
 
 def quality_command(
@@ -31,7 +31,7 @@ def quality_command(
 ):
     """Compare models over a fixed text through float32 copies of their (dequantized) weights."""
     from mlxinfer import MlxinferError
-    from quant import evaluate
+    from mlxinfer_quant import evaluate
 
     usage = "mlxinfer quality REFERENCE CANDIDATE..., or --model REFERENCE CANDIDATE..."
     reference, candidates = model_or_first(model, [reference, *(candidates or [])], usage)

@@ -8,9 +8,9 @@ import typer
 
 from mlxinfer import MlxinferError, defaults
 
-from cli import flags
-from cli.common import JsonOption, print_json
-from cli.options import model_or_first
+from mlxinfer_cli import flags
+from mlxinfer_cli.common import JsonOption, print_json
+from mlxinfer_cli.options import model_or_first
 
 SRC_HELP = (
     "The model to quantize: a local directory, a .gguf file, a Hugging Face repo id, "
@@ -60,7 +60,7 @@ def quantize_command(
     json_out: bool = JsonOption,
 ):
     """Quantize a model to MLX affine weights (or dequantize it with --bits 16), as mlx-lm's convert does."""
-    from quant import quantize
+    from mlxinfer_quant import quantize
 
     flags.use(source="SRC", out="OUT")
     src, rest = model_or_first(model, [src, out], "mlxinfer quantize SRC OUT, or mlxinfer quantize --model SRC OUT")
@@ -68,7 +68,7 @@ def quantize_command(
         raise MlxinferError("give the model and the directory to write: SRC OUT, or --model SRC OUT (not both)")
     (out,) = rest
     if report:
-        from quant import check_quality_options
+        from mlxinfer_quant import check_quality_options
 
         check_quality_options(max_tokens, window)  # before OUT is written
     elif max_tokens is not None or window != defaults.QUALITY_WINDOW:
@@ -86,8 +86,8 @@ def quantize_command(
     )
     result = {"quantize": summary}
     if report:
-        from cli.commands.quality import progress_printer
-        from quant import evaluate
+        from mlxinfer_cli.commands.quality import progress_printer
+        from mlxinfer_quant import evaluate
 
         with progress_printer() as bars:
             result["report"] = evaluate(src, [out], max_tokens=max_tokens, window=window, progress=bars).to_dict()
@@ -96,7 +96,7 @@ def quantize_command(
         return
     typer.echo(render_summary(summary))
     if report:
-        from cli.commands.quality import render
+        from mlxinfer_cli.commands.quality import render
 
         typer.echo("")
         typer.echo(render(result["report"]))

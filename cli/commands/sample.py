@@ -8,8 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
-from cli.options import chat_kwargs, exact_kwargs, max_tokens_option, seeds, settings, stop, takes
+from mlxinfer_cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
+from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, seeds, settings, stop, takes
 
 
 @takes("prompt", "model", "seeds", "sampling", "chat", "schema", "stop", "grouping", "exact", "walk", "json")

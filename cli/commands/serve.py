@@ -10,8 +10,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import JsonOption
-from cli.options import takes
+from mlxinfer_cli.common import JsonOption
+from mlxinfer_cli.options import takes
 
 
 @takes("model")

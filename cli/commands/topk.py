@@ -8,8 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
-from cli.common import load_model, other_rank, print_json, sharding_line
-from cli.options import chat_kwargs, parse_numbers, settings, takes
+from mlxinfer_cli.common import load_model, other_rank, print_json, sharding_line
+from mlxinfer_cli.options import chat_kwargs, parse_numbers, settings, takes
 
 
 @takes("prompt", "model", "chat", "sampling", "json")
