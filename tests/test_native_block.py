@@ -1,4 +1,4 @@
-"""The quantized path's fused layers (model/fused.py) and the extension's ops under them.
+"""The quantized path's fused layers (model/native_block.py) and the extension's ops under them.
 
 (a) q/k/v (or gate/up) as one kernel call == the separate calls side by side, bit for bit, and a
     chain of stages (norm, matmul, SwiGLU, matmul, + residual) as one node == its ops one node each;
@@ -292,7 +292,7 @@ def _nodes(model, cache) -> int:
 
 def _fused_against_composed(model, ids: list[int]):
     """(the fused pass's first scores, greedy tokens and nodes a step), the same for the composed pass."""
-    fused = [layer.fused for layer in model.layers]
+    fused = [layer.native for layer in model.layers]
     assert all(f is not None and f.attention_fuses() for f in fused), "the model's attention should be fused"
 
     def greedy():
@@ -307,11 +307,11 @@ def _fused_against_composed(model, ids: list[int]):
     with_fused = greedy()
     try:
         for layer in model.layers:
-            layer.fused = None
+            layer.native = None
         composed = greedy()
     finally:
         for layer, f in zip(model.layers, fused):
-            layer.fused = f
+            layer.native = f
     return with_fused, composed
 
 
@@ -340,14 +340,14 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
 
     src = write_checkpoint(tmp_path / arch, arch, **overrides)
     model, _ = mlxinfer.load(quantized_copy(src, tmp_path / f"{arch}-4bit", 4, 64), compute_dtype="quantized")
-    assert model.layers[0].fused.mlp_fuses() == (not overrides.get("mlp_bias", False))
+    assert model.layers[0].native.mlp_fuses() == (not overrides.get("mlp_bias", False))
     ids = list(range(5, 29))
     (fused_first, fused_tokens, _), (first, tokens, _) = _fused_against_composed(model, ids)
     assert mx.allclose(fused_first, first, rtol=1e-4, atol=1e-4).item(), mx.max(mx.abs(fused_first - first)).item()
     assert fused_tokens == tokens
-    # the server's step (model/rows.py): rows of different lengths, each its own cache, one pass for
+    # the server's step (model/ragged.py): rows of different lengths, each its own cache, one pass for
     # all; each row's scores are the bits of its prompt run alone
-    from mlxinfer.model import rows
+    from mlxinfer.model import ragged
     from mlxinfer.model.cache import KVCache
 
     prompts, caches, alone = [ids[:5], ids[:11], ids[:2]], [], []
@@ -361,15 +361,15 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
         for a, b in zip(mine, theirs):
             a.kv, a.offset = mx.array(b.kv), b.offset  # a copy of its own, as cache.fork makes
     tokens = mx.array([p[-1] for p in prompts])
-    together = rows.step(model, tokens, caches)
-    in_place = rows.step(model, tokens, written, owned=True)  # the writes inside the attention node
+    together = ragged.step(model, tokens, caches)
+    in_place = ragged.step(model, tokens, written, owned=True)  # the writes inside the attention node
     for r in range(len(prompts)):
         assert mx.array_equal(together[r], alone[r]).item(), r
         assert mx.array_equal(in_place[r], alone[r]).item(), r
         for a, b in zip(written[r], caches[r]):
             assert a.offset == b.offset and mx.array_equal(a.kv, b.kv).item()
     # the next position, written into the same buffers, against the write node's
-    assert mx.array_equal(rows.step(model, tokens, written, owned=True), rows.step(model, tokens, caches)).item()
+    assert mx.array_equal(ragged.step(model, tokens, written, owned=True), ragged.step(model, tokens, caches)).item()
     assert all(c[0].offset == len(p) + 1 for c, p in zip(written, prompts))
 
 
