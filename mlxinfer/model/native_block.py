@@ -122,16 +122,14 @@ class NativeBlock:
         cos, sin = a.rope.kernels.rope_table.tables(max(offsets) + L)
         qn, kn = _head_norms(a)
         in_node = ragged and cache.owned and not a.qk_norm
-        for r, c in enumerate(caches):
+        for r, c in enumerate(caches):  # cache r holds qkv's row r (ragged), or all rows
             if not in_node:
-                c.kv = k.write_cache(c.kv, qkv, cos, sin, offsets[r], H, Hk, r if ragged else -1, *kn)
+                c.kv = k.write_cache(c.kv, qkv, cos, sin, offsets[r], H, Hk, r, *kn)
             c.offset += L
         kvs = [c.kv for c in caches]
-        if ragged:
-            attend = partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, a.scale, *qn, write_in_place=in_node)
-        else:
-            attend = partial(k.attend, qkv, cos, sin, kvs[0], offsets[0], H, Hk, a.scale, -1, *qn)
-        return self._projected(h, attend)
+        return self._projected(
+            h, partial(k.attend, qkv, cos, sin, kvs, offsets, H, Hk, a.scale, *qn, write_in_place=in_node)
+        )
 
     def _projected(self, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
         """h = h + o_proj(attend()), then h + mlp(norm(h)): o_proj, the residual and the MLP inside
