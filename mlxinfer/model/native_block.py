@@ -99,7 +99,7 @@ class NativeBlock:
         """Whether __call__ takes this call; else model.Block composes attention (and then calls `mlp`):
         another class's cache or none, an array mask, a long chunk, a replaced projection."""
         if not self.attention_fuses() or isinstance(cache, RaggedCache):
-            return self.attention_fuses()
+            return self.attention_fuses()  # ragged rows: one position a row, whatever their lengths
         L, simple_mask = h.shape[1], isinstance(mask, (str, type(None)))
         return isinstance(cache, KVCache) and simple_mask and L * (cache.offset + L) <= MAX_FUSED_PAIRS
 
