@@ -43,7 +43,7 @@ def model_scores() -> dict:
     """The embedded model on the quantized path (its fused layers): two prompts' last scores
     ("prefill"), then one decode step of both rows together, each at its own offset ("step")."""
     import mlxinfer
-    from mlxinfer.model import rows
+    from mlxinfer.model import ragged
     from mlxinfer.tokenizer import encode_prompt
 
     model, tok = mlxinfer.load(None, compute_dtype="quantized")
@@ -53,4 +53,4 @@ def model_scores() -> dict:
         last.append(model(mx.array([encode_prompt(tok, text)]), cache=cache)[0, -1])
         caches.append(cache)
     tokens = mx.argmax(mx.stack(last), axis=-1).astype(mx.int32)
-    return {"prefill": np.array(mx.stack(last)), "step": np.array(rows.step(model, tokens, caches))}
+    return {"prefill": np.array(mx.stack(last)), "step": np.array(ragged.step(model, tokens, caches))}

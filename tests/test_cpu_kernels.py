@@ -78,7 +78,7 @@ def test_rope_table_equals_mx_fast_rope(scaling):
     x = mx.random.normal((1, 4, 7, 64), key=mx.random.key(3))
     step = x[:, :, :1]
     want = [rope(x, offset=0), rope(step, offset=300), rope(step, offset=5000)]
-    rope.use_table(rope.make_table())
+    rope.kernels.rope_table = rope.make_table()
     got = [rope(x, offset=0), rope(step, offset=300), rope(step, offset=5000)]  # 300, 5000: the table grows
     for g, w, offset in zip(got, want, (7, 301, 5001)):
         # mx.fast.rope forms its angles in float32 (error ~ angle * 6e-8); the table's are float64
@@ -88,12 +88,10 @@ def test_rope_table_equals_mx_fast_rope(scaling):
 def test_model_with_cpu_kernels_matches_mlx_ops_through_the_cache(checkpoint_dir):
     model, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
     assert model.info.cpu_kernels  # to_float32 on the CPU turns them on
-    tables = {id(layer.self_attn.rope._table) for layer in model.layers}
-    assert len(tables) == 1 and None not in {layer.self_attn.rope._table for layer in model.layers}  # one, shared
+    assert model.kernels.kind == "cpu" and model.kernels.rope_table is not None
+    assert all(layer.self_attn.rope.kernels is model.kernels for layer in model.layers)  # one, shared
     reference, _ = mlxinfer.load(str(checkpoint_dir("llama")), compute_dtype="float32")
-    for layer in reference.layers:  # back to MLX's own ops
-        layer.self_attn.rope._table = None
-        layer.mlp.activation = mlxinfer.model.model.swiglu
+    reference.kernels.choose("mlx", reference)  # back to MLX's own ops
     ids = mx.array([[5, 17, 42, 99, 3, 250, 7, 8]])
     caches = model.make_cache(), reference.make_cache()
     outs = [m(ids[:, :6], c) for m, c in zip((model, reference), caches)]

@@ -15,7 +15,7 @@ the matmuls go through a fast BLAS, these became a large share of prefill and de
                 of rows is not held up by 49k slow exps per row per step.
 
 The model uses these only after `model/convert.py`'s to_float32 on a CPU device
-(`Model.use_cpu_kernels`); the as-loaded path keeps MLX's own ops, bit for bit the
+(model/compute.py's Kernels, chosen at load); the as-loaded path keeps MLX's own ops, bit for bit the
 same as mlx-lm's.
 """
 

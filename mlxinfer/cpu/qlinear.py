@@ -18,11 +18,15 @@ class _Packed(nn.Module):
         super().__init__()
         self._kernel = qmm.kernel()
         self.group_size, self.bits, self.mode = m.group_size, m.bits, "affine"
-        self.kernel_bits = m.bits  # what the kernel's calls pass: the bits, with the int8 layout's flag
         self.weight = m["weight"]
         # scales and biases stay as stored (float16 for GGUF): the kernel widens them to float32 exactly
         self.scales, self.biases = m["scales"], m["biases"]
         self.freeze()
+
+    @property
+    def kernel_bits(self) -> int:
+        """What the kernel's calls pass: the bits, with the int8 layout's flag once repacked."""
+        return self.bits | self._kernel.int8_flag() if self.int8 else self.bits
 
     def _matmul(self, x: mx.array) -> mx.array:
         return self._kernel.quantized_matmul(
@@ -82,7 +86,7 @@ def int8_twin(m):
     m.weight = k.repack_int8(m["weight"], m.group_size, m.bits)
     m.scales = k.int8_lane_groups(m["scales"], K, m.group_size)
     m.biases = k.int8_lane_groups(m["biases"], K, m.group_size)
-    m.kernel_bits, m.int8 = m.bits | k.int8_flag(), True
+    m.int8 = True
     m.freeze()
     return m
 
@@ -105,25 +109,12 @@ def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     return qmm.kernel().swiglu(gate, up)
 
 
-def use_row_ops(model) -> int:
-    """The model's RMSNorms and SwiGLUs as the extension's single-node row ops; returns how many."""
-    from . import kernels
-
-    count = 0
+def use_native_norms(model) -> int:
+    """The model's RMSNorms as the extension's single-node row op; returns how many."""
     norms = {path: RMSNormF32(m) for path, m in model.named_modules() if type(m) is nn.RMSNorm}
     if norms:
         model.update_modules(_tree(norms))
-        count += len(norms)
-    tables: dict = {}
-    for _, m in model.named_modules():
-        table = getattr(m, "_table", None)
-        if isinstance(table, kernels.RopeTable):  # model.py's RoPE after use_cpu_kernels: one shared table
-            m.use_table(tables.setdefault(id(table), RopeTableF32(table)))
-            count += 1
-        if getattr(m, "activation", None) is kernels.swiglu:
-            m.activation = swiglu
-            count += 1
-    return count
+    return len(norms)
 
 
 def _tree(flat: dict) -> dict:

@@ -5,7 +5,7 @@ forked from the prompt cache, their first tokens drawn from the prefill's scores
 decode.decode draws them), then decodes one token for every row in flight, and drops the rows that
 finished or whose client went away. Which rows go on is decided as soon as a step's tokens are
 drawn; the tokens reach their clients (detokenized, told) while the next step's forward runs.
-On our own definitions (model/rows.py) every row has a one-row KV cache of its own and one forward
+On our own definitions (model/ragged.py) every row has a one-row KV cache of its own and one forward
 pass serves all rows; mlx-lm's classes run one forward per request over that request's rows.
 
 The rows are the row core's (core.py): the same Row, stop rules and draw as decode.py's, so a row

@@ -6,7 +6,7 @@ penalties' history, the grammar mask), its token budget, its stop strings and it
 
   groups      rows admitted from one prefill share a B-row cache and step through `model(...)`,
               one call per group (decode.py's rows; mlx-lm's classes and split models in the server)
-  own caches  each row has a one-row cache of its own, and one layer walk (model/rows.py) serves
+  own caches  each row has a one-row cache of its own, and one layer walk (model/ragged.py) serves
               rows of any lengths together (the server's rows on our own definitions)
 
 Every stop rule is here, once:
@@ -32,7 +32,7 @@ from typing import Any, Optional
 
 import mlx.core as mx
 
-from ..model import rows as row_walk
+from ..model import ragged
 from ..model.cache import fork, keep_rows
 from ..sampler import RowSampler, draw_batch
 from ..settings import SamplerSettings
@@ -237,7 +237,7 @@ class Batch:
 
     def __init__(self, model, tokenizer, *, own_caches: bool = False, keep_steps: bool = False):
         self.model, self.tokenizer, self.keep_steps = model, tokenizer, keep_steps
-        self.own = own_caches and row_walk.supports(model)
+        self.own = own_caches and ragged.supports(model)
         self.fast = model.info.cpu_kernels
         self.stop_ids = set(tokenizer.eos_token_ids)
 
@@ -262,7 +262,7 @@ class Batch:
         A group's rows are contiguous in `rows`, in the group's order."""
         if self.own:
             # each row's cache is its own copy (cache.fork, KVCache.reserve), held by its Row alone
-            return row_walk.step(self.model, tokens, [r.cache for r in rows], owned=True)
+            return ragged.step(self.model, tokens, [r.cache for r in rows], owned=True)
         out, at = [], 0
         for group in _groups(rows):
             n = len(group.members)

@@ -18,7 +18,7 @@ import mlx.core as mx
 
 class KVCache:
     """One layer's cache: keys and values in one buffer, kv (B, 2, K, capacity, E), so that the
-    quantized path writes both in one node (model/fused.py); `keys` and `values` are views of it."""
+    quantized path writes both in one node (model/native_block.py); `keys` and `values` are views of it."""
 
     step = 256
 
@@ -45,7 +45,7 @@ class KVCache:
 
     def reserve(self, shape: tuple, value_size: int, dtype) -> None:
         """Room for L more positions of keys shaped (B, K, L, E) and values of value_size: what
-        update_and_fetch needs, and what a caller that writes them itself needs (model/fused.py)."""
+        update_and_fetch needs, and what a caller that writes them itself needs (model/native_block.py)."""
         B, K, L, E = shape
         if value_size != E:
             raise ValueError(f"keys of {E} and values of {value_size} values a head do not share one buffer")
@@ -72,6 +72,16 @@ class KVCache:
         return 0 if self.kv is None else self.kv.nbytes
 
 
+class RaggedCache:
+    """One layer's caches for rows of different lengths (model/ragged.py): row r's own one-row cache
+    rows[r], at offsets[r]. owned: each row's buffers are held by nothing else that must keep their old
+    contents (cache.fork's copies); roomy: every row has room for one more position (checked once a
+    step). The native blocks then write the new keys and values inside their attention node."""
+
+    def __init__(self, rows: list[KVCache], owned: bool = False, roomy: bool = False):
+        self.rows, self.offsets, self.owned, self.roomy = rows, [c.offset for c in rows], owned, roomy
+
+
 def _map_rows(cache: list, fn) -> list:
     """A new cache list whose row arrays are fn(array); the given caches are left as they are."""
     out = []
@@ -89,7 +99,7 @@ def _map_rows(cache: list, fn) -> list:
 
 def fork(cache: list, rows: int) -> list:
     """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...), in new buffers
-    (mx.array copies, as repeat does): the server's rows write theirs in place (model/rows.py)."""
+    (mx.array copies, as repeat does): the server's rows write theirs in place (model/ragged.py)."""
     return _map_rows(cache, lambda a: mx.repeat(a, rows, axis=0) if rows > 1 else mx.array(a))
 
 

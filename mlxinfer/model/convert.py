@@ -1,9 +1,10 @@
 """Apply a compute path to a loaded model, in place: float32 (dequantized for BLAS), quantized
 (weights kept packed, float32 arithmetic through cpu/qmm.py's kernel) or as loaded.
 
-On a CPU both converted paths also switch the model to cpu/kernels.py's RoPE table and SwiGLU,
-which cost less there than MLX's own once the matmuls are fast. The model's info says which path
-runs and how its weights are held.
+On a CPU both converted paths also choose the model's kernels (model/compute.py): cpu/kernels.py's
+RoPE table and SwiGLU, which cost less there than MLX's own once the matmuls are fast, and on the
+quantized path the extension's row ops and native blocks. The model's info says which path runs
+and how its weights are held.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 from ..errors import MlxinferError
 from . import shard
+from .compute import Kernels
 from .params import dequantize_module, has_int8_layers, is_quantized, weights_kind
 
 
@@ -71,8 +73,7 @@ def _float32_twin(m):
 
 
 def _convert(model, twin, compute_dtype: str):
-    """Every leaf through `twin` (None keeps it), other floats upcast to float32, evaluated, the CPU
-    kernels switched on, info updated."""
+    """Every leaf through `twin` (None keeps it), other floats upcast to float32, evaluated, info updated."""
 
     def convert(_path, m):
         new = twin(m)
@@ -98,9 +99,7 @@ def _convert(model, twin, compute_dtype: str):
         if p.dtype not in (mx.float32, mx.uint32) and n.rpartition(".")[0] not in packed
     ]
     assert not left, f"the {compute_dtype} conversion left {left[:3]} unconverted"
-    kernels = mx.default_device().type == mx.DeviceType.cpu and hasattr(model, "use_cpu_kernels")
-    if kernels:
-        model.use_cpu_kernels()
+    kernels = mx.default_device().type == mx.DeviceType.cpu and isinstance(getattr(model, "kernels", None), Kernels)
     model.info = replace(model.info, compute_dtype=compute_dtype, weights=weights_kind(model), cpu_kernels=kernels)
     return model
 
@@ -114,6 +113,8 @@ def to_float32(model):
     """
     _check_dequantizable(model)
     _convert(model, _float32_twin, "float32")
+    if model.info.cpu_kernels:
+        model.kernels.choose("cpu", model)
     left = [n for n, p in tree_flatten(model.parameters()) if p.dtype != mx.float32]
     assert not left, f"to_float32 left {left[:3]} unconverted"
     return model
@@ -136,10 +137,9 @@ def to_quantized(model, int8: bool = False):
     if int8 and not has_int8_layers(model):
         model.info = replace(model.info, compute_dtype="quantized")  # no layout fitted: say which path runs
     if mx.default_device().type == mx.DeviceType.cpu:
-        qlinear.use_row_ops(model)  # norms and SwiGLU as one node each: a decode step is ~2,400 nodes
-        from .fused import fuse
-
-        fuse(model)  # a layer in three nodes (norm + q/k/v, the cache write, attention + o_proj + h + the MLP + h)
+        qlinear.use_native_norms(model)  # one node each: a decode step is ~2,400 nodes
+    if model.info.cpu_kernels:  # and a layer in three (native_block.py)
+        model.kernels.choose("native", model)
     return model
 
 

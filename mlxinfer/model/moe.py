@@ -12,13 +12,13 @@ Shapes: B batch, L positions, D hidden size, F expert width, n experts, k expert
 from __future__ import annotations
 
 import re
-from functools import partial
 
 import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import MlxinferError
 from ..formats.config import ModelConfig
+from .compute import Kernels
 from .params import dequantize
 
 ROUTER_QUANTIZATION = {"group_size": 64, "bits": 8}  # mlx-lm's convert keeps Qwen3-MoE routers at 8 bits
@@ -72,18 +72,13 @@ class QuantizedExperts(nn.Module):
         return out
 
 
-@partial(mx.compile, shapeless=True)
-def swiglu(gate: mx.array, up: mx.array) -> mx.array:
-    return nn.silu(gate) * up
-
-
 class ExpertMLPs(nn.Module):
     """n SwiGLU MLPs, D -> F -> D, stacked; each token runs its k."""
 
-    def __init__(self, D: int, F: int, n: int):
+    def __init__(self, D: int, F: int, n: int, kernels: Kernels | None = None):
         super().__init__()
         self.gate_proj, self.up_proj, self.down_proj = Experts(n, D, F), Experts(n, D, F), Experts(n, F, D)
-        self.activation = swiglu
+        self.kernels = kernels or Kernels()
 
     def __call__(self, x: mx.array, experts: mx.array) -> mx.array:
         x = mx.expand_dims(x, (-2, -3))  # (B, L, 1, 1, D): one row per token, shared by its k experts
@@ -91,7 +86,7 @@ class ExpertMLPs(nn.Module):
         rows, back = experts, None
         if grouped:
             x, rows, back = group_by_expert(x, experts)  # (B * L * k, 1, D), (B * L * k,)
-        h = self.activation(self.gate_proj(x, rows, grouped), self.up_proj(x, rows, grouped))  # (..., 1, F)
+        h = self.kernels.swiglu(self.gate_proj(x, rows, grouped), self.up_proj(x, rows, grouped))  # (..., 1, F)
         y = self.down_proj(h, rows, grouped)  # (..., 1, D)
         if grouped:
             y = mx.unflatten(y[back], 0, experts.shape)
@@ -109,12 +104,12 @@ def group_by_expert(x: mx.array, experts: mx.array) -> tuple[mx.array, mx.array,
 class SparseMoE(nn.Module):
     """The router picks k of n experts per token; their outputs, weighted by its probabilities, add up."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, kernels: Kernels | None = None):
         super().__init__()
         D, n = cfg.hidden_size, cfg.num_experts
         self.k, self.norm_topk_prob = cfg.num_experts_per_tok, cfg.norm_topk_prob
         self.gate = nn.Linear(D, n, bias=False)  # the router: one score per expert
-        self.switch_mlp = ExpertMLPs(D, cfg.moe_intermediate_size, n)
+        self.switch_mlp = ExpertMLPs(D, cfg.moe_intermediate_size, n, kernels)
 
     def route(self, x: mx.array) -> tuple[mx.array, mx.array]:
         """(experts (B, L, k), weights (B, L, k)): each token's k most probable experts, in no order."""

@@ -47,19 +47,17 @@ mx::Stream cpu_only(mx::StreamOrDevice s) {
   return stream;
 }
 
-// checks the shapes attention.h describes; returns L
+// checks the shapes attention.h describes for a cache of qkv's rows first .. first + C - 1; returns L
 int check(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv, int offset, int H,
-          int Hk, int row) {
+          int Hk, int first) {
   auto bad = [](const std::string& what) { return std::invalid_argument("[mlxinfer.attend] " + what); };
   if (H <= 0 || Hk <= 0 || H % Hk) throw bad("n_heads must be a multiple of n_kv_heads");
   if (kv.ndim() != 5 || kv.shape(1) != 2 || kv.shape(2) != Hk || kv.shape(4) % 2) {
-    throw bad("the cache must be (B, 2, n_kv_heads, capacity, E): keys, then values, with an even E");
+    throw bad("the cache must be (C, 2, n_kv_heads, capacity, E): keys, then values, with an even E");
   }
-  const int B = kv.shape(0), E = kv.shape(4);
+  const int E = kv.shape(4);
   if (qkv.ndim() != 3 || qkv.shape(2) != (H + 2 * Hk) * E) throw bad("qkv must be (B, L, (n_heads + 2 n_kv_heads) E)");
-  if (row < 0 ? qkv.shape(0) != B : (B != 1 || row >= qkv.shape(0))) {
-    throw bad("qkv's rows must be the cache's (or, given a row of qkv, the cache must hold one row)");
-  }
+  if (first < 0 || first + kv.shape(0) > qkv.shape(0)) throw bad("the cache holds rows that qkv does not have");
   const int L = qkv.shape(1);
   if (offset < 0 || offset + L > kv.shape(3)) throw bad("the cache has no room for positions offset .. offset + L - 1");
   if (cos.ndim() != 2 || cos.shape() != sin.shape() || cos.shape(1) * 2 != E || offset + L > cos.shape(0)) {
@@ -72,7 +70,7 @@ mx::array f32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
 }
 
-// attend's and attend_rows' output projection and residual among the inputs: the output's last
+// attend's output projection and residual among the inputs: the output's last
 // dimension becomes the projection's; returns (group_size, bits), (0, 0) without one.
 std::pair<int, int> append_projection(std::vector<mx::array>& inputs, mx::Shape& shape,
                                       const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
@@ -110,131 +108,101 @@ void check_norm(const std::optional<mx::array>& norm, const mx::array& kv) {
 }
 
 mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array& cos, const mx::array& sin, int offset,
-                      int n_heads, int n_kv_heads, int row, const std::optional<mx::array>& norm, float eps,
+                      int n_heads, int n_kv_heads, int first, const std::optional<mx::array>& norm, float eps,
                       mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
-  check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, row);
+  check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, first);
   check_norm(norm, kv);
   std::vector<mx::array> inputs{f32(kv, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
-  return mx::array(
-      kv.shape(),
-      mx::float32,
-      std::make_shared<Attend>(stream, AttendKind::write, offset, n_heads, n_kv_heads, 0.0f, row, eps, norm.has_value()),
-      inputs);
+  return mx::array(kv.shape(), mx::float32,
+                   std::make_shared<WriteCache>(stream, offset, n_heads, n_kv_heads, first, eps, norm.has_value()),
+                   inputs);
 }
 
-mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv, int offset,
-                 int n_heads, int n_kv_heads, float scale, int row, const std::optional<mx::array>& norm, float eps,
-                 const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
-                 const std::vector<StageArgs>& then, mx::StreamOrDevice s) {
+void WriteCache::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  for (auto& a : inputs) enc.set_input_array(a);
+  enc.set_output_array(out);
+  const auto& kv = inputs[0];
+  const Shapes d{kv.shape(0), inputs[1].shape(1), n_heads_, n_kv_heads_, kv.shape(4), kv.shape(3), offset_};
+  const bool in_place = kv.is_donatable() && kv.flags().row_contiguous;
+  if (in_place) {
+    out.copy_shared_buffer(kv);  // what MLX's slice update does: the cache is written where it lies
+  } else {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+  }
+  enc.dispatch([kv = mx::array::unsafe_weak_copy(kv),
+                qkv = mx::array::unsafe_weak_copy(inputs[1]),
+                cos = mx::array::unsafe_weak_copy(inputs[2]),
+                sin = mx::array::unsafe_weak_copy(inputs[3]),
+                out = mx::array::unsafe_weak_copy(out),
+                d,
+                in_place,
+                norm = norm_ ? std::optional(mx::array::unsafe_weak_copy(inputs[4])) : std::nullopt,
+                eps = eps_,
+                first = first_ * d.L * (d.H + 2 * d.Hk) * d.E]() mutable {
+    std::vector<float> cc, cq, ccos, csin, cn;
+    if (!in_place) std::memcpy(out.data<float>(), dense_rows(kv, cc), out.nbytes());
+    write(d, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin),
+          norm ? dense_rows(*norm, cn) : nullptr, eps, out.data<float>());
+  });
+}
+
+void WriteCache::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error("[mlxinfer.attend] has no GPU implementation");
+}
+
+bool WriteCache::is_equivalent(const mx::Primitive& other) const {
+  auto& o = static_cast<const WriteCache&>(other);
+  return offset_ == o.offset_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && first_ == o.first_ &&
+      eps_ == o.eps_ && norm_ == o.norm_;
+}
+
+mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const std::vector<mx::array>& kvs,
+                 const std::vector<int>& offsets, int n_heads, int n_kv_heads, float scale,
+                 const std::optional<mx::array>& norm, float eps, const std::optional<OutProj>& out_proj,
+                 const std::optional<mx::array>& residual, const std::vector<StageArgs>& then, bool write_in_place,
+                 mx::StreamOrDevice s) {
   auto stream = cpu_only(s);
-  const int L = check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, row);
-  check_norm(norm, kv);
-  std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream), f32(kv, stream)};
+  if (write_in_place && norm) {
+    throw std::invalid_argument("[mlxinfer.attend] write_in_place writes keys without a head norm: write_cache them");
+  }
+  if (kvs.empty() || offsets.size() != kvs.size() || qkv.ndim() != 3) {
+    throw std::invalid_argument("[mlxinfer.attend] attend needs one offset per cache, and caches of qkv's rows");
+  }
+  std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
-  mx::Shape shape{kv.shape(0), L, n_heads * kv.shape(4)};
+  int L = 0, first = 0;
+  for (size_t g = 0; g < kvs.size(); first += kvs[g].shape(0), ++g) {
+    L = check(qkv, cos, sin, kvs[g], offsets[g], n_heads, n_kv_heads, first);
+    check_norm(norm, kvs[g]);
+    if (write_in_place && kvs[g].dtype() != mx::float32) {
+      throw std::invalid_argument("[mlxinfer.attend] write_in_place needs float32 caches (a copy would be written)");
+    }
+  }
+  if (first != qkv.shape(0)) {
+    throw std::invalid_argument("[mlxinfer.attend] attend needs one offset per cache, and caches of qkv's rows");
+  }
+  for (const auto& kv : kvs) inputs.push_back(f32(kv, stream));
+  mx::Shape shape{qkv.shape(0), L, n_heads * kvs[0].shape(4)};
   std::vector<Stage> stages;
   const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, then, stages, stream);
-  return mx::array(
-      shape,
-      mx::float32,
-      std::make_shared<Attend>(stream, AttendKind::attend, offset, n_heads, n_kv_heads, scale, row, eps, norm.has_value(),
-                               group_size, bits, residual.has_value(), std::move(stages)),
-      inputs);
+  return mx::array(shape, mx::float32,
+                   std::make_shared<Attend>(stream, offsets, n_heads, n_kv_heads, scale, eps, norm.has_value(),
+                                            group_size, bits, residual.has_value(), std::move(stages), write_in_place),
+                   inputs);
 }
 
 void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& enc = mx::cpu::get_command_encoder(stream());
   for (auto& a : inputs) enc.set_input_array(a);
   enc.set_output_array(out);
-  if (kind_ == AttendKind::write) {
-    const auto& kv = inputs[0];
-    const Shapes d{kv.shape(0), inputs[1].shape(1), n_heads_, n_kv_heads_, kv.shape(4), kv.shape(3), offset_};
-    const bool in_place = kv.is_donatable() && kv.flags().row_contiguous;
-    if (in_place) {
-      out.copy_shared_buffer(kv);  // what MLX's slice update does: the cache is written where it lies
-    } else {
-      out.set_data(mx::allocator::malloc(out.nbytes()));
-    }
-    enc.dispatch([kv = mx::array::unsafe_weak_copy(kv),
-                  qkv = mx::array::unsafe_weak_copy(inputs[1]),
-                  cos = mx::array::unsafe_weak_copy(inputs[2]),
-                  sin = mx::array::unsafe_weak_copy(inputs[3]),
-                  out = mx::array::unsafe_weak_copy(out),
-                  d,
-                  in_place,
-                  norm = norm_ ? std::optional(mx::array::unsafe_weak_copy(inputs[4])) : std::nullopt,
-                  eps = eps_,
-                  first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E]() mutable {
-      std::vector<float> cc, cq, ccos, csin, cn;
-      if (!in_place) std::memcpy(out.data<float>(), dense_rows(kv, cc), out.nbytes());
-      write(d, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin),
-            norm ? dense_rows(*norm, cn) : nullptr, eps, out.data<float>());
-    });
-    return;
-  }
-  if (!then_.empty()) check_stage_layout(inputs, 4 + norm_ + 3 + residual_, then_);
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  const auto& kv = inputs[3];
-  const Shapes d{kv.shape(0), inputs[0].shape(1), n_heads_, n_kv_heads_, kv.shape(4), kv.shape(3), offset_};
-  std::vector<mx::array> held;
-  for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
-  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), d, norm = norm_, eps = eps_,
-                first = std::max(row_, 0) * d.L * (d.H + 2 * d.Hk) * d.E, scale = scale_, gs = out_group_size_,
-                bits = out_bits_, residual = residual_, then = then_]() mutable {
-    std::vector<float> cq, cc, cs, ckv, cn, attended;
-    float* y = out.data<float>();
-    if (bits) attended.resize(d.B * d.L * d.H * d.E);
-    attend_all(d, scale, dense_rows(held[0], cq) + first, dense_rows(held[1], cc), dense_rows(held[2], cs),
-               dense_rows(held[3], ckv), norm ? dense_rows(held[4], cn) : nullptr, eps, bits ? attended.data() : y);
-    if (bits) project(held, 4 + norm, attended.data(), d.B * d.L, d.H * d.E, gs, bits, residual, then, out);
-  });
-}
-
-mx::array attend_rows(const mx::array& qkv, const mx::array& cos, const mx::array& sin,
-                      const std::vector<mx::array>& kvs, const std::vector<int>& offsets, int n_heads,
-                      int n_kv_heads, float scale, const std::optional<mx::array>& norm, float eps,
-                      const std::optional<OutProj>& out_proj, const std::optional<mx::array>& residual,
-                      const std::vector<StageArgs>& then, bool write_in_place, mx::StreamOrDevice s) {
-  auto stream = cpu_only(s);
-  const size_t A = kvs.size();
-  if (write_in_place && norm) {
-    throw std::invalid_argument("[mlxinfer.attend] write_in_place writes keys without a head norm: write_cache them");
-  }
-  if (A == 0 || offsets.size() != A || qkv.ndim() != 3 || qkv.shape(0) != static_cast<int>(A)) {
-    throw std::invalid_argument("[mlxinfer.attend] attend_rows needs one cache and offset per row of qkv");
-  }
-  std::vector<mx::array> inputs{f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
-  if (norm) inputs.push_back(f32(*norm, stream));
-  int L = 0;
-  for (size_t r = 0; r < A; ++r) {
-    L = check(qkv, cos, sin, kvs[r], offsets[r], n_heads, n_kv_heads, static_cast<int>(r));
-    check_norm(norm, kvs[r]);
-    if (write_in_place && kvs[r].dtype() != mx::float32) {
-      throw std::invalid_argument("[mlxinfer.attend] write_in_place needs float32 caches (a copy would be written)");
-    }
-  }
-  for (const auto& kv : kvs) inputs.push_back(f32(kv, stream));
-  mx::Shape shape{static_cast<int>(A), L, n_heads * kvs[0].shape(4)};
-  std::vector<Stage> stages;
-  const auto [group_size, bits] = append_projection(inputs, shape, out_proj, residual, then, stages, stream);
-  return mx::array(
-      shape,
-      mx::float32,
-      std::make_shared<AttendRows>(stream, offsets, n_heads, n_kv_heads, scale, eps, norm.has_value(), group_size, bits,
-                                   residual.has_value(), std::move(stages), write_in_place),
-      inputs);
-}
-
-void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
-  if (!then_.empty()) check_stage_layout(inputs, 3 + norm_ + offsets_.size() + 3 + residual_, then_);
+  const size_t first_kv = 3 + norm_, G = offsets_.size();
+  if (!then_.empty()) check_stage_layout(inputs, first_kv + G + 3 + residual_, then_);
   if (write_) {
-    for (size_t r = 0; r < offsets_.size(); ++r) {
-      const auto& kv = inputs[3 + norm_ + r];
+    for (size_t g = 0; g < G; ++g) {
+      const auto& kv = inputs[first_kv + g];
       if (!kv.flags().row_contiguous || kv.data_size() != kv.size()) {
         throw std::runtime_error("[mlxinfer.attend] write_in_place needs each cache in a buffer of its own");
       }
@@ -243,58 +211,41 @@ void AttendRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   out.set_data(mx::allocator::malloc(out.nbytes()));
   std::vector<mx::array> held;
   for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
-  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), in_place = write_, offsets = offsets_, H = n_heads_,
-                Hk = n_kv_heads_, scale = scale_, eps = eps_, norm = norm_, gs = out_group_size_, bits = out_bits_,
-                residual = residual_, then = then_]() mutable {
-    const int64_t A = offsets.size(), L = held[0].shape(1), width = held[0].shape(2);
-    const size_t first_kv = 3 + norm;
+  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), in_place = write_, offsets = offsets_,
+                H = n_heads_, Hk = n_kv_heads_, scale = scale_, eps = eps_, first_kv, gs = out_group_size_,
+                bits = out_bits_, residual = residual_, then = then_]() mutable {
+    const int64_t G = offsets.size(), B = held[0].shape(0), L = held[0].shape(1), width = held[0].shape(2);
     const int64_t E = held[first_kv].shape(4);
     std::vector<float> cq, cc, cs, cn, attended;
     const float* qkv = dense_rows(held[0], cq);
     const float* cos = dense_rows(held[1], cc);
     const float* sin = dense_rows(held[2], cs);
-    const float* nw = norm ? dense_rows(held[3], cn) : nullptr;
+    const float* nw = first_kv > 3 ? dense_rows(held[3], cn) : nullptr;
     float* y = out.data<float>();
-    if (bits) attended.resize(A * L * H * E);
+    if (bits) attended.resize(B * L * H * E);
     float* att = bits ? attended.data() : y;
-    auto row = [&](int64_t r) {  // attend(..., row = r)'s call, its bits
+    std::vector<int64_t> firsts(G, 0);  // each cache's first row of qkv
+    for (int64_t g = 1; g < G; ++g) firsts[g] = firsts[g - 1] + held[first_kv + g - 1].shape(0);
+    auto group = [&](int64_t g) {
       std::vector<float> ckv;
-      const mx::array& kv = held[first_kv + r];
-      const Shapes d{1, L, H, Hk, E, kv.shape(3), offsets[r]};
-      if (in_place) {  // the buffer is this row's alone (checked above, promised by the caller): written where it lies
-        write(d, qkv + r * L * width, cos, sin, nullptr, 0.0f, const_cast<float*>(kv.data<float>()));
+      const mx::array& kv = held[first_kv + g];
+      const Shapes d{kv.shape(0), L, H, Hk, E, kv.shape(3), offsets[g]};
+      const float* rows = qkv + firsts[g] * L * width;
+      if (in_place) {  // the buffer is this cache's alone (checked above, promised by the caller): written where it lies
+        write(d, rows, cos, sin, nullptr, 0.0f, const_cast<float*>(kv.data<float>()));
       }
-      attend_all(d, scale, qkv + r * L * width, cos, sin, dense_rows(kv, ckv), nw, eps, att + r * L * H * E);
+      attend_all(d, scale, rows, cos, sin, dense_rows(kv, ckv), nw, eps, att + firsts[g] * L * H * E);
     };
-    {
-      Pool& pl = pool();
-      std::unique_lock<std::mutex> lock(pl.busy(), std::try_to_lock);
-      if (A > 1 && lock.owns_lock()) {  // rows side by side on the pool's threads, each row on one of them
-        pl.run([&](int r) { row(r); }, static_cast<int>(A));
-      } else {
-        if (lock.owns_lock()) lock.unlock();  // one row: its heads may share the pool (attend_all)
-        for (int64_t r = 0; r < A; ++r) row(r);
-      }
+    Pool& pl = pool();
+    std::unique_lock<std::mutex> lock(pl.busy(), std::try_to_lock);
+    if (G > 1 && lock.owns_lock()) {  // caches side by side on the pool's threads, each cache on one of them
+      pl.run([&](int g) { group(g); }, static_cast<int>(G));
+    } else {
+      if (lock.owns_lock()) lock.unlock();  // one cache: its heads may share the pool (attend_all)
+      for (int64_t g = 0; g < G; ++g) group(g);
     }
-    if (bits) project(held, first_kv + A, attended.data(), A * L, H * E, gs, bits, residual, then, out);
+    if (bits) project(held, first_kv + G, attended.data(), B * L, H * E, gs, bits, residual, then, out);
   });
-}
-
-void AttendRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxinfer.attend] has no GPU implementation");
-}
-
-bool AttendRows::is_equivalent(const mx::Primitive& other) const {
-  auto& o = static_cast<const AttendRows&>(other);
-  return write_ == o.write_ && offsets_ == o.offsets_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ &&
-      eps_ == o.eps_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ && out_bits_ == o.out_bits_ &&
-      residual_ == o.residual_ && then_ == o.then_;
-}
-
-std::vector<mx::Shape> AttendRows::output_shapes(const std::vector<mx::array>& inputs) {
-  const int A = static_cast<int>(offsets_.size());
-  const int width = out_bits_ ? inputs[3 + norm_ + A].shape(0) : n_heads_ * inputs[3 + norm_].shape(4);
-  return {mx::Shape{A, inputs[0].shape(1), width}};
 }
 
 void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {
@@ -303,16 +254,15 @@ void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {
 
 bool Attend::is_equivalent(const mx::Primitive& other) const {
   auto& o = static_cast<const Attend&>(other);
-  return kind_ == o.kind_ && offset_ == o.offset_ && row_ == o.row_ && eps_ == o.eps_ && n_heads_ == o.n_heads_ &&
-      n_kv_heads_ == o.n_kv_heads_ && scale_ == o.scale_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ &&
+  return write_ == o.write_ && offsets_ == o.offsets_ && n_heads_ == o.n_heads_ && n_kv_heads_ == o.n_kv_heads_ &&
+      scale_ == o.scale_ && eps_ == o.eps_ && norm_ == o.norm_ && out_group_size_ == o.out_group_size_ &&
       out_bits_ == o.out_bits_ && residual_ == o.residual_ && then_ == o.then_;
 }
 
 std::vector<mx::Shape> Attend::output_shapes(const std::vector<mx::array>& inputs) {
-  if (kind_ == AttendKind::write) return {inputs[0].shape()};
-  const auto& kv = inputs[3];
-  const int width = out_bits_ ? inputs[4 + norm_].shape(0) : n_heads_ * kv.shape(4);
-  return {mx::Shape{kv.shape(0), inputs[0].shape(1), width}};
+  const size_t first_kv = 3 + norm_;
+  const int width = out_bits_ ? inputs[first_kv + offsets_.size()].shape(0) : n_heads_ * inputs[first_kv].shape(4);
+  return {mx::Shape{inputs[0].shape(0), inputs[0].shape(1), width}};
 }
 
 }  // namespace mlxinfer

@@ -57,21 +57,17 @@ NB_MODULE(_mlxinfer_qmm, m) {
   m.def("swiglu_halves", &mlxinfer::swiglu_halves, "gate_up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up where gate_up's last axis holds gate, then up");
   m.def("write_cache", &mlxinfer::write_cache, "kv"_a, "qkv"_a, "cos"_a, "sin"_a, "offset"_a, "n_heads"_a,
-        "n_kv_heads"_a, "row"_a = -1, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "stream"_a = nb::none(),
-        "the KV cache (B, 2, Hk, capacity, E) with the new positions' keys (rotated) and values written, in place "
-        "where it can be");
-  m.def("attend", &mlxinfer::attend, "qkv"_a, "cos"_a, "sin"_a, "kv"_a, "offset"_a, "n_heads"_a, "n_kv_heads"_a,
-        "scale"_a, "row"_a = -1, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "out_proj"_a = nb::none(),
-        "residual"_a = nb::none(), "then"_a = std::vector<mlxinfer::StageArgs>{}, "stream"_a = nb::none(),
-        "causal attention of the new positions' queries (rotated) over the written cache: (B, L, H E); with "
-        "out_proj (w, scales, biases, group_size, bits) projected in the same node, then + residual; with then "
-        "(linear_chain's stages), h = that and the node gives h + linear_chain(h, then)");
-  m.def("attend_rows", &mlxinfer::attend_rows, "qkv"_a, "cos"_a, "sin"_a, "kvs"_a, "offsets"_a, "n_heads"_a,
-        "n_kv_heads"_a, "scale"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "out_proj"_a = nb::none(),
+        "n_kv_heads"_a, "first"_a = 0, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "stream"_a = nb::none(),
+        "the KV cache (C, 2, Hk, capacity, E) of qkv's rows first .. first + C - 1 with the new positions' keys "
+        "(rotated) and values written, in place where it can be");
+  m.def("attend", &mlxinfer::attend, "qkv"_a, "cos"_a, "sin"_a, "kvs"_a, "offsets"_a, "n_heads"_a, "n_kv_heads"_a,
+        "scale"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "out_proj"_a = nb::none(),
         "residual"_a = nb::none(), "then"_a = std::vector<mlxinfer::StageArgs>{}, "write_in_place"_a = false,
         "stream"_a = nb::none(),
-        "attend for rows with caches of their own (kvs[r] at offsets[r]) in one node: (A, L, H E); with "
-        "write_in_place, each row's new keys and values are first written into kvs[r] itself (attention.h)");
+        "causal attention of the new positions' queries (rotated) over the written caches (kvs[g] at offsets[g], "
+        "holding qkv's rows in order): (B, L, H E); with out_proj (w, scales, biases, group_size, bits) projected "
+        "in the same node, then + residual; with then (linear_chain's stages), h = that and the node gives h + "
+        "linear_chain(h, then); with write_in_place, the new keys and values are first written into kvs[g] itself");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");
   m.def("rms_norm", &mlxinfer::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),

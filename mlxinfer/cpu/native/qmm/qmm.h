@@ -18,7 +18,7 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 9;
+constexpr int QMM_ABI = 10;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
@@ -62,7 +62,7 @@ struct Stage {
 // A chain of matmuls as one node: stage i's output is stage i + 1's input; the last one's output, plus
 // `residual` when given (one add per element), is the node's. Each stage's bits equal the separate ops
 // (rms_norm, swiglu_halves, quantized_matmul_cat, add): they run the same row functions. A decoder
-// layer's "norm, then q/k/v" and "norm, gate/up, SwiGLU, down, + h" are one node each (model/fused.py).
+// layer's "norm, then q/k/v" and "norm, gate/up, SwiGLU, down, + h" are one node each (model/native_block.py).
 // A stage: (prologue "" | "rms_norm" | "swiglu_halves", the norm's weight or None, eps, ws, scales,
 // biases, group_size, bits).
 using StageArgs = std::tuple<

@@ -1,4 +1,4 @@
-"""The quantized path's fused layers (model/fused.py) and the extension's ops under them.
+"""The quantized path's native blocks (model/native_block.py) and the extension's ops under them.
 
 (a) q/k/v (or gate/up) as one kernel call == the separate calls side by side, bit for bit, and a
     chain of stages (norm, matmul, SwiGLU, matmul, + residual) as one node == its ops one node each;
@@ -8,7 +8,7 @@
 (d) write_cache + attend against a float64 RoPE + causal grouped-query attention, rows alone ==
     rows in a batch bit for bit, attend with its output projection and residual == attend, then the
     chain's one stage (and with a layer's MLP after it == that MLP as its own chain), and the
-    server's rows (each its own cache and offset) in one attend_rows node == attend for each row
+    server's rows (each its own cache and offset) in one attend node == attend for each row
     alone, the cache written in place when nothing else holds it and copied when something does;
 (e) the embedded model: the fused layers against the composed forward pass they replace (scores
     and greedy text), and the node count of one decode step, side by side; a prompt scored in one
@@ -180,26 +180,30 @@ def test_attention_against_float64_and_rows_alone(L, offset, H, Hk, E):
 
     def run(rows):
         written = K.write_cache(mx.array(kv[rows]), mx.array(qkv[rows]), cos, sin, offset, H, Hk)
-        out = K.attend(mx.array(qkv[rows]), cos, sin, written, offset, H, Hk, scale)
+        out = K.attend(mx.array(qkv[rows]), cos, sin, [written], [offset], H, Hk, scale)
         mx.eval(out, written)
         return out, written
 
     out, written = run(slice(None))
     o = mx.quantize(normal(64, H * E), group_size=32, bits=4)
     h = normal(B, L, 64)
-    projected = K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h)
+    projected = K.attend(mx.array(qkv), cos, sin, [written], [offset], H, Hk, scale, out_proj=(*o, 32, 4), residual=h)
     chained = K.linear_chain(out, [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)], h)  # the same, two nodes
     assert mx.array_equal(projected, chained).item()
     # a layer's MLP after it in the same node == the MLP as its own chain node on that result
     gate_up, down, norm = mx.quantize(normal(128, 64), 32, 4), mx.quantize(normal(64, 64), 32, 4), normal(64)
     mlp = [("rms_norm", norm, 1e-5, [gate_up[0]], [gate_up[1]], [gate_up[2]], 32, 4),
            ("swiglu_halves", None, 0.0, [down[0]], [down[1]], [down[2]], 32, 4)]  # fmt: skip
-    layer = K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp)
+    layer = K.attend(
+        mx.array(qkv), cos, sin, [written], [offset], H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp
+    )
     assert mx.array_equal(layer, K.linear_chain(projected, mlp, projected)).item()
     with pytest.raises(ValueError, match="needs out_proj and a residual"):
-        K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), then=mlp)
+        K.attend(mx.array(qkv), cos, sin, [written], [offset], H, Hk, scale, out_proj=(*o, 32, 4), then=mlp)
     with pytest.raises(ValueError, match="keep the output's width"):
-        K.attend(mx.array(qkv), cos, sin, written, offset, H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp[:1])
+        K.attend(
+            mx.array(qkv), cos, sin, [written], [offset], H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp[:1]
+        )
     want, want_k, want_v = reference(qkv, keys, np.array(cos), np.array(sin), offset, H, Hk, scale)
     assert np.abs(np.array(out) - want).max() < 1e-5
     assert np.abs(np.array(written[:, 0]) - want_k).max() < 1e-5
@@ -207,41 +211,42 @@ def test_attention_against_float64_and_rows_alone(L, offset, H, Hk, E):
     for r in range(B):
         alone, _ = run(slice(r, r + 1))
         assert mx.array_equal(alone[0], out[r]).item(), r
+    # the rows grouped into caches another way (two in one, one alone): the same bits
+    regrouped = K.attend(mx.array(qkv), cos, sin, [written[:2], written[2:]], [offset, offset], H, Hk, scale)
+    assert mx.array_equal(regrouped, out).item()
     if L == 1:  # the server's rows: each its own cache and offset, one attention node for all of them
         offsets = [offset, 3, offset + 7][:B]
         caches = [
             K.write_cache(mx.array(kv[r : r + 1]), mx.array(qkv), cos, sin, at, H, Hk, r)
             for r, at in enumerate(offsets)
         ]
-        together = K.attend_rows(mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale)
+        together = K.attend(mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale)
         for r, at in enumerate(offsets):
-            one = K.attend(mx.array(qkv), cos, sin, caches[r], at, H, Hk, scale, r)
+            one = K.attend(mx.array(qkv[r : r + 1]), cos, sin, [caches[r]], [at], H, Hk, scale)
             assert mx.array_equal(together[r], one[0]).item(), r
-        projected = K.attend_rows(
-            mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale, out_proj=(*o, 32, 4), residual=h
-        )
+        projected = K.attend(mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale, out_proj=(*o, 32, 4), residual=h)
         stage = [("", None, 0.0, [o[0]], [o[1]], [o[2]], 32, 4)]
         assert mx.array_equal(projected, K.linear_chain(together, stage, h)).item()
-        layers = K.attend_rows(
+        layers = K.attend(
             mx.array(qkv), cos, sin, caches, offsets, H, Hk, scale, out_proj=(*o, 32, 4), residual=h, then=mlp
         )
         assert mx.array_equal(layers, K.linear_chain(projected, mlp, projected)).item()
-        with pytest.raises(ValueError, match="one cache and offset per row"):
-            K.attend_rows(mx.array(qkv), cos, sin, caches, offsets[:-1], H, Hk, scale)
+        with pytest.raises(ValueError, match="one offset per cache"):
+            K.attend(mx.array(qkv), cos, sin, caches, offsets[:-1], H, Hk, scale)
         # the writes inside the node, into copies of the caches before write_cache: the same caches
         # and the same output; and what it refuses (it would write into a copy, or into a shared buffer)
         own = [mx.array(kv[r : r + 1]) for r in range(B)]
-        in_node = K.attend_rows(mx.array(qkv), cos, sin, own, offsets, H, Hk, scale, write_in_place=True)
+        in_node = K.attend(mx.array(qkv), cos, sin, own, offsets, H, Hk, scale, write_in_place=True)
         assert mx.array_equal(in_node, together).item()
         assert all(mx.array_equal(a, b).item() for a, b in zip(own, caches))
         with pytest.raises(ValueError, match="float32 caches"):
             halves = [c.astype(mx.bfloat16) for c in own]
-            K.attend_rows(mx.array(qkv), cos, sin, halves, offsets, H, Hk, scale, write_in_place=True)
+            K.attend(mx.array(qkv), cos, sin, halves, offsets, H, Hk, scale, write_in_place=True)
         with pytest.raises(ValueError, match="without a head norm"):
-            K.attend_rows(mx.array(qkv), cos, sin, own, offsets, H, Hk, scale, normal(E), 1e-6, write_in_place=True)
+            K.attend(mx.array(qkv), cos, sin, own, offsets, H, Hk, scale, normal(E), 1e-6, write_in_place=True)
         shared = [mx.broadcast_to(mx.zeros((1, 1, 1, 1, 1)), c.shape) for c in own]  # one element for all
         with pytest.raises(RuntimeError, match="a buffer of its own"):
-            mx.eval(K.attend_rows(mx.array(qkv), cos, sin, shared, offsets, H, Hk, scale, write_in_place=True))
+            mx.eval(K.attend(mx.array(qkv), cos, sin, shared, offsets, H, Hk, scale, write_in_place=True))
 
 
 def _address(a: mx.array) -> int:
@@ -276,12 +281,12 @@ def test_bad_shapes_are_refused():
     with pytest.raises(ValueError, match="keys, then values"):
         K.write_cache(mx.zeros((1, 2, 8, 16)), mx.zeros((1, 1, 8 * 16)), trig, trig, 0, 4, 2)
     with pytest.raises(ValueError, match="a residual needs out_proj"):
-        K.attend(mx.zeros((1, 1, 6 * 16)), trig, trig, cache, 0, 2, 2, 1.0, residual=mx.zeros((1, 1, 32)))
+        K.attend(mx.zeros((1, 1, 6 * 16)), trig, trig, [cache], [0], 2, 2, 1.0, residual=mx.zeros((1, 1, 32)))
     with pytest.raises(ValueError, match="does not match w"):
         w = mx.quantize(mx.zeros((8, 64)), group_size=32, bits=4)
-        K.attend(mx.zeros((1, 1, 6 * 16)), trig, trig, cache, 0, 2, 2, 1.0, out_proj=(*w, 32, 4))
+        K.attend(mx.zeros((1, 1, 6 * 16)), trig, trig, [cache], [0], 2, 2, 1.0, out_proj=(*w, 32, 4))
     with pytest.raises(ValueError, match="n_heads must be a multiple"):
-        K.attend(mx.zeros((1, 1, 7 * 16)), trig, trig, cache, 0, 3, 2, 1.0)
+        K.attend(mx.zeros((1, 1, 7 * 16)), trig, trig, [cache], [0], 3, 2, 1.0)
 
 
 def _nodes(model, cache) -> int:
@@ -292,7 +297,7 @@ def _nodes(model, cache) -> int:
 
 def _fused_against_composed(model, ids: list[int]):
     """(the fused pass's first scores, greedy tokens and nodes a step), the same for the composed pass."""
-    fused = [layer.fused for layer in model.layers]
+    fused = [layer.native for layer in model.layers]
     assert all(f is not None and f.attention_fuses() for f in fused), "the model's attention should be fused"
 
     def greedy():
@@ -307,11 +312,11 @@ def _fused_against_composed(model, ids: list[int]):
     with_fused = greedy()
     try:
         for layer in model.layers:
-            layer.fused = None
+            layer.native = None
         composed = greedy()
     finally:
         for layer, f in zip(model.layers, fused):
-            layer.fused = f
+            layer.native = f
     return with_fused, composed
 
 
@@ -340,14 +345,14 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
 
     src = write_checkpoint(tmp_path / arch, arch, **overrides)
     model, _ = mlxinfer.load(quantized_copy(src, tmp_path / f"{arch}-4bit", 4, 64), compute_dtype="quantized")
-    assert model.layers[0].fused.mlp_fuses() == (not overrides.get("mlp_bias", False))
+    assert model.layers[0].native.mlp_fuses() == (not overrides.get("mlp_bias", False))
     ids = list(range(5, 29))
     (fused_first, fused_tokens, _), (first, tokens, _) = _fused_against_composed(model, ids)
     assert mx.allclose(fused_first, first, rtol=1e-4, atol=1e-4).item(), mx.max(mx.abs(fused_first - first)).item()
     assert fused_tokens == tokens
-    # the server's step (model/rows.py): rows of different lengths, each its own cache, one pass for
+    # the server's step (model/ragged.py): rows of different lengths, each its own cache, one pass for
     # all; each row's scores are the bits of its prompt run alone
-    from mlxinfer.model import rows
+    from mlxinfer.model import ragged
     from mlxinfer.model.cache import KVCache
 
     prompts, caches, alone = [ids[:5], ids[:11], ids[:2]], [], []
@@ -361,15 +366,15 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
         for a, b in zip(mine, theirs):
             a.kv, a.offset = mx.array(b.kv), b.offset  # a copy of its own, as cache.fork makes
     tokens = mx.array([p[-1] for p in prompts])
-    together = rows.step(model, tokens, caches)
-    in_place = rows.step(model, tokens, written, owned=True)  # the writes inside the attention node
+    together = ragged.step(model, tokens, caches)
+    in_place = ragged.step(model, tokens, written, owned=True)  # the writes inside the attention node
     for r in range(len(prompts)):
         assert mx.array_equal(together[r], alone[r]).item(), r
         assert mx.array_equal(in_place[r], alone[r]).item(), r
         for a, b in zip(written[r], caches[r]):
             assert a.offset == b.offset and mx.array_equal(a.kv, b.kv).item()
     # the next position, written into the same buffers, against the write node's
-    assert mx.array_equal(rows.step(model, tokens, written, owned=True), rows.step(model, tokens, caches)).item()
+    assert mx.array_equal(ragged.step(model, tokens, written, owned=True), ragged.step(model, tokens, caches)).item()
     assert all(c[0].offset == len(p) + 1 for c, p in zip(written, prompts))
 
 

@@ -1,8 +1,8 @@
-"""The quantized path's fused layers: fewer, larger nodes per decode step.
+"""The quantized path's blocks on the native kernels: fewer, larger nodes per decode step.
 
 MLX's CPU back end schedules every node of the graph for ~10 microseconds, and a decode step of a
-30-layer model composed from MLX ops was ~1,200 nodes. Here a layer (model.Block, its `fused`
-hook) is three:
+30-layer model composed from MLX ops was ~1,200 nodes. Here a layer (model.Block, its `native`
+block) is three:
 
 * the input norm, then q, k and v as one kernel call (`linear_chain`: the three packed weights read
   side by side, each column's arithmetic its own, so the bits are those of three calls);
@@ -14,7 +14,7 @@ hook) is three:
 
 Each chained stage runs the row function its separate op runs (rms_norm, swiglu_halves, the kernel,
 an add), so the bits are those of the ops one node each. Qwen3's q/k head norms run inside the
-attention nodes. `fuse(model)` installs this where the layout allows; anything else, and any call
+attention nodes. `install(model)` puts this where the layout allows; anything else, and any call
 the nodes do not take (another cache, an array mask, a long chunk, a replaced projection), keeps
 the composed forward pass. Batch invariance holds as before: every row is computed alone in a fixed
 order (attention.h).
@@ -28,7 +28,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..cpu import qlinear, qmm
-from .cache import KVCache
+from .cache import KVCache, RaggedCache
 
 # Above this many query x key pairs per head, prefill attention goes through MLX's
 # scaled_dot_product_attention (BLAS matmuls) instead of the primitive's per-query loop.
@@ -78,8 +78,8 @@ def _qkv(kernel, attn, norm, h: mx.array) -> mx.array:
     return qkv
 
 
-class FusedBlock:
-    """model.Block.__call__ for the quantized path (the modules are read at each call)."""
+class NativeBlock:
+    """model.Block.__call__ on the native kernels (the modules are read at each call)."""
 
     ATTENTION = (("input_layernorm",),) + tuple(("self_attn", p) for p in ("q_proj", "k_proj", "v_proj", "o_proj"))
     MLP = (("post_attention_layernorm",),) + tuple(("mlp", p) for p in ("gate_proj", "up_proj", "down_proj"))
@@ -95,61 +95,41 @@ class FusedBlock:
     def mlp_fuses(self) -> bool:  # False once a projection is replaced (sharding)
         return self.mlp_checked is not None and _identity(self.layer, self.MLP) == self.mlp_checked
 
-    def __call__(self, h: mx.array, mask, cache) -> mx.array:
-        layer, L = self.layer, h.shape[1]
-        if (
-            self.attention_fuses()
-            and isinstance(cache, KVCache)  # none, or another class's cache: the composed pass handles it
-            and isinstance(mask, (str, type(None)))
-            and L * (cache.offset + L) <= MAX_FUSED_PAIRS
-        ):
-            return self._attention(h, cache)
-        return self.mlp(h + layer.self_attn(layer.input_layernorm(h), mask, cache))
+    def takes(self, h: mx.array, mask, cache) -> bool:
+        """Whether __call__ takes this call; else model.Block composes attention (and then calls `mlp`):
+        another class's cache or none, an array mask, a long chunk, a replaced projection."""
+        if not self.attention_fuses() or isinstance(cache, RaggedCache):
+            return self.attention_fuses()  # ragged rows: one position a row, whatever their lengths
+        L, simple_mask = h.shape[1], isinstance(mask, (str, type(None)))
+        return isinstance(cache, KVCache) and simple_mask and L * (cache.offset + L) <= MAX_FUSED_PAIRS
 
-    def _attention(self, h: mx.array, cache: KVCache) -> mx.array:
+    def __call__(self, h: mx.array, cache: KVCache | RaggedCache) -> mx.array:
+        """h (B, L, D) -> h + attn(norm(h)), then + mlp(norm(h)): norm + q/k/v of all rows in one node,
+        RoPE and the cache write (one node a cache), then attention over each row's cache, o_proj, + h
+        and the MLP in one node. Ragged rows (each row its own one-row cache, L == 1) write inside the
+        attention node, in place, where each row's buffers are their own (`owned`) and there is no head
+        norm: 30 nodes a step where there were 30 x (A + 1)."""
         a = self.layer.self_attn
         B, L, _ = h.shape
-        k, H, Hk, at = self.kernel, a.n_heads, a.n_kv_heads, cache.offset
-        qkv = _qkv(k, a, self.layer.input_layernorm, h)
+        k, H, Hk = self.kernel, a.n_heads, a.n_kv_heads
+        qkv = _qkv(k, a, self.layer.input_layernorm, h)  # (B, L, (H + 2 Hk) E)
         E = qkv.shape[-1] // (H + 2 * Hk)
-        cos, sin = a.rope._table.tables(at + L)
-        cache.reserve((B, Hk, L, E), E, mx.float32)
+        ragged = isinstance(cache, RaggedCache)
+        caches, offsets = (cache.rows, cache.offsets) if ragged else ([cache], [cache.offset])
+        if not (ragged and cache.roomy):
+            for c in caches:
+                c.reserve((1 if ragged else B, Hk, L, E), E, mx.float32)
+        cos, sin = a.rope.kernels.rope_table.tables(max(offsets) + L)
         qn, kn = _head_norms(a)
-        cache.kv = k.write_cache(cache.kv, qkv, cos, sin, at, H, Hk, -1, *kn)
-        cache.offset += L
-        return self._projected(h, partial(k.attend, qkv, cos, sin, cache.kv, at, H, Hk, a.scale, -1, *qn))
-
-    def attention_rows(
-        self, h: mx.array, caches: list[KVCache], owned: bool = False, offsets: list[int] | None = None
-    ) -> mx.array:
-        """rows.py's layer for rows that each have their own one-row cache (and length): norm + q/k/v
-        of all rows in one node, each row's RoPE and cache write at its own offset, then attention
-        over every row's own cache, o_proj, + h and the MLP in one node (`attend_rows`: each row's
-        bits are attend's for that row alone). The writes are one node a row, or, where the caller
-        says each row's cache buffer is its own (`owned`, rows.step) and there is no head norm,
-        inside the attention node, in place: 30 nodes a step where there were 30 x (A + 1).
-
-        offsets: the rows' positions, given where the caller has made room for one more in every
-        row's buffers (rows.step, once a step, not once a layer); the node checks each row's room."""
-        attn = self.layer.self_attn
-        H, Hk = attn.n_heads, attn.n_kv_heads
-        k = self.kernel
-        qkv = _qkv(k, attn, self.layer.input_layernorm, h)  # (A, 1, (H + 2 Hk) E)
-        E = qkv.shape[-1] // (H + 2 * Hk)
-        if offsets is None:
-            offsets = [c.offset for c in caches]
-            for cache in caches:
-                cache.reserve((1, Hk, 1, E), E, mx.float32)
-        cos, sin = attn.rope._table.tables(max(offsets) + 1)
-        qn, kn = _head_norms(attn)
-        in_node = owned and not attn.qk_norm
-        for r, cache in enumerate(caches):
+        in_node = ragged and cache.owned and not a.qk_norm
+        for r, c in enumerate(caches):  # cache r holds qkv's row r (ragged), or all rows
             if not in_node:
-                cache.kv = k.write_cache(cache.kv, qkv, cos, sin, offsets[r], H, Hk, r, *kn)
-            cache.offset += 1
+                c.kv = k.write_cache(c.kv, qkv, cos, sin, offsets[r], H, Hk, r, *kn)
+            c.offset += L
         kvs = [c.kv for c in caches]
-        attend = partial(k.attend_rows, qkv, cos, sin, kvs, offsets, H, Hk, attn.scale, *qn, write_in_place=in_node)
-        return self._projected(h, attend)
+        return self._projected(
+            h, partial(k.attend, qkv, cos, sin, kvs, offsets, H, Hk, a.scale, *qn, write_in_place=in_node)
+        )
 
     def _projected(self, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
         """h = h + o_proj(attend()), then h + mlp(norm(h)): o_proj, the residual and the MLP inside
@@ -174,37 +154,27 @@ class FusedBlock:
         return self.kernel.linear_chain(h, self._mlp_stages(), h)
 
 
-def fuse(model) -> int:
-    """Install FusedBlock on model.py's blocks where their layout allows; returns how many parts
-    (attention, MLP) fused."""
+def install(model) -> None:
+    """NativeBlock on model.py's blocks where their layout allows (compute.Kernels.choose)."""
     from .model import MLP, Attention
 
-    if (
-        qmm.kernel() is None
-        or not hasattr(model, "make_cache")
-        or not all(type(c) is KVCache for c in model.make_cache())
-    ):
-        return 0
-    count = 0
+    if qmm.kernel() is None or not all(type(c) is KVCache for c in model.make_cache()):
+        return
     for layer in model.layers:
         a, m = layer.self_attn, layer.mlp
         attention = (
             type(a) is Attention
             and type(layer.input_layernorm) is qlinear.RMSNormF32
             and (not a.qk_norm or (type(a.q_norm) is qlinear.RMSNormF32 and type(a.k_norm) is qlinear.RMSNormF32))
-            and isinstance(a.rope._table, qlinear.RopeTableF32)
             and _same_layout((a.q_proj, a.k_proj, a.v_proj))
             and isinstance(a.o_proj, qlinear.QuantizedLinearF32)
         )
         mlp = (
             type(m) is MLP
             and type(layer.post_attention_layernorm) is qlinear.RMSNormF32
-            and m.activation is qlinear.swiglu
             and _same_layout((m.gate_proj, m.up_proj))
             and isinstance(m.down_proj, qlinear.QuantizedLinearF32)
             and not any("bias" in p for p in (m.gate_proj, m.up_proj, m.down_proj))
         )
         if attention or mlp:
-            layer.fused = FusedBlock(layer, attention, mlp)
-            count += attention + mlp
-    return count
+            layer.native = NativeBlock(layer, attention, mlp)
