@@ -89,7 +89,19 @@ app = typer.Typer(
 
 
 def _register() -> None:
-    from mlxinfer_cli.commands import answers, bench, chat, convert, count, generate, info, quality, quantize, sample, serve
+    from mlxinfer_cli.commands import (
+        answers,
+        bench,
+        chat,
+        convert,
+        count,
+        generate,
+        info,
+        quality,
+        quantize,
+        sample,
+        serve,
+    )
     from mlxinfer_cli.commands import sweep
     from mlxinfer_cli.commands import topk
     from mlxinfer_cli.commands.explore import explore

@@ -128,7 +128,9 @@ def test_quality_checks_every_argument_before_the_reference_runs(monkeypatch, tm
     import mlxinfer_quant.quality
 
     loaded = []
-    monkeypatch.setattr(mlxinfer_quant.quality, "load", lambda source: loaded.append(source) or pytest.fail("a model loaded"))
+    monkeypatch.setattr(
+        mlxinfer_quant.quality, "load", lambda source: loaded.append(source) or pytest.fail("a model loaded")
+    )
     (tmp_path / "empty").mkdir()
     cases = [
         (["embedded", "/nonexistent"], "no model at /nonexistent"),
