@@ -322,9 +322,9 @@ def llama_server(a) -> None:
     a context for one request's prompt and tokens, as many threads as MLX uses here."""
     import httpx
 
-    from mlxinfer.formats.sources import embedded_model_path
+    import mlxinfer
 
-    gguf = a.gguf or str(embedded_model_path())
+    gguf = a.gguf or str(mlxinfer.embedded_model_path())
     threads = str(int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1))
     port = free_port()
     cmd = [a.llama_server, "-m", gguf, "--host", "127.0.0.1", "--port", str(port), "--parallel", str(a.clients),

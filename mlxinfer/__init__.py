@@ -42,6 +42,7 @@ _LAZY = {
     "settings_grid": ("engine.sweep", "settings_grid"),
     "prompts_from_file": ("engine.sweep", "prompts_from_file"),
     "read_prompt": ("formats.paths", "read_prompt"),
+    "embedded_model_path": ("formats.sources", "embedded_model_path"),  # the embedded GGUF, for a peer to read
     "seed_list": ("engine.request", "seed_list"),
     "check_batch_size": ("engine.request", "check_batch_size"),
     "check_stop": ("engine.request", "stop_strings"),

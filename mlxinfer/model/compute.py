@@ -3,8 +3,8 @@
   mlx     MLX's own ops (the weights as loaded: bit for bit mlx-lm's)
   cpu     float32 on a CPU: RoPE from a cos/sin table and SwiGLU with a polynomial exp (cpu/kernels.py),
           where MLX's own cost more than the matmuls around them
-  native  the quantized CPU path: those two as single primitives of the extension (cpu/qlinear.py), and
-          each block in three nodes where its layout allows (native_block.py)
+  native  the quantized CPU path: those two as single primitives of the extension (cpu/qlinear.py); the
+          loader (convert.py) then puts each block in three nodes where its layout allows (native_block.py)
 
 model/convert.py chooses, once, after the weights are converted; nothing else changes it.
 """
@@ -41,9 +41,7 @@ class Kernels:
         if kind != "mlx":  # every layer rotates alike: one table
             self.rope_table = model.layers[0].self_attn.rope.make_table()
             self.swiglu = kernels.swiglu
-        if kind == "native":
+        if kind == "native":  # the loader then puts native_block.py's blocks where the layout allows
             from ..cpu import qlinear
-            from .native_block import install
 
             self.rope_table, self.swiglu = qlinear.RopeTableF32(self.rope_table), qlinear.swiglu
-            install(model)

@@ -16,7 +16,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
 from ..errors import MlxinferError
-from . import shard
+from . import native_block, shard
 from .compute import Kernels
 from .params import dequantize_module, has_int8_layers, is_quantized, weights_kind
 
@@ -140,6 +140,7 @@ def to_quantized(model, int8: bool = False):
         qlinear.use_native_norms(model)  # one node each: a decode step is ~2,400 nodes
     if model.info.cpu_kernels:  # and a layer in three (native_block.py)
         model.kernels.choose("native", model)
+        native_block.install(model)
     return model
 
 

@@ -155,7 +155,7 @@ class NativeBlock:
 
 
 def install(model) -> None:
-    """NativeBlock on model.py's blocks where their layout allows (compute.Kernels.choose)."""
+    """NativeBlock on model.py's blocks where their layout allows (convert.py, after Kernels.choose("native"))."""
     from .model import MLP, Attention
 
     if qmm.kernel() is None or not all(type(c) is KVCache for c in model.make_cache()):
