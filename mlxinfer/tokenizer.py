@@ -5,7 +5,7 @@ A model directory's tokenizer loads through mlx-lm's tokenizer utilities
 transformers' sandboxed Jinja environment. A GGUF file carries its vocabulary,
 merges, special tokens and chat template in metadata; we rebuild a Hugging Face
 `tokenizers` BPE from them and serve it without transformers or mlx-lm
-(tokenizer_fast.py: the same ids, text and streamed segments, the template in the
+(gguf_tokenizer.py: the same ids, text and streamed segments, the template in the
 same Jinja sandbox), so a GGUF model starts in a fraction of the time.
 
 User text is plain text: a special token's name typed in a prompt or system message (`<|im_end|>`)
@@ -74,7 +74,7 @@ def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
 def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
     """Rebuild the tokenizer stored in a GGUF file's metadata (BPE vocabularies of the gpt2 kind).
 
-    fast=True: a GGUFTokenizer (tokenizer_fast.py) on the `tokenizers` library alone; fast=False:
+    fast=True: a GGUFTokenizer (gguf_tokenizer.py) on the `tokenizers` library alone; fast=False:
     mlx-lm's TokenizerWrapper around transformers' PreTrainedTokenizerFast, which the fast one
     matches id for id (and hands anything else it is asked to)."""
     m = header.metadata
@@ -161,7 +161,7 @@ def _gguf_tokenizer_fast(m: dict, tokens: list, types: list, merges: list, pre: 
     vocabulary lacks added as special, the BOS post-processor), wrapped without transformers."""
     from tokenizers import AddedToken, processors
 
-    from .tokenizer_fast import SPECIAL_NAMES, GGUFTokenizer
+    from .gguf_tokenizer import SPECIAL_NAMES, GGUFTokenizer
 
     tok = _gguf_backend(tokens, types, merges, pre)
     special, eos = _gguf_specials(m, tokens)

@@ -20,7 +20,6 @@ from mlxinfer.model.loading import load as _load
 from . import affine, writer
 from .policy import Policy, check_divides, config_block
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM"}
 _DROP = ("quantization", "quantization_config", "_name_or_path")
 
 
@@ -79,8 +78,8 @@ def quantize(
 def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str = writer.DEFAULT_SHARD_BYTES) -> dict:
     """A GGUF file to a model directory of the MLX affine weights (group 32) the loader keeps: Q4_0/Q4_1/
     Q8_0 as `mx.load` reads them, K-quants and i-quants by model/gguf_tensors.py's rule (exactly where the
-    block allows, else re-fit to 8 bits), F32/F16/BF16 as stored (norms in float32); only llama's q/k rows
-    are put back in Hugging Face order, as the loader does."""
+    block allows, else re-fit to 8 bits), F32/F16/BF16 as stored (norms in float32); q/k rows llama.cpp permuted
+    (`Architecture.gguf_permuted_qk`: llama's) are put back in Hugging Face order, as the loader does."""
     max_shard_bytes = writer.parse_size(max_shard_bytes)
     src = resolve(path)
     if src.kind != "gguf":
@@ -174,7 +173,7 @@ def _gguf_extras(model) -> dict:
     cfg: ModelConfig = model.config
     m = gguf.read_header(model.info.source.path).metadata
     extras = {
-        "architectures": [ARCHITECTURES[cfg.model_type]],
+        "architectures": [cfg.architecture.hf_class],
         "head_dim": cfg.head_dim,
         "num_key_value_heads": cfg.num_key_value_heads,
         "attention_bias": cfg.o_bias,

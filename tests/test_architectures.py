@@ -16,6 +16,7 @@ import pytest
 from conftest import ROOT, assert_one_line_error, invoke_cli
 
 import checkpoints
+from mlxinfer.formats.architectures import ARCHITECTURES, GGUF
 
 ARCHS = list(checkpoints.MLX_LM_ARCHS)  # gemma3_text, mistral, phi3, mixtral, olmo2, qwen3_moe
 MOE = {"mixtral", "qwen3_moe"}
@@ -202,6 +203,41 @@ def test_count_without_a_formula_needs_the_files(mlx_lm_dir, tmp_path):
     config = tmp_path / "olmo2.json"
     config.write_text((mlx_lm_dir("olmo2") / "config.json").read_text())
     assert_one_line_error(invoke_cli("count", str(config)), "no formula", "olmo2", "safetensors")
+
+
+# ---- the description's names in other layouts, against the projects that own them ---------------------------
+
+
+@pytest.mark.parametrize("model_type", list(ARCHITECTURES))
+def test_names_match_hugging_face_mlx_lm_and_llama_cpp(model_type):
+    """hf_class is transformers' causal-LM class for the type, mlx_lm the module mlx-lm's loader picks
+    (its MODEL_REMAPPING: Mistral runs on llama), gguf the architecture name gguf-py writes."""
+    import importlib
+
+    import gguf
+    from mlx_lm.utils import MODEL_REMAPPING
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    a = ARCHITECTURES[model_type]
+    assert a.hf_class == MODEL_FOR_CAUSAL_LM_MAPPING_NAMES[model_type]
+    assert a.mlx_lm == MODEL_REMAPPING.get(model_type, model_type)
+    assert hasattr(importlib.import_module(f"mlx_lm.models.{a.mlx_lm}"), "Model")
+    if a.gguf:
+        assert gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH[model_type.upper()]] == a.gguf
+        assert a.ours  # a GGUF file loads on our definition only
+
+
+def test_gguf_loads_exactly_the_architectures_with_a_gguf_name():
+    """The loader's list of GGUF architectures is the description's: an unknown one is refused by name."""
+    from mlxinfer.formats import gguf as ours
+    from mlxinfer.formats import sources
+
+    assert sorted(GGUF) == ["llama", "qwen2", "qwen3"]
+    header = ours.read_header(sources.resolve(None).path, tokenizer=False)  # the embedded model: llama
+    assert ours.config_from_header(header).model_type == GGUF[header.architecture] == "llama"
+    header.metadata["general.architecture"] = "gemma3"
+    with pytest.raises(mlxinfer.MlxinferError, match="unknown architecture 'gemma3'.*llama, qwen2, qwen3"):
+        ours.config_from_header(header)
 
 
 # ---- bad input ---------------------------------------------------------------------------------------------

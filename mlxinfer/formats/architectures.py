@@ -1,7 +1,14 @@
-"""One description per architecture: what it adds to or changes in the plain Llama block.
+"""One description per architecture: what it adds to or changes in the plain Llama block, and its
+names in the other layouts (Hugging Face's class, llama.cpp's GGUF architecture, mlx-lm's module).
 
-The model definition (model/model.py, for the architectures marked `ours`) and `count`
-(counting/layout.py, for every architecture here) both read these, so they cannot drift apart.
+Every per-architecture fact lives here and nowhere else: the model definition (model/model.py, for
+the architectures marked `ours`), `count` (counting/layout.py), the GGUF loader (formats/gguf.py's
+architecture names, model/weights.py's q/k rows), the exporter (quant/export.py's `architectures`)
+and the mlx-lm peer (model/peers.py) all read them. What is the same for every architecture stays
+with its reader: llama.cpp's tensor names (model/weights.py), ggml's types (ggml_types.py), the GGUF
+metadata keys under the architecture's name (gguf.py), the tokenizer, which a GGUF file names for
+itself (`tokenizer.ggml.model`/`.pre`, tokenizer.py) whatever its architecture.
+
 An architecture not listed here still loads when mlx-lm has a class for it; `count` then counts
 from the file headers instead of a formula. No mlx import here.
 """
@@ -30,6 +37,10 @@ class Architecture:
     expert_width: str = "moe_intermediate_size"  # ... and for each expert's MLP width
     config_head_dim: bool = True  # False: the class takes hidden / heads whatever config.json says
     tied: bool = False  # tie_word_embeddings when config.json does not say
+    hf_class: str = ""  # Hugging Face's class, config.json's `architectures` (the exporter writes it)
+    mlx_lm: str = ""  # mlx-lm's module for it (mlx_lm.models.<name>): the peer of ours
+    gguf: str = ""  # llama.cpp's `general.architecture` for it; "": GGUF files of it do not load
+    gguf_permuted_qk: bool = False  # llama.cpp's converter stored q/k rows permuted (interleaved RoPE)
 
     @property
     def definition(self) -> str:
@@ -37,13 +48,39 @@ class Architecture:
 
 
 ARCHITECTURES = {
-    "llama": Architecture(qkv_bias=None, o_bias=None, mlp_bias=None),
-    "qwen2": Architecture(qkv_bias=True, context=32768),
-    "qwen3": Architecture(qkv_bias=None, o_bias=None, qk_norm=True, context=32768),
+    "llama": Architecture(
+        qkv_bias=None,
+        o_bias=None,
+        mlp_bias=None,
+        hf_class="LlamaForCausalLM",
+        mlx_lm="llama",
+        gguf="llama",
+        gguf_permuted_qk=True,
+    ),
+    "qwen2": Architecture(qkv_bias=True, context=32768, hf_class="Qwen2ForCausalLM", mlx_lm="qwen2", gguf="qwen2"),
+    "qwen3": Architecture(
+        qkv_bias=None,
+        o_bias=None,
+        qk_norm=True,
+        context=32768,
+        hf_class="Qwen3ForCausalLM",
+        mlx_lm="qwen3",
+        gguf="qwen3",
+    ),
     # Qwen3's block with a mixture of experts for the MLP (mlx-lm's class has no attention biases)
-    "qwen3_moe": Architecture(qk_norm=True, context=32768, moe="mlp"),
+    "qwen3_moe": Architecture(
+        qk_norm=True, context=32768, moe="mlp", hf_class="Qwen3MoeForCausalLM", mlx_lm="qwen3_moe"
+    ),
     # the rest run on mlx-lm's classes; described here so that `count` has a formula for them
-    "mistral": Architecture(qkv_bias=None, o_bias=None, mlp_bias=None, context=32768, ours=False),  # mlx-lm: llama
+    "mistral": Architecture(
+        qkv_bias=None,
+        o_bias=None,
+        mlp_bias=None,
+        context=32768,
+        ours=False,
+        hf_class="MistralForCausalLM",
+        mlx_lm="llama",  # mlx-lm runs Mistral on its Llama class
+    ),
     "mixtral": Architecture(
         context=32768,
         ours=False,
@@ -51,6 +88,8 @@ ARCHITECTURES = {
         experts="num_local_experts",
         expert_width="intermediate_size",
         config_head_dim=False,
+        hf_class="MixtralForCausalLM",
+        mlx_lm="mixtral",
     ),
     "gemma3_text": Architecture(
         qk_norm=True,
@@ -58,7 +97,13 @@ ARCHITECTURES = {
         ours=False,
         norms=PAIR + ("pre_feedforward_layernorm", "post_feedforward_layernorm"),
         tied=True,
+        hf_class="Gemma3ForCausalLM",
+        mlx_lm="gemma3_text",
     ),
-    "phi3": Architecture(context=4096, ours=False, fused=True, config_head_dim=False),
+    "phi3": Architecture(
+        context=4096, ours=False, fused=True, config_head_dim=False, hf_class="Phi3ForCausalLM", mlx_lm="phi3"
+    ),
 }
 OURS = tuple(k for k, a in ARCHITECTURES.items() if a.ours)
+# llama.cpp's architecture name -> our model type, for the architectures a GGUF file of loads
+GGUF = {a.gguf: k for k, a in ARCHITECTURES.items() if a.gguf}

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import MlxinferError
+from .architectures import GGUF
 from .config import ModelConfig
 from .ggml_types import GGML_TYPES
 from .gguf_rope import rope_scaling
@@ -269,18 +270,17 @@ def _check_layout(h: GGUFHeader, alignment: int) -> None:
             )
 
 
-# GGUF architecture -> our model_type
-_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3"}
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
 def config_from_header(header: GGUFHeader) -> ModelConfig:
-    """Translate GGUF metadata into the fields config.json would have."""
+    """Translate GGUF metadata into the fields config.json would have. The keys are the same for every
+    architecture, under its llama.cpp name (`llama.block_count`); which names load: architectures.py."""
     m, arch = header.metadata, header.architecture
-    if arch not in _ARCH:
+    if arch not in GGUF:
         raise MlxinferError(
             f"{header.path}: unknown architecture '{arch}' for a GGUF file (GGUF files load for "
-            f"{', '.join(sorted(_ARCH))}); load the model's safetensors checkpoint instead, which runs on "
+            f"{', '.join(sorted(GGUF))}); load the model's safetensors checkpoint instead, which runs on "
             "mlx-lm's class for it"
         )
 
@@ -294,7 +294,7 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     vocab = get("vocab_size") or n_tokens or (embed.shape[0] if embed else None)
     heads = get("attention.head_count")
     d = {
-        "model_type": _ARCH[arch],
+        "model_type": GGUF[arch],
         "vocab_size": vocab,
         "hidden_size": get("embedding_length"),
         "intermediate_size": get("feed_forward_length"),

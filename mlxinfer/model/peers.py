@@ -16,7 +16,8 @@ from .params import has_int8_layers
 
 
 def mlx_lm_twin(model) -> nn.Module:
-    """mlx-lm's Llama/Qwen2/Qwen3/Qwen3-MoE model holding exactly our tensors (quantized modules alike).
+    """mlx-lm's model (its class for our architecture: `Architecture.mlx_lm`) holding exactly our tensors
+    (quantized modules alike).
     A model loaded through mlx-lm's own class (definition "mlx-lm ...") is its own twin."""
     if not model.info.definition.startswith("mlxinfer "):
         return model
@@ -28,7 +29,7 @@ def mlx_lm_twin(model) -> nn.Module:
             "compute_dtype",
         )
     cfg = model.config
-    arch = importlib.import_module(f"mlx_lm.models.{cfg.model_type}")
+    arch = importlib.import_module(f"mlx_lm.models.{cfg.architecture.mlx_lm}")
     args = arch.ModelArgs.from_dict(
         {
             **cfg.raw,

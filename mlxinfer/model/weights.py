@@ -26,7 +26,7 @@ QUANT_PARTS = ("scales", "biases")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs|^rope_freqs\.weight)$")  # GGUF's: gguf_rope.py reads it
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 
-# llama.cpp's tensor names -> Hugging Face's
+# llama.cpp's tensor names -> Hugging Face's: one map for every architecture a GGUF file of loads
 _GGUF_NAMES = {
     "token_embd": "model.embed_tokens",
     "output_norm": "model.norm",
@@ -100,8 +100,8 @@ def read_gguf(header: GGUFHeader, cfg: ModelConfig, dequantize: bool = False) ->
         except Exception as e:
             raise MlxinferError(f"{header.path} could not be read as GGUF ({e}); re-download it", "source") from None
     weights = {gguf_to_hf(k): v for k, v in raw.items() if not _IGNORED.search(k)}
-    if cfg.model_type == "llama":
-        # llama.cpp stores q/k rows permuted for interleaved RoPE; undo it for our half-split RoPE
+    if cfg.architecture.gguf_permuted_qk:
+        # llama.cpp stored q/k rows permuted for interleaved RoPE; undo it for our half-split RoPE
         for i in range(cfg.num_hidden_layers):
             for proj, heads in (("q_proj", cfg.num_attention_heads), ("k_proj", cfg.num_key_value_heads)):
                 for part in ("weight", *QUANT_PARTS, "bias"):

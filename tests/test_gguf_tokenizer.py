@@ -1,4 +1,4 @@
-"""The GGUF tokenizer served without transformers (tokenizer_fast.py) against the one it replaced:
+"""The GGUF tokenizer served without transformers (gguf_tokenizer.py) against the one it replaced:
 mlx-lm's TokenizerWrapper around transformers' PreTrainedTokenizerFast, built from the same
 metadata (tokenizer_from_gguf(header, fast=False)). Same backend, same ids, same text, same
 streamed segments, same chat-template text, over a varied corpus and several GGUF vocabularies."""
@@ -18,7 +18,7 @@ from mlxinfer.errors import MlxinferError
 from mlxinfer.formats import gguf, sources
 from mlxinfer.formats.gguf import GGUFHeader
 from mlxinfer.tokenizer import encode_prompt, tokenizer_from_gguf
-from mlxinfer.tokenizer_fast import GGUFTokenizer
+from mlxinfer.gguf_tokenizer import GGUFTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 EVAL = (ROOT / "quant" / "data" / "eval.txt").read_text(encoding="utf-8").splitlines()
@@ -212,7 +212,7 @@ def test_streaming_gives_the_same_segments(any_pair):
 def test_the_byte_alphabet_is_gpt2s():
     from mlx_lm.tokenizer_utils import _byte_decoder as theirs
 
-    from mlxinfer.tokenizer_fast import _byte_decoder as ours
+    from mlxinfer.gguf_tokenizer import _byte_decoder as ours
 
     assert ours() == theirs()
 

@@ -5,7 +5,7 @@ would hold for the file (the same BPE, pre-tokenizer, added tokens and post-proc
 what the rest of mlxinfer asks of a tokenizer the way mlx-lm's TokenizerWrapper around that
 PreTrainedTokenizerFast answers it: encode, decode, the chat template (rendered in Jinja's
 immutable sandbox, set up as transformers sets it up), the EOS ids and a streaming detokenizer
-(mlx-lm's BPE one, same segments). tests/test_tokenizer_fast.py holds the two side by side.
+(mlx-lm's BPE one, same segments). tests/test_gguf_tokenizer.py holds the two side by side.
 
 Anything else (`tokenizer._tokenizer`, which constrained decoding and the exporter hand to
 llguidance and `save_pretrained`, or an attribute this class does not define) is answered by
