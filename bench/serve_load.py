@@ -18,7 +18,8 @@ same weights), then:
 4. With --llama-server BIN: the same against llama.cpp's server on the same GGUF file (the embedded
    model's by default), `--parallel N` slots with continuous batching, the machine's thread count.
    Build it for the CPU it runs on (docs/performance.md gives the recipe, `GGML_NATIVE=ON`); its
-   `/props` system-info line is printed so a reader sees which kernels it ran.
+   `/props` build id is printed (`mlxinfer bench` prints the same sources' system-info line, through
+   llama-cpp-python, built with the same flags).
 
     python bench/serve_load.py                                   # embedded model, 32 clients
     python bench/serve_load.py --compute-dtype bfloat16 --clients 8 --requests 200
@@ -39,6 +40,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -129,8 +131,12 @@ async def one_raw(http, model: str, prompt: str, seed: int, max_tokens: int) -> 
     return result(start, text, first, tokens)
 
 
-def load_raw(url: str, model: str, n: int, max_tokens: int, concurrent: bool) -> tuple[list[dict], float]:
-    """`load` with one_raw: one event loop, one connection per request in flight."""
+def load_raw(
+    url: str, model: str, n: int, max_tokens: int, concurrent: bool, keep_alive: bool = True
+) -> tuple[list[dict], float]:
+    """`load` with one_raw: one event loop, one connection per request in flight (a new one per request
+    without keep_alive: llama-server closes a kept connection after a few requests, which a client can
+    find only by sending on it)."""
     import asyncio
 
     import httpx
@@ -138,7 +144,7 @@ def load_raw(url: str, model: str, n: int, max_tokens: int, concurrent: bool) ->
     requests = cases(n)
 
     async def run() -> tuple[list[dict], float]:
-        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n)
+        limits = httpx.Limits(max_connections=n, max_keepalive_connections=n if keep_alive else 0)
         async with httpx.AsyncClient(base_url=url, timeout=600, limits=limits) as http:
             start = time.perf_counter()
             if concurrent:
@@ -173,7 +179,14 @@ def pct(values: list[float], q: float) -> float:
 
 
 def compare(
-    url: str, model: str, n: int, max_tokens: int, label: str, client_kind: str = "raw", rounds: int = 1
+    url: str,
+    model: str,
+    n: int,
+    max_tokens: int,
+    label: str,
+    client_kind: str = "raw",
+    rounds: int = 1,
+    keep_alive: bool = True,
 ) -> list:
     """Both phases through the same client, `raw` (one_raw) or `openai` (one), `rounds` times in turn
     (one after another, then at once, then again): a ratio from two phases minutes apart would carry
@@ -186,7 +199,7 @@ def compare(
         return r.ru_utime + r.ru_stime
 
     one(url, model, PROMPTS[0], 1, 2)  # warm-up
-    run = load_raw if client_kind == "raw" else load
+    run = partial(load_raw, keep_alive=keep_alive) if client_kind == "raw" else load
     rows = []
     for i in range(rounds):
         seq, seq_s = run(url, model, n, max_tokens, concurrent=False)
@@ -333,10 +346,9 @@ def llama_server(a) -> None:
     url = f"http://127.0.0.1:{port}"
     try:
         props = httpx.get(f"{url}/props", timeout=10).json()
-        print(json.dumps({"server": "llama-server", "build": props.get("build_info"),
-                          "system_info": props.get("system_info")}), flush=True)  # fmt: skip
+        print(json.dumps({"server": "llama-server", "build": props.get("build_info")}), flush=True)
         model = httpx.get(f"{url}/v1/models").json()["data"][0]["id"]
-        compare(url, model, a.clients, a.max_tokens, "llama-server", a.client, a.rounds)
+        compare(url, model, a.clients, a.max_tokens, "llama-server", a.client, a.rounds, keep_alive=False)
         reproducible(url, model, a.max_tokens)
     finally:
         proc.terminate()
