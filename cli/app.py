@@ -46,8 +46,12 @@ class _Commands(TyperGroup):
 
     def invoke(self, ctx):
         flags._overrides.clear()
+        flags._notes.clear()
         try:
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            for note in flags._notes:  # deprecated spellings, said once the command has succeeded
+                typer.echo(note, err=True)
+            return result
         except MlxinferError as e:
             more = " (mlxinfer --debug ... shows more)" if e.detail and not _debug["on"] else ""
             typer.echo(f"error: {flags.error_line(e)}{more}", err=True)

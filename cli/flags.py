@@ -3,8 +3,9 @@
 The library's errors name its parameters (`max_tokens must be at least 1, got 0`) and list them
 in `MlxinferError.params`; `error_line` puts the flag a terminal user typed in their place
 (`--max-tokens must be at least 1, got 0`). A command whose flag differs for one parameter
-(count's MODEL argument, --seed-range for seeds) says so with `use(...)` before it calls the
-library.
+(count's MODEL argument) says so with `use(...)` before it calls the library. An old spelling still
+accepted for a release (--seed-range, topk's -k, bench's bare GB/s number) goes through `renamed(...)`:
+its errors name the spelling typed (`use`), and `renamed` queues one line for stderr naming the new one.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ FLAGS = {  # cli/options.py adds the flags of the options it declares
     "source": "--model",
     "chat=False": "--no-chat",
     "temperatures": "--temps",
-    "k": "-k",
+    "k": "--rows",
     "explain_sampler": "--explain",
     "max_tokens": "--max-tokens",
     "seed": "--seed",
@@ -57,11 +58,18 @@ FLAGS = {  # cli/options.py adds the flags of the options it declares
     "log_level": "--log-level",
 }
 _overrides: dict[str, str] = {}
+_notes: list[str] = []
 
 
 def use(**flags: str) -> None:
     """This command names these parameters differently, e.g. use(source="MODEL")."""
     _overrides.update(flags)
+
+
+def renamed(old: str, new: str, going: str = "") -> None:
+    """The user typed `old`, the deprecated spelling of `new` (`going`: what goes, if not `old` itself).
+    cli/app.py prints the line on stderr once the command succeeds, so bad input stays one error line."""
+    _notes.append(f"note: {old} is now {new}; {going or old} will go in a later release")
 
 
 def flag(param: str) -> str:

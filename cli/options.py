@@ -163,7 +163,7 @@ _TABLE["grid"] = [
         Optional[List[str]],
         ["1.0"] if name == "temperature" else None,
         GRID_FLAGS[name],
-        "Temperatures: '0.5,1,1.5' or the option repeated."
+        "A list of temperatures to cross with the rest: '0.5,1,1.5' or the option repeated."
         if name == "temperature"
         else f"{name.replace('_', '-')} values to cross with the rest, e.g. '{_EXAMPLES.get(name, '0.5,1')}'.",
     )
@@ -309,6 +309,10 @@ def seeds(options: dict):
     given = [v for v in (options["seeds"], options["seed_range"]) if v is not None]
     if len(given) != 1:
         raise mlxinfer.MlxinferError("give --seeds N (seeds 0..N-1) or --seeds A:B (seeds A..B-1)")
-    if options["seed_range"] is not None:
+    old = options["seed_range"] is not None
+    if old:
         flags.use(seeds="--seed-range")
-    return mlxinfer.seed_list(given[0])
+    seed_list = mlxinfer.seed_list(given[0])
+    if old:
+        flags.renamed("--seed-range", "--seeds A:B")
+    return seed_list

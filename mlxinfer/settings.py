@@ -63,7 +63,7 @@ class SamplerSettings:
         float,
         lambda v: _num(v) and (v == 0 or v >= TINY),
         ">= 0 (0 = greedy, else at least 1e-06; e.g. 0.7)",
-        "Divide scores by T before softmax; 0 = greedy.",
+        "The sampler's temperature (one value): divide scores by T before softmax; 0 = greedy.",
         flags="--temp --temperature",
         grid=1,
         served=True,

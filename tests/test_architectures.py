@@ -84,7 +84,7 @@ def test_kv_cache_steps_equal_a_full_pass(mlx_lm_dir, arch):
 @pytest.mark.parametrize("arch", ARCHS)
 def test_every_command_runs_and_says_which_definition(mlx_lm_dir, arch, variant):
     path = str(mlx_lm_dir(arch, variant))
-    top = invoke_cli("topk", "-m", path, "-p", PROMPT, "-k", "5", "--explain", "--json")
+    top = invoke_cli("topk", "-m", path, "-p", PROMPT, "--rows", "5", "--explain", "--json")
     assert top.returncode == 0, top.stderr
     table = json.loads(top.stdout)
     assert table["definition"] == DEFINITION[arch] and table["n_scores"] == checkpoints.BASE["vocab_size"]

@@ -162,7 +162,7 @@ def test_next_token_table_slider_and_cut_match_topk(browser, server, shots, metr
     page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('scored')", timeout=120_000)
     assert tab.posts("/mlxinfer/next-token") == 1
     metrics["requests"]["next token"] = 1
-    want = cli_json("topk", "--prompt", HERB, "-k", "10", "--temps", "1,0.5", "--compute-dtype", "quantized")
+    want = cli_json("topk", "--prompt", HERB, "--rows", "10", "--temps", "1,0.5", "--compute-dtype", "quantized")
     rows = tab.cells("#next-table tbody tr")
     assert [int(r[2]) for r in rows] == [r["id"] for r in want["rows"]]
     assert [r[1] for r in rows] == [repr(r["text"]) for r in want["rows"]]
@@ -179,13 +179,13 @@ def test_next_token_table_slider_and_cut_match_topk(browser, server, shots, metr
         page.keyboard.press("ArrowRight")
     assert page.input_value("#temp") == "1.5"
     assert page.text_content("#next-th-p1") == "p @ T=1.5"
-    hot = cli_json("topk", "--prompt", HERB, "-k", "10", "--temps", "1.5", "--compute-dtype", "quantized")
+    hot = cli_json("topk", "--prompt", HERB, "--rows", "10", "--temps", "1.5", "--compute-dtype", "quantized")
     assert [r[4] for r in tab.cells("#next-table tbody tr")] == [f"{r['probs'][0]:.3f}" for r in hot["rows"]]
 
     page.fill("#top-p", "0.9")
     page.fill("#top-k", "40")
     cut = cli_json(
-        "topk", "--prompt", HERB, "-k", "10", "--explain", "--temp", "1.5", "--top-p", "0.9", "--top-k", "40",
+        "topk", "--prompt", HERB, "--rows", "10", "--explain", "--temp", "1.5", "--top-p", "0.9", "--top-k", "40",
         "--compute-dtype", "quantized",
     )["explanation"]  # fmt: skip
     rows = tab.cells("#next-table tbody tr")

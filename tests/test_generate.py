@@ -157,6 +157,7 @@ def test_sample_cli_json_and_csv(checkpoint_dir):
         (["sample", "--seed-range", "5:2"], ["error: --seed-range 5:2 is empty"]),
         (["sample", "--seeds", "0"], ["error: --seeds must be at least 1"]),
         (["sample", "--seeds", "3", "--batch-size", "0"], ["error: --batch-size must be"]),
+        (["topk", "--rows", "0"], ["error: --rows must be between"]),
         (["topk", "-k", "0"], ["error: -k must be between"]),
         (["topk", "--temps", "-0.5"], ["error: --temps must be >= 0"]),
         (["topk", "--temps", "nan"], ["error: --temps must be >= 0", "nan"]),

@@ -191,7 +191,7 @@ def test_topk_and_generate_tool_under_mlx_launch(checkpoint_dir):
     """Launched on two ranks, topk and generate --tool split the model by themselves; rank 0 alone
     prints (stdout is one JSON document) and says how the model was split."""
     path = str(checkpoint_dir("llama"))
-    args = ["topk", "-m", path, "-p", FRUIT, "-k", "8", "--compute-dtype", "float32", "--json"]
+    args = ["topk", "-m", path, "-p", FRUIT, "--rows", "8", "--compute-dtype", "float32", "--json"]
     single = json.loads(invoke_cli(*args).stdout)
     done = launch("-m", "mlxinfer", *args)
     table = json.loads(done.stdout)  # one document: rank 1 printed nothing

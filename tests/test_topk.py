@@ -47,7 +47,7 @@ def test_topk_scores_equal_mlx_lm_forward(checkpoint_dir):
     path = checkpoint_dir("qwen3", 4, 128)
     out = json.loads(
         invoke_cli(
-            "topk", "-m", str(path), "-p", "Name one fruit.", "-k", "8", "--compute-dtype", "bfloat16", "--json"
+            "topk", "-m", str(path), "-p", "Name one fruit.", "--rows", "8", "--compute-dtype", "bfloat16", "--json"
         ).stdout
     )
     peer, tok = mlx_lm.load(str(path))
@@ -77,7 +77,7 @@ def test_explain_top_p_keeps_the_smallest_set(checkpoint_dir):
             "--top-k",
             "0",
             "--explain",
-            "-k",
+            "--rows",
             "384",
             "--json",
         ).stdout
@@ -95,7 +95,7 @@ def test_explain_top_p_keeps_the_smallest_set(checkpoint_dir):
 def test_thinking_switch_reaches_the_chat_template(checkpoint_dir):
     """Qwen3's enable_thinking: off (the lessons' setting) adds the empty think block to the prompt."""
     path = str(checkpoint_dir("qwen3"))
-    args = ("topk", "-m", path, "-p", "Name one fruit.", "-k", "1", "--json")
+    args = ("topk", "-m", path, "-p", "Name one fruit.", "--rows", "1", "--json")
     off = json.loads(invoke_cli(*args, "--no-thinking").stdout)["prompt_ids"]
     on = json.loads(invoke_cli(*args, "--thinking").stdout)["prompt_ids"]
     import mlxinfer

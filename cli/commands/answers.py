@@ -20,7 +20,8 @@ def answers(
         [",".join(f"{t:g}" for t in defaults.TOPK_TEMPERATURES)],
         "--temps",
         "-t",
-        help="Temperatures, one column each: '0.5,1,1.5' or the option repeated (the other settings apply to all).",
+        help="Columns: a list of temperatures, one column each: '0.5,1,1.5' or the option repeated (--temp, "
+        "the sampler's one temperature, replaces them; the other sampler settings apply to all).",
     ),
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per answer at most, as in sample."),
     batch_size: int = typer.Option(defaults.BATCH_SIZE, "--batch-size", help="Paths expanded per forward pass."),

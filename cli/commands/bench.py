@@ -8,6 +8,8 @@ import typer
 
 from mlxinfer import defaults
 
+from mlxinfer_cli import flags
+from mlxinfer_cli.commands.count import RATE_HELP
 from mlxinfer_cli.common import JsonOption, ModelOption, print_json, progress_bar
 from mlxinfer_cli.options import parse_numbers
 
@@ -19,8 +21,10 @@ def bench(
     ),
     gen_tokens: int = typer.Option(64, "--gen-tokens", help="Tokens to decode per run."),
     repeats: int = typer.Option(3, "--repeats", help="Interleaved repeats; figures are medians."),
-    bandwidth: Optional[float] = typer.Option(
-        None, "--bandwidth", help="Memory bandwidth in GB/s for the roofline (default: measured)."
+    bandwidth: Optional[str] = typer.Option(
+        None,
+        "--bandwidth",
+        help=f"Memory bandwidth for the roofline, bytes per second: 400GB/s, 0.4TB/s (default: measured). {RATE_HELP}",
     ),
     fast_path: bool = typer.Option(
         True, "--fast/--no-fast", help="Also run the float32 path (dequantized weights, BLAS)."
@@ -34,16 +38,28 @@ def bench(
     from mlxinfer import benchmark
 
     lengths = parse_numbers(prompt_tokens, "--prompt-tokens", int)
+    gb_s = None if bandwidth is None else bandwidth_gb_s(bandwidth)
     engines = 3 if fast_path else 2
     bar, update = progress_bar(repeats * len(lengths) * engines, "benchmark", enabled=not json_out)
     with bar:
-        report = benchmark(
-            model, lengths, gen_tokens, repeats, bandwidth, fast_path, progress=update, llama_cpp=llama_cpp
-        )
+        report = benchmark(model, lengths, gen_tokens, repeats, gb_s, fast_path, progress=update, llama_cpp=llama_cpp)
     if json_out:
         print_json(report.to_dict())
     else:
         print(markdown(report))
+
+
+def bandwidth_gb_s(text: str) -> float:
+    """--bandwidth as count reads it ('400GB/s', '0.4TB/s') -> GB/s; a bare number, the old spelling, is GB/s."""
+    from mlxinfer.counting import parse_rate
+
+    try:
+        old = float(text)
+    except ValueError:
+        return parse_rate(text, "bandwidth") / 1e9
+    gb_s = parse_rate(old, "bandwidth")
+    flags.renamed(f"--bandwidth {text}", f"--bandwidth {text}GB/s", "a bare number")
+    return gb_s
 
 
 def markdown(report) -> str:

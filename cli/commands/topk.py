@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 import typer
 
 from mlxinfer import defaults
 
+from mlxinfer_cli import flags
 from mlxinfer_cli.common import load_model, other_rank, print_json, sharding_line
 from mlxinfer_cli.options import chat_kwargs, parse_numbers, settings, takes
 
@@ -18,19 +19,27 @@ def topk(
         [",".join(f"{t:g}" for t in defaults.TOPK_TEMPERATURES)],
         "--temps",
         "-t",
-        help="Temperatures for the probability columns: '0.5,1,1.5' or the option repeated.",
+        help="Columns: a list of temperatures, one probability column each: '0.5,1,1.5' or the option "
+        "repeated (--temp is the sampler's, for --explain).",
     ),
-    k: int = typer.Option(6, "-k", help="How many tokens to list, by score."),
+    rows: Optional[int] = typer.Option(
+        None, "--rows", "-n", help="How many tokens the table lists, by score (default 6)."
+    ),
+    k: Optional[int] = typer.Option(None, "-k", hidden=True),  # the old name of --rows
     explain: bool = typer.Option(
         False, "--explain", help="Show which tokens the sampler's cut keeps and their rescaled probabilities."
     ),
     **options,
 ):
-    """Score every vocabulary token for the next position; show the top k with probabilities.
+    """Score every vocabulary token for the next position; list the top --rows with probabilities.
 
     Under mlx.launch the model is split across the ranks (tensor parallelism); rank 0 prints."""
     import mlxinfer
 
+    if rows is not None and k is not None:
+        raise mlxinfer.MlxinferError("give --rows, not both --rows and -k (-k is its old name)")
+    if k is not None:
+        flags.use(k="-k")
     temperatures = [mlxinfer.check_temperature(t, "temperatures") for t in parse_numbers(temps, "--temps")]
     sampling = settings(options)
     m, tok = load_model(options["model"], options["compute_dtype"])
@@ -39,13 +48,15 @@ def topk(
         tok,
         options["prompt"],
         temperatures=temperatures,
-        k=k,
+        k=next(v for v in (rows, k, 6) if v is not None),
         settings=sampling or None,
         explain_sampler=explain,
         **chat_kwargs(options),
     )
     if other_rank():
         return  # under mlx.launch rank 0 prints for every rank
+    if k is not None:
+        flags.renamed("-k", "--rows")
     if options["json_out"]:
         print_json(table.to_dict())
     else:

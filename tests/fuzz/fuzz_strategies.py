@@ -222,7 +222,7 @@ FLAGS = {
 }
 small_count = st.one_of(st.integers(-3, 12).map(str), number_text)
 COMMANDS = {
-    "topk": [_opt("-k"), _opt("--temps"), *(_opt(f) for f in _SAMPLING)],
+    "topk": [_opt("--rows"), _opt("-k"), _opt("--temps"), *(_opt(f) for f in _SAMPLING)],
     "generate": [
         _opt("--max-tokens", small_count),
         _opt("--seed"),

@@ -1,0 +1,83 @@
+"""One flag scheme: plural flags take a list, singular ones one value, a rate takes a unit; the old
+spellings (topk -k, bench's bare GB/s number, sample --seed-range) still work for a release, each with
+one deprecation line on stderr."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import typer
+from conftest import assert_one_line_error, invoke_cli
+
+FRUIT = "Name one fruit. Answer with one word."
+
+
+def notes(stderr: str) -> list[str]:
+    return [line for line in stderr.splitlines() if line.strip()]
+
+
+def test_topk_rows_and_the_old_k_give_the_same_table_and_k_says_it_is_deprecated():
+    new = invoke_cli("topk", "-p", FRUIT, "--rows", "3", "--json")
+    short = invoke_cli("topk", "-p", FRUIT, "-n", "3", "--json")
+    old = invoke_cli("topk", "-p", FRUIT, "-k", "3", "--json")
+    six = invoke_cli("topk", "-p", FRUIT, "--json")  # the default, 6 rows
+    assert new.returncode == old.returncode == short.returncode == six.returncode == 0, old.stderr
+    table = json.loads(new.stdout)
+    assert len(table["rows"]) == 3
+    assert json.loads(old.stdout) == table == json.loads(short.stdout)
+    assert json.loads(six.stdout)["rows"][:3] == table["rows"]  # the first three of the longer table
+    assert notes(new.stderr) == []
+    assert notes(old.stderr) == ["note: -k is now --rows; -k will go in a later release"]
+
+
+def test_topk_rows_bad_values_and_both_spellings_are_one_error_line():
+    assert_one_line_error(invoke_cli("topk", "-p", FRUIT, "--rows", "0"), "--rows must be between 1 and")
+    assert_one_line_error(invoke_cli("topk", "-p", FRUIT, "-k", "0"), "-k must be between 1 and")  # as typed
+    assert_one_line_error(invoke_cli("topk", "-p", FRUIT, "-k", "2", "--rows", "3"), "--rows", "-k")
+
+
+def test_bench_bandwidth_reads_counts_units_and_a_bare_number_as_gb_s():
+    from mlxinfer_cli import flags
+    from mlxinfer_cli.commands.bench import bandwidth_gb_s
+
+    flags._notes.clear()
+    assert bandwidth_gb_s("5GB/s") == 5.0
+    assert bandwidth_gb_s("0.4TB/s") == pytest.approx(400.0)
+    assert bandwidth_gb_s("4000MB/s") == pytest.approx(4.0)
+    assert bandwidth_gb_s("1GiB/s") == pytest.approx(2**30 / 1e9)
+    assert flags._notes == []
+    assert bandwidth_gb_s("5") == 5.0  # the old spelling: GB/s
+    assert flags._notes == ["note: --bandwidth 5 is now --bandwidth 5GB/s; a bare number will go in a later release"]
+    flags._notes.clear()
+
+
+@pytest.mark.parametrize(
+    "value,fragment",
+    [("fast", "cannot read --bandwidth 'fast'"), ("inf", "positive"), ("-1", "positive"), ("5flop/s", "cannot read")],
+)
+def test_bench_bad_bandwidth_is_one_error_line_before_any_model_loads(value, fragment):
+    assert_one_line_error(invoke_cli("bench", "--bandwidth", value), fragment)
+
+
+def test_seed_range_note_comes_only_when_the_command_succeeds():
+    ok = invoke_cli("sample", "-p", FRUIT, "--seed-range", "0:2", "--max-tokens", "2", "--json")
+    assert ok.returncode == 0, ok.stderr
+    assert [c["seed"] for c in json.loads(ok.stdout)["completions"]] == [0, 1]
+    assert notes(ok.stderr) == ["note: --seed-range is now --seeds A:B; --seed-range will go in a later release"]
+    assert_one_line_error(invoke_cli("sample", "-p", FRUIT, "--seed-range", "0:2", "--top-p", "5"), "--top-p")
+
+
+def test_list_and_one_value_flags_say_which_in_their_first_words():
+    from mlxinfer_cli.app import app
+
+    commands = typer.main.get_command(app).commands
+    for name in ("topk", "answers"):
+        params = {p.opts[0]: p for p in commands[name].params}
+        assert params["--temps"].help.startswith("Columns: a list of temperatures"), name
+        assert params["--temp"].help.startswith("The sampler's temperature (one value)"), name
+    topk = {o: p for p in commands["topk"].params for o in p.opts}
+    assert topk["--rows"] is topk["-n"] and not topk["--rows"].hidden
+    assert topk["-k"].hidden
+    bench = {p.opts[0]: p for p in commands["bench"].params}
+    assert "GB/s" in bench["--bandwidth"].help and bench["--bandwidth"].type.name == "text"
