@@ -225,3 +225,23 @@ def test_the_docs_state_the_caps():
     page = (ROOT / "docs" / "explorer.md").read_text()
     for name in ("MAX_NODES", "MAX_SECONDS", "MAX_TOKENS"):
         assert f"{getattr(served_answers, name):,g} (`{name}`)" in page, name
+
+
+def test_a_walk_waiting_on_a_full_queue_ends_with_its_budget(tiny, monkeypatch):
+    """After its first step the engine's queue stays full: the walk waits and retries, but only within its
+    own time budget; then the request is the queue's 429, not a wait with no end."""
+    url, app, model, tok = tiny
+    real, calls = served_answers.on_engine, []
+
+    async def busy_after_one(batcher, fn):
+        calls.append(time.perf_counter())
+        if len(calls) > 1:
+            raise served_answers.ApiError(429, "the server is busy (queue full); retry shortly", None)
+        return await real(batcher, fn)
+
+    monkeypatch.setattr(served_answers, "on_engine", busy_after_one)
+    start = time.perf_counter()
+    r = walk(url, temperatures=[1.0], top_k=40, max_tokens=2, min_mass=1.0, max_seconds=1.0)
+    waited = time.perf_counter() - start
+    assert r.status_code == 429 and "busy" in r.json()["error"]["message"]
+    assert len(calls) > 2 and 1.0 <= waited < 30  # it retried, and stopped once the budget was spent

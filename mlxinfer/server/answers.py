@@ -14,6 +14,7 @@ A walk whose client leaves stops at its next step.
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Optional
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -112,8 +113,8 @@ async def answers_route(state, read_body, fields: dict, max_temperatures: int, h
             try:
                 report = await on_engine(batcher, advance)
             except ApiError as e:
-                if e.status != 429:
-                    raise
+                if e.status != 429 or time.perf_counter() - walk.started >= budget:
+                    raise  # a queue full past the walk's whole budget: the 429, as a full queue at the start
                 await asyncio.sleep(BUSY_WAIT_S)  # the queue is full: the walk waits, its budget runs on
                 continue
             calls += 1
