@@ -405,3 +405,20 @@ def test_the_page_loads_its_own_files_only(browser, server, shots, metrics):
     assert loaded["first_contentful_paint_ms"] is not None
     assert len(tab.requests) == len(loaded["files"])  # nothing requested that the page did not name
     tab.close()
+
+
+def test_the_page_groups_answers_by_samples_rule(browser, server):
+    """The page's answerKey (static/sampler.js) against engine/grouping.py's answer_key, on texts where
+    case folding, punctuation, inner apostrophes and hyphens, digits and wordless texts matter."""
+    from mlxinfer.engine.grouping import answer_key
+
+    texts = ["Basil", " basil.", "BASIL, of course", "Straße", "STRASSE", "you're", "Rosé-wine!", "42 apples",
+             "...", "", "  \n", "_under_score", "Ελληνικά", "ǅemal", "ﬁne"]  # fmt: skip
+    tab = Tab(browser, server)
+    keys = tab.page.evaluate(
+        "async (texts) => { const m = await import('/explorer/sampler.js');"
+        " return texts.map((t) => [m.answerKey(t, 'first-word'), m.answerKey(t, 'text')]); }",
+        texts,
+    )
+    assert keys == [[answer_key(t, None, "first-word"), answer_key(t, None, "text")] for t in texts]
+    tab.close()

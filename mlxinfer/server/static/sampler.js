@@ -112,7 +112,7 @@ const WORD = /[\p{L}\p{N}]+(?:['’-][\p{L}\p{N}]+)*/u;
 export function answerKey(text, group) {
   if (group === "first-word") {
     const word = WORD.exec(text);
-    if (word) return word[0].toLowerCase();
+    if (word) return word[0].toUpperCase().toLowerCase();  // Python's casefold: "Straße" and "STRASSE" alike
   }
   return text.trim();
 }
