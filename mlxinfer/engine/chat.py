@@ -17,7 +17,6 @@ import difflib
 import json
 import os
 import secrets
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
@@ -186,20 +185,11 @@ class ChatSession:
         if not str(path).strip() or final.is_dir():
             raise MlxinferError(f"cannot save to {str(path)!r}: give a file name, e.g. /save chat.json")
         data = json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
-        with atomic.cleanup_on_signals():
-            tmp = None
-            try:
-                atomic.remove_stale(final)
-                fd, tmp = tempfile.mkstemp(prefix=atomic.prefix(final), dir=final.parent)
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    f.write(data)
-                os.replace(tmp, final)
-                tmp = None
-            except OSError as e:
-                raise MlxinferError(f"cannot save to {final} ({e.strerror or e}); pick a writable path") from None
-            finally:
-                if tmp is not None and os.path.exists(tmp):
-                    os.unlink(tmp)
+        try:
+            with atomic.staged_file(final) as tmp:
+                tmp.write_text(data, encoding="utf-8")
+        except OSError as e:
+            raise MlxinferError(f"cannot save to {final} ({e.strerror or e}); pick a writable path") from None
         return final
 
     def command(self, line: str) -> Outcome:
