@@ -9,7 +9,6 @@ import typer
 from mlxinfer import defaults
 
 from mlxinfer_cli import flags
-from mlxinfer_cli.commands.count import RATE_HELP
 from mlxinfer_cli.common import JsonOption, ModelOption, print_json, progress_bar
 from mlxinfer_cli.options import parse_numbers
 
@@ -24,7 +23,9 @@ def bench(
     bandwidth: Optional[str] = typer.Option(
         None,
         "--bandwidth",
-        help=f"Memory bandwidth for the roofline, bytes per second: 400GB/s, 0.4TB/s (default: measured). {RATE_HELP}",
+        help="Memory bandwidth for the roofline, with its unit: 400GB/s, 0.4TB/s, 4000MB/s (default: measured). "
+        "Prefixes are decimal (k M G T = 10^3 .. 10^12), Ki Mi Gi Ti binary; a bare number is read as GB/s "
+        "for one more release, with a notice.",
     ),
     fast_path: bool = typer.Option(
         True, "--fast/--no-fast", help="Also run the float32 path (dequantized weights, BLAS)."

@@ -98,8 +98,10 @@ class NativeBlock:
     def takes(self, h: mx.array, mask, cache) -> bool:
         """Whether __call__ takes this call; else model.Block composes attention (and then calls `mlp`):
         another class's cache or none, an array mask, a long chunk, a replaced projection."""
-        if not self.attention_fuses() or isinstance(cache, RaggedCache):
-            return self.attention_fuses()  # ragged rows: one position a row, whatever their lengths
+        if not self.attention_fuses():
+            return False
+        if isinstance(cache, RaggedCache):
+            return True  # ragged rows: one position a row, whatever their lengths
         L, simple_mask = h.shape[1], isinstance(mask, (str, type(None)))
         return isinstance(cache, KVCache) and simple_mask and L * (cache.offset + L) <= MAX_FUSED_PAIRS
 
