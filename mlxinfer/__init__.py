@@ -26,6 +26,7 @@ from .settings import GREEDY, GRID_FIELDS, SamplerSettings  # noqa: E402
 _LAZY = {
     "load": ("model.loading", "load"),
     "count": ("counting", "count"),
+    "parse_rate": ("counting", "parse_rate"),  # '400GB/s', '989T' -> per second, as count reads its rates
     "next_token_table": ("engine.tables", "next_token_table"),
     "next_token_scores": ("engine.tables", "next_token_scores"),
     "table_from_scores": ("engine.tables", "table_from_scores"),

@@ -52,13 +52,13 @@ def bench(
 
 def bandwidth_gb_s(text: str) -> float:
     """--bandwidth as count reads it ('400GB/s', '0.4TB/s') -> GB/s; a bare number, the old spelling, is GB/s."""
-    from mlxinfer.counting import parse_rate
+    import mlxinfer
 
     try:
         old = float(text)
     except ValueError:
-        return parse_rate(text, "bandwidth") / 1e9
-    gb_s = parse_rate(old, "bandwidth")
+        return mlxinfer.parse_rate(text, "bandwidth") / 1e9
+    gb_s = mlxinfer.parse_rate(old, "bandwidth")
     flags.renamed(f"--bandwidth {text}", f"--bandwidth {text}GB/s", "a bare number")
     return gb_s
 
