@@ -6,22 +6,13 @@
 // Enter) shows its most likely token paths with each step's probability. Numbers as the CLI prints them.
 
 import { commandLine, postJson } from "./api.js";
-import { barCell, el, fixed, pyRepr, thousands } from "./format.js";
-import { g } from "./next.js";
+import { barCell, el, fixed, g, pyRepr, thousands, wholeNumber as whole } from "./format.js";
 
 const SHOWN = 20;  // answers listed; the rest are summed in one row, as in the CLI's table
 const DIGITS = 4;  // the CLI's precision (cli/commands/answers.py)
 
 const $ = (id) => document.getElementById(id);
 const p4 = (x) => fixed(x, DIGITS);
-
-function whole(id, least, most) {
-  const v = $(id).valueAsNumber;
-  const name = $(id).labels[0].textContent;
-  if (!Number.isInteger(v) || v < least) throw new Error(`${name} must be a whole number >= ${least}`);
-  if (v > most) throw new Error(`${name} is at most ${thousands(most)} on this server`);
-  return v;
-}
 
 function temperatures(most) {
   const words = $("ans-temps").value.split(/[\s,]+/).filter(Boolean);

@@ -7,18 +7,10 @@
 // text) with Wilson's 95% interval for each share, and lists the texts each answer holds.
 
 import { commandLine, openaiRequest, postJson, streamJson } from "./api.js";
-import { el, percent, pyRepr } from "./format.js";
+import { el, percent, pyRepr, wholeNumber as whole } from "./format.js";
 import { answerKey, wilson } from "./sampler.js";
 
 const $ = (id) => document.getElementById(id);
-
-function whole(id, least) {
-  const v = $(id).valueAsNumber;
-  if (!Number.isInteger(v) || v < least || v > Number.MAX_SAFE_INTEGER) {
-    throw new Error(`${$(id).labels[0].textContent} must be a whole number >= ${least}`);
-  }
-  return v;
-}
 
 export function mount(ctx) {
   let draws = [];

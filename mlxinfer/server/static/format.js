@@ -77,3 +77,18 @@ export function shellQuote(word) {
   const s = String(word);
   return /^[A-Za-z0-9_./:=@%+,-]+$/.test(s) ? s : "'" + s.replaceAll("'", "'\\''") + "'";
 }
+
+// A whole-number field's value, or an Error naming its label and the rule: at least `least`, at most `most`
+// (the server's cap, where it has one).
+export function wholeNumber(id, least, most = Number.MAX_SAFE_INTEGER) {
+  const input = document.getElementById(id);
+  const v = input.valueAsNumber;
+  const name = input.labels[0].textContent;
+  if (!Number.isInteger(v) || v < least) throw new Error(`${name} must be a whole number >= ${least}`);
+  if (v > most) throw new Error(`${name} is at most ${thousands(most)} on this server`);
+  return v;
+}
+
+export function g(x) {  // Python's f"{x:g}", for temperatures in headers
+  return String(Number(x.toPrecision(6)));
+}

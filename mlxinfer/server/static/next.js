@@ -4,14 +4,10 @@
 // so moving T, T2 or a cut re-draws the table here (sampler.js) without another request.
 
 import { postJson } from "./api.js";
-import { barCell, el, fixed, pyRepr, thousands } from "./format.js";
+import { barCell, el, fixed, g, pyRepr, thousands } from "./format.js";
 import { decodeScores, problem, Row } from "./sampler.js";
 
 const $ = (id) => document.getElementById(id);
-
-export function g(x) {  // Python's f"{x:g}" for the temperatures in headers
-  return String(Number(x.toPrecision(6)));
-}
 
 export function mount(ctx) {
   let shown = null;  // { table, row: Row, cells: [{p1, p2, kept, final, tr}] }
