@@ -16,8 +16,11 @@ Skipped only where the kernel genuinely cannot be built here (no cmake, nanobind
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -335,3 +338,45 @@ def test_the_model_scores_a_row_alone_as_in_a_batch(embedded_quantized):
     """The whole forward pass on the quantized path: prefill and one decode step, 8 rows vs each alone."""
     rows = [list(range(100 + 7 * i, 124 + 7 * i)) for i in range(8)]
     assert_rows_score_alone_as_in_a_batch(embedded_quantized[0], rows, (0, 3, 7))
+
+
+def test_a_stopped_build_ends_the_tools_it_started(tmp_path):
+    """Was: SIGTERM during the kernel's build removed the partial output but left cmake's children (ninja,
+    the compilers) running. A stand-in cmake starts a child and waits; the build is stopped while both
+    run; afterwards neither does, and no partial is left."""
+    cmake = tmp_path / "cmake"
+    pids = tmp_path / "pids"
+    cmake.write_text(f"#!/bin/sh\nsleep 300 &\necho $$ $! > {pids}.tmp\nmv {pids}.tmp {pids}\nwait\n")
+    cmake.chmod(0o755)
+    script = (
+        "import sys\nfrom pathlib import Path\nfrom mlxinfer.cpu import qmm\n"
+        f"qmm._tools = lambda: {str(cmake)!r}\nqmm.build_dir = lambda: Path({str(tmp_path / 'out')!r})\n"
+        "qmm.build()\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        deadline = time.monotonic() + 60
+        while not pids.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert pids.exists(), proc.stderr.read() if proc.poll() is not None else "the stand-in never ran"
+        tool, child = (int(p) for p in pids.read_text().split())
+        assert _running(tool) and _running(child)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + signal.SIGTERM and "Traceback" not in err, err
+    deadline = time.monotonic() + 10
+    while (_running(tool) or _running(child)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running(tool) and not _running(child)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cmake", "pids"]
+
+
+def _running(pid: int) -> bool:
+    """Whether pid is a live process (a zombie waiting for its parent counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+    return state not in ("Z", "X")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +32,23 @@ def compiler(what: str, given: str | None = None) -> str:
     return cc
 
 
+def run_tool(cmd: list[str]) -> subprocess.CompletedProcess:
+    """subprocess.run(cmd, capture_output=True, text=True) in a process group of its own: when the caller
+    is stopped (Ctrl-C, or SIGTERM under atomic.cleanup_on_signals), the whole group ends with it, not only
+    cmd (subprocess.run kills cmd alone, and cmake's ninja and compilers went on as orphans)."""
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True) as p:
+        try:
+            out, err = p.communicate()
+        except BaseException:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait()
+            raise
+    return subprocess.CompletedProcess(cmd, p.returncode, out, err)
+
+
 def compile_library(source: str, out: str, what: str, flags: list[str], cc: str) -> str:
     """cc <flags> -shared -fPIC source -o out (+ flags after it, for -l); returns `out`. One-line errors."""
     compile_flags = [f for f in flags if not f.startswith(("-l", "-L", "-Wl,"))]
@@ -41,7 +59,7 @@ def compile_library(source: str, out: str, what: str, flags: list[str], cc: str)
         with atomic.staged_file(Path(out), mode=0o755, suffix=".so") as tmp:
             cmd = [cc, *compile_flags, "-shared", "-fPIC", source, "-o", str(tmp), *link_flags]
             try:
-                done = subprocess.run(cmd, capture_output=True, text=True)
+                done = run_tool(cmd)
             except OSError as e:  # CC names a program that is not there, or not executable
                 raise MlxinferError(
                     f"cannot run {cc} to build {what} ({e.strerror or e}): install gcc, or set CC"

@@ -29,7 +29,6 @@ import importlib.util
 import os
 import platform
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -156,7 +155,7 @@ def build() -> str:
                 configure += ["-G", "Ninja"]
             for cmd in (configure, [cmake, "--build", str(work), "-j", str(os.cpu_count() or 1)]):
                 try:
-                    done = subprocess.run(cmd, capture_output=True, text=True)
+                    done = native_build.run_tool(cmd)
                 except OSError as e:
                     raise MlxinferError(f"cannot run {cmd[0]} to build the quantized matmul kernel ({e})") from None
                 if done.returncode != 0:
