@@ -100,3 +100,52 @@ def test_model_with_cpu_kernels_matches_mlx_ops_through_the_cache(checkpoint_dir
             mx.concatenate([o, m(ids[:, t : t + 1], c)], axis=1) for o, m, c in zip(outs, (model, reference), caches)
         ]
     assert float(mx.abs(outs[0] - outs[1]).max()) < 1e-4
+
+
+@pytest.mark.parametrize(
+    "settings",
+    [
+        {"temperature": 0.7},
+        {"temperature": 1.5, "top_k": 20},
+        {"temperature": 1.0, "top_p": 0.9},
+        {"temperature": 1.0, "min_p": 0.05},
+        {"temperature": 1.0, "typical_p": 0.9},
+        {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.02},
+        {"temperature": 1.0, "top_p": 0.9, "top_k": 50, "order": "mlx-lm"},
+    ],
+)
+def test_the_fast_cut_keeps_what_mlx_exp_keeps(settings):
+    """sampler.stages with fast=True (the CPU paths: the native log-softmax and the polynomial exp instead of
+    MLX's CPU exp), on the embedded model's real scores after several prompts: the same tokens kept as with
+    MLX's exp, and each token's probability at T and as drawn within 5e-5 of a float64 softmax and no further
+    from it than MLX's own but for 2e-6 (both rescale by a float32 sum over 49k terms; MLX's float32
+    logsumexp is off by up to ~7e-5 in the log, the native one by ~2e-6, so the fast path is often closer)."""
+    from mlxinfer.sampler import cut_tail, kept_probabilities, log_softmax
+
+    model, tok = mlxinfer.load(None)
+    prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "1, 2, 3,"]
+    rows = [model(mx.array([tok.encode(p)]))[0, -1] for p in prompts]
+    s = mlxinfer.SamplerSettings(**settings)
+    lp = log_softmax(mx.stack(rows))  # (4, V)
+    assert mx.array_equal(cut_tail(lp, s, fast=True) > -math.inf, cut_tail(lp, s) > -math.inf).item()
+    for row in rows:
+        ref, got = kept_probabilities(row, s), kept_probabilities(row, s, fast=True)
+        assert mx.array_equal(ref[2], got[2]).item()  # kept
+        x = np.array(row, np.float64) / s.temperature
+        p64 = np.exp(x - x.max())
+        p64 /= p64.sum()
+        kept = np.array(got[2])
+        final64 = np.where(kept, p64, 0.0) / p64[kept].sum()
+        for mine, theirs, truth in ((got[1], ref[1], p64), (got[3], ref[3], final64)):
+            error = np.abs(np.array(mine, np.float64) - truth).max()
+            assert error <= min(5e-5, np.abs(np.array(theirs, np.float64) - truth).max() + 2e-6), error
+        assert abs(mx.sum(got[3]).item() - 1.0) < 1e-5
+
+
+def test_exp_kept_is_zero_exactly_where_a_cut_left_minus_inf():
+    x = mx.array([[-math.inf, 0.0, -1.0, -100.0, -math.inf]])
+    e = cpu_kernels.exp_kept(x)
+    assert e[0, 0].item() == 0.0 and e[0, 4].item() == 0.0 and e[0, 1].item() == 1.0
+    p = cpu_kernels.softmax(x)
+    assert p[0, 0].item() == 0.0 and abs(mx.sum(p).item() - 1.0) < 1e-6
+    assert abs(p[0, 1].item() - 1 / (1 + math.exp(-1) + math.exp(-100))) < 1e-6

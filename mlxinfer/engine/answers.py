@@ -319,16 +319,17 @@ class AnswerWalk:
     def _probabilities(self, nodes: list[_Node], logits: mx.array) -> mx.array:
         """(S, B, V): each settings entry's probability of each next token after each path, as drawn."""
         history_free = all(not s.adjusts for s in self.settings) and self.request.compiled is None
+        fast = self.model.info.cpu_kernels  # as the draws of `sample` on this model cut (sampler/row.py)
         out = []
         for s in self.settings:
             if history_free:
-                out.append(kept_probabilities(logits, s)[3])
+                out.append(kept_probabilities(logits, s, fast=fast)[3])
                 continue
             rows = []
             for b, node in enumerate(nodes):
                 history = self.request.ids + list(node.path)
                 allowed = self._allowed(node.path) if self.request.compiled is not None else None
-                rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed)[3])
+                rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed, fast=fast)[3])
             out.append(mx.stack(rows))
         return mx.stack(out)
 

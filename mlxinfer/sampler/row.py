@@ -65,10 +65,10 @@ def _split_keys(rows: list[RowSampler]) -> list:
     return keys
 
 
-def _kept(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
+def _kept(logprobs: mx.array, settings: SamplerSettings, fast: bool) -> mx.array:
     """cut_tail's row, or the row itself when greedy: the draw is then its argmax, the one token
     cut_tail would keep (four ops over the vocabulary fewer a step)."""
-    return logprobs if settings.greedy else cut_tail(logprobs, settings)
+    return logprobs if settings.greedy else cut_tail(logprobs, settings, fast)
 
 
 def _stacked(rows: list[mx.array]) -> mx.array:
@@ -107,13 +107,13 @@ def draw_batch(
         else:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
         logprobs = mx.broadcast_to(logprobs, (len(rows), logprobs.shape[-1]))
-        kept = _kept(logprobs, settings)
+        kept = _kept(logprobs, settings, fast)
     else:
         rows_logprobs = [
             row.scores(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i], fast)
             for i, row in enumerate(rows)
         ]
-        kept = _stacked([_kept(lp, row.settings) for lp, row in zip(rows_logprobs, rows)])
+        kept = _stacked([_kept(lp, row.settings, fast) for lp, row in zip(rows_logprobs, rows)])
         logprobs = _stacked(rows_logprobs)
     temperatures, keys = [row.settings.temperature for row in rows], _split_keys(rows)
     y = draw_rows(kept, temperatures, keys, min_rows=1 if host_draw else BATCH_DRAW_ROWS)

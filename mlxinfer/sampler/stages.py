@@ -6,6 +6,11 @@
 
 `cut_tail` is the cut as one setting chooses it; `kept_probabilities` is what a draw under those
 settings draws from (the table, explain, sweep's first tokens and the exact answers read it).
+
+fast=True (the CPU paths, whose scores are not mlx-lm's bits anyway): every exp over the vocabulary is
+the CPU kernels' own (cpu/kernels.py: the native log-softmax, a polynomial exp), not MLX's CPU exp, which
+takes ~12 ns an element. Which tokens a cut keeps can then differ from MLX's exp only where two tokens
+tie within float32's last bits; a draw's own arithmetic does not change (it reads the row's scores).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import math
 import mlx.core as mx
 import numpy as np
 
+from ..cpu import kernels
 from ..errors import MlxinferError
 from ..settings import SamplerSettings
 
@@ -112,20 +118,26 @@ def apply_temperature(logits: mx.array, temperature: float) -> mx.array:
     return logits * (1.0 / temperature)
 
 
-def log_softmax(logits: mx.array) -> mx.array:
+def log_softmax(logits: mx.array, fast: bool = False) -> mx.array:
     """Log-probabilities: ``logits - logsumexp(logits)`` over the vocabulary (last axis)."""
+    if fast:
+        return kernels.log_softmax(logits)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def softmax(logits: mx.array) -> mx.array:
-    return mx.softmax(logits, axis=-1)
+def softmax(logits: mx.array, fast: bool = False) -> mx.array:
+    return kernels.softmax(logits) if fast else mx.softmax(logits, axis=-1)
 
 
-def probabilities(logits: mx.array, temperature: float) -> mx.array:
+def _exp(x: mx.array, fast: bool) -> mx.array:
+    return kernels.exp_kept(x) if fast else mx.exp(x)
+
+
+def probabilities(logits: mx.array, temperature: float, fast: bool = False) -> mx.array:
     """softmax(logits / T) over the whole vocabulary; T = 0 puts all of it on the argmax."""
     if temperature == 0:
         return (mx.arange(logits.shape[-1]) == mx.argmax(logits, axis=-1, keepdims=True)).astype(mx.float32)
-    return softmax(apply_temperature(logits, temperature))
+    return softmax(apply_temperature(logits, temperature), fast)
 
 
 # ----------------------------------------------------------------------------- cutting the tail
@@ -139,7 +151,7 @@ def apply_top_k(logprobs: mx.array, k: int, min_tokens_to_keep: int = 1) -> mx.a
     return mx.put_along_axis(logprobs, drop, mx.array(NEG_INF, logprobs.dtype), axis=-1)
 
 
-def apply_top_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx.array:
+def apply_top_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1, fast: bool = False) -> mx.array:
     """Nucleus: keep the smallest set of top tokens whose probabilities add up to at least p.
 
     A token survives when the mass of the tokens above it is below p (of the row's total
@@ -147,7 +159,7 @@ def apply_top_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx
     min_tokens_to_keep."""
     vocab = logprobs.shape[-1]
     ordered = mx.sort(logprobs, axis=-1)
-    probs = mx.exp(ordered.astype(mx.float32))
+    probs = _exp(ordered.astype(mx.float32), fast)
     mass_above = mx.cumsum(probs, axis=-1, reverse=True, inclusive=False)
     total = mass_above[..., :1] + probs[..., :1]
     n_drop = (mass_above >= p * total).sum(axis=-1, keepdims=True)
@@ -167,12 +179,12 @@ def apply_min_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx
     return mx.where(remove, NEG_INF, logprobs)
 
 
-def apply_typical_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx.array:
+def apply_typical_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1, fast: bool = False) -> mx.array:
     """Locally typical sampling (Meister et al., 2023; transformers' TypicalLogitsWarper): order the tokens
     by how far their surprise -log p is from the distribution's entropy, nearest first, and keep the
     fewest whose probabilities add up to at least p (the token that crosses p is kept)."""
-    lp = log_softmax(logprobs)  # over what earlier cuts kept (cut tokens: -inf, p = 0)
-    probs = mx.exp(lp)
+    lp = log_softmax(logprobs, fast)  # over what earlier cuts kept (cut tokens: -inf, p = 0)
+    probs = _exp(lp, fast)
     entropy = -mx.sum(mx.where(probs > 0, probs * lp, 0.0), axis=-1, keepdims=True)
     distance = mx.abs(-lp - entropy)  # inf for a cut token
     order = mx.argsort(distance, axis=-1)
@@ -183,7 +195,7 @@ def apply_typical_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1) -
     return mx.where(distance > threshold, NEG_INF, logprobs)
 
 
-def cut_tail(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
+def cut_tail(logprobs: mx.array, settings: SamplerSettings, fast: bool = False) -> mx.array:
     """The untempered log-probabilities with every token the cut removes set to -inf.
 
     "temperature-first": top-k, top-p, min-p, typical-p on the *tempered* distribution, each on what
@@ -199,29 +211,29 @@ def cut_tail(logprobs: mx.array, settings: SamplerSettings) -> mx.array:
     if not s.cuts_tail:
         return logprobs
     if s.order == "mlx-lm":  # mlx-lm's make_sampler: these three, in this order, untempered
-        out = apply_top_p(logprobs, s.top_p) if s.top_p < 1.0 else logprobs
+        out = apply_top_p(logprobs, s.top_p, fast=fast) if s.top_p < 1.0 else logprobs
         out = apply_min_p(out, s.min_p, s.min_tokens_to_keep) if s.min_p > 0.0 else out
         out = apply_top_k(out, s.top_k) if s.top_k > 0 else out
-        return apply_typical_p(out, s.typical_p, s.min_tokens_to_keep) if s.typical_p < 1.0 else out
+        return apply_typical_p(out, s.typical_p, s.min_tokens_to_keep, fast) if s.typical_p < 1.0 else out
     keep = s.min_tokens_to_keep
-    out = log_softmax(apply_temperature(logprobs, s.temperature))
+    out = log_softmax(apply_temperature(logprobs, s.temperature), fast)
     out = apply_top_k(out, s.top_k, keep) if s.top_k > 0 else out
-    out = apply_top_p(out, s.top_p, keep) if s.top_p < 1.0 else out
+    out = apply_top_p(out, s.top_p, keep, fast) if s.top_p < 1.0 else out
     out = apply_min_p(out, s.min_p, keep) if s.min_p > 0.0 else out
-    out = apply_typical_p(out, s.typical_p, keep) if s.typical_p < 1.0 else out
+    out = apply_typical_p(out, s.typical_p, keep, fast) if s.typical_p < 1.0 else out
     return mx.where(out == NEG_INF, NEG_INF, logprobs)
 
 
-def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None, allowed=None):
+def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None, allowed=None, fast: bool = False):
     """What one draw under `settings` draws from, for raw scores (V,), or rows (A, V) that share their
     history and mask: the adjusted scores, each token's probability at the temperature over the whole
     vocabulary, whether the cut keeps it, and its probability as drawn (the kept rescaled to 1). The
     table's --explain, sweep's first tokens and the exact answers all read it, so they agree with the
     draw by construction."""
     x = adjust(scores.astype(mx.float32), settings, history, allowed)
-    probs = probabilities(x, settings.temperature)
+    probs = probabilities(x, settings.temperature, fast)
     if settings.cuts_tail or settings.greedy:
-        kept = cut_tail(log_softmax(x), settings) > NEG_INF
+        kept = cut_tail(log_softmax(x, fast), settings, fast) > NEG_INF
     else:  # no cut: what cut_tail(log_softmax(x)) keeps is what x does not hold at -inf, without its exp
         kept = x > NEG_INF
     held = mx.where(kept, probs, 0.0)
