@@ -27,6 +27,7 @@ import pytest
 
 import mlxinfer
 from conftest import invoke_cli
+from mlxinfer.server.answers import MAX_SECONDS
 from test_serve import running
 
 HERB = "Name one herb to add to tomato soup. Answer with one word."
@@ -265,6 +266,7 @@ def test_whole_answers_match_answers_and_show_each_path(browser, server, shots, 
     metrics["requests"]["whole answers"] = 1
     command = page.text_content("#ans-cli")
     assert "--temps 0.5,1" in command and "--max-tokens 2" in command and "--max-nodes 40" in command
+    assert f"--max-seconds {MAX_SECONDS:g}" in command  # the server's time budget travels too
     assert "--temp " not in command  # the sampler's T is not a column: the cut alone applies to both
     report = run_copied(command)
     assert report["stopped"] == "max_nodes" and report["nodes"] == 40

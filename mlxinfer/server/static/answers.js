@@ -58,6 +58,7 @@ export function mount(ctx) {
     try {
       const { temps, max, nodes, mass, group } = inputs();
       const flags = ["--temps", temps.map(String).join(","), "--max-tokens", max, "--min-mass", mass, "--max-nodes", nodes];
+      flags.push("--max-seconds", String(server.max_answer_seconds));  // the server's time budget, as here
       if (group !== defaults.group) flags.push("--group", group);
       $("ans-cli").textContent = commandLine(ctx, "answers", flags, { temperature: false });
     } catch {
