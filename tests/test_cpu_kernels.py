@@ -149,3 +149,45 @@ def test_exp_kept_is_zero_exactly_where_a_cut_left_minus_inf():
     p = cpu_kernels.softmax(x)
     assert p[0, 0].item() == 0.0 and abs(mx.sum(p).item() - 1.0) < 1e-6
     assert abs(p[0, 1].item() - 1 / (1 + math.exp(-1) + math.exp(-100))) < 1e-6
+
+
+def _nucleus64(lp: np.ndarray, p: float, keep: int) -> np.ndarray:
+    """apply_top_p's rule in float64 with a full sort, one row: keep each token (in descending order) while the
+    mass above it is below p * total, at least `keep` of them, and every token tied with the last kept."""
+    e = np.exp(lp.astype(np.float64))
+    order = np.sort(lp)[::-1]
+    above = np.concatenate([[0.0], np.cumsum(np.exp(order.astype(np.float64)))[:-1]])
+    kept = max(int(np.sum(above < p * e.sum())), min(max(keep, 1), len(lp)))
+    return lp >= order[kept - 1]
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
+def test_native_top_p_keeps_the_float64_nucleus(temperature):
+    """The extension's top-p (a partial sort of the top tokens, widened until they hold the mass; sums in
+    float64) keeps exactly the tokens a float64 full sort keeps, on the embedded model's real rows, at p from
+    0.5 to 0.99 and with min_tokens_to_keep. (MLX's float32 cumsum drifts: at p = 0.99 its cut moves by tens of
+    tail tokens worth ~1e-5 of mass, so the oracle is float64, not MLX's own apply_top_p.)"""
+    from mlxinfer.sampler import apply_top_p, log_softmax
+
+    model, tok = mlxinfer.load(None)
+    prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "Once upon a"]
+    lp = log_softmax(mx.stack([model(mx.array([tok.encode(p)]))[0, -1] for p in prompts]) * (1 / temperature))
+    for p in (0.5, 0.9, 0.95, 0.99):
+        for keep in (1, 5, 300):
+            got = np.array(apply_top_p(lp, p, keep, fast=True) > -math.inf)
+            for r, row in enumerate(np.array(lp)):
+                assert (got[r] == _nucleus64(row, p, keep)).all(), (p, keep, r, got[r].sum())
+
+
+def test_native_top_p_ties_floors_and_empty_rows():
+    from mlxinfer.sampler import apply_top_p
+
+    tied = mx.log(mx.array([[0.3, 0.2, 0.2, 0.2, 0.1]]))  # the cut lands among three tied tokens: all three stay
+    assert np.array(apply_top_p(tied, 0.4, fast=True) > -math.inf).tolist() == [[True, True, True, True, False]]
+    lp = mx.log(mx.array([[0.7, 0.2, 0.06, 0.04]]))
+    assert np.array(apply_top_p(lp, 0.5, fast=True) > -math.inf).sum() == 1
+    assert np.array(apply_top_p(lp, 0.5, 3, fast=True) > -math.inf).sum() == 3  # min_tokens_to_keep
+    cut = mx.array([[-math.inf, math.log(0.6), -math.inf, math.log(0.4)]])  # an earlier cut's -inf stay out
+    assert np.array(apply_top_p(cut, 0.9, fast=True)).tolist() == np.array(cut).tolist()
+    empty = mx.full((1, 5), -math.inf)
+    assert np.isneginf(np.array(apply_top_p(empty, 0.9, fast=True))).all()

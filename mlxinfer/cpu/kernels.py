@@ -16,6 +16,8 @@ the matmuls go through a fast BLAS, these became a large share of prefill and de
   exp_kept,     the sampler's softmax and the exps of its cuts (sampler/stages.py with
   softmax       fast=True) with the same exp: 32 rows of 49k scores took ~19 ms an exp
                 pass through MLX's exp, a top-k cut's probabilities ~90 ms.
+  top_p         the nucleus cut as one native node (sampler/stages.py with fast=True): MLX's
+                CPU sort of one row of 49k scores took ~4 ms, a third of a decode step.
 
 The model uses these only after `model/convert.py`'s to_float32 on a CPU device
 (model/compute.py's Kernels, chosen at load); the as-loaded path keeps MLX's own ops, bit for bit the
@@ -82,6 +84,15 @@ def exp_kept(x: mx.array) -> mx.array:
 def softmax(x: mx.array) -> mx.array:
     """e**log_softmax(x) over the last axis: the native log-softmax, then the polynomial exp."""
     return exp_kept(log_softmax(x))
+
+
+def top_p(x: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx.array | None:
+    """apply_top_p's cut as the extension's one node (a partial sort of the top tokens), or None where the
+    extension is not loaded."""
+    from . import qmm
+
+    native = qmm.kernel() if qmm.available(build_if_missing=False) else None
+    return native.top_p(x, p, min_tokens_to_keep) if native is not None else None
 
 
 @mx.compile

@@ -1,8 +1,10 @@
 // See rows.h. Built with qmm.cpp into the same extension, with the same flags (-ffp-contract=off).
 #include "rows.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <vector>
 
@@ -59,6 +61,31 @@ void log_softmax_row(const float* x, float* y, int64_t n) {
   for (i = 0; i < n; ++i) y[i] = x[i] - lse;
 }
 
+
+// top_p over one row of n log-probabilities (rows.h)
+void top_p_row(const float* x, float* y, int64_t n, float p, int keep) {
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += x[i] == -INFINITY ? 0.0 : static_cast<double>(exp_scalar(x[i]));
+  const double target = static_cast<double>(p) * total;
+  const int64_t least = std::min<int64_t>(std::max(keep, 1), n);
+  std::vector<float> top;
+  float threshold = -INFINITY;
+  for (int64_t m = std::min<int64_t>(64, n);; m = std::min<int64_t>(4 * m, n)) {
+    top.assign(x, x + n);
+    std::nth_element(top.begin(), top.begin() + (m - 1), top.end(), std::greater<float>());
+    std::sort(top.begin(), top.begin() + m, std::greater<float>());
+    double above = 0.0;  // the mass of the tokens before k
+    int64_t k = 0;
+    for (; k < m && (above < target || k < least); ++k) {
+      above += top[k] == -INFINITY ? 0.0 : static_cast<double>(exp_scalar(top[k]));
+    }
+    if (k < m || m == n) {  // the kept ones end inside the sorted top m
+      threshold = top[std::max<int64_t>(k, 1) - 1];
+      break;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < threshold ? -INFINITY : x[i];
+}
 
 mx::array f32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
@@ -129,6 +156,15 @@ mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
   return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::log_softmax, 0.0f), {f32(x, stream)});
 }
 
+mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (x.ndim() < 1 || !(p > 0.0f && p <= 1.0f) || min_tokens_to_keep < 0) {
+    throw std::invalid_argument("[mlxinfer.top_p] x needs at least one dimension, p in (0, 1], min_tokens_to_keep >= 0");
+  }
+  return mx::array(
+      x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::top_p, p, min_tokens_to_keep), {f32(x, stream)});
+}
+
 mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s) {
   auto stream = cpu_stream(s);
   if (x.ndim() < 2 || x.shape(-1) % 2 || cos.ndim() != 2 || cos.shape() != sin.shape() ||
@@ -178,12 +214,13 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     });
     return;
   }
-  if (kind_ == RowKind::log_softmax || kind_ == RowKind::swiglu_halves) {  // one input, row by row
+  if (kind_ == RowKind::log_softmax || kind_ == RowKind::swiglu_halves || kind_ == RowKind::top_p) {  // one input
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.set_input_array(inputs[0]);
     enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out), kind = kind_]() mutable {
+    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out), kind = kind_,
+                  eps = eps_, offset = offset_]() mutable {
       std::vector<float> copy;
       const float* p = dense_rows(x, copy);
       const int64_t n = out.ndim() ? out.shape(-1) : 1, in = x.ndim() ? x.shape(-1) : 1;  // in: n or 2n
@@ -193,6 +230,8 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
         for (int64_t r = r0; r < r1; ++r) {
           if (kind == RowKind::log_softmax) {
             log_softmax_row(p + r * in, y + r * n, n);
+          } else if (kind == RowKind::top_p) {
+            top_p_row(p + r * in, y + r * n, n, eps, offset);
           } else {
             swiglu_row(p + r * in, p + r * in + n, y + r * n, n);  // gate, then up
           }

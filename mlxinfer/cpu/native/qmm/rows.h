@@ -42,7 +42,7 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
 // One row of swiglu: y = silu(g) * u over n values.
 void swiglu_row(const float* g, const float* u, float* y, int64_t n);
 
-enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax };
+enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax, top_p };
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
@@ -54,6 +54,13 @@ mx::array swiglu_halves(const mx::array& gate_up, mx::StreamOrDevice s = {});
 
 // x - logsumexp(x) over the last axis (log-probabilities from scores), float32, exp as swiglu's.
 mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
+
+// The nucleus cut on log-probabilities x (..., V): per row, with e = exp(x) and the tokens in descending order,
+// keep each token while the mass of the tokens above it is below p * sum(e) (at least min_tokens_to_keep of
+// them), and every token tied with the last kept one; the rest become -inf. sampler/stages.py apply_top_p's
+// rule, from a partial sort of the top tokens (widened until they hold the mass) instead of sorting all V, the
+// sums in float64.
+mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s = {});
 
 // Non-interleaved RoPE on x (..., L, E) for positions offset .. offset + L - 1 from cos/sin tables
 // (P, E / 2): x1 * cos - x2 * sin, x2 * cos + x1 * sin, as cpu/kernels.py's RopeTable computes it.
@@ -69,6 +76,7 @@ class RowOp : public mx::UnaryPrimitive {
     return kind_ == RowKind::rms_norm ? "MlxinferRMSNorm"
         : kind_ == RowKind::rope      ? "MlxinferRoPE"
         : kind_ == RowKind::log_softmax ? "MlxinferLogSoftmax"
+        : kind_ == RowKind::top_p     ? "MlxinferTopP"
                                       : "MlxinferSwiGLU";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
