@@ -78,9 +78,10 @@ def prompts_from_file(path: str | Path) -> list[str]:
     return prompts
 
 
-def first_token_probs(prefilled: Prefilled, settings: SamplerSettings) -> mx.array:
-    """(V,) each token's probability as the first draw under `settings`: adjusted, tempered, cut, rescaled."""
-    return kept_probabilities(prefilled.logits.reshape(-1), settings, history=prefilled.ids)[3]
+def first_token_probs(prefilled: Prefilled, settings: SamplerSettings, fast: bool = False) -> mx.array:
+    """(V,) each token's probability as the first draw under `settings`: adjusted, tempered, cut, rescaled
+    (fast: as the model's CPU kernels cut its draws)."""
+    return kept_probabilities(prefilled.logits.reshape(-1), settings, history=prefilled.ids, fast=fast)[3]
 
 
 def _model_identity(model) -> dict:
@@ -275,7 +276,7 @@ def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress, 
         for p in sorted({p for p, _, _ in pending}):
             prefilled = prefill(model, plan.ids[p])
             for s in sorted({s for q, s, _ in pending if q == p}):
-                probs = first_token_probs(prefilled, plan.settings[s])
+                probs = first_token_probs(prefilled, plan.settings[s], model.info.cpu_kernels)
                 cell = [seed for q, t, seed in pending if (q, t) == (p, s)]
                 for g in range(0, len(cell), size):
                     batch = _draw_batch(model, tokenizer, prefilled, plan, p, s, cell[g : g + size], probs)

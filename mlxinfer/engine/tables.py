@@ -74,11 +74,13 @@ def explain(
     decode: Callable[[int], str] | None = None,
     history=None,
     allowed=None,
+    fast: bool = False,
 ) -> Explanation:
     """One step of the sampler as a table: the k best tokens by score, their probability at the
-    temperature, whether the cut keeps them and their rescaled probability."""
+    temperature, whether the cut keeps them and their rescaled probability. fast: the model's CPU
+    kernels cut its draws (model.info.cpu_kernels), so the table's cut is theirs (sampler/stages.py)."""
     settings.validate()
-    x, probs, kept, final = kept_probabilities(scores.reshape(-1), settings, history, allowed)
+    x, probs, kept, final = kept_probabilities(scores.reshape(-1), settings, history, allowed, fast)
     mass_kept = mx.sum(mx.where(kept, probs, 0.0))
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
     ids, s, p, kp, fp = (a.tolist() for a in (top, x[top], probs[top], kept[top], final[top]))
@@ -127,7 +129,7 @@ def next_token_table(
     table.definition = model.info.definition
     table.sharding = model.info.sharding
     if resolved is not None:
-        table.explanation = explain(scores, resolved[0], k, decode)
+        table.explanation = explain(scores, resolved[0], k, decode, fast=model.info.cpu_kernels)
         table.settings_note = resolved[1]
         table.routing = expert_routing(model, ids)
     return table

@@ -131,7 +131,7 @@ def routes(state, read_body) -> list[Route]:
                 table = table_from_scores(scores, temperatures, body.k, decode)
                 table.model, table.prompt, table.prompt_ids = model.info.name, body.prompt, request.ids
                 table.definition, table.sharding = model.info.definition, model.info.sharding
-                table.explanation = explain(scores, request.settings, body.k, decode)
+                table.explanation = explain(scores, request.settings, body.k, decode, fast=model.info.cpu_kernels)
                 table.settings_note = request.note
                 table.routing = expert_routing(model, request.ids)
                 return table.to_dict(), np.asarray(scores, dtype=np.float32).astype("<f4").tobytes()
