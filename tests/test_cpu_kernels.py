@@ -109,7 +109,6 @@ def test_model_with_cpu_kernels_matches_mlx_ops_through_the_cache(checkpoint_dir
         {"temperature": 1.5, "top_k": 20},
         {"temperature": 1.0, "top_p": 0.9},
         {"temperature": 1.0, "min_p": 0.05},
-        {"temperature": 1.0, "typical_p": 0.9},
         {"temperature": 0.8, "top_k": 40, "top_p": 0.95, "min_p": 0.02},
         {"temperature": 1.0, "top_p": 0.9, "top_k": 50, "order": "mlx-lm"},
     ],
@@ -191,3 +190,36 @@ def test_native_top_p_ties_floors_and_empty_rows():
     assert np.array(apply_top_p(cut, 0.9, fast=True)).tolist() == np.array(cut).tolist()
     empty = mx.full((1, 5), -math.inf)
     assert np.isneginf(np.array(apply_top_p(empty, 0.9, fast=True))).all()
+
+
+def _typical64(x: np.ndarray, p: float, keep: int) -> np.ndarray:
+    """apply_typical_p's rule in float64 with a full sort, one row of log-probabilities."""
+    x = x.astype(np.float64)
+    lp = x - (x.max() + np.log(np.exp(x - x.max()).sum()))
+    probs = np.exp(lp)
+    entropy = -np.sum(np.where(probs > 0, probs * lp, 0.0))
+    distance = np.where(np.isneginf(x), np.inf, np.abs(-lp - entropy))
+    order = np.argsort(distance, kind="stable")
+    mass = np.cumsum(probs[order])
+    n_keep = min(max(int(np.sum(mass < p)) + 1, keep), len(x))
+    return distance <= distance[order[n_keep - 1]]
+
+
+@pytest.mark.parametrize("temperature", [0.5, 1.0, 1.5])
+def test_native_typical_p_keeps_the_float64_set(temperature):
+    """The extension's typical-p (a partial sort by distance from the entropy, widened until it holds p, in
+    float64) keeps exactly what a float64 full sort keeps, on the embedded model's real rows. (MLX's own
+    float32 stages differ by 1-4 tokens of hundreds or thousands at T >= 1: many tokens lie at nearly the
+    same distance from the entropy, and float32 orders them and sums them otherwise.)"""
+    from mlxinfer.sampler import apply_typical_p, log_softmax
+
+    model, tok = mlxinfer.load(None)
+    prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "Once upon a"]
+    lp = log_softmax(mx.stack([model(mx.array([tok.encode(p)]))[0, -1] for p in prompts]) * (1 / temperature))
+    for p in (0.2, 0.5, 0.9, 0.95):
+        for keep in (1, 5, 300):
+            got = np.array(apply_typical_p(lp, p, keep, fast=True) > -math.inf)
+            for r, row in enumerate(np.array(lp)):
+                assert (got[r] == _typical64(row, p, keep)).all(), (p, keep, r, got[r].sum())
+    cut = mx.array([[-math.inf, math.log(0.6), -math.inf, math.log(0.4)]])  # an earlier cut's -inf stay out
+    assert np.isneginf(np.array(apply_typical_p(cut, 0.99, fast=True))[0, [0, 2]]).all()

@@ -16,8 +16,9 @@ the matmuls go through a fast BLAS, these became a large share of prefill and de
   exp_kept,     the sampler's softmax and the exps of its cuts (sampler/stages.py with
   softmax       fast=True) with the same exp: 32 rows of 49k scores took ~19 ms an exp
                 pass through MLX's exp, a top-k cut's probabilities ~90 ms.
-  top_p         the nucleus cut as one native node (sampler/stages.py with fast=True): MLX's
-                CPU sort of one row of 49k scores took ~4 ms, a third of a decode step.
+  top_p,        the nucleus and the locally typical cuts as one native node each (sampler/stages.py
+  typical_p     with fast=True): MLX's CPU sort of one row of 49k scores took ~4 ms, a third of a
+                decode step.
 
 The model uses these only after `model/convert.py`'s to_float32 on a CPU device
 (model/compute.py's Kernels, chosen at load); the as-loaded path keeps MLX's own ops, bit for bit the
@@ -69,9 +70,7 @@ def logsumexp(x: mx.array) -> mx.array:
 def log_softmax(x: mx.array) -> mx.array:
     """x - logsumexp(x) over the last axis: one node of the quantized path's extension where it is
     loaded (MLX's logsumexp on a CPU was ~1.2 ms a decode step for 49k scores), else logsumexp above."""
-    from . import qmm
-
-    native = qmm.kernel() if qmm.available(build_if_missing=False) else None
+    native = _native()
     return native.log_softmax(x) if native is not None else x - logsumexp(x)
 
 
@@ -89,10 +88,21 @@ def softmax(x: mx.array) -> mx.array:
 def top_p(x: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx.array | None:
     """apply_top_p's cut as the extension's one node (a partial sort of the top tokens), or None where the
     extension is not loaded."""
+    native = _native()
+    return native.top_p(x, p, min_tokens_to_keep) if native is not None else None
+
+
+def typical_p(x: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx.array | None:
+    """apply_typical_p's cut as the extension's one node (a partial sort by the distance from the entropy),
+    or None where the extension is not loaded."""
+    native = _native()
+    return native.typical_p(x, p, min_tokens_to_keep) if native is not None else None
+
+
+def _native():
     from . import qmm
 
-    native = qmm.kernel() if qmm.available(build_if_missing=False) else None
-    return native.top_p(x, p, min_tokens_to_keep) if native is not None else None
+    return qmm.kernel() if qmm.available(build_if_missing=False) else None
 
 
 @mx.compile

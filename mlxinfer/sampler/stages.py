@@ -9,11 +9,11 @@ settings draws from (the table, explain, sweep's first tokens and the exact answ
 
 fast=True (the CPU paths, whose scores are not mlx-lm's bits anyway): every exp over the vocabulary is
 the CPU kernels' own (cpu/kernels.py: the native log-softmax, a polynomial exp), not MLX's CPU exp, which
-takes ~12 ns an element, and top-p is the extension's node, which sorts only the top tokens and sums in
-float64. Which tokens a cut keeps can then differ from MLX's only where float32's rounding decides: two
-tokens tied within the last bits, or (top-p) the tail tokens whose mass is within the float32 running
-sum's error of p (at p = 0.99 over 49k tokens, ~1e-5 of mass). A draw's own arithmetic does not change
-(it reads the row's scores).
+takes ~12 ns an element, and top-p and typical-p are the extension's nodes, which sort only the tokens
+they need and sum in float64. Which tokens a cut keeps can then differ from MLX's only where float32's
+rounding decides: two tokens tied within the last bits, or (top-p, typical-p) the tail tokens whose mass
+is within the float32 running sum's error of p (at p = 0.99 over 49k tokens, ~1e-5 of mass). A draw's
+own arithmetic does not change (it reads the row's scores).
 """
 
 from __future__ import annotations
@@ -189,6 +189,9 @@ def apply_typical_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1, f
     """Locally typical sampling (Meister et al., 2023; transformers' TypicalLogitsWarper): order the tokens
     by how far their surprise -log p is from the distribution's entropy, nearest first, and keep the
     fewest whose probabilities add up to at least p (the token that crosses p is kept)."""
+    native = kernels.typical_p(logprobs, p, min_tokens_to_keep) if fast else None
+    if native is not None:  # the same rule from a partial sort, in float64
+        return native
     lp = log_softmax(logprobs, fast)  # over what earlier cuts kept (cut tokens: -inf, p = 0)
     probs = _exp(lp, fast)
     entropy = -mx.sum(mx.where(probs > 0, probs * lp, 0.0), axis=-1, keepdims=True)

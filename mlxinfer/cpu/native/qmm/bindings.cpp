@@ -72,6 +72,9 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "x - logsumexp(x) over the last axis, float32, one primitive");
   m.def("top_p", &mlxinfer::top_p, "x"_a, "p"_a, "min_tokens_to_keep"_a = 1, nb::kw_only(), "stream"_a = nb::none(),
         "the nucleus cut of log-probabilities over the last axis (sampler apply_top_p's rule), float32, one primitive");
+  m.def("typical_p", &mlxinfer::typical_p, "x"_a, "p"_a, "min_tokens_to_keep"_a = 1, nb::kw_only(),
+        "stream"_a = nb::none(),
+        "locally typical sampling's cut of log-probabilities over the last axis (apply_typical_p's rule), one primitive");
   m.def("rms_norm", &mlxinfer::rms_norm, "x"_a, "weight"_a, "eps"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x * rsqrt(mean(x^2) + eps) * weight over the last axis, float32, one primitive");
   m.def("swiglu", &mlxinfer::swiglu, "gate"_a, "up"_a, nb::kw_only(), "stream"_a = nb::none(),

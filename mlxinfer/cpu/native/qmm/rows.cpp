@@ -87,6 +87,40 @@ void top_p_row(const float* x, float* y, int64_t n, float p, int keep) {
   for (int64_t i = 0; i < n; ++i) y[i] = x[i] < threshold ? -INFINITY : x[i];
 }
 
+// typical_p over one row of n log-probabilities (rows.h)
+void typical_p_row(const float* x, float* y, int64_t n, float p, int keep) {
+  double top = -INFINITY;
+  for (int64_t i = 0; i < n; ++i) top = std::max(top, static_cast<double>(x[i]));
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) total += x[i] == -INFINITY ? 0.0 : std::exp(static_cast<double>(x[i]) - top);
+  const double lse = top + std::log(total);
+  std::vector<double> prob(n), dist(n);
+  double entropy = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    const double lp = static_cast<double>(x[i]) - lse;
+    prob[i] = x[i] == -INFINITY ? 0.0 : std::exp(lp);
+    if (prob[i] > 0.0) entropy -= prob[i] * lp;
+  }
+  for (int64_t i = 0; i < n; ++i) dist[i] = x[i] == -INFINITY ? INFINITY : std::fabs(-(static_cast<double>(x[i]) - lse) - entropy);
+  const int64_t least = std::min<int64_t>(std::max(keep, 1), n);
+  std::vector<int64_t> order(n);
+  auto nearer = [&](int64_t a, int64_t b) { return dist[a] < dist[b] || (dist[a] == dist[b] && a < b); };
+  double threshold = INFINITY;
+  for (int64_t m = std::min<int64_t>(64, n);; m = std::min<int64_t>(4 * m, n)) {
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    std::nth_element(order.begin(), order.begin() + (m - 1), order.end(), nearer);
+    std::sort(order.begin(), order.begin() + m, nearer);
+    double mass = 0.0;
+    int64_t k = 0;  // tokens taken: each while the mass before it is below p, then up to `least`
+    while (k < m && (mass < p || k < least)) mass += prob[order[k++]];
+    if (k < m || m == n) {
+      threshold = dist[order[k - 1]];
+      break;
+    }
+  }
+  for (int64_t i = 0; i < n; ++i) y[i] = dist[i] > threshold ? -INFINITY : x[i];
+}
+
 mx::array f32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
 }
@@ -165,6 +199,15 @@ mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamO
       x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::top_p, p, min_tokens_to_keep), {f32(x, stream)});
 }
 
+mx::array typical_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (x.ndim() < 1 || !(p > 0.0f && p <= 1.0f) || min_tokens_to_keep < 0) {
+    throw std::invalid_argument("[mlxinfer.typical_p] x needs at least one dimension, p in (0, 1], min_tokens_to_keep >= 0");
+  }
+  return mx::array(
+      x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::typical_p, p, min_tokens_to_keep), {f32(x, stream)});
+}
+
 mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s) {
   auto stream = cpu_stream(s);
   if (x.ndim() < 2 || x.shape(-1) % 2 || cos.ndim() != 2 || cos.shape() != sin.shape() ||
@@ -214,7 +257,8 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     });
     return;
   }
-  if (kind_ == RowKind::log_softmax || kind_ == RowKind::swiglu_halves || kind_ == RowKind::top_p) {  // one input
+  if (kind_ == RowKind::log_softmax || kind_ == RowKind::swiglu_halves || kind_ == RowKind::top_p ||
+      kind_ == RowKind::typical_p) {  // one input, row by row
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.set_input_array(inputs[0]);
@@ -232,6 +276,8 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
             log_softmax_row(p + r * in, y + r * n, n);
           } else if (kind == RowKind::top_p) {
             top_p_row(p + r * in, y + r * n, n, eps, offset);
+          } else if (kind == RowKind::typical_p) {
+            typical_p_row(p + r * in, y + r * n, n, eps, offset);
           } else {
             swiglu_row(p + r * in, p + r * in + n, y + r * n, n);  // gate, then up
           }

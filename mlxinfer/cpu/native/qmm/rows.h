@@ -42,7 +42,7 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
 // One row of swiglu: y = silu(g) * u over n values.
 void swiglu_row(const float* g, const float* u, float* y, int64_t n);
 
-enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax, top_p };
+enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax, top_p, typical_p };
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
@@ -62,6 +62,12 @@ mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
 // sums in float64.
 mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s = {});
 
+// Locally typical sampling's cut on log-probabilities x (..., V), sampler/stages.py apply_typical_p's rule: per
+// row, the tokens ordered by how far their surprise -log p is from the row's entropy, nearest first; keep the
+// fewest whose probabilities add up to at least p (the one that crosses p kept, at least min_tokens_to_keep),
+// and every token no further than the last kept one. From a partial sort by that distance, in float64.
+mx::array typical_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s = {});
+
 // Non-interleaved RoPE on x (..., L, E) for positions offset .. offset + L - 1 from cos/sin tables
 // (P, E / 2): x1 * cos - x2 * sin, x2 * cos + x1 * sin, as cpu/kernels.py's RopeTable computes it.
 mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s = {});
@@ -77,6 +83,7 @@ class RowOp : public mx::UnaryPrimitive {
         : kind_ == RowKind::rope      ? "MlxinferRoPE"
         : kind_ == RowKind::log_softmax ? "MlxinferLogSoftmax"
         : kind_ == RowKind::top_p     ? "MlxinferTopP"
+        : kind_ == RowKind::typical_p ? "MlxinferTypicalP"
                                       : "MlxinferSwiGLU";
   }
   bool is_equivalent(const mx::Primitive& other) const override;
