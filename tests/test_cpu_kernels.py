@@ -121,13 +121,13 @@ def test_the_fast_cut_keeps_what_mlx_exp_keeps(settings):
     logsumexp is off by up to ~7e-5 in the log, the native one by ~2e-6, so the fast path is often closer)."""
     from mlxinfer.sampler import cut_tail, kept_probabilities, log_softmax
 
-    model, tok = mlxinfer.load(None)
-    prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "1, 2, 3,"]
-    rows = [model(mx.array([tok.encode(p)]))[0, -1] for p in prompts]
+    rows = _last_scores(
+        ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "1, 2, 3,"]
+    )
     s = mlxinfer.SamplerSettings(**settings)
-    lp = log_softmax(mx.stack(rows))  # (4, V)
+    lp = log_softmax(rows)  # (4, V)
     assert mx.array_equal(cut_tail(lp, s, fast=True) > -math.inf, cut_tail(lp, s) > -math.inf).item()
-    for row in rows:
+    for row in rows:  # (V,) each
         ref, got = kept_probabilities(row, s), kept_probabilities(row, s, fast=True)
         assert mx.array_equal(ref[2], got[2]).item()  # kept
         x = np.array(row, np.float64) / s.temperature
@@ -166,16 +166,9 @@ def test_native_top_p_keeps_the_float64_nucleus(temperature):
     float64) keeps exactly the tokens a float64 full sort keeps, on the embedded model's real rows, at p from
     0.5 to 0.99 and with min_tokens_to_keep. (MLX's float32 cumsum drifts: at p = 0.99 its cut moves by tens of
     tail tokens worth ~1e-5 of mass, so the oracle is float64, not MLX's own apply_top_p.)"""
-    from mlxinfer.sampler import apply_top_p, log_softmax
+    from mlxinfer.sampler import apply_top_p
 
-    model, tok = mlxinfer.load(None)
-    prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "Once upon a"]
-    lp = log_softmax(mx.stack([model(mx.array([tok.encode(p)]))[0, -1] for p in prompts]) * (1 / temperature))
-    for p in (0.5, 0.9, 0.95, 0.99):
-        for keep in (1, 5, 300):
-            got = np.array(apply_top_p(lp, p, keep, fast=True) > -math.inf)
-            for r, row in enumerate(np.array(lp)):
-                assert (got[r] == _nucleus64(row, p, keep)).all(), (p, keep, r, got[r].sum())
+    _assert_native_cut_keeps(apply_top_p, _nucleus64, temperature, (0.5, 0.9, 0.95, 0.99))
 
 
 def test_native_top_p_ties_floors_and_empty_rows():
@@ -211,15 +204,28 @@ def test_native_typical_p_keeps_the_float64_set(temperature):
     float64) keeps exactly what a float64 full sort keeps, on the embedded model's real rows. (MLX's own
     float32 stages differ by 1-4 tokens of hundreds or thousands at T >= 1: many tokens lie at nearly the
     same distance from the entropy, and float32 orders them and sums them otherwise.)"""
-    from mlxinfer.sampler import apply_typical_p, log_softmax
+    from mlxinfer.sampler import apply_typical_p
 
-    model, tok = mlxinfer.load(None)
-    prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "Once upon a"]
-    lp = log_softmax(mx.stack([model(mx.array([tok.encode(p)]))[0, -1] for p in prompts]) * (1 / temperature))
-    for p in (0.2, 0.5, 0.9, 0.95):
-        for keep in (1, 5, 300):
-            got = np.array(apply_typical_p(lp, p, keep, fast=True) > -math.inf)
-            for r, row in enumerate(np.array(lp)):
-                assert (got[r] == _typical64(row, p, keep)).all(), (p, keep, r, got[r].sum())
+    _assert_native_cut_keeps(apply_typical_p, _typical64, temperature, (0.2, 0.5, 0.9, 0.95))
     cut = mx.array([[-math.inf, math.log(0.6), -math.inf, math.log(0.4)]])  # an earlier cut's -inf stay out
     assert np.isneginf(np.array(apply_typical_p(cut, 0.99, fast=True))[0, [0, 2]]).all()
+
+
+def _last_scores(prompts: list[str]) -> mx.array:
+    """The embedded model's scores after each prompt's last token: (len(prompts), V)."""
+    model, tok = mlxinfer.load(None)
+    return mx.stack([model(mx.array([tok.encode(p)]))[0, -1] for p in prompts])
+
+
+def _assert_native_cut_keeps(cut, rule, temperature: float, ps) -> None:
+    """cut(lp, p, keep, fast=True) keeps what rule(row, p, keep) (float64, a full sort) keeps, on real rows
+    tempered by `temperature`, at each p and at floors of 1, 5 and 300 tokens."""
+    from mlxinfer.sampler import log_softmax
+
+    prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "Once upon a"]
+    lp = log_softmax(_last_scores(prompts) * (1 / temperature))
+    for p in ps:
+        for keep in (1, 5, 300):
+            got = np.array(cut(lp, p, keep, fast=True) > -math.inf)
+            for r, row in enumerate(np.array(lp)):
+                assert (got[r] == rule(row, p, keep)).all(), (p, keep, r, got[r].sum())

@@ -6,6 +6,7 @@
 #include <cstring>
 #include <functional>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "mlx/allocator.h"
@@ -190,22 +191,26 @@ mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
   return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::log_softmax, 0.0f), {f32(x, stream)});
 }
 
-mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s) {
+namespace {
+
+// A sampler cut's node (top_p, typical_p): x's shape, p in (0, 1] and the floor of kept tokens checked.
+mx::array cut_node(const char* name, RowKind kind, const mx::array& x, float p, int keep, mx::StreamOrDevice s) {
   auto stream = cpu_stream(s);
-  if (x.ndim() < 1 || !(p > 0.0f && p <= 1.0f) || min_tokens_to_keep < 0) {
-    throw std::invalid_argument("[mlxinfer.top_p] x needs at least one dimension, p in (0, 1], min_tokens_to_keep >= 0");
+  if (x.ndim() < 1 || !(p > 0.0f && p <= 1.0f) || keep < 0) {
+    throw std::invalid_argument(std::string("[mlxinfer.") + name +
+                                "] x needs at least one dimension, p in (0, 1], min_tokens_to_keep >= 0");
   }
-  return mx::array(
-      x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::top_p, p, min_tokens_to_keep), {f32(x, stream)});
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, kind, p, keep), {f32(x, stream)});
+}
+
+}  // namespace
+
+mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s) {
+  return cut_node("top_p", RowKind::top_p, x, p, min_tokens_to_keep, s);
 }
 
 mx::array typical_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s) {
-  auto stream = cpu_stream(s);
-  if (x.ndim() < 1 || !(p > 0.0f && p <= 1.0f) || min_tokens_to_keep < 0) {
-    throw std::invalid_argument("[mlxinfer.typical_p] x needs at least one dimension, p in (0, 1], min_tokens_to_keep >= 0");
-  }
-  return mx::array(
-      x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::typical_p, p, min_tokens_to_keep), {f32(x, stream)});
+  return cut_node("typical_p", RowKind::typical_p, x, p, min_tokens_to_keep, s);
 }
 
 mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s) {
