@@ -183,6 +183,13 @@ def test_native_top_p_ties_floors_and_empty_rows():
     assert np.array(apply_top_p(cut, 0.9, fast=True)).tolist() == np.array(cut).tolist()
     empty = mx.full((1, 5), -math.inf)
     assert np.isneginf(np.array(apply_top_p(empty, 0.9, fast=True))).all()
+    # NaN scores (a model that blew up; the engine reports them after the draw): the cut neither crashes in its
+    # sort nor hides them, for either native cut
+    from mlxinfer.sampler import apply_typical_p
+
+    nan = mx.where(mx.arange(4099) % 7 == 0, mx.nan, mx.random.normal((2, 4099), key=mx.random.key(3)))
+    for cut in (apply_top_p, apply_typical_p):
+        assert np.isnan(np.array(cut(nan, 0.9, fast=True))[:, ::7]).all()
 
 
 def _typical64(x: np.ndarray, p: float, keep: int) -> np.ndarray:

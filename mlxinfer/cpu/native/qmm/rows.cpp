@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -63,32 +62,42 @@ void log_softmax_row(const float* x, float* y, int64_t n) {
 }
 
 
-// top_p over one row of n log-probabilities (rows.h)
-void top_p_row(const float* x, float* y, int64_t n, float p, int keep) {
-  double total = 0.0;
-  for (int64_t i = 0; i < n; ++i) total += x[i] == -INFINITY ? 0.0 : static_cast<double>(exp_scalar(x[i]));
-  const double target = static_cast<double>(p) * total;
-  const int64_t least = std::min<int64_t>(std::max(keep, 1), n);
-  std::vector<float> top;
-  float threshold = -INFINITY;
+// The cut both sampler nodes make: tokens taken in order of `key` (smallest first, ties by index), each while
+// the mass taken before it is below `target`, at least `least` of them; returns the largest key taken, so a
+// token stays when its key is at most that (every tie of the last one too). It sorts only the first m
+// tokens by key, m = 64 widened 4x at a time until the taken ones end inside them.
+double cut_key(const std::vector<double>& key, const std::vector<double>& mass, double target, int64_t least) {
+  const int64_t n = static_cast<int64_t>(key.size());
+  std::vector<int64_t> order(n);
+  // a NaN key (NaN scores: the engine reports them after the draw) sorts last, so the order stays a strict one
+  auto at = [&](int64_t i) { return std::isnan(key[i]) ? INFINITY : key[i]; };
+  auto before = [&](int64_t a, int64_t b) { return at(a) < at(b) || (at(a) == at(b) && a < b); };
   for (int64_t m = std::min<int64_t>(64, n);; m = std::min<int64_t>(4 * m, n)) {
-    top.assign(x, x + n);
-    std::nth_element(top.begin(), top.begin() + (m - 1), top.end(), std::greater<float>());
-    std::sort(top.begin(), top.begin() + m, std::greater<float>());
-    double above = 0.0;  // the mass of the tokens before k
+    for (int64_t i = 0; i < n; ++i) order[i] = i;
+    std::nth_element(order.begin(), order.begin() + (m - 1), order.end(), before);
+    std::sort(order.begin(), order.begin() + m, before);
+    double taken = 0.0;
     int64_t k = 0;
-    for (; k < m && (above < target || k < least); ++k) {
-      above += top[k] == -INFINITY ? 0.0 : static_cast<double>(exp_scalar(top[k]));
-    }
-    if (k < m || m == n) {  // the kept ones end inside the sorted top m
-      threshold = top[std::max<int64_t>(k, 1) - 1];
-      break;
-    }
+    while (k < m && (taken < target || k < least)) taken += mass[order[k++]];
+    if (k < m || m == n) return at(order[k - 1]);
   }
-  for (int64_t i = 0; i < n; ++i) y[i] = x[i] < threshold ? -INFINITY : x[i];
 }
 
-// typical_p over one row of n log-probabilities (rows.h)
+// top_p over one row of n log-probabilities (rows.h): the highest first, the mass e**x against p * its sum
+void top_p_row(const float* x, float* y, int64_t n, float p, int keep) {
+  std::vector<double> key(n), mass(n);
+  double total = 0.0;
+  for (int64_t i = 0; i < n; ++i) {
+    key[i] = -static_cast<double>(x[i]);  // +inf for a token an earlier cut removed: last
+    mass[i] = x[i] == -INFINITY ? 0.0 : static_cast<double>(exp_scalar(x[i]));
+    total += mass[i];
+  }
+  const double threshold = cut_key(key, mass, static_cast<double>(p) * total, std::min<int64_t>(std::max(keep, 1), n));
+  for (int64_t i = 0; i < n; ++i) y[i] = key[i] > threshold ? -INFINITY : x[i];
+}
+
+// typical_p over one row of n log-probabilities (rows.h): the nearest to the entropy first, the probabilities
+// against p
 void typical_p_row(const float* x, float* y, int64_t n, float p, int keep) {
   double top = -INFINITY;
   for (int64_t i = 0; i < n; ++i) top = std::max(top, static_cast<double>(x[i]));
@@ -103,22 +112,7 @@ void typical_p_row(const float* x, float* y, int64_t n, float p, int keep) {
     if (prob[i] > 0.0) entropy -= prob[i] * lp;
   }
   for (int64_t i = 0; i < n; ++i) dist[i] = x[i] == -INFINITY ? INFINITY : std::fabs(-(static_cast<double>(x[i]) - lse) - entropy);
-  const int64_t least = std::min<int64_t>(std::max(keep, 1), n);
-  std::vector<int64_t> order(n);
-  auto nearer = [&](int64_t a, int64_t b) { return dist[a] < dist[b] || (dist[a] == dist[b] && a < b); };
-  double threshold = INFINITY;
-  for (int64_t m = std::min<int64_t>(64, n);; m = std::min<int64_t>(4 * m, n)) {
-    for (int64_t i = 0; i < n; ++i) order[i] = i;
-    std::nth_element(order.begin(), order.begin() + (m - 1), order.end(), nearer);
-    std::sort(order.begin(), order.begin() + m, nearer);
-    double mass = 0.0;
-    int64_t k = 0;  // tokens taken: each while the mass before it is below p, then up to `least`
-    while (k < m && (mass < p || k < least)) mass += prob[order[k++]];
-    if (k < m || m == n) {
-      threshold = dist[order[k - 1]];
-      break;
-    }
-  }
+  const double threshold = cut_key(dist, prob, p, std::min<int64_t>(std::max(keep, 1), n));
   for (int64_t i = 0; i < n; ++i) y[i] = dist[i] > threshold ? -INFINITY : x[i];
 }
 
