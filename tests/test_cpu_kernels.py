@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import sys
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -236,3 +238,40 @@ def _assert_native_cut_keeps(cut, rule, temperature: float, ps) -> None:
             got = np.array(cut(lp, p, keep, fast=True) > -math.inf)
             for r, row in enumerate(np.array(lp)):
                 assert (got[r] == rule(row, p, keep)).all(), (p, keep, r, got[r].sum())
+
+
+_FAULTS = """
+import json, os, resource, sys
+import mlxinfer, mlx.core as mx
+from mlxinfer.cpu import heap
+from mlxinfer.sampler.stages import kept_probabilities
+from mlxinfer.settings import SamplerSettings
+state = heap.keep_large_buffers()
+x = mx.random.normal((32, 49152)) * 3
+settings = SamplerSettings(temperature=1.0, top_k=10)
+for _ in range(3):
+    mx.eval(kept_probabilities(x, settings, fast=True)[3])
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    mx.eval(kept_probabilities(x, settings, fast=True)[3])
+print(json.dumps({"state": state, "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 10}))
+"""
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="glibc's thresholds: Linux only")
+def test_large_row_blocks_reuse_freed_memory_instead_of_faulting_in_fresh_pages():
+    """A 32-row cut over the vocabulary makes ~6 MiB arrays; with glibc's defaults each came from a fresh
+    mmap (thousands of page faults a call, 2x the time); with cpu/heap.py's thresholds, from freed blocks."""
+    import json
+    import subprocess
+
+    def faults(**env):
+        out = subprocess.run(
+            [sys.executable, "-c", _FAULTS], env={**os.environ, **env}, capture_output=True, text=True, check=True
+        )
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    kept, default = faults(), faults(MLXINFER_HEAP="off")
+    assert kept["state"]["applied"] and not default["state"]["applied"], (kept, default)
+    assert kept["faults"] < 100, kept  # a (32, 49152) float32 block is 1,536 pages
+    assert default["faults"] > 10 * max(kept["faults"], 100), default  # what the thresholds are for

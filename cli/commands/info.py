@@ -42,6 +42,8 @@ def render(data: dict) -> None:
         lines.append(f"batch draws   one native call for all seeded rows: {d['path']} ({d['reason']})")
     else:
         lines.append(f"batch draws   mx.random.categorical row by row ({d['reason']})")
+    h = data["heap"]
+    lines.append(f"heap          {'large buffers kept by glibc' if h['applied'] else 'glibc defaults'} ({h['reason']})")
     q = data["quantized_matmul"]
     kernel = f"batch-invariant float32 kernel: {q['path']}" if q["active"] else "not in use"
     lines.append(f"quantized mm  {kernel} ({q['reason']})")

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import mlx.core as mx
+
+from ..cpu import heap
 from ..errors import MlxinferError
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig
@@ -36,6 +39,8 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     `info.sharding` says how. None or a single rank: the whole model.
     """
     dtype_rule.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
+    if mx.default_device() == mx.cpu:  # large arrays reuse freed blocks instead of fresh mmaps (cpu/heap.py)
+        heap.keep_large_buffers()
     sharded = group is not None and group.size() > 1
     if sharded and compute_dtype in ("quantized", "int8"):  # distributed.finish: float32 or as stored
         raise MlxinferError(

@@ -37,7 +37,7 @@ def system_info() -> dict:
 
     import mlx.core as mx
 
-    from ..cpu import blas  # preload ran at `import mlxinfer`, before mlx
+    from ..cpu import blas, heap  # preload ran at `import mlxinfer`, before mlx
 
     status = blas.status()
     try:
@@ -58,6 +58,7 @@ def system_info() -> dict:
         },
         "mlx": {"version": mx.__version__, "default_device": str(mx.default_device())},
         "blas": {**status, "float32_matmul_check": check},
+        "heap": heap.state(),  # glibc's thresholds for large buffers (cpu/heap.py), set when a model loads
         "batched_draw": _status("draw"),  # the seeded batch's draw: one kernel call, or one MLX call per row
         "quantized_matmul": _status("qmm"),  # the quantized path's kernel: built and agreeing with MLX, or why not
         "compute_dtype": {
