@@ -194,6 +194,41 @@ def test_native_top_p_ties_floors_and_empty_rows():
         assert np.isnan(np.array(cut(nan, 0.9, fast=True))[:, ::7]).all()
 
 
+def _top_k64(x: np.ndarray, k: int, keep: int) -> np.ndarray:
+    """apply_top_k's rule with a full sort, one row: every token at least as high as the k-th highest."""
+    return x >= np.sort(x)[::-1][min(max(k, keep), len(x)) - 1]
+
+
+def test_native_top_k_keeps_the_k_highest_and_every_tie_of_the_kth():
+    """The extension's top-k (one pass with a heap of the k highest) keeps what a full sort keeps on the
+    embedded model's real rows, at k from 1 to 1,000 and with min_tokens_to_keep; where the k-th has no tie
+    that is exactly MLX's argpartition set; ties, -inf, NaN and k >= V by hand."""
+    from mlxinfer.sampler import apply_top_k
+
+    _assert_native_cut_keeps(apply_top_k, _top_k64, 1.0, (1, 10, 40, 1000))
+    lp = mlxinfer.sampler.log_softmax(_last_scores(["Name one fruit.", "1, 2, 3,"]))
+    for k in (1, 20, 500):
+        assert mx.array_equal(apply_top_k(lp, k, fast=True) > -math.inf, apply_top_k(lp, k) > -math.inf).item()
+    tied = mx.log(mx.array([[0.3, 0.2, 0.2, 0.2, 0.1]]))  # the k-th is one of three tied tokens: all three stay
+    assert np.array(apply_top_k(tied, 2, fast=True) > -math.inf).tolist() == [[True, True, True, True, False]]
+    cut = mx.array([[-math.inf, 1.0, -math.inf, 0.5]])  # fewer finite tokens than k: the -inf stay -inf
+    assert np.array(apply_top_k(cut, 3, fast=True)).tolist() == np.array(cut).tolist()
+    nan = mx.array([[0.1, math.nan, 0.3, 0.2]])  # a NaN score stays for the engine to report
+    got = np.array(apply_top_k(nan, 1, fast=True))[0]
+    assert np.isnan(got[1]) and got[2] == np.float32(0.3) and np.isneginf(got[[0, 3]]).all()
+    assert apply_top_k(tied, 5, fast=True) is tied  # k >= V: nothing to cut
+
+
+def test_native_softmax_is_the_bits_of_exp_kept_of_log_softmax():
+    """The extension's softmax node is the same arithmetic as the two ops it replaces (the native
+    log-softmax, then the polynomial exp with -inf to exactly 0), bit for bit, on real rows and cut rows."""
+    from mlxinfer.sampler import apply_top_k, log_softmax
+
+    lp = log_softmax(_last_scores(["Name one herb to add to tomato soup.", "The capital of France is"]) * 1.3)
+    for x in (lp, apply_top_k(lp, 50, fast=True), mx.full((1, 7), -math.inf)):
+        assert mx.array_equal(cpu_kernels.softmax(x), cpu_kernels.exp_kept(cpu_kernels.log_softmax(x))).item()
+
+
 def _typical64(x: np.ndarray, p: float, keep: int) -> np.ndarray:
     """apply_typical_p's rule in float64 with a full sort, one row of log-probabilities."""
     x = x.astype(np.float64)
@@ -228,7 +263,7 @@ def _last_scores(prompts: list[str]) -> mx.array:
 
 def _assert_native_cut_keeps(cut, rule, temperature: float, ps) -> None:
     """cut(lp, p, keep, fast=True) keeps what rule(row, p, keep) (float64, a full sort) keeps, on real rows
-    tempered by `temperature`, at each p and at floors of 1, 5 and 300 tokens."""
+    tempered by `temperature`, at each p (or k) and at floors of 1, 5 and 300 tokens."""
     from mlxinfer.sampler import log_softmax
 
     prompts = ["Name one herb to add to tomato soup.", "Name one fruit.", "The capital of France is", "Once upon a"]

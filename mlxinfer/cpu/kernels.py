@@ -16,9 +16,9 @@ the matmuls go through a fast BLAS, these became a large share of prefill and de
   exp_kept,     the sampler's softmax and the exps of its cuts (sampler/stages.py with
   softmax       fast=True) with the same exp: 32 rows of 49k scores took ~19 ms an exp
                 pass through MLX's exp, a top-k cut's probabilities ~90 ms.
-  top_p,        the nucleus and the locally typical cuts as one native node each (sampler/stages.py
-  typical_p     with fast=True): MLX's CPU sort of one row of 49k scores took ~4 ms, a third of a
-                decode step.
+  top_k, top_p, the three cuts as one native node each (sampler/stages.py with fast=True): MLX's
+  typical_p     CPU sort of one row of 49k scores took ~4 ms, a third of a decode step, its
+                argpartition ~0.4 ms.
 
 The model uses these only after `model/convert.py`'s to_float32 on a CPU device
 (model/compute.py's Kernels, chosen at load); the as-loaded path keeps MLX's own ops, bit for bit the
@@ -81,8 +81,17 @@ def exp_kept(x: mx.array) -> mx.array:
 
 
 def softmax(x: mx.array) -> mx.array:
-    """e**log_softmax(x) over the last axis: the native log-softmax, then the polynomial exp."""
-    return exp_kept(log_softmax(x))
+    """e**log_softmax(x) over the last axis with the polynomial exp: one node of the extension where it is
+    loaded, else log_softmax above and exp_kept."""
+    native = _native()
+    return native.softmax(x) if native is not None else exp_kept(log_softmax(x))
+
+
+def top_k(x: mx.array, k: int) -> mx.array | None:
+    """apply_top_k's cut as the extension's one node (one pass with a heap of the k highest; MLX's CPU
+    argpartition of a 49k row took ~0.4 ms), or None where the extension is not loaded."""
+    native = _native()
+    return native.top_k(x, k) if native is not None else None
 
 
 def top_p(x: mx.array, p: float, min_tokens_to_keep: int = 1) -> mx.array | None:

@@ -145,11 +145,15 @@ def probabilities(logits: mx.array, temperature: float, fast: bool = False) -> m
 
 # ----------------------------------------------------------------------------- cutting the tail
 # Each takes log-probabilities (any shift works) and returns them with the cut entries at -inf.
-def apply_top_k(logprobs: mx.array, k: int, min_tokens_to_keep: int = 1) -> mx.array:
-    """Keep the k highest (at least min_tokens_to_keep); k >= V keeps everything."""
+def apply_top_k(logprobs: mx.array, k: int, min_tokens_to_keep: int = 1, fast: bool = False) -> mx.array:
+    """Keep the k highest (at least min_tokens_to_keep); k >= V keeps everything. fast: one native pass
+    that also keeps every tie of the k-th (as transformers' top-k does); MLX's argpartition keeps k."""
     k = max(k, min_tokens_to_keep)
     if k >= logprobs.shape[-1]:
         return logprobs
+    native = kernels.top_k(logprobs, k) if fast else None
+    if native is not None:
+        return native
     drop = mx.argpartition(-logprobs, kth=k - 1, axis=-1)[..., k:]
     return mx.put_along_axis(logprobs, drop, mx.array(NEG_INF, logprobs.dtype), axis=-1)
 
@@ -222,11 +226,11 @@ def cut_tail(logprobs: mx.array, settings: SamplerSettings, fast: bool = False) 
     if s.order == "mlx-lm":  # mlx-lm's make_sampler: these three, in this order, untempered
         out = apply_top_p(logprobs, s.top_p, fast=fast) if s.top_p < 1.0 else logprobs
         out = apply_min_p(out, s.min_p, s.min_tokens_to_keep) if s.min_p > 0.0 else out
-        out = apply_top_k(out, s.top_k) if s.top_k > 0 else out
+        out = apply_top_k(out, s.top_k, fast=fast) if s.top_k > 0 else out
         return apply_typical_p(out, s.typical_p, s.min_tokens_to_keep, fast) if s.typical_p < 1.0 else out
     keep = s.min_tokens_to_keep
     out = log_softmax(apply_temperature(logprobs, s.temperature), fast)
-    out = apply_top_k(out, s.top_k, keep) if s.top_k > 0 else out
+    out = apply_top_k(out, s.top_k, keep, fast) if s.top_k > 0 else out
     out = apply_top_p(out, s.top_p, keep, fast) if s.top_p < 1.0 else out
     out = apply_min_p(out, s.min_p, keep) if s.min_p > 0.0 else out
     out = apply_typical_p(out, s.typical_p, keep, fast) if s.typical_p < 1.0 else out

@@ -70,6 +70,10 @@ NB_MODULE(_mlxinfer_qmm, m) {
         "linear_chain(h, then); with write_in_place, the new keys and values are first written into kvs[g] itself");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");
+  m.def("softmax", &mlxinfer::softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "e**log_softmax(x) over the last axis with the kernel's exp, float32, one primitive");
+  m.def("top_k", &mlxinfer::top_k, "x"_a, "k"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "the top-k cut over the last axis (ties of the k-th kept; sampler apply_top_k's rule), one primitive");
   m.def("top_p", &mlxinfer::top_p, "x"_a, "p"_a, "min_tokens_to_keep"_a = 1, nb::kw_only(), "stream"_a = nb::none(),
         "the nucleus cut of log-probabilities over the last axis (sampler apply_top_p's rule), float32, one primitive");
   m.def("typical_p", &mlxinfer::typical_p, "x"_a, "p"_a, "min_tokens_to_keep"_a = 1, nb::kw_only(),

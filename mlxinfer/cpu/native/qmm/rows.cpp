@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -116,6 +117,39 @@ void typical_p_row(const float* x, float* y, int64_t n, float p, int keep) {
   for (int64_t i = 0; i < n; ++i) y[i] = dist[i] > threshold ? -INFINITY : x[i];
 }
 
+// top_k over one row (rows.h): the k-th highest score from a min-heap of the k highest seen, then every token
+// at least as high (ties of the k-th kept, as transformers' top-k keeps them); one pass, no sort of the row
+void top_k_row(const float* x, float* y, int64_t n, int64_t k) {
+  std::vector<float> heap;
+  heap.reserve(k);
+  for (int64_t i = 0; i < n; ++i) {
+    if (std::isnan(x[i])) continue;  // kept as it is, as top_p keeps it: the engine reports NaN scores
+    if (static_cast<int64_t>(heap.size()) < k) {
+      heap.push_back(x[i]);
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    } else if (x[i] > heap.front()) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<float>());
+      heap.back() = x[i];
+      std::push_heap(heap.begin(), heap.end(), std::greater<float>());
+    }
+  }
+  const float least = static_cast<int64_t>(heap.size()) < k ? -INFINITY : heap.front();
+  for (int64_t i = 0; i < n; ++i) y[i] = x[i] >= least || std::isnan(x[i]) ? x[i] : -INFINITY;
+}
+
+// softmax over one row: log_softmax_row, then e**y with the same exp, exactly 0 where y is -inf
+void softmax_row(const float* x, float* y, int64_t n) {
+  log_softmax_row(x, y, n);
+  int64_t i = 0;
+#ifdef MLXINFER_AVX2
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(y + i);
+    _mm256_storeu_ps(y + i, _mm256_and_ps(exp8(v), _mm256_cmp_ps(v, _mm256_set1_ps(-INFINITY), _CMP_NEQ_OQ)));
+  }
+#endif
+  for (; i < n; ++i) y[i] = y[i] == -INFINITY ? 0.0f : exp_scalar(y[i]);
+}
+
 mx::array f32(const mx::array& a, const mx::Stream& s) {
   return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
 }
@@ -199,6 +233,18 @@ mx::array cut_node(const char* name, RowKind kind, const mx::array& x, float p, 
 
 }  // namespace
 
+mx::array softmax(const mx::array& x, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (x.ndim() < 1) throw std::invalid_argument("[mlxinfer.softmax] x needs at least one dimension");
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::softmax, 0.0f), {f32(x, stream)});
+}
+
+mx::array top_k(const mx::array& x, int k, mx::StreamOrDevice s) {
+  auto stream = cpu_stream(s);
+  if (x.ndim() < 1 || k < 1) throw std::invalid_argument("[mlxinfer.top_k] x needs at least one dimension, k >= 1");
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::top_k, 0.0f, k), {f32(x, stream)});
+}
+
 mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s) {
   return cut_node("top_p", RowKind::top_p, x, p, min_tokens_to_keep, s);
 }
@@ -256,8 +302,7 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     });
     return;
   }
-  if (kind_ == RowKind::log_softmax || kind_ == RowKind::swiglu_halves || kind_ == RowKind::top_p ||
-      kind_ == RowKind::typical_p) {  // one input, row by row
+  if (kind_ != RowKind::rms_norm && kind_ != RowKind::swiglu) {  // one input, row by row
     out.set_data(mx::allocator::malloc(out.nbytes()));
     auto& enc = mx::cpu::get_command_encoder(stream());
     enc.set_input_array(inputs[0]);
@@ -273,6 +318,10 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
         for (int64_t r = r0; r < r1; ++r) {
           if (kind == RowKind::log_softmax) {
             log_softmax_row(p + r * in, y + r * n, n);
+          } else if (kind == RowKind::softmax) {
+            softmax_row(p + r * in, y + r * n, n);
+          } else if (kind == RowKind::top_k) {
+            top_k_row(p + r * in, y + r * n, n, offset);
           } else if (kind == RowKind::top_p) {
             top_p_row(p + r * in, y + r * n, n, eps, offset);
           } else if (kind == RowKind::typical_p) {

@@ -42,7 +42,7 @@ void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps
 // One row of swiglu: y = silu(g) * u over n values.
 void swiglu_row(const float* g, const float* u, float* y, int64_t n);
 
-enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax, top_p, typical_p };
+enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax, softmax, top_k, top_p, typical_p };
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
@@ -54,6 +54,12 @@ mx::array swiglu_halves(const mx::array& gate_up, mx::StreamOrDevice s = {});
 
 // x - logsumexp(x) over the last axis (log-probabilities from scores), float32, exp as swiglu's.
 mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
+// e**log_softmax(x) over the last axis, the same exp; exactly 0 where x is -inf.
+mx::array softmax(const mx::array& x, mx::StreamOrDevice s = {});
+
+// The top-k cut on scores x (..., V): per row, every token at least as high as the k-th highest (its ties
+// too) keeps its score, the rest become -inf; a NaN stays. sampler/stages.py apply_top_k's rule, in one pass.
+mx::array top_k(const mx::array& x, int k, mx::StreamOrDevice s = {});
 
 // The nucleus cut on log-probabilities x (..., V): per row, with e = exp(x) and the tokens in descending order,
 // keep each token while the mass of the tokens above it is below p * sum(e) (at least min_tokens_to_keep of
@@ -82,6 +88,8 @@ class RowOp : public mx::UnaryPrimitive {
     return kind_ == RowKind::rms_norm ? "MlxinferRMSNorm"
         : kind_ == RowKind::rope      ? "MlxinferRoPE"
         : kind_ == RowKind::log_softmax ? "MlxinferLogSoftmax"
+        : kind_ == RowKind::softmax   ? "MlxinferSoftmax"
+        : kind_ == RowKind::top_k     ? "MlxinferTopK"
         : kind_ == RowKind::top_p     ? "MlxinferTopP"
         : kind_ == RowKind::typical_p ? "MlxinferTypicalP"
                                       : "MlxinferSwiGLU";
