@@ -167,3 +167,25 @@ def test_json_batched_each_row_with_its_own_grammar_mask(checkpoint_dir):
         "--json",
     )
     assert [c["text"] for c in json.loads(out.stdout)["completions"]] == [c.text for c in report.completions[:3]]
+
+
+def test_rows_let_go_of_their_kv_cache_when_the_call_returns(embedded_quantized):
+    """A Row and its Group refer to each other, so a batch's KV cache used to live on after sample or
+    generate returned until Python's cycle collector ran: 360 MB after 32 seeds, gigabytes after a few
+    hundred. With the collector off, nothing the call made may still be held once it returns."""
+    import gc
+
+    model, tokenizer = embedded_quantized
+    mlxinfer.sample(model, tokenizer, HERB, seeds=2, max_tokens=2)  # warm: kernels, tables, the RoPE cache
+    gc.collect()
+    gc.disable()
+    try:
+        before = mx.get_active_memory()
+        mlxinfer.sample(model, tokenizer, HERB, seeds=32, max_tokens=4)
+        after_sample = mx.get_active_memory()
+        mlxinfer.generate(model, tokenizer, HERB, max_tokens=4)
+        after_generate = mx.get_active_memory()
+    finally:
+        gc.enable()
+    assert after_sample - before < 1 << 20, (before, after_sample)
+    assert after_generate - before < 1 << 20, (before, after_generate)

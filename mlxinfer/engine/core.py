@@ -284,16 +284,19 @@ class Batch:
         return Drawn(y, lp, alts, finite)
 
     def keep(self, before: list[Row], after: list[Row]) -> None:
-        """The rows that go on: the others leave their groups' caches (own caches just go)."""
-        if self.own:
-            return
+        """The rows that go on. The others let go of their KV cache now: a finished row's result may be
+        held long after (a Row and its Group refer to each other, so a group's cache otherwise lived until
+        Python's cycle collector ran: gigabytes over a few batches of seeds). keep(rows, []): all go."""
         staying = {id(r) for r in after}
-        for group in _groups(before):
-            kept = [p for p, r in enumerate(group.members) if id(r) in staying]
-            if len(kept) < len(group.members):
-                if kept:
-                    group.cache = keep_rows(group.cache, kept)
-                group.members = [group.members[p] for p in kept]
+        leaving = [r for r in before if id(r) not in staying]
+        if not self.own:
+            for group in _groups(before):
+                kept = [p for p, r in enumerate(group.members) if id(r) in staying]
+                if len(kept) < len(group.members):
+                    group.cache = keep_rows(group.cache, kept) if kept else None
+                    group.members = [group.members[p] for p in kept]
+        for row in leaving:
+            row.cache = row.group = None
 
 
 def _groups(rows: list[Row]) -> list[Group]:

@@ -103,30 +103,33 @@ def decode(
     last = mx.array(prefilled.ids[-1:], dtype=mx.int32)
     drawn = batch.draw(rows, prefilled.logits, [last] * len(rows), logprobs, step_logprobs)
     mx.async_eval(*drawn.arrays())
-    while rows:
-        queued = None
-        if any(row.may_continue() for row in rows):  # the next pass is queued before these tokens are read
-            logits = batch.forward(rows, drawn.tokens)  # (A, V)
-            queued = batch.draw(rows, logits, drawn.tokens, logprobs, step_logprobs)
-            mx.async_eval(*queued.arrays())
-        tokens, chosen = drawn.tokens.tolist(), drawn.logprobs.tolist()
-        finite = drawn.finite.tolist() if drawn.finite is not None else [True] * len(rows)
-        keep = []
-        for p, row in enumerate(rows):
-            reason = row.decide(tokens[p], finite[p])
-            if reason == "error":
-                raise row.sampler.error or MlxinferError(f"{row.error}; the run was ended", "source")
-            alternatives = alternatives_of(tokenizer, drawn.alternatives[p]) if logprobs else []
-            for step in row.take(tokens[p], chosen[p], alternatives, reason):
-                yield row, step
-            if not row.ended:
-                keep.append(p)
-        if queued is None or not keep:
-            break
-        if len(keep) < len(rows):  # finished rows leave the batch
-            queued = queued.keep(keep)
-            batch.keep(rows, [rows[p] for p in keep])
-        drawn, rows = queued, [rows[p] for p in keep]
+    try:
+        while rows:
+            queued = None
+            if any(row.may_continue() for row in rows):  # the next pass is queued before these tokens are read
+                logits = batch.forward(rows, drawn.tokens)  # (A, V)
+                queued = batch.draw(rows, logits, drawn.tokens, logprobs, step_logprobs)
+                mx.async_eval(*queued.arrays())
+            tokens, chosen = drawn.tokens.tolist(), drawn.logprobs.tolist()
+            finite = drawn.finite.tolist() if drawn.finite is not None else [True] * len(rows)
+            keep = []
+            for p, row in enumerate(rows):
+                reason = row.decide(tokens[p], finite[p])
+                if reason == "error":
+                    raise row.sampler.error or MlxinferError(f"{row.error}; the run was ended", "source")
+                alternatives = alternatives_of(tokenizer, drawn.alternatives[p]) if logprobs else []
+                for step in row.take(tokens[p], chosen[p], alternatives, reason):
+                    yield row, step
+                if not row.ended:
+                    keep.append(p)
+            if queued is None or not keep:
+                break
+            if len(keep) < len(rows):  # finished rows leave the batch
+                queued = queued.keep(keep)
+                batch.keep(rows, [rows[p] for p in keep])
+            drawn, rows = queued, [rows[p] for p in keep]
+    finally:  # ended, or the caller stopped reading: every row lets go of its cache
+        batch.keep(rows, [])
 
 
 def prefill_and_decode(
