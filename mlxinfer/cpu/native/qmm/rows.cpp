@@ -34,8 +34,16 @@ namespace {
 
 // y = x - log(sum(e^x)) over one row: the max, then e^(x - max) summed in order, eight lanes at a time
 void log_softmax_row(const float* x, float* y, int64_t n) {
-  float top = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) top = std::fmax(top, x[i]);
+  float top = -INFINITY;  // the max ignoring NaN, as fmax (which the compiler left a libm call per value)
+  int64_t j = 0;
+#ifdef MLXINFER_AVX2
+  __m256 lanes_max = _mm256_set1_ps(-INFINITY);
+  for (; j + 8 <= n; j += 8) lanes_max = _mm256_max_ps(_mm256_loadu_ps(x + j), lanes_max);  // NaN: keeps the lane
+  alignas(32) float m8[8];
+  _mm256_store_ps(m8, lanes_max);
+  for (float m : m8) top = m > top ? m : top;
+#endif
+  for (; j < n; ++j) top = x[j] > top ? x[j] : top;
   if (top == -INFINITY) {  // nothing is possible: every score stays -inf
     for (int64_t i = 0; i < n; ++i) y[i] = -INFINITY;
     return;
