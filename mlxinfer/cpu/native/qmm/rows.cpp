@@ -293,77 +293,39 @@ void rope_rows(const float* x, const float* cos, const float* sin, float* y, int
 }
 
 void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  if (kind_ == RowKind::rope) {
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    for (auto& a : inputs) enc.set_input_array(a);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]),
-                  c = mx::array::unsafe_weak_copy(inputs[1]),
-                  s = mx::array::unsafe_weak_copy(inputs[2]),
-                  out = mx::array::unsafe_weak_copy(out),
-                  offset = offset_]() mutable {
-      std::vector<float> cx, cc, cs;
-      const int64_t E = x.shape(-1), L = x.shape(-2);
-      rope_rows(dense_rows(x, cx), dense_rows(c, cc), dense_rows(s, cs), out.data<float>(),
-                static_cast<int64_t>(x.size()) / E, L, E, offset);
-    });
-    return;
-  }
-  if (kind_ != RowKind::rms_norm && kind_ != RowKind::swiglu) {  // one input, row by row
-    out.set_data(mx::allocator::malloc(out.nbytes()));
-    auto& enc = mx::cpu::get_command_encoder(stream());
-    enc.set_input_array(inputs[0]);
-    enc.set_output_array(out);
-    enc.dispatch([x = mx::array::unsafe_weak_copy(inputs[0]), out = mx::array::unsafe_weak_copy(out), kind = kind_,
-                  eps = eps_, offset = offset_]() mutable {
-      std::vector<float> copy;
-      const float* p = dense_rows(x, copy);
-      const int64_t n = out.ndim() ? out.shape(-1) : 1, in = x.ndim() ? x.shape(-1) : 1;  // in: n or 2n
-      const int64_t rows = n ? static_cast<int64_t>(out.size()) / n : 0;
-      float* y = out.data<float>();
-      for_rows(rows, 8 * n, [&](int64_t r0, int64_t r1) {  // an exp a value: worth ~8 plain ones
-        for (int64_t r = r0; r < r1; ++r) {
-          if (kind == RowKind::log_softmax) {
-            log_softmax_row(p + r * in, y + r * n, n);
-          } else if (kind == RowKind::softmax) {
-            softmax_row(p + r * in, y + r * n, n);
-          } else if (kind == RowKind::top_k) {
-            top_k_row(p + r * in, y + r * n, n, offset);
-          } else if (kind == RowKind::top_p) {
-            top_p_row(p + r * in, y + r * n, n, eps, offset);
-          } else if (kind == RowKind::typical_p) {
-            typical_p_row(p + r * in, y + r * n, n, eps, offset);
-          } else {
-            swiglu_row(p + r * in, p + r * in + n, y + r * n, n);  // gate, then up
-          }
-        }
-      });
-    });
-    return;
-  }
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(inputs[0]);
-  encoder.set_input_array(inputs[1]);
-  encoder.set_output_array(out);
-  encoder.dispatch([a = mx::array::unsafe_weak_copy(inputs[0]),
-                    b = mx::array::unsafe_weak_copy(inputs[1]),
-                    out = mx::array::unsafe_weak_copy(out),
-                    kind = kind_,
-                    eps = eps_]() mutable {
-    std::vector<float> ca, cb;
-    const float* pa = dense_rows(a, ca);
-    const float* pb = dense_rows(b, cb);
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  std::vector<mx::array> in;
+  for (auto& a : inputs) {
+    enc.set_input_array(a);
+    in.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  enc.set_output_array(out);
+  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), kind = kind_, eps = eps_,
+                offset = offset_]() mutable {
+    std::vector<std::vector<float>> copies(in.size());
+    std::vector<const float*> p;
+    for (size_t i = 0; i < in.size(); ++i) p.push_back(dense_rows(in[i], copies[i]));
     float* y = out.data<float>();
-    const int64_t n = a.ndim() ? a.shape(-1) : 1;
-    const int64_t rows = n ? static_cast<int64_t>(a.size()) / n : 0;
-    for_rows(rows, kind == RowKind::rms_norm ? n : 8 * n, [&](int64_t r0, int64_t r1) {
+    const int64_t n = out.ndim() ? out.shape(-1) : 1, w = in[0].ndim() ? in[0].shape(-1) : 1;  // w: n or 2n
+    const int64_t rows = n ? static_cast<int64_t>(out.size()) / n : 0;
+    if (kind == RowKind::rope) {
+      return rope_rows(p[0], p[1], p[2], y, rows, in[0].shape(-2), n, offset);
+    }
+    for_rows(rows, kind == RowKind::rms_norm ? n : 8 * n, [&](int64_t r0, int64_t r1) {  // an exp: ~8 plain ops
       for (int64_t r = r0; r < r1; ++r) {
-        if (kind == RowKind::rms_norm) {
-          rms_norm_row(pa + r * n, pb, y + r * n, n, eps);
-        } else {
-          swiglu_row(pa + r * n, pb + r * n, y + r * n, n);
+        const float* x = p[0] + r * w;
+        float* yr = y + r * n;
+        switch (kind) {
+          case RowKind::rms_norm: rms_norm_row(x, p[1], yr, n, eps); break;
+          case RowKind::swiglu: swiglu_row(x, p[1] + r * n, yr, n); break;
+          case RowKind::swiglu_halves: swiglu_row(x, x + n, yr, n); break;  // gate, then up
+          case RowKind::log_softmax: log_softmax_row(x, yr, n); break;
+          case RowKind::softmax: softmax_row(x, yr, n); break;
+          case RowKind::top_k: top_k_row(x, yr, n, offset); break;
+          case RowKind::top_p: top_p_row(x, yr, n, eps, offset); break;
+          case RowKind::typical_p: typical_p_row(x, yr, n, eps, offset); break;
+          case RowKind::rope: break;
         }
       }
     });
