@@ -247,6 +247,12 @@ def encode_prompt(
             name = "prompt" if m is messages[-1] or m["role"] != "system" else "system"
             raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
     if not chat:
+        if system:
+            raise MlxinferError(
+                "system is a message of the chat template, which chat=False skips; drop one of the two",
+                "system",
+                "chat=False",
+            )
         if thinking:
             raise MlxinferError(
                 "thinking is a switch of the chat template, which chat=False skips; drop one of the two",

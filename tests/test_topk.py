@@ -136,3 +136,13 @@ def test_thinking_on_a_template_without_the_switch_is_refused():
     """Was: --thinking was accepted and did nothing on a chat template that has no enable_thinking."""
     assert_one_line_error(invoke_cli("topk", "-p", "Name one fruit.", "--thinking"), "--thinking does nothing here")
     assert_one_line_error(invoke_cli("topk", "-p", "Name one fruit.", "--thinking", "--no-chat"), "--no-chat skips")
+
+
+def test_system_and_tool_with_no_chat_are_refused():
+    """Was: --no-chat dropped --system and --tool without a word, so the model never saw them."""
+    assert_one_line_error(
+        invoke_cli("topk", "-p", "Name one fruit.", "--system", "Be brief.", "--no-chat"), "--no-chat skips"
+    )
+    tool = '{"name": "pick", "input_schema": {"type": "object"}}'
+    out = invoke_cli("generate", "-p", "Name one fruit.", "--tool", tool, "--no-chat", "--max-tokens", "2")
+    assert_one_line_error(out, "--tool reaches the model through the chat template")

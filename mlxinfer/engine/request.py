@@ -70,6 +70,12 @@ def prepare(
     check_max_tokens(max_tokens)
     stops = stop_strings(stop)
     constraint = Constraint.read(json_schema, tool, explain_mask, or_text)  # bad schemas fail here
+    if constraint is not None and constraint.tool is not None and not chat:
+        raise MlxinferError(
+            "tool reaches the model through the chat template, which chat=False skips; drop one of the two",
+            "tool",
+            "chat=False",
+        )
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
