@@ -92,6 +92,10 @@ def test_flags_that_were_half_read(checkpoint_dir, args, fragment):
 
 def test_a_blank_model_and_a_trailing_comma_are_named(checkpoint_dir):
     assert_one_line_error(invoke_cli("topk", "-m", " ", "-p", "hi"), "--model is blank")  # was: "no model at : "
+    # was: an empty --model (an unset shell variable) loaded the embedded model without a word
+    assert_one_line_error(invoke_cli("topk", "-m", "", "-p", "hi"), "--model is blank")
+    assert_one_line_error(invoke_cli("count", ""), "MODEL is blank")
+    assert_one_line_error(invoke_cli("count", "--model", ""), "--model is blank")
     bench = invoke_cli("bench", "-m", str(checkpoint_dir("llama")), "--prompt-tokens", "4,", "--no-llama-cpp")
     assert_one_line_error(bench, "--prompt-tokens '4,' has an empty item")
 

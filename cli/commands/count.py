@@ -14,7 +14,7 @@ from mlxinfer_cli import flags
 from mlxinfer_cli.common import MODEL_HELP, JsonOption, print_json
 from mlxinfer_cli.count_text import render
 
-RATE_HELP = "Prefixes are decimal (k M G T P = 10^3 .. 10^15), Ki Mi Gi Ti binary; a plain number works too."
+RATE_HELP = "Prefixes are decimal (k M G T P = 10^3 .. 10^15), Ki Mi Gi Ti binary; a plain number (1e12) is per second."
 
 
 def count_command(
@@ -49,12 +49,12 @@ def count_command(
     import mlxinfer
     from mlxinfer import MlxinferError
 
-    if model and model_option and model != model_option:
+    if model is not None and model_option is not None and model != model_option:
         raise MlxinferError(f"two models given ({model} and --model {model_option}); pass one")
-    if model:
+    if model is not None:
         flags.use(source="MODEL")
     report = mlxinfer.count(
-        model or model_option,
+        model if model is not None else model_option,
         context=context,
         answer_tokens=answer_tokens,
         flops=flops,

@@ -74,9 +74,9 @@ def embedded_model_path() -> Path:
 
 
 def is_embedded(source) -> bool:
-    """None, '' or 'embedded' (unless a path of that name exists) name the embedded default."""
-    text = "" if source is None else str(source)
-    return text == "" or (text.lower() == EMBEDDED_WORD and not Path(text).exists())
+    """None or 'embedded' (unless a path of that name exists) name the embedded default; a blank
+    string is refused by resolve, since an empty --model is more often a mistake than a choice."""
+    return source is None or (str(source).lower() == EMBEDDED_WORD and not Path(str(source)).exists())
 
 
 def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelSource:
