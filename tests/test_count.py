@@ -183,6 +183,10 @@ def test_parse_rate():
     for bad in ("fast", "3.35TB/s", "0", "-5T"):
         with pytest.raises(MlxinferError):
             parse_rate(bad, "flops")
+    # was: "400" read as 400 bytes per second, where bench reads a bare 400 as GB/s
+    with pytest.raises(MlxinferError, match="no unit.*400GB/s"):
+        parse_rate("400", "bandwidth")
+    assert parse_rate("400B/s", "bandwidth") == 400
 
 
 @pytest.mark.parametrize(

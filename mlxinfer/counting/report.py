@@ -342,6 +342,11 @@ def parse_rate(value: float | int | str, kind: str) -> float:
                 f"cannot read {kind} {value!r}; write a number with an optional prefix, like {example}", kind
             )
         x = float(m.group(1)) * _PREFIX[m.group(2) or ""]
+        if not (m.group(2) or m.group(3)) and 0 < x < 1e6:  # no machine is this slow: a unit left out
+            unit = "989T" if kind == "flops" else f"{m.group(1)}GB/s"
+            raise MlxinferError(
+                f"{kind} {value!r} has no unit and reads as {m.group(1)} per second; write the unit, like {unit}", kind
+            )
     if not (x > 0 and math.isfinite(x)):
         raise MlxinferError(f"{kind} must be a positive number per second; got {value!r}", kind)
     return x
