@@ -68,10 +68,10 @@ def sweep(
                 progress=update,
                 **chat_kwargs(options),
             )
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         kept = f"every finished batch is in {out}; the same command with --resume continues" if out else "no --out"
         typer.echo(f"interrupted: {kept}", err=True)
-        raise typer.Exit(130) from None
+        raise typer.Exit(getattr(e, "exit_code", 130)) from None
     if other_rank():
         return  # rank 0 prints for every rank
     if json_out:

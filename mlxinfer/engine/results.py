@@ -173,6 +173,14 @@ def write_whole(path: str | os.PathLike, header: dict, records: list[dict]) -> N
         tmp.write_text("".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in lines))
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, unwound like Ctrl-C; exit_code is the shell's 128 + signal (Ctrl-C's is 130)."""
+
+    def __init__(self, exit_code: int):
+        super().__init__(exit_code)
+        self.exit_code = exit_code
+
+
 @contextmanager
 def stop_cleanly_on_sigterm():
     """While a sweep runs, SIGTERM stops it the way Ctrl-C does (KeyboardInterrupt), so the batch in
@@ -182,7 +190,7 @@ def stop_cleanly_on_sigterm():
         return
 
     def interrupt(signum, frame):
-        raise KeyboardInterrupt
+        raise Terminated(128 + signum)
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
