@@ -15,10 +15,13 @@ ModelOption = GROUPS["model"][0].option
 MODEL_HELP = options.MODEL_HELP
 
 
-def print_json(data: Any) -> None:
+def print_json(data: Any, *, one_line: bool = False) -> None:
     """Strict JSON: a number that is not finite (a masked token's log-probability, -inf) is null, and
-    json.dumps refuses anything else that JSON cannot hold rather than print a bare NaN."""
-    sys.stdout.write(json.dumps(_finite(data), indent=2, ensure_ascii=False, allow_nan=False) + "\n")
+    json.dumps refuses anything else that JSON cannot hold rather than print a bare NaN. one_line: JSON
+    Lines, for a command that prints one object per event (chat's replies)."""
+    text = json.dumps(_finite(data), indent=None if one_line else 2, ensure_ascii=False, allow_nan=False)
+    sys.stdout.write(text + "\n")
+    sys.stdout.flush()
 
 
 def _finite(obj: Any):

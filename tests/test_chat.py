@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 from conftest import ROOT, run_cli
@@ -166,3 +169,21 @@ def test_ctrl_c_stops_the_reply_not_the_chat(tmp_path):
     turn = json.loads(out.read_text())["turns"][0]
     assert turn["finish_reason"] == "interrupted" and 0 < turn["generated_tokens"] < 2000
     assert re.search(r"\w", turn["text"])
+
+
+def test_chat_json_prints_one_object_a_line(tmp_path):
+    """Was: chat --json printed each reply as indented JSON over many lines, so a pipe could not read it
+    line by line. Each reply and command is one line; a reply equals `generate` with its seed."""
+    lines = f"{FRUIT}\n/temp 0.5\n"
+    env = {"MLXINFER_CHAT_HISTORY": str(tmp_path / "history")}
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "chat", "--json", "--max-tokens", "4", "--seed", "7"],
+        input=lines, capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env}, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    out = proc.stdout.splitlines()
+    assert len(out) == 2, proc.stdout
+    reply, command = (json.loads(line) for line in out)
+    assert command["command"] == "/temp" and command["data"] == {"temperature": 0.5}
+    one = run_cli("generate", "-p", FRUIT, "--seed", "7", "--max-tokens", "4")
+    assert reply["user"] == FRUIT and reply["text"] == one.stdout.rstrip("\n")

@@ -32,7 +32,7 @@ def chat(
     streams; its seed is shown, and `generate --seed` with that seed and conversation writes it again.
 
     /help lists the commands (/temp, /top-p, /top-k, /seed, /system, /topk, /save, /reset, /quit). Ctrl-C stops
-    a reply, Ctrl-D leaves. With --json each reply and command prints one JSON object instead."""
+    a reply, Ctrl-D leaves. With --json each reply and command prints one line of JSON instead (JSON Lines)."""
     import mlxinfer
 
     sampling = settings(options)
@@ -60,7 +60,7 @@ def chat(
         if line.startswith("/"):
             outcome = session.command(line)
             if json_out:
-                print_json(outcome.to_dict())
+                print_json(outcome.to_dict(), one_line=True)
             else:
                 _render(outcome)
             if outcome.kind == "quit":
@@ -92,7 +92,7 @@ def _turn(session, line: str, json_out: bool) -> None:
         if not json_out:
             sys.stdout.write(" [stopped]")
     if json_out:
-        print_json(turn.record.to_dict())
+        print_json(turn.record.to_dict(), one_line=True)
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
