@@ -15,6 +15,13 @@ ModelOption = GROUPS["model"][0].option
 MODEL_HELP = options.MODEL_HELP
 
 
+def counted(n: int, word: str) -> str:
+    """'1 token', '2 tokens', '1,024 forward passes': the count and its word, plural unless n is 1."""
+    if n == 1:
+        return f"1 {word}"
+    return f"{n:,} {word}es" if word.endswith("ss") else f"{n:,} {word}s"
+
+
 def print_json(data: Any, *, one_line: bool = False) -> None:
     """Strict JSON: a number that is not finite (a masked token's log-probability, -inf) is null, and
     json.dumps refuses anything else that JSON cannot hold rather than print a bare NaN. one_line: JSON

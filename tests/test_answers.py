@@ -249,6 +249,10 @@ def test_cli_answers_prints_what_the_library_returns(words, tmp_path):
     best = want["answers"][0]
     assert repr(best["answer"]) in table.stdout and f"{best['probs'][0]:.4f}" in table.stdout
     assert "(not walked: remainder)" in table.stdout
+    short = invoke_cli(*[a for a in args if a not in ("--min-mass", "1")], "--max-nodes", "1")
+    assert short.returncode == 0 and "stopped: max_nodes" in short.stdout, short.stderr
+    assert "1 path expanded in 1 forward pass," in short.stdout  # was: "1 paths ... 1 forward passes"
+    assert "raise --max-nodes" in short.stdout  # was: an empty table and no word on why
     bad = [
         (["--min-mass", "0"], "--min-mass must be in (0, 1]"),
         (["--max-nodes", "-3"], "--max-nodes"),

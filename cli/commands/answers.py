@@ -8,7 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import load_model, print_json
+from mlxinfer_cli.common import counted, load_model, print_json
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, parse_numbers, settings, stop, takes
 
 SHOWN = 20  # answers in the table
@@ -94,13 +94,16 @@ def render(report) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{report.model}[/bold] on {report.definition}  prompt: {len(report.prompt_ids)} tokens")
+    console.print(
+        f"[bold]{report.model}[/bold] on {report.definition}  prompt: {counted(len(report.prompt_ids), 'token')}"
+    )
     walked = (
-        f"{report.nodes:,} paths expanded in {report.forward_passes:,} forward passes, {report.leaves:,} ended; "
+        f"{counted(report.nodes, 'path')} expanded in {counted(report.forward_passes, 'forward pass')}, "
+        f"{report.leaves:,} ended; "
         f"{report.kv_bytes / 1e6:,.1f} MB of keys and values kept; stopped: {report.stopped}"
     )
     console.print(f"[dim]{walked}[/dim]", highlight=False)
-    t = Table(title=f"whole answers (grouped by {report.group}), up to {report.max_tokens} tokens")
+    t = Table(title=f"whole answers (grouped by {report.group}), up to {counted(report.max_tokens, 'token')}")
     t.add_column("answer")
     for s in report.settings:
         t.add_column(_label(s), justify="right")
@@ -114,6 +117,8 @@ def render(report) -> None:
         t.add_row(f"({len(rest):,} more answers)", *(f"{p:.4f}" for p in sums), "")
     t.add_row("(not walked: remainder)", *(f"{m.remainder:.4f}" for m in report.mass), "", style="dim")
     console.print(t)
+    if report.stopped == "max_nodes" and not report.answers:
+        console.print("[dim]no answer ended within the budget: raise --max-nodes[/dim]", highlight=False)
 
 
 def _label(settings: dict) -> str:

@@ -11,7 +11,7 @@ import typer
 from mlxinfer import defaults
 
 from mlxinfer_cli import flags
-from mlxinfer_cli.common import load_model, other_rank, print_json, sharding_line
+from mlxinfer_cli.common import counted, load_model, other_rank, print_json, sharding_line
 from mlxinfer_cli.options import chat_kwargs, max_tokens_option, settings, stop, takes
 
 
@@ -85,8 +85,8 @@ def generate(
 
 def stats_line(stats) -> str:
     return (
-        f"prompt {stats.prompt_tokens} tokens at {stats.prefill_tokens_per_s:.1f} tok/s | "
-        f"generated {stats.generated_tokens} tokens at {stats.decode_tokens_per_s:.1f} tok/s | "
+        f"prompt {counted(stats.prompt_tokens, 'token')} at {stats.prefill_tokens_per_s:.1f} tok/s | "
+        f"generated {counted(stats.generated_tokens, 'token')} at {stats.decode_tokens_per_s:.1f} tok/s | "
         f"peak memory {stats.peak_memory_bytes / 1e6:.0f} MB | finish: {stats.finish_reason}"
     )
 

@@ -8,7 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import load_model, other_rank, print_json, progress_bar, sharding_line
+from mlxinfer_cli.common import counted, load_model, other_rank, print_json, progress_bar, sharding_line
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, seeds, settings, stop, takes
 
 
@@ -71,7 +71,8 @@ def render(report) -> None:
 
     console = Console()
     console.print(
-        f"[bold]{report.model}[/bold] on {report.definition}  prompt: {len(report.prompt_ids)} tokens", highlight=False
+        f"[bold]{report.model}[/bold] on {report.definition}  prompt: {counted(len(report.prompt_ids), 'token')}",
+        highlight=False,
     )
     console.print(f"[dim]{report.settings_note}[/dim]", highlight=False)
     if report.sharding:

@@ -9,7 +9,7 @@ import typer
 from mlxinfer import defaults
 
 from mlxinfer_cli import flags
-from mlxinfer_cli.common import load_model, other_rank, print_json, sharding_line
+from mlxinfer_cli.common import counted, load_model, other_rank, print_json, sharding_line
 from mlxinfer_cli.options import chat_kwargs, parse_numbers, settings, takes
 
 
@@ -68,7 +68,7 @@ def render(table) -> None:
     from rich.table import Table
 
     console = Console()
-    console.print(f"[bold]{table.model}[/bold]  prompt: {len(table.prompt_ids)} tokens", highlight=False)
+    console.print(f"[bold]{table.model}[/bold]  prompt: {counted(len(table.prompt_ids), 'token')}", highlight=False)
     console.print(f"scores in one pass of {table.definition}: {table.n_scores:,}", highlight=False)
     if table.sharding:
         console.print(f"[dim]{sharding_line(table.sharding)}[/dim]", highlight=False)
