@@ -202,6 +202,8 @@ class SampleReport(View):
     sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
     group: str = "first-word"  # which completions count as one answer
     exact: dict | None = None  # with exact: the walk's remainder and the G-test of the tally against it
+    max_tokens: int = 0  # each completion's budget (its finish_reason "length" when reached)
+    stop: list[str] = field(default_factory=list)  # the stop strings each completion ended at
 
 
 # ----------------------------------------------------------------------------- exact answers

@@ -136,6 +136,8 @@ def test_sample_cli_json_and_csv(checkpoint_dir):
     assert [c["seed"] for c in data["completions"]] == [0, 1, 2, 3]
     assert sum(t["count"] for t in data["tally"]) == 4
     assert abs(sum(t["share"] for t in data["tally"]) - 1.0) < 1e-9
+    assert data["max_tokens"] == 3 and data["stop"] == []  # was: the budget the completions ran under was missing
+    assert all(len(c["tokens"]) <= 3 for c in data["completions"])
     csv_out = invoke_cli(
         "sample", "-m", path, "-p", "hi", "--seed-range", "2:4", "--temp", "1.0", "--max-tokens", "3", "--csv"
     )

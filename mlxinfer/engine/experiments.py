@@ -142,7 +142,7 @@ def sample(
         definition=model.info.definition,
         sharding=model.info.sharding,
     )
-    report.group = group
+    report.group, report.max_tokens, report.stop = group, max_tokens, list(request.stop)
     report.tally = tally(report.completions, key_of)
     if exact:
         options = dict(chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens)
