@@ -86,6 +86,8 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
         raise MlxinferError(f"{src.name} is not a GGUF file; convert reads .gguf files (use quantize for a directory)")
     out = _check_out(out, force)
     model, tokenizer = load(src.path)
+    _not_the_source(model, out)
+    kinds = sorted({t.type_name for t in gguf.read_header(src.path).tensors})  # read before OUT is written
     tables = affine.tables(model)
     settings = {p: affine.setting_of(m) for p, m in tables.items()}
     check_divides(settings, {p: affine.input_size(m) for p, m in tables.items()})
@@ -97,7 +99,6 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
     dtype = str((scales or floats)[0]).split(".")[-1]
     config = _hf_config(model, dtype, config_block(settings))
     parameters, files = _write(model, tokenizer, out, tensors, config, force, max_shard_bytes)
-    kinds = sorted({t.type_name for t in gguf.read_header(src.path).tensors})
     policy = ", ".join(f"{k} {ggml_types.loads_as(k)}" for k in kinds)
     return _summary("convert", model, out, config, tensors, parameters, files, policy)
 

@@ -318,6 +318,20 @@ def test_convert_writes_the_loaded_tensors_that_mlx_lm_runs(tiny, tmp_path):
     assert mx.array_equal(_logits(peer, tok), want).item()
 
 
+def test_convert_into_the_folder_of_its_gguf_is_refused(tiny, tmp_path):
+    """Was: `convert P/m.gguf P --force` replaced P, the GGUF with it, then said "no GGUF file at P/m.gguf"."""
+    import shutil
+
+    path, _ = tiny("llama", "Q4_K_M")
+    folder = tmp_path / "P"
+    folder.mkdir()
+    shutil.copy(path, folder / "m.gguf")
+    before = (folder / "m.gguf").read_bytes()
+    refused = invoke_cli("convert", str(folder / "m.gguf"), str(folder), "--force")
+    assert_one_line_error(refused, "holds the source model")
+    assert sorted(p.name for p in folder.iterdir()) == ["m.gguf"] and (folder / "m.gguf").read_bytes() == before
+
+
 # ---- count ------------------------------------------------------------------------------------------------
 
 
