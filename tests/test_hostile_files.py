@@ -109,6 +109,9 @@ def test_config_layer_count_against_the_tensors(checkpoint_dir, tmp_path, layers
         ('"quantization": {"bits": "4", "group_size": 64}', "quantization"),
         ('"quantization": {"bits": 4, "group_size": 64, "lm_head": {"bits": 8}}', "lm_head"),
         ('"quantization": {"bits": 4, "group_size": 0}', "quantization"),
+        ('"tie_word_embeddings": "false"', "'tie_word_embeddings' must be true or false"),  # was: read as tied
+        ('"num_key_value_heads": 0', "num_key_value_heads"),  # was: silently as many as the query heads
+        ('"attention_bias": "no"', "attention_bias"),
     ],
 )
 def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
@@ -118,6 +121,21 @@ def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
     (bad / "config.json").write_text(text + ", " + change + "}")
     assert_one_line_error(invoke_cli("count", str(bad)), fragment)
     assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
+
+
+def test_a_tokenizer_id_past_the_output_table_is_refused(checkpoint_dir, tmp_path):
+    """Was: a vocabulary with a gap (as few tokens as the table has rows, one id past them) passed the
+    check on the token count, then read an embedding row out of bounds: SIGSEGV, or a wrong table."""
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    vocab_size = json.loads((bad / "config.json").read_text())["vocab_size"]
+    tok = json.loads((bad / "tokenizer.json").read_text())
+    vocab = tok["model"]["vocab"]
+    name = max(vocab, key=vocab.get)
+    vocab[name] = vocab_size + 100
+    (bad / "tokenizer.json").write_text(json.dumps(tok))
+    for args in (["topk", "-m", str(bad), "-p", "hi", "--no-chat"], ["generate", "-m", str(bad), "-p", "hi"]):
+        assert_one_line_error(run_cli(*args), f"token ids up to {vocab_size + 100:,}", "another model")
 
 
 @pytest.mark.parametrize(

@@ -98,7 +98,7 @@ class ModelConfig:
                 raise MlxinferError(f"{where} is missing the field '{name}' that {model_type} needs; add it")
         ints = {name: _positive_int(d, name, where) for name in REQUIRED}
         heads = ints["num_attention_heads"]
-        kv_heads = _positive_int(d, "num_key_value_heads", where) if d.get("num_key_value_heads") else heads
+        kv_heads = _positive_int(d, "num_key_value_heads", where) if d.get("num_key_value_heads") is not None else heads
         if heads % kv_heads:
             raise MlxinferError(
                 f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
@@ -112,7 +112,7 @@ class ModelConfig:
                     " add an explicit head_dim"
                 )
             head_dim = ints["hidden_size"] // heads
-        attention_bias = bool(d.get("attention_bias", False))
+        attention_bias = _flag(d, "attention_bias", False, where)
         # unset or null: the architecture's; 0 is an error
         context = (
             _positive_int(d, "max_position_embeddings", where)
@@ -130,11 +130,11 @@ class ModelConfig:
             rope_theta=_number(d, "rope_theta", 10000.0, where, 0.0, 1e30),
             rope_scaling=rope_scaling,
             max_position_embeddings=context,
-            tie_word_embeddings=bool(d.get("tie_word_embeddings", arch.tied)),
+            tie_word_embeddings=_flag(d, "tie_word_embeddings", arch.tied, where),
             tie_word_embeddings_given="tie_word_embeddings" in d,
             qkv_bias=attention_bias if arch.qkv_bias is None else arch.qkv_bias,
             o_bias=attention_bias if arch.o_bias is None else arch.o_bias,
-            mlp_bias=bool(d.get("mlp_bias", False)) if arch.mlp_bias is None else arch.mlp_bias,
+            mlp_bias=_flag(d, "mlp_bias", False, where) if arch.mlp_bias is None else arch.mlp_bias,
             qk_norm=arch.qk_norm,
             dtype=_dtype(d, where),
             quantization=_quantization(d, where),
@@ -231,6 +231,17 @@ def _positive_int(d: dict, name: str, where: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
         raise MlxinferError(f"{where}: '{name}' must be a positive integer up to {limit:,}, got {_short(value)}")
     return value
+
+
+def _flag(d: dict, name: str, default: bool, where: str) -> bool:
+    """true or false (0 and 1 too), or the default when absent or null; a string such as "false" is refused,
+    where bool() would read it as true."""
+    value = d.get(name)
+    if value is None:
+        return default
+    if value not in (True, False) or not isinstance(value, (bool, int)):
+        raise MlxinferError(f"{where}: '{name}' must be true or false, got {_short(value)}")
+    return bool(value)
 
 
 def _number(d: dict, name: str, default: float, where: str, low: float, high: float) -> float:

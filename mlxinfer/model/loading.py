@@ -105,10 +105,13 @@ def read_generation_config(directory: Path) -> dict | None:
 
 
 def check_vocabulary(model: Model, tokenizer, name: str) -> None:
-    """The output table may have padding rows; it must not have fewer rows than the tokenizer has ids."""
-    n_tokens = len(tokenizer)
+    """The output table may have padding rows; it must not have fewer rows than the tokenizer has ids.
+    The largest id counts, not the number of tokens: a vocabulary with gaps can be short and still
+    hold an id past the table (its embedding row would be read out of bounds)."""
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    n_tokens = max(len(tokenizer), max(vocab.values(), default=-1) + 1)
     if n_tokens > model.config.vocab_size:
         raise MlxinferError(
-            f"{name}: the tokenizer has {n_tokens:,} tokens but the model scores only "
+            f"{name}: the tokenizer has token ids up to {n_tokens - 1:,} but the model scores only "
             f"{model.config.vocab_size:,}; the tokenizer belongs to another model"
         )
