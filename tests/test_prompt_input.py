@@ -74,6 +74,10 @@ def test_stdin_and_a_file_are_the_prompt_text(files):
     generated = invoke_cli("generate", "--prompt-file", str(files / "two"), "--max-tokens", "2", "--json")
     assert _ids(generated) == _ids(invoke_cli("generate", "-p", two_lines, "--max-tokens", "2", "--json"))
     assert _ids(generated) != given
+    # was: the byte order mark a Windows editor writes first became the prompt's first character
+    (files / "bom").write_bytes(b"\xef\xbb\xbf" + (FRUIT + "\r\n").encode())
+    assert _ids(invoke_cli("topk", "--prompt-file", str(files / "bom"), "--json")) == given
+    assert _ids(invoke_cli("topk", "-p", "-", "--json", input=b"\xef\xbb\xbf" + FRUIT.encode())) == given
 
 
 def test_sweep_reads_a_prompt_from_stdin(files):

@@ -53,7 +53,7 @@ def read_text_file(path: str | os.PathLike, param: str, limit: int, what: str = 
     if len(data) > limit:
         raise MlxinferError(f"{param} {path} is over {limit:,} bytes; pass a smaller file", param)
     try:
-        return data.decode("utf-8")
+        return data.decode("utf-8-sig")  # a byte order mark (Windows editors write one) is not text
     except UnicodeDecodeError:
         raise MlxinferError(f"{param} {path} is not UTF-8 text; pass {what}", param) from None
 
@@ -72,7 +72,7 @@ def read_prompt(source: str | os.PathLike, stdin=None) -> str:
         if len(data) > MAX_PROMPT_BYTES:
             raise MlxinferError(f"{where} is over {MAX_PROMPT_BYTES:,} bytes; pass a shorter prompt", *param)
         try:
-            text = data.decode("utf-8")
+            text = data.decode("utf-8-sig")
         except UnicodeDecodeError:
             raise MlxinferError(f"{where} is not UTF-8 text; pipe UTF-8 text in", *param) from None
         fix = "pipe the text in: echo TEXT | mlxinfer ... -p -"
