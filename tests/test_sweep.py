@@ -262,3 +262,50 @@ def test_two_ranks_give_one_processs_completions(tiny, tmp_path):
     assert report["ranks"] == 2 and report["completions"] == report["new_completions"] == 2 * 2 * 10
     assert completions(read_records(out)[1]) == completions(read_records(single)[1])
     assert not list(tmp_path.glob("two.jsonl.rank*"))  # the parts are merged and gone
+
+
+@pytest.mark.slow
+def test_a_full_disk_keeps_whole_batches_and_resume_finishes(tiny, tmp_path):
+    """Was: a write that failed (no space left, a file size limit) was a traceback, and a short write left
+    a cut line that --resume then called "edited by hand". Now: one line, exit 2, the file cut back to its
+    last whole batch; --resume with room again gives the uninterrupted run's records."""
+    import resource
+
+    path, _ = tiny
+    full = tmp_path / "full.jsonl"
+    assert invoke_cli(*cli_sweep(path, full)).returncode == 0
+    lines = full.read_bytes().splitlines(keepends=True)
+    whole = len(lines[0]) + sum(len(line) for line in lines[1:5])  # the header and the first batch of 4
+    limit = whole + len(b"".join(lines[5:9])) // 2  # the second batch cannot be written whole
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails (EFBIG) instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / "cut.jsonl"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", *cli_sweep(path, out)],
+        cwd=ROOT, capture_output=True, text=True, preexec_fn=small_files, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: --out") and "--resume" in proc.stderr
+    assert out.read_bytes() == b"".join(lines[:5])  # whole batches only, no cut line
+    resumed = invoke_cli(*cli_sweep(path, out, "--resume"))
+    assert resumed.returncode == 0, resumed.stderr
+    assert completions(read_records(out)[1]) == completions(read_records(full)[1])
+
+
+def test_a_run_that_fails_before_its_first_batch_leaves_no_file(checkpoint_dir, tmp_path):
+    """Was: the header alone was left, so the same command, once the model was mended, asked for --resume."""
+    import shutil
+
+    import mlx.core as mx
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    weights = mx.load(str(bad / "model.safetensors"))
+    weights["model.layers.1.mlp.up_proj.weight"] = mx.full((256, 128), float("inf"), dtype=mx.bfloat16)
+    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    out = tmp_path / "never.jsonl"
+    assert_one_line_error(invoke_cli(*cli_sweep(str(bad), out)), "model.layers.1")
+    assert not out.exists()

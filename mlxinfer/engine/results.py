@@ -15,7 +15,7 @@ import json
 import os
 import signal
 import threading
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import MISSING, fields
 from pathlib import Path
 
@@ -87,6 +87,7 @@ class ResultsFile:
         self.path = Path(path).expanduser()
         self.header = {"format": FORMAT, **header}
         self.done: dict[tuple[int, int, int], dict] = {}
+        self.created = self.appended = False
         exists = self.path.is_file() and self.path.stat().st_size > 0
         if self.path.exists() and not self.path.is_file():
             raise MlxinferError(f"{param} {self.path} is not a file; choose a .jsonl path", param)
@@ -100,7 +101,8 @@ class ResultsFile:
         if exists:
             self._read(param)
         else:  # a new file, or an empty one (touched by hand, or left by a run killed at once)
-            self._write_lines([self.header], create=not self.path.exists(), param=param)
+            self.created = not self.path.exists()
+            self._write_lines([self.header], create=self.created, param=param)
 
     def _read(self, param: str) -> None:
         data = self.path.read_bytes()
@@ -141,8 +143,15 @@ class ResultsFile:
     def append(self, records: list[dict]) -> None:
         """All of a batch's lines in one write, synced: a reader never sees half a batch's line."""
         self._write_lines(records)
+        self.appended = True
         for r in records:
             self.done[record_key(r)] = r
+
+    def discard_if_unused(self) -> None:
+        """A run that failed before its first batch leaves no file it created (a header alone would make
+        the same command ask for --resume)."""
+        if self.created and not self.appended:
+            self.path.unlink(missing_ok=True)
 
     def _write_lines(self, rows: list[dict], create: bool = False, param: str = "out") -> None:
         data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in rows).encode()
@@ -151,6 +160,10 @@ class ResultsFile:
             fd = os.open(self.path, flags, 0o644)
         except OSError as e:
             folder = Path(self.path).parent
+            if folder.exists() and not folder.is_dir():
+                raise MlxinferError(
+                    f"{param} {self.path}: {folder} is a file, not a folder; write elsewhere", param
+                ) from None
             if not folder.is_dir():  # a sweep writes its one file, not the folders to it (convert makes its folder)
                 raise MlxinferError(
                     f"{param} {self.path}: the folder {folder} does not exist; create it first or write elsewhere",
@@ -160,8 +173,21 @@ class ResultsFile:
                 f"{param} {self.path} cannot be written ({e.strerror}); choose another {param}", param
             ) from None
         try:
-            os.write(fd, data)
-            os.fsync(fd)
+            before = os.fstat(fd).st_size
+            view = memoryview(data)
+            try:
+                while view:  # a short write (a nearly full disk) goes on where it stopped, or fails below
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            except OSError as e:
+                with suppress(OSError):
+                    os.ftruncate(fd, before)  # no cut line: the file holds whole batches only
+                then = (
+                    "free some room, then resume continues from its last whole batch" if before else "write elsewhere"
+                )
+                raise MlxinferError(
+                    f"{param} {self.path} cannot be written ({e.strerror}); {then}", param, "resume"
+                ) from None
         finally:
             os.close(fd)
 

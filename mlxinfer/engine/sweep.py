@@ -17,6 +17,8 @@ rank 0 alone keeps the results file.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
+
 import hashlib
 import itertools
 import time
@@ -272,7 +274,7 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
 def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress, annotate) -> list[dict]:
     """Each prompt prefilled once, each cell's seeds `size` rows per pass; records appended per batch."""
     new: list[dict] = []
-    with results.stop_cleanly_on_sigterm():
+    with results.stop_cleanly_on_sigterm(), _discarded_if_unused(part):
         for p in sorted({p for p, _, _ in pending}):
             prefilled = prefill(model, plan.ids[p])
             for s in sorted({s for q, s, _ in pending if q == p}):
@@ -287,6 +289,16 @@ def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress, 
                     if progress:
                         progress(len(new), len(pending))
     return new
+
+
+@contextmanager
+def _discarded_if_unused(part):
+    try:
+        yield
+    except BaseException:
+        if part is not None:
+            part.discard_if_unused()
+        raise
 
 
 def _gather(plan: _Plan, mine: list[dict], out, part, group) -> list[dict]:
