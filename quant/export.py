@@ -56,6 +56,7 @@ def quantize(
         settings = _architecture_settings(settings, model.quant_predicate, tables)
 
     floats = affine.float_tensors(model, dt)
+    _check_finite(floats, f"; or they do not fit {affine.dtype_name(dtype)}: choose another dtype")
     tensors = {}
     for name, value in floats.items():
         module = name.rpartition(".")[0]
@@ -98,6 +99,7 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
     floats = [v.dtype for k, v in tensors.items() if k.endswith(".weight") and v.dtype != mx.uint32]
     dtype = str((scales or floats)[0]).split(".")[-1]
     config = _hf_config(model, dtype, config_block(settings))
+    _check_finite(tensors)
     parameters, files = _write(model, tokenizer, out, tensors, config, force, max_shard_bytes)
     policy = ", ".join(f"{k} {ggml_types.loads_as(k)}" for k in kinds)
     return _summary("convert", model, out, config, tensors, parameters, files, policy)
@@ -146,6 +148,18 @@ def _check_out(out, force: bool) -> Path:
     out = Path(out).expanduser().absolute()
     writer.check_output(out, force)
     return out
+
+
+def _check_finite(tensors: dict, also: str = "") -> None:
+    """Every float tensor finite, checked in one evaluation before anything is written: a model with NaN
+    or inf weights (a corrupt download) would load and then only give NaN scores."""
+    bad = {k: mx.any(mx.logical_not(mx.isfinite(v))) for k, v in tensors.items() if mx.issubdtype(v.dtype, mx.floating)}
+    mx.eval(bad)
+    name = next((k for k, flag in bad.items() if flag.item()), None)
+    if name is not None:
+        raise MlxinferError(
+            f"{name} holds NaN or inf values: the source's weights are corrupt, re-download or re-convert it{also}"
+        )
 
 
 def _not_the_source(model, out: Path) -> None:

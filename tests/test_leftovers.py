@@ -34,6 +34,24 @@ def test_quantize_into_places_it_cannot_write(checkpoint_dir, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["file"]
 
 
+def test_quantize_of_weights_with_inf_writes_nothing(checkpoint_dir, tmp_path):
+    """Was: exit 0 and a model directory whose every forward pass gave NaN (with --report: exit 2, and the
+    directory left). Now one line naming the tensor, before anything is written."""
+    import shutil
+
+    import mlx.core as mx
+
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    weights = mx.load(str(bad / "model.safetensors"))
+    weights["model.layers.1.mlp.up_proj.weight"] = mx.full((256, 128), float("inf"), dtype=mx.bfloat16)
+    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    for extra in ([], ["--report"]):
+        result = invoke_cli("quantize", str(bad), str(tmp_path / "out"), *extra)
+        assert_one_line_error(result, "model.layers.1.mlp.up_proj.weight holds NaN or inf")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["bad"]
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_quantize_into_a_read_only_directory(checkpoint_dir, tmp_path):
     locked = tmp_path / "locked"
