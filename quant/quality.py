@@ -86,6 +86,15 @@ def check_quality_options(max_tokens: int | None, window: int) -> None:
         raise MlxinferError(f"max_tokens must be 2 or more, got {max_tokens!r}", "max_tokens")
 
 
+def _check_window(model, window: int, label: str) -> None:
+    """A window past the model's context would measure positions it was never trained on."""
+    context = model.config.max_position_embeddings
+    if window > context:
+        raise MlxinferError(
+            f"window {window:,} is longer than {label}'s context of {context:,} tokens; lower it", "window"
+        )
+
+
 def evaluate(
     reference,
     candidates,
@@ -114,6 +123,7 @@ def evaluate(
     labels = names or [_label(s) for s in sources]
 
     ref_model, ref_tok = load(reference)
+    _check_window(ref_model, window, labels[0])
     ids = ref_tok.encode(content)
     if max_tokens is not None:
         ids = ids[:max_tokens]
@@ -142,6 +152,7 @@ def evaluate(
     rows = []
     for index, (source, label) in enumerate(zip(candidates, labels[1:]), start=1):
         model, tok = load(source)
+        _check_window(model, window, label)
         if tok.encode(content)[: len(ids)] != ids:
             raise MlxinferError(
                 f"{label} tokenizes the text differently from the reference; compare models that share a tokenizer"

@@ -56,3 +56,16 @@ def test_kl_top1_and_perplexity_equal_numpys(checkpoint_dir, tmp_path, window):
     expected = [(i, k, k == n + 1) for i in (0, 1) for k in range(n + 2)]
     assert [(p.index, p.window + (p.line is not None), p.line is not None) for p in seen] == expected
     assert {(p.model, p.models, p.windows) for p in seen} == {("llama", 2, n), ("llama-4bit-g64", 2, n)}
+
+
+def test_a_window_past_the_context_is_refused(checkpoint_dir, tmp_path):
+    """Was: measured positions past the model's trained context without a word."""
+    from conftest import assert_one_line_error, invoke_cli
+
+    reference = checkpoint_dir("llama")
+    context = load(reference)[0].config.max_position_embeddings
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+    args = ["quality", str(reference), str(checkpoint_dir("llama", 4, 64)), "--text", str(text)]
+    assert_one_line_error(invoke_cli(*args, "--window", str(context + 1)), f"--window {context + 1:,} is longer")
+    assert invoke_cli(*args, "--window", "16", "--max-tokens", "32").returncode == 0
