@@ -75,8 +75,17 @@ __all__ = ["MlxinferError", "SamplerSettings", "GREEDY", "GRID_FIELDS", *_LAZY]
 def __getattr__(name):
     if name in _LAZY:
         import importlib
+        import inspect
 
         module, attr = _LAZY[name]
         found = importlib.import_module(f".{module}", __name__)
-        return found if attr is None else getattr(found, attr)
+        if attr is None:
+            return found
+        found = getattr(found, attr)
+        if inspect.isfunction(found):
+            from .plain import plain_numbers
+
+            found = plain_numbers(found)
+        globals()[name] = found  # looked up once
+        return found
     raise AttributeError(f"module 'mlxinfer' has no attribute {name!r}")
