@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from .errors import MlxinferError
 
@@ -241,17 +241,32 @@ def _config_values(cfg: dict, where: str) -> dict:
     return values
 
 
+def settings_list(settings, example: str = "[{'temperature': 0.7}]") -> list:
+    """A non-empty list of settings entries (each a SamplerSettings or a dict), from any iterable once."""
+    if isinstance(settings, (SamplerSettings, Mapping, str, bytes)) or not isinstance(settings, Iterable):
+        raise MlxinferError(
+            f"settings must be a non-empty list of settings (e.g. {example}), got {settings!r:.60}", "settings"
+        )
+    entries = list(settings)
+    if not entries:
+        raise MlxinferError(f"settings must be a non-empty list (e.g. {example}); it is empty", "settings")
+    return entries
+
+
 def user_settings(settings: Mapping[str, Any] | None) -> dict:
     """The fields a mapping of SamplerSettings fields sets (None values: not set), checked."""
     if settings is None:
         return {}
-    if not isinstance(settings, Mapping):
+    if not isinstance(settings, (Mapping, SamplerSettings)):
         raise MlxinferError(
             f"settings must be a SamplerSettings, a dict of its fields or None, got {type(settings).__name__}",
             "settings",
         )
+    if isinstance(settings, SamplerSettings):
+        every = {f.name: getattr(settings.validate(), f.name) for f in fields(SamplerSettings)}
+        return {k: v for k, v in every.items() if v is not None}
     names = {f.name for f in fields(SamplerSettings)}
-    unknown = sorted(set(settings) - names)
+    unknown = sorted(str(k) for k in set(settings) - names)  # a key that is no string is unknown too
     if unknown:
         raise MlxinferError(
             f"unknown sampling setting(s) {', '.join(unknown)}; known: {', '.join(sorted(names))}", "settings"

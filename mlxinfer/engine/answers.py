@@ -30,10 +30,10 @@ import numpy as np
 from .. import defaults
 from ..errors import MlxinferError
 from ..sampler import kept_probabilities
-from ..settings import SamplerSettings, resolve_settings
+from ..settings import SamplerSettings, resolve_settings, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
 from .core import Row, RowSpec
-from .decode import prefill
+from .decode import check_progress, prefill
 from .grouping import check_group, keyer
 from .path_cache import at_position, paths_cache
 from .request import check_batch_size, prepare
@@ -102,9 +102,9 @@ def answers(
     min_mass of its probability resolved, when max_nodes paths have been expanded, after max_seconds (when
     given), when nothing is left open (complete: remainder 0), or at Ctrl-C; the report says which.
     progress(nodes, remainders) after each batch."""
-    if isinstance(settings, (SamplerSettings, Mapping)) or not list(settings):
-        raise MlxinferError("settings must be a non-empty list of settings (e.g. [{'temperature': 0.7}])", "settings")
+    settings = settings_list(settings)
     check_walk(min_mass, max_nodes, group, max_seconds)
+    check_progress(progress)
     size = check_batch_size(batch_size)
     request = prepare(
         model, tokenizer, prompt, max_tokens=max_tokens, json_schema=json_schema, tool=tool, chat=chat,

@@ -11,7 +11,7 @@ checked in one place (one MlxinferError naming the parameter).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Optional, Sequence
+from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .. import defaults
 from ..errors import MlxinferError
@@ -127,9 +127,11 @@ def _is_seed(s) -> bool:
 def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
     """N (seeds 0..N-1), 'A:B' (A..B-1, like Python's range) or the seeds themselves."""
     most = defaults.MAX_SEEDS
-    if isinstance(seeds, bool):
-        raise MlxinferError(f"seeds must be a count, 'A:B' or a list of seeds, got {seeds!r}", "seeds")
-    if isinstance(seeds, str) and ":" not in seeds and seeds.strip().isdigit():
+    if type(seeds).__module__ == "numpy" and getattr(seeds, "ndim", 0) == 1:
+        seeds = seeds.tolist()  # np.arange(10): the seeds themselves
+    if isinstance(seeds, (bool, float, bytes, Mapping)) or seeds is None or not isinstance(seeds, (int, str, Iterable)):
+        raise MlxinferError(f"seeds must be a count, 'A:B' or a list of seeds, got {seeds!r:.60}", "seeds")
+    if isinstance(seeds, str) and ":" not in seeds and seeds.strip().isascii() and seeds.strip().isdigit():
         seeds = int(seeds)
     if isinstance(seeds, int):
         if not 1 <= seeds <= most:
@@ -137,6 +139,8 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
         return list(range(seeds))
     if isinstance(seeds, str):
         try:
+            if not seeds.isascii():
+                raise ValueError
             a, b = (int(x) for x in seeds.split(":"))
         except ValueError:
             raise MlxinferError(f"seeds takes N or A:B with whole numbers, got '{seeds}'", "seeds") from None

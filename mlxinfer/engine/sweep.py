@@ -24,7 +24,7 @@ import itertools
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Optional, Sequence
+from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
 import mlx.core as mx
 
@@ -32,14 +32,14 @@ from .. import defaults
 from ..errors import MlxinferError
 from ..formats.paths import read_text_file
 from ..sampler import kept_probabilities
-from ..settings import GRID_FIELDS, SamplerSettings, resolve_settings
+from ..settings import GRID_FIELDS, SamplerSettings, resolve_settings, settings_list
 from ..views import SweepRecord, SweepReport
 from . import ranks as rank_group
 from . import results
 from .schema import _one_line
 from .core import RowSpec
-from .decode import Prefilled, decode, prefill
-from .answers import answers
+from .decode import Prefilled, check_progress, decode, prefill
+from .answers import answers, check_walk
 from .grouping import keyer
 from .request import check_batch_size, prepare, seed_list, stop_strings
 from .summary import summarize
@@ -53,12 +53,22 @@ def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence 
     if unknown:
         raise MlxinferError(f"settings_grid has no axis {unknown[0]!r}; its axes: {', '.join(GRID_FIELDS)}", unknown[0])
     given = {"temperature": temperatures, **axes}
-    named = [(name, list(given[name])) for name in GRID_FIELDS if given.get(name) is not None]
+    named = [(name, _axis(name, given[name])) for name in GRID_FIELDS if given.get(name) is not None]
     empty = [name for name, values in named if not values]
     if empty:
         param = {"temperature": "temperatures"}.get(empty[0], empty[0])
         raise MlxinferError(f"{param} is empty, so the grid has no cells; give at least one value", param)
     return [dict(zip([n for n, _ in named], combo)) for combo in itertools.product(*[v for _, v in named])]
+
+
+def _axis(name: str, values) -> list:
+    """An axis's values: a list of them, or one number (an axis of one value)."""
+    if isinstance(values, (int, float)) and not isinstance(values, bool):
+        return [values]
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
+        param = {"temperature": "temperatures"}.get(name, name)
+        raise MlxinferError(f"{param} must be a list of values (e.g. [0.5, 1.0]), got {values!r:.60}", param)
+    return list(values)
 
 
 MAX_PROMPTS_FILE_BYTES = 16 << 20
@@ -114,11 +124,8 @@ class _Plan:
 
 
 def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw, stop) -> _Plan:
-    prompts = list(prompts)
-    if not prompts:
-        raise MlxinferError("prompts is empty; give at least one prompt", "prompts")
-    if isinstance(settings, (SamplerSettings, Mapping)) or not list(settings):
-        raise MlxinferError("settings must be a non-empty list of settings (see settings_grid)", "settings")
+    prompts = _prompt_list(prompts)
+    settings = settings_list(settings, "settings_grid([0.5, 1.0])")
     seed_ids = seed_list(seeds)
     stops = stop_strings(stop)
     options = dict(max_tokens=max_tokens, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw)
@@ -148,6 +155,27 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     if stops:  # only when given, so that files written before stop strings existed still resume
         header["stop"] = list(stops)
     return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header, stops)
+
+
+def _prompt_list(prompts) -> list:
+    """The prompts: a list of texts or of token-id lists (a text alone is one prompt)."""
+    if isinstance(prompts, str):
+        return [prompts]
+    if isinstance(prompts, (bytes, Mapping)) or not isinstance(prompts, Iterable):
+        raise MlxinferError(
+            f"prompts must be a list of prompts (texts or token-id lists), got {prompts!r:.60}", "prompts"
+        )
+    out = list(prompts)
+    if not out:
+        raise MlxinferError("prompts is empty; give at least one prompt", "prompts")
+    if all(isinstance(p, int) for p in out):
+        raise MlxinferError("prompts is one prompt's token ids; pass a list of prompts: [ids]", "prompts")
+    for p in out:
+        if not isinstance(p, str) and not (isinstance(p, (list, tuple)) and all(isinstance(t, int) for t in p)):
+            raise MlxinferError(
+                f"each prompt is a text or a list of token ids (chat messages: use sample), got {p!r:.60}", "prompts"
+            )
+    return out
 
 
 def sweep(
@@ -192,6 +220,8 @@ def sweep(
         model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw_special_tokens, stop
     )
     size = check_batch_size(batch_size)
+    check_walk(min_mass, max_nodes, group, max_seconds)  # also where exact is off: a bad value is never ignored
+    check_progress(progress)
     seed_ranks = rank_group.seed_group(model)
     rank, ranks = seed_ranks.rank(), seed_ranks.size()
     everyone = rank_group.group()

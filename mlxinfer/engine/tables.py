@@ -9,7 +9,7 @@ step of the sampler: which of those tokens the cut keeps, rescaled to 1.
 
 from __future__ import annotations
 
-from typing import Callable, Mapping, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 import mlx.core as mx
 
@@ -19,7 +19,7 @@ from ..sampler import kept_probabilities, log_softmax, probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import ExpertChoice, ExplainRow, Explanation, NextTokenTable, TokenRow
-from .decode import check_context
+from .decode import check_ids
 
 
 def next_token_scores(model, ids: list[int]) -> mx.array:
@@ -28,7 +28,7 @@ def next_token_scores(model, ids: list[int]) -> mx.array:
     Only that position goes through the output table: the others' scores are never read,
     and the table is the largest single matmul (49152 x 576 for SmolLM2).
     """
-    check_context(model, len(ids))
+    ids = check_ids(model, ids)
     if not hasattr(model, "run_layers"):
         scores = model(mx.array(ids)[None])[0, -1].astype(mx.float32)
     else:
@@ -39,6 +39,10 @@ def next_token_scores(model, ids: list[int]) -> mx.array:
 
 
 def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[float]:
+    if isinstance(temperatures, (int, float)) and not isinstance(temperatures, bool):
+        temperatures = [temperatures]  # one temperature: a table of one column
+    if isinstance(temperatures, (str, bytes)) or not isinstance(temperatures, Iterable):
+        raise MlxinferError(f"temperatures must be a list of numbers, got {temperatures!r:.60}", "temperatures")
     temperatures = [check_temperature(t, "temperatures") for t in temperatures]
     if not temperatures:
         raise MlxinferError("temperatures is empty; give at least one", "temperatures")
