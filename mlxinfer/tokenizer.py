@@ -228,6 +228,8 @@ def encode_prompt(
 
     A special token's name in the prompt or system text (`<|im_end|>`) is encoded as plain text,
     so that only the template emits control tokens; raw_special_tokens=True parses it instead."""
+    if system is not None and not isinstance(system, str):
+        raise MlxinferError(f"system must be text or None, got {type(system).__name__}", "system")
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         messages = _checked_messages(prompt)
         if system and not any(m["role"] == "system" for m in messages):

@@ -127,7 +127,7 @@ class ChatSession:
         check_seed(seed)
         check_max_tokens(max_tokens)
         self.model, self.tokenizer = model, tokenizer
-        self.settings = user_settings(dict(settings or {}))
+        self.settings = user_settings(settings)  # a SamplerSettings, a dict of its fields, or None
         self.seed, self.system, self.max_tokens, self.thinking = seed, system, max_tokens, thinking
         self.messages: list[dict] = []
         self.turns: list[TurnRecord] = []
@@ -136,7 +136,9 @@ class ChatSession:
     def reply(self, text: str) -> ChatTurn:
         """Start the reply to `text` (checked and encoded now: a bad prompt or a full context is an
         MlxinferError here, and the conversation is unchanged)."""
-        if not isinstance(text, str) or not text.strip():
+        if not isinstance(text, str):
+            raise MlxinferError(f"the message must be text, got {type(text).__name__}", "prompt")
+        if not text.strip():
             raise MlxinferError("say something: the message is empty", "prompt")
         messages = [*self.messages, {"role": "user", "content": text}]
         seed = self.seed if self.seed is not None else secrets.randbelow(FRESH_SEEDS)
@@ -181,6 +183,8 @@ class ChatSession:
 
     def save(self, path: str | os.PathLike) -> Path:
         """The conversation as JSON at `path`, complete or not at all (a temporary file renamed into place)."""
+        if not isinstance(path, (str, os.PathLike)):
+            raise MlxinferError(f"save takes a file name, got {type(path).__name__}", "path")
         final = Path(path).expanduser()
         if not str(path).strip() or final.is_dir():
             raise MlxinferError(f"cannot save to {str(path)!r}: give a file name, e.g. /save chat.json")
@@ -195,6 +199,8 @@ class ChatSession:
     def command(self, line: str) -> Outcome:
         """Run one slash command ('/temp 0.7'). A bad value is an Outcome of kind 'error' whose message
         names the problem and the fix; the session is then unchanged."""
+        if not isinstance(line, str):
+            raise MlxinferError(f"a command is a line of text such as '/temp 0.7', got {type(line).__name__}", "line")
         name, _, arg = line.strip().partition(" ")
         arg = arg.strip()
         if name not in COMMANDS:

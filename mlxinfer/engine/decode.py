@@ -39,6 +39,24 @@ class Prefilled:
     logits: mx.array
 
 
+def check_progress(progress) -> None:
+    if progress is not None and not callable(progress):
+        raise MlxinferError(f"progress must be a function or None, got {type(progress).__name__}", "progress")
+
+
+def check_ids(model, ids) -> list[int]:
+    """Token ids a model can read: a non-empty list of whole numbers below its vocabulary size, within
+    its context (an id past the table would read an embedding row that is not there)."""
+    vocab = model.config.vocab_size
+    if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
+        raise MlxinferError(f"ids must be a list of token ids, got {type(ids).__name__}; encode text first", "ids")
+    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+    if bad:
+        raise MlxinferError(f"token ids must be whole numbers in 0..{vocab - 1:,}, got {bad[0]!r}", "ids")
+    check_context(model, len(ids))
+    return list(ids)
+
+
 def check_context(model, n_prompt: int, extra: int = 0) -> None:
     limit = model.config.max_position_embeddings
     if n_prompt == 0:
@@ -59,6 +77,10 @@ def prefill(
     model, ids: list[int], step_size: int = 2048, progress: Optional[Callable[[int, int], None]] = None
 ) -> Prefilled:
     """Run the prompt through the model in chunks of `step_size`, filling a new one-row cache."""
+    ids = check_ids(model, ids)
+    if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size < 1:
+        raise MlxinferError(f"step_size must be a whole number, at least 1, got {step_size!r}", "step_size")
+    check_progress(progress)
     cache = model.make_cache()
     last_in_chunk = model.info.compute_dtype in ("float32", "quantized", "int8") and hasattr(model, "run_layers")
     head = ids if last_in_chunk else ids[:-1]

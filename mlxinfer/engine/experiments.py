@@ -17,8 +17,8 @@ from .. import defaults
 from ..settings import SamplerSettings
 from ..views import Completion, SampleReport, Tally
 from . import ranks
-from .answers import answers
-from .decode import prefill_and_decode
+from .answers import answers, check_walk
+from .decode import check_progress, prefill_and_decode
 from .grouping import keyer
 from .request import check_batch_size, prepare, seed_list
 from .summary import g_test, wilson
@@ -93,6 +93,8 @@ def sample(
     exact: also walk the answers' exact distribution under the same settings (answers.py, to min_mass or
     max_nodes) and set each tally row's exact probability beside its count, with a G-test of the tally.
     """
+    check_walk(min_mass, max_nodes, group, max_seconds)  # also where exact is off: a bad value is never ignored
+    check_progress(progress)
     key_of = keyer(group, lambda t: tokenizer.decode([t]))
     seed_ids = seed_list(seeds)
     size = check_batch_size(batch_size)

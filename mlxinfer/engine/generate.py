@@ -29,8 +29,14 @@ class GenerationStream:
         self.note = request.note
         self.stats = Stats()
         self.result: Optional[Generation] = None
+        self.started = False
 
     def __iter__(self) -> Iterator[Step]:
+        if self.started:  # a second pass would decode again into the same stats and grammar state
+            raise MlxinferError(
+                "this stream was already iterated; call stream_generate again for another generation", "stream"
+            )
+        self.started = True
         model, request, spec = self.model, self.request, self.spec
         steps = prefill_and_decode(
             model, self.tokenizer, request.ids, [spec], logprobs=self.logprobs, stats=self.stats, keep_steps=True

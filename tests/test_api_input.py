@@ -1,0 +1,108 @@
+"""The Python API as a notebook calls it: numpy's numbers are numbers, a text alone is one prompt, any
+iterable of settings is read once, and a wrong argument is one MlxinferError naming it, never a raw
+TypeError from deep inside, a silent wrong result or an argument ignored."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+import mlxinfer
+
+PROMPT = "Name one fruit."
+
+
+def test_numpy_numbers_give_what_python_numbers_give(embedded):
+    """Was: max_tokens=np.int64(2) refused as 'not a whole number, got 2'; seeds=np.int64(2) a TypeError;
+    np.float32 temperatures refused."""
+    model, tok = embedded
+    want = mlxinfer.generate(model, tok, PROMPT, max_tokens=3, seed=7, settings={"temperature": 0.5, "top_k": 5})
+    got = mlxinfer.generate(
+        model, tok, PROMPT, max_tokens=np.int64(3), seed=np.int64(7),
+        settings={"temperature": np.float32(0.5), "top_k": np.int64(5)},
+    )  # fmt: skip
+    assert got.tokens == want.tokens and got.seed == 7 and type(got.seed) is int
+    json.dumps(got.to_dict())  # every number a Python one: JSON holds it
+    drawn = mlxinfer.sample(model, tok, PROMPT, seeds=np.arange(3), max_tokens=2)
+    assert [c.seed for c in drawn.completions] == [0, 1, 2]
+    assert [c.tokens for c in drawn.completions] == [
+        c.tokens for c in mlxinfer.sample(model, tok, PROMPT, seeds=np.int64(3), max_tokens=2).completions
+    ]
+    table = mlxinfer.next_token_table(model, tok, PROMPT, temperatures=np.array([0.5, 1.0])[0], k=np.int64(3))
+    assert len(table.rows) == 3 and table.temperatures == [0.5]
+
+
+def test_a_text_alone_and_settings_from_a_generator(embedded):
+    """Was: sweep("Hi") swept "H" and "i" as two prompts; settings from a generator were used up by the
+    emptiness check, so the sweep ran no cell (and answers raised an MLX ValueError)."""
+    model, tok = embedded
+    one = mlxinfer.sweep(model, tok, PROMPT, settings=(s for s in [{"temperature": 1.0}]), seeds=2, max_tokens=2)
+    listed = mlxinfer.sweep(model, tok, [PROMPT], settings=[{"temperature": 1.0}], seeds=2, max_tokens=2)
+    assert [c.prompt for c in one.cells] == [PROMPT] and len(one.records) == 2
+    assert [r.tokens for r in one.records] == [r.tokens for r in listed.records]
+    walked = mlxinfer.answers(model, tok, PROMPT, settings=iter([{"temperature": 1.0}]), max_tokens=2, max_nodes=4)
+    assert walked.nodes == 4
+    assert mlxinfer.settings_grid(0.5) == mlxinfer.settings_grid([0.5]) == [{"temperature": 0.5}]
+
+
+def test_a_stream_is_read_once(embedded):
+    """Was: a second pass decoded again into the same stats (4 tokens became 8), or failed inside the grammar."""
+    model, tok = embedded
+    stream = mlxinfer.stream_generate(model, tok, PROMPT, max_tokens=4, seed=0)
+    text = "".join(step.text for step in stream)
+    with pytest.raises(mlxinfer.MlxinferError, match="already iterated"):
+        list(stream)
+    assert stream.result.text == text and stream.result.stats.generated_tokens == len(stream.result.tokens)
+
+
+def test_chat_session_takes_sampler_settings(embedded):
+    """Was: ChatSession(settings=GREEDY) a TypeError, check_settings(GREEDY) refused its own type."""
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, settings=mlxinfer.GREEDY, max_tokens=4)
+    reply = "".join(session.reply(PROMPT))
+    assert reply == mlxinfer.generate(model, tok, [{"role": "user", "content": PROMPT}], settings=mlxinfer.GREEDY,
+                                      max_tokens=4).text  # fmt: skip
+    assert mlxinfer.check_settings(mlxinfer.GREEDY)["temperature"] == 0.0
+
+
+BAD = [
+    ("sweep", dict(prompts=None), "prompts must be"),
+    ("sweep", dict(prompts=[1, 2, 3]), "one prompt's token ids"),
+    ("sweep", dict(prompts=[[{"role": "user", "content": "hi"}]]), "chat messages"),
+    ("sweep", dict(settings=None), "settings must be"),
+    ("sweep", dict(settings=[]), "it is empty"),
+    ("sample", dict(seeds=None), "seeds must be"),
+    ("sample", dict(seeds=2.0), "seeds must be"),
+    ("sample", dict(seeds="\u00b2"), "seeds takes"),  # '²'.isdigit() is True, int('²') fails
+    ("sample", dict(min_mass=float("nan")), "min_mass"),  # was: ignored where exact is off
+    ("sample", dict(max_nodes=-1), "max_nodes"),
+    ("sample", dict(progress=5), "progress must be a function"),  # was: a TypeError mid-run
+    ("generate", dict(system=5), "system must be text"),  # was: AttributeError 'int' has no 'encode'
+    ("generate", dict(settings={1: 0.5, "temp": 1}), "unknown sampling setting"),  # was: a TypeError sorting keys
+]
+
+
+@pytest.mark.parametrize("function,change,fragment", BAD, ids=[f"{f}-{'-'.join(c)}" for f, c, _ in BAD])
+def test_a_wrong_argument_is_one_error_naming_it(embedded, function, change, fragment):
+    model, tok = embedded
+    args = {
+        "sweep": dict(prompts=[PROMPT], settings=[{"temperature": 1.0}], seeds=1, max_tokens=2),
+        "sample": dict(prompt=PROMPT, seeds=1, max_tokens=2),
+        "generate": dict(prompt=PROMPT, max_tokens=2),
+    }[function]
+    args.update(change)
+    first = args.pop("prompts" if function == "sweep" else "prompt")
+    with pytest.raises(mlxinfer.MlxinferError, match=fragment):
+        getattr(mlxinfer, function)(model, tok, first, **args)
+
+
+@pytest.mark.parametrize("ids,fragment", [([49152], "0..49,151"), ([-1], "0..49,151"), ("hi", "encode text"),
+                                          ([], "empty")])  # fmt: skip
+def test_token_ids_past_the_vocabulary_are_named_not_blamed_on_the_weights(embedded, ids, fragment):
+    """Was: 'the forward pass gives NaN ... the weights are corrupt' for an id past the table."""
+    model, _ = embedded
+    for run in (mlxinfer.next_token_scores, mlxinfer.prefill):
+        with pytest.raises(mlxinfer.MlxinferError, match=fragment):
+            run(model, ids)
