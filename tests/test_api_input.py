@@ -106,3 +106,23 @@ def test_token_ids_past_the_vocabulary_are_named_not_blamed_on_the_weights(embed
     for run in (mlxinfer.next_token_scores, mlxinfer.prefill):
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             run(model, ids)
+
+
+def test_tables_from_scores_take_numpy_and_lists_and_refuse_nan(embedded):
+    """Was: a numpy row or a list an AttributeError; NaN scores a table of NaN; explain(scores, dict) an
+    AttributeError and k=-1 a table cut short without a word."""
+    model, tok = embedded
+    scores = mlxinfer.next_token_scores(model, tok.encode(PROMPT))
+    want = mlxinfer.table_from_scores(scores)
+    got = mlxinfer.table_from_scores(np.array(scores))
+    assert [r.id for r in got.rows] == [r.id for r in want.rows] and got.rows[0].probs == want.rows[0].probs
+    assert [r.id for r in mlxinfer.table_from_scores([0.0, 2.0, 1.0], k=3).rows] == [1, 2, 0]
+    as_dict = mlxinfer.explain(scores, {"temperature": 1.0, "top_k": 3})
+    assert as_dict.n_kept == 3 == mlxinfer.explain(scores, mlxinfer.SamplerSettings(top_k=3)).n_kept
+    for call, fragment in [
+        (lambda: mlxinfer.table_from_scores([float("nan"), 1.0]), "NaN"),
+        (lambda: mlxinfer.table_from_scores([]), "empty"),
+        (lambda: mlxinfer.explain(scores, mlxinfer.GREEDY, k=-1), "k must be"),
+    ]:
+        with pytest.raises(mlxinfer.MlxinferError, match=fragment):
+            call()

@@ -58,7 +58,7 @@ def table_from_scores(
     decode: Callable[[int], str] | None = None,
 ) -> NextTokenTable:
     """The lesson's table from a row of scores (V,): the top k by score, their probability per temperature."""
-    x = scores.reshape(-1).astype(mx.float32)
+    x = _score_row(scores)
     temperatures = check_table_args(temperatures, k, x.shape[-1])
     top = mx.argsort(-x)[:k]
     ids = top.tolist()
@@ -69,6 +69,21 @@ def table_from_scores(
         for r, s in enumerate(x[top].tolist())
     ]
     return NextTokenTable("", "", [], x.shape[-1], temperatures, rows, [sum(p) for p in probs])
+
+
+def _score_row(scores) -> mx.array:
+    """scores (an mx or numpy array, or a list of numbers) as one float32 row (V,): not empty, no NaN or +inf."""
+    try:
+        x = (scores if isinstance(scores, mx.array) else mx.array(scores)).reshape(-1).astype(mx.float32)
+    except (TypeError, ValueError):
+        raise MlxinferError(f"scores must be an array of numbers, got {type(scores).__name__}", "scores") from None
+    if x.size == 0:
+        raise MlxinferError("scores is empty; give one score per token", "scores")
+    if mx.any(mx.isnan(x) | (x == mx.inf)).item():
+        raise MlxinferError(
+            "scores hold NaN or +inf, so they give no probabilities; check the model's output", "scores"
+        )
+    return x
 
 
 def explain(
@@ -83,8 +98,11 @@ def explain(
     """One step of the sampler as a table: the k best tokens by score, their probability at the
     temperature, whether the cut keeps them and their rescaled probability. fast: the model's CPU
     kernels cut its draws (model.info.cpu_kernels), so the table's cut is theirs (sampler/stages.py)."""
-    settings.validate()
-    x, probs, kept, final = kept_probabilities(scores.reshape(-1), settings, history, allowed, fast)
+    settings = resolve_settings(settings, None)[0]  # a SamplerSettings, a dict of its fields or None
+    x = _score_row(scores)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise MlxinferError(f"k must be a whole number, at least 1, got {k!r}", "k")
+    x, probs, kept, final = kept_probabilities(x, settings, history, allowed, fast)
     mass_kept = mx.sum(mx.where(kept, probs, 0.0))
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
     ids, s, p, kp, fp = (a.tolist() for a in (top, x[top], probs[top], kept[top], final[top]))
