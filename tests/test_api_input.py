@@ -81,6 +81,8 @@ BAD = [
     ("sample", dict(progress=5), "progress must be a function"),  # was: a TypeError mid-run
     ("generate", dict(system=5), "system must be text"),  # was: AttributeError 'int' has no 'encode'
     ("generate", dict(settings={1: 0.5, "temp": 1}), "unknown sampling setting"),  # was: a TypeError sorting keys
+    # was: accepted, and the row wrote {"a": null ...}, which the schema's NaN could never equal
+    ("generate", dict(json_schema={"type": "object", "properties": {"a": {"const": float("nan")}}}), "NaN"),
 ]
 
 

@@ -179,6 +179,16 @@ class Constraint:
         else:
             return None
         constraint = cls(schema, tool, explain_mask, or_text)
+        try:  # a dict from Python can hold what JSON cannot: NaN, inf, keys that are not text
+            json.dumps(schema, allow_nan=False)
+        except ValueError:
+            raise MlxinferError(
+                f"{constraint.where} holds NaN or Infinity, which JSON has no value for", constraint.param
+            ) from None
+        except TypeError as e:
+            raise MlxinferError(
+                f"{constraint.where} holds what JSON cannot ({_one_line(e, 80)})", constraint.param
+            ) from None
         validate_schema(schema, constraint.where, constraint.param, or_text)
         return constraint
 
