@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
@@ -83,6 +84,7 @@ BAD = [
     ("generate", dict(settings={1: 0.5, "temp": 1}), "unknown sampling setting"),  # was: a TypeError sorting keys
     # was: accepted, and the row wrote {"a": null ...}, which the schema's NaN could never equal
     ("generate", dict(json_schema={"type": "object", "properties": {"a": {"const": float("nan")}}}), "NaN"),
+    ("generate", dict(json_schema={"type": "object", "properties": {1: {}, "a": {}}}), "holds what JSON cannot"),
 ]
 
 
@@ -104,7 +106,11 @@ def test_a_wrong_argument_is_one_error_naming_it(embedded, function, change, fra
                                           ([], "empty")])  # fmt: skip
 def test_token_ids_past_the_vocabulary_are_named_not_blamed_on_the_weights(embedded, ids, fragment):
     """Was: 'the forward pass gives NaN ... the weights are corrupt' for an id past the table."""
-    model, _ = embedded
+    model, tok = embedded
+    encoded = tok.encode(PROMPT)  # ids already encoded, in an array, are ids
+    want = mlxinfer.next_token_scores(model, encoded)
+    for held in (np.array(encoded), mx.array(encoded)):
+        assert mx.array_equal(mlxinfer.next_token_scores(model, held), want).item()
     for run in (mlxinfer.next_token_scores, mlxinfer.prefill):
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             run(model, ids)

@@ -145,4 +145,4 @@ def test_system_and_tool_with_no_chat_are_refused():
     )
     tool = '{"name": "pick", "input_schema": {"type": "object"}}'
     out = invoke_cli("generate", "-p", "Name one fruit.", "--tool", tool, "--no-chat", "--max-tokens", "2")
-    assert_one_line_error(out, "--tool reaches the model through the chat template")
+    assert_one_line_error(out, "--tool is described to the model", "--json-schema")

@@ -53,7 +53,7 @@ def chat(
         except EOFError:
             break
         except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
-            print()
+            print(file=sys.stderr if json_out else sys.stdout)  # stdout holds JSON Lines alone
             continue
         if not line.strip():
             continue
@@ -86,7 +86,7 @@ def _turn(session, line: str, json_out: bool) -> None:
         return
     except KeyboardInterrupt:
         if turn is None:  # stopped before the reply began: nothing to keep
-            print()
+            print(file=sys.stderr if json_out else sys.stdout)
             return
         turn.stop()
         if not json_out:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import List, Optional
 
 import typer
@@ -69,7 +71,10 @@ def sweep(
                 **chat_kwargs(options),
             )
     except KeyboardInterrupt as e:
-        kept = f"every finished batch is in {out}; the same command with --resume continues" if out else "no --out"
+        if out and Path(out).expanduser().exists():
+            kept = f"every finished batch is in {out}; the same command with --resume continues"
+        else:
+            kept = "no batch had finished: nothing was written" if out else "no --out"
         typer.echo(f"interrupted: {kept}", err=True)
         raise typer.Exit(getattr(e, "exit_code", 130)) from None
     if other_rank():

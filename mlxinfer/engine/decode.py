@@ -48,6 +48,8 @@ def check_ids(model, ids) -> list[int]:
     """Token ids a model can read: a non-empty list of whole numbers below its vocabulary size, within
     its context (an id past the table would read an embedding row that is not there)."""
     vocab = model.config.vocab_size
+    if type(ids).__module__ in ("numpy", "mlx.core") and getattr(ids, "ndim", None) == 1:
+        ids = ids.tolist()  # ids already encoded, held in an array
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
         raise MlxinferError(f"ids must be a list of token ids, got {type(ids).__name__}; encode text first", "ids")
     bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]

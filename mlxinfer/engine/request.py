@@ -72,9 +72,11 @@ def prepare(
     constraint = Constraint.read(json_schema, tool, explain_mask, or_text)  # bad schemas fail here
     if constraint is not None and constraint.tool is not None and not chat:
         raise MlxinferError(
-            "tool reaches the model through the chat template, which chat=False skips; drop one of the two",
+            "tool is described to the model in a system message of the chat template, which chat=False skips; "
+            "to constrain plain text to the tool's input, pass its input_schema as json_schema",
             "tool",
             "chat=False",
+            "json_schema",
         )
     if constraint is not None and constraint.tool is not None and system is None:
         system = tool_system(constraint.tool)

@@ -182,8 +182,10 @@ class ResultsFile:
             except OSError as e:
                 with suppress(OSError):
                     os.ftruncate(fd, before)  # no cut line: the file holds whole batches only
-                then = (
-                    "free some room, then resume continues from its last whole batch" if before else "write elsewhere"
+                then = (  # records kept (read back, or appended by this run): resume goes on from them
+                    "its whole batches are kept: resume continues once the file can grow"
+                    if self.done
+                    else "write elsewhere"
                 )
                 raise MlxinferError(
                     f"{param} {self.path} cannot be written ({e.strerror}); {then}", param, "resume"

@@ -180,7 +180,7 @@ class Constraint:
             return None
         constraint = cls(schema, tool, explain_mask, or_text)
         try:  # a dict from Python can hold what JSON cannot: NaN, inf, keys that are not text
-            json.dumps(schema, allow_nan=False)
+            json.dumps(schema, allow_nan=False, sort_keys=True)  # sorted: keys of mixed kinds fail here
         except ValueError:
             raise MlxinferError(
                 f"{constraint.where} holds NaN or Infinity, which JSON has no value for", constraint.param

@@ -238,12 +238,13 @@ def sweep(
     if exact:  # before the draws, so that each record is written with its answer's exact probability
         options = dict(max_tokens=plan.max_tokens, stop=plan.stop or None, min_mass=min_mass, max_nodes=max_nodes,
                        max_seconds=max_seconds)  # fmt: skip
-        walks = {
-            (p, s): answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]], batch_size=size, group=group,
-                            **options)
-            for p in range(len(plan.ids))
-            for s in range(len(plan.settings))
-        }  # fmt: skip
+        with results.stop_cleanly_on_sigterm(), _discarded_if_unused(part):  # as the draws: a failure leaves no file
+            walks = {
+                (p, s): answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]], batch_size=size,
+                                group=group, **options)
+                for p in range(len(plan.ids))
+                for s in range(len(plan.settings))
+            }  # fmt: skip
 
     def annotate(record: dict) -> dict:
         walk = walks.get((record["prompt_index"], record["settings_index"]))
