@@ -7,6 +7,8 @@ Quantized variants come from mlx-lm's own `convert`, as mlx-community makes them
 
 from __future__ import annotations
 
+import shutil
+
 import json
 from pathlib import Path
 
@@ -174,6 +176,16 @@ def write_checkpoint(out: Path, arch: str, seed: int = 0, dtype=mx.bfloat16, **o
     weights = {k: mx.array(v).astype(dtype) for k, v in random_weights(cfg, seed).items()}
     mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
     write_tokenizer(out)
+    return out
+
+
+def corrupt_copy(src: Path, out: Path, tensor: str = "model.layers.1.mlp.up_proj.weight") -> Path:
+    """A copy of the checkpoint at src whose `tensor` is all inf (a corrupt download): it loads, and every
+    forward pass from that layer on is NaN."""
+    shutil.copytree(src, out)
+    weights = mx.load(str(out / "model.safetensors"))
+    weights[tensor] = mx.full(weights[tensor].shape, float("inf"), dtype=weights[tensor].dtype)
+    mx.save_safetensors(str(out / "model.safetensors"), weights)
     return out
 
 

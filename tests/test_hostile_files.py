@@ -270,11 +270,7 @@ def test_gguf_data_of_0xff_is_an_error_not_a_table(spec, tmp_path):
 
 
 def test_nan_in_one_layer_is_named(checkpoint_dir, tmp_path):
-    bad = tmp_path / "bad"
-    shutil.copytree(checkpoint_dir("llama"), bad)
-    weights = mx.load(str(bad / "model.safetensors"))
-    weights["model.layers.1.mlp.up_proj.weight"] = mx.full((256, 128), float("inf"), dtype=mx.bfloat16)
-    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    bad = checkpoints.corrupt_copy(checkpoint_dir("llama"), tmp_path / "bad")
     assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "from layer 1 (model.layers.1) on")
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import assert_one_line_error, invoke_cli, start_held
 
+import checkpoints
 from mlxinfer.errors import MlxinferError
 
 
@@ -37,15 +38,7 @@ def test_quantize_into_places_it_cannot_write(checkpoint_dir, tmp_path):
 def test_quantize_of_weights_with_inf_writes_nothing(checkpoint_dir, tmp_path):
     """Was: exit 0 and a model directory whose every forward pass gave NaN (with --report: exit 2, and the
     directory left). Now one line naming the tensor, before anything is written."""
-    import shutil
-
-    import mlx.core as mx
-
-    bad = tmp_path / "bad"
-    shutil.copytree(checkpoint_dir("llama"), bad)
-    weights = mx.load(str(bad / "model.safetensors"))
-    weights["model.layers.1.mlp.up_proj.weight"] = mx.full((256, 128), float("inf"), dtype=mx.bfloat16)
-    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    bad = checkpoints.corrupt_copy(checkpoint_dir("llama"), tmp_path / "bad")
     for extra in ([], ["--report"]):
         result = invoke_cli("quantize", str(bad), str(tmp_path / "out"), *extra)
         assert_one_line_error(result, "model.layers.1.mlp.up_proj.weight holds NaN or inf")

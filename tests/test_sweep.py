@@ -13,6 +13,7 @@ import sys
 import pytest
 from conftest import ROOT, assert_one_line_error, free_ports, invoke_cli, start_held
 
+import checkpoints
 import mlxinfer
 from mlxinfer.engine.summary import wilson
 
@@ -297,15 +298,7 @@ def test_a_full_disk_keeps_whole_batches_and_resume_finishes(tiny, tmp_path):
 
 def test_a_run_that_fails_before_its_first_batch_leaves_no_file(checkpoint_dir, tmp_path):
     """Was: the header alone was left, so the same command, once the model was mended, asked for --resume."""
-    import shutil
-
-    import mlx.core as mx
-
-    bad = tmp_path / "bad"
-    shutil.copytree(checkpoint_dir("llama"), bad)
-    weights = mx.load(str(bad / "model.safetensors"))
-    weights["model.layers.1.mlp.up_proj.weight"] = mx.full((256, 128), float("inf"), dtype=mx.bfloat16)
-    mx.save_safetensors(str(bad / "model.safetensors"), weights)
+    bad = checkpoints.corrupt_copy(checkpoint_dir("llama"), tmp_path / "bad")
     out = tmp_path / "never.jsonl"
     for extra in ([], ["--exact"]):  # --exact: the walks run before the draws, after the file is opened
         assert_one_line_error(invoke_cli(*cli_sweep(str(bad), out), *extra), "model.layers.1")
