@@ -119,8 +119,10 @@ def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
     shutil.copytree(checkpoint_dir("llama"), bad)
     text = (bad / "config.json").read_text().rstrip().rstrip("}")
     (bad / "config.json").write_text(text + ", " + change + "}")
-    assert_one_line_error(invoke_cli("count", str(bad)), fragment)
-    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
+    for args in (["count", str(bad)], ["topk", "-m", str(bad), "-p", "hi"]):
+        result = invoke_cli(*args)
+        assert_one_line_error(result, fragment)
+        assert result.stderr.strip().endswith("; re-download it"), result.stderr  # the fix too (was: overlap, entry)
 
 
 def test_a_tokenizer_id_past_the_output_table_is_refused(checkpoint_dir, tmp_path):
@@ -299,12 +301,15 @@ def _float_shape(h):
     ids=["unknown-dtype", "overlap", "float-shape"],
 )
 def test_safetensors_header_is_checked(checkpoint_dir, tmp_path, edit, fragment):
-    """Was: count accepted these (and printed a negative header size); the loader then refused or misread."""
+    """Was: count accepted these (and printed a negative header size); the loader then refused or misread.
+    Then: the overlap and the bad entry named the problem but not the fix."""
     bad = tmp_path / "bad"
     shutil.copytree(checkpoint_dir("llama"), bad)
     _edit_header(bad, edit)
-    assert_one_line_error(invoke_cli("count", str(bad)), fragment)
-    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
+    for args in (["count", str(bad)], ["topk", "-m", str(bad), "-p", "hi"]):
+        result = invoke_cli(*args)
+        assert_one_line_error(result, fragment)
+        assert result.stderr.strip().endswith("; re-download it"), result.stderr  # the fix too (was: overlap, entry)
 
 
 def test_a_cut_or_float64_safetensors_file_says_what_to_do(checkpoint_dir, tmp_path):

@@ -95,7 +95,7 @@ def file_entry(name: str, header: dict, file_bytes: int | None, head: int | None
                 raise ValueError  # a dimension must fit MLX's int32 shapes (it wraps silently otherwise)
             n = math.prod(shape)
         except (KeyError, TypeError, ValueError):
-            raise MlxinferError(f"{where} has a corrupt safetensors header (entry {tname!r})") from None
+            raise MlxinferError(f"{where} has a corrupt safetensors header (entry {tname!r}); re-download it") from None
         if not isinstance(dtype, str) or dtype not in DTYPES:
             raise MlxinferError(
                 f"{where}: tensor {tname!r} has dtype {str(dtype)[:20]!r}, which safetensors does not define; "
@@ -110,7 +110,9 @@ def file_entry(name: str, header: dict, file_bytes: int | None, head: int | None
     spans = sorted((tuple(header[t["name"]]["data_offsets"]), t["name"]) for t in tensors if t["bytes"])
     for (a, first), (b, second) in zip(spans, spans[1:]):
         if b[0] < a[1]:
-            raise MlxinferError(f"{where} has a corrupt safetensors header ({first} and {second} share bytes)")
+            raise MlxinferError(
+                f"{where} has a corrupt safetensors header ({first} and {second} share bytes); re-download it"
+            )
     return {"name": name, "file_bytes": file_bytes, "header_bytes": head, "tensors": tensors}
 
 
