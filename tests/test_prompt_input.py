@@ -84,3 +84,12 @@ def test_sweep_reads_a_prompt_from_stdin(files):
     result = invoke_cli("sweep", "-p", "-", "--seeds", "2", "--max-tokens", "2", "--json", input=FRUIT + "\n")
     assert result.returncode == 0, result.stderr
     assert {cell["prompt"] for cell in json.loads(result.stdout)["cells"]} == {FRUIT}
+
+
+def test_sweep_reads_standard_input_once():
+    """Was: `-p - -p -` said "standard input (-p -) is empty" (the second read found it used up)."""
+    result = invoke_cli("sweep", "-p", "-", "-p", "-", "--seeds", "2", "--max-tokens", "2", input=FRUIT + "\n")
+    assert_one_line_error(result, "-p - is given 2 times", "standard input can be read once", "give -p - once")
+    two = invoke_cli("sweep", "-p", "-", "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--json", input=FRUIT)
+    assert two.returncode == 0, two.stderr
+    assert [cell["prompt"] for cell in json.loads(two.stdout)["cells"]] == [FRUIT, "hi"]

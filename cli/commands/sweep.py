@@ -39,6 +39,11 @@ def sweep(
     flags.use(temperature="--temps")  # a grid value's error names the grid's flag
     seed_ids = seeds(options)
     given = list(prompt or [])
+    if given.count("-") > 1:  # the second read would find it empty: say why, not "standard input is empty"
+        raise MlxinferError(
+            f"-p - is given {given.count('-')} times, but standard input can be read once; give -p - once "
+            "(the other prompts as -p TEXT)"
+        )
     if prompt_file is not None:
         given = [prompt_text(None if not given else given[0], prompt_file)]  # both given: refused there
     given = [prompt_text(p, None) if p == "-" else p for p in given]
