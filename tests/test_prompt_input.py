@@ -93,3 +93,34 @@ def test_sweep_reads_standard_input_once():
     two = invoke_cli("sweep", "-p", "-", "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--json", input=FRUIT)
     assert two.returncode == 0, two.stderr
     assert [cell["prompt"] for cell in json.loads(two.stdout)["cells"]] == [FRUIT, "hi"]
+
+
+def test_a_prompts_file_line_past_the_context_is_named_by_its_line(checkpoint_dir, tmp_path):
+    """Was: "the --prompt is N tokens ... (#2 of the 2 prompts: ...)": the nth prompt, not the file's line
+    (blank lines are skipped), and a flag that gave none of them."""
+    import mlxinfer
+
+    path = tmp_path / "prompts.txt"
+    path.write_text("\nhi\n\n" + "word " * 2000 + "\nbye\n")
+    model = str(checkpoint_dir("llama"))
+    result = invoke_cli("sweep", "-m", model, "--prompts", str(path), "--seeds", "2", "--max-tokens", "2")
+    assert_one_line_error(result, f"--prompts {path} line 4: the prompt is", "context is 512", "shorten the prompt")
+    assert "--prompt " not in result.stderr and "#2 of" not in result.stderr
+    m, tok = mlxinfer.load(model)
+    with pytest.raises(mlxinfer.MlxinferError, match=r"prompts_file .*prompts\.txt line 4: the prompt is"):
+        mlxinfer.sweep(m, tok, mlxinfer.prompts_from_file(path), settings=[{}], seeds=2, max_tokens=2)
+    with pytest.raises(mlxinfer.MlxinferError, match=r"\(#2 of the 3 prompts"):  # a plain list: its index
+        mlxinfer.sweep(m, tok, list(mlxinfer.prompts_from_file(path)), settings=[{}], seeds=2, max_tokens=2)
+
+
+def test_a_prompts_file_numbers_its_lines_as_an_editor_does(tmp_path):
+    """The prompts are what str.splitlines gave before the line numbers (a \\v or \\f inside a line splits
+    it, \\r\\n is one break); the numbers count the file's \\n-ended lines."""
+    import mlxinfer
+
+    text = "a\r\n\r\nb\x0bc\n  \nd\n"
+    path = tmp_path / "prompts.txt"
+    path.write_bytes(text.encode())
+    prompts = mlxinfer.prompts_from_file(path)
+    assert prompts == [line.strip() for line in text.splitlines() if line.strip()] == ["a", "b", "c", "d"]
+    assert prompts.lines == [1, 3, 3, 5]

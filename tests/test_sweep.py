@@ -186,7 +186,7 @@ def test_another_experiments_file_is_refused_and_left_alone(tiny, tmp_path):
     [
         (["--prompts", "EMPTY"], ["--prompts", "holds no prompt"]),
         (["--prompts", "LATIN1"], ["--prompts", "not UTF-8"]),
-        (["--prompts", "LONG"], ["(#2 of the 2 prompts: 'x x x", "context"]),  # which prompt is too long
+        (["--prompts", "LONG"], ["LONG line 2: the prompt is", "context"]),  # which line is too long
         (["-p", "hi", "--temps", ""], ["--temps is empty", "no cells"]),
         (["-p", "hi", "--top-p", ""], ["--top-p is empty"]),
         (["-p", "hi", "--batch-size", "0"], ["--batch-size must be"]),

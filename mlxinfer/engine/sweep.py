@@ -75,19 +75,35 @@ MAX_PROMPTS_FILE_BYTES = 16 << 20
 MAX_PROMPTS = 10_000  # each is prepared (encoded, checked against the context) before any draw
 
 
-def prompts_from_file(path: str | Path) -> list[str]:
+class PromptsFile(list):
+    """prompts_from_file's prompts: a list of texts that also knows its file and each prompt's line
+    number, so that sweep's error about one prompt names the line (`prompts_file p.txt line 3: ...`)."""
+
+    def __init__(self, prompts: list[str], path: Path, lines: list[int]):
+        super().__init__(prompts)
+        self.path, self.lines = path, lines
+
+
+def prompts_from_file(path: str | Path) -> PromptsFile:
     """One prompt per line (blank lines skipped), from a regular UTF-8 file of at most
-    MAX_PROMPTS_FILE_BYTES bytes and MAX_PROMPTS prompts (a device such as /dev/zero never ends)."""
+    MAX_PROMPTS_FILE_BYTES bytes and MAX_PROMPTS prompts (a device such as /dev/zero never ends).
+    A list of the texts (a PromptsFile: it knows each one's line number, counted as an editor does)."""
     text = read_text_file(path, "prompts_file", MAX_PROMPTS_FILE_BYTES, "a UTF-8 text file, one prompt per line")
     path = Path(path).expanduser()
-    prompts = [line.strip() for line in text.splitlines() if line.strip()]
+    numbered = [  # the same prompts str.splitlines gives, numbered by the file's \n-ended lines
+        (number, part.strip())
+        for number, line in enumerate(text.split("\n"), start=1)
+        for part in line.splitlines()
+        if part.strip()
+    ]
+    prompts = [p for _, p in numbered]
     if not prompts:
         raise MlxinferError(f"prompts_file {path} holds no prompt; write one per line", "prompts_file")
     if len(prompts) > MAX_PROMPTS:
         raise MlxinferError(
             f"prompts_file {path} holds {len(prompts):,} prompts; at most {MAX_PROMPTS:,}: split it", "prompts_file"
         )
-    return prompts
+    return PromptsFile(prompts, path, [n for n, _ in numbered])
 
 
 def first_token_probs(prefilled: Prefilled, settings: SamplerSettings, fast: bool = False) -> mx.array:
@@ -124,7 +140,9 @@ class _Plan:
 
 
 def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw, stop) -> _Plan:
+    given = prompts
     prompts = _prompt_list(prompts)
+    lines = given.lines if isinstance(given, PromptsFile) and len(given.lines) == len(prompts) else None
     settings = settings_list(settings, "settings_grid([0.5, 1.0])")
     seed_ids = seed_list(seeds)
     stops = stop_strings(stop)
@@ -133,7 +151,10 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     for n, p in enumerate(prompts, start=1):
         try:
             ids.append(prepare(model, tokenizer, p, **options).ids)
-        except MlxinferError as e:  # which of the prompts (a --prompts file's nth prompt line)
+        except MlxinferError as e:  # which of the prompts: a prompts file's line, or the nth of the list
+            if lines is not None:  # the file names it; "prompt" would name -p, which gave none of them
+                params = ("prompts_file", *(q for q in e.params if q != "prompt"))
+                raise MlxinferError(f"prompts_file {given.path} line {lines[n - 1]}: {e}", *params) from None
             if len(prompts) == 1:
                 raise
             head = _one_line(p, 43) if isinstance(p, str) else "token ids"
