@@ -20,3 +20,11 @@ class MlxinferError(Exception):
         super().__init__(message)
         self.params = params
         self.detail: list[str] = []  # more lines for whoever asks (the CLI's --debug)
+
+
+def check_bool(value, param: str) -> bool:
+    """A switch is True or False: `chat="no"` or `exact=0` would otherwise pass `if value:` as the
+    opposite of, or more than, what was meant."""
+    if not isinstance(value, bool):
+        raise MlxinferError(f"{param} must be True or False, got {value!r:.60}", param)
+    return value

@@ -24,7 +24,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from . import defaults
-from .errors import MlxinferError
+from .errors import MlxinferError, check_bool
 from .formats.gguf import GGUFHeader
 
 # llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
@@ -228,6 +228,8 @@ def encode_prompt(
 
     A special token's name in the prompt or system text (`<|im_end|>`) is encoded as plain text,
     so that only the template emits control tokens; raw_special_tokens=True parses it instead."""
+    for name, value in (("chat", chat), ("thinking", thinking), ("raw_special_tokens", raw_special_tokens)):
+        check_bool(value, name)
     if system is not None and not isinstance(system, str):
         raise MlxinferError(f"system must be text or None, got {type(system).__name__}", "system")
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):

@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from mlxinfer import defaults
 from mlxinfer import atomic
-from mlxinfer.errors import MlxinferError
+from mlxinfer.errors import MlxinferError, check_bool
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -71,6 +71,7 @@ DEFAULT_SHARD_BYTES = parse_size(defaults.SHARD_SIZE)
 
 def check_output(out: Path, force: bool) -> None:
     """Before any work: OUT may be missing or an empty directory; a non-empty one only with force."""
+    check_bool(force, "force")  # force="no" would replace a full directory
     if out.is_symlink() or (out.exists() and not out.is_dir()):
         raise MlxinferError(f"{out} exists and is not a directory; choose another output directory")
     if out.is_dir() and any(out.iterdir()) and not force:

@@ -85,6 +85,15 @@ BAD = [
     # was: accepted, and the row wrote {"a": null ...}, which the schema's NaN could never equal
     ("generate", dict(json_schema={"type": "object", "properties": {"a": {"const": float("nan")}}}), "NaN"),
     ("generate", dict(json_schema={"type": "object", "properties": {1: {}, "a": {}}}), "holds what JSON cannot"),
+    # a switch that is not True or False: was read as `if value:` ("no" is true: the chat template ran)
+    ("generate", dict(chat="no"), "chat must be True or False, got 'no'"),
+    ("generate", dict(thinking=1), "thinking must be True or False, got 1"),
+    ("generate", dict(raw_special_tokens="false"), "raw_special_tokens must be True or False"),
+    ("generate", dict(json_schema={"type": "object"}, explain_mask="yes"), "explain_mask must be True or False"),
+    ("sample", dict(chat=None), "chat must be True or False, got None"),
+    ("sample", dict(exact="no"), "exact must be True or False"),  # was: every seed drawn, then the walk
+    ("sweep", dict(resume="no"), "resume must be True or False"),  # was: "resume needs out"
+    ("sweep", dict(exact=0), "exact must be True or False"),
 ]
 
 
@@ -100,6 +109,21 @@ def test_a_wrong_argument_is_one_error_naming_it(embedded, function, change, fra
     first = args.pop("prompts" if function == "sweep" else "prompt")
     with pytest.raises(mlxinfer.MlxinferError, match=fragment):
         getattr(mlxinfer, function)(model, tok, first, **args)
+
+
+def test_a_switch_that_is_not_a_bool_is_refused_where_it_is_given(embedded):
+    """Was: ChatSession(thinking="no") kept it and failed (or not) at a reply; next_token_table and
+    encode_prompt read "no" as true. False itself still means off."""
+    model, tok = embedded
+    with pytest.raises(mlxinfer.MlxinferError, match="^thinking must be True or False, got 'no'$"):
+        mlxinfer.ChatSession(model, tok, thinking="no")
+    with pytest.raises(mlxinfer.MlxinferError, match="explain_sampler must be True or False"):
+        mlxinfer.next_token_table(model, tok, PROMPT, explain_sampler="no")
+    with pytest.raises(mlxinfer.MlxinferError, match="chat must be True or False"):
+        mlxinfer.encode_prompt(tok, PROMPT, chat="no")
+    plain = mlxinfer.encode_prompt(tok, PROMPT, chat=False)
+    assert plain == tok.encode(PROMPT) != mlxinfer.encode_prompt(tok, PROMPT, chat=True)
+    assert mlxinfer.generate(model, tok, PROMPT, chat=np.bool_(False), max_tokens=2).prompt_ids == plain  # numpy's
 
 
 @pytest.mark.parametrize("ids,fragment", [([49152], "0..49,151"), ([-1], "0..49,151"), ("hi", "encode text"),

@@ -434,6 +434,17 @@ def test_existing_output_needs_force(checkpoint_dir, tmp_path):
     assert_one_line_error(result, "not a directory")
 
 
+def test_force_that_is_not_a_bool_replaces_nothing(checkpoint_dir, tmp_path):
+    """Was: quantize(..., force="no") read as true: the directory and what it held replaced."""
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    for run in (lambda: quantize(checkpoint_dir("llama"), out, force="no"), lambda: convert_gguf(None, out, force=1)):
+        with pytest.raises(MlxinferError, match="force must be True or False"):
+            run()
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
 def test_convert_needs_a_gguf(checkpoint_dir, tmp_path):
     result = invoke_cli("convert", str(checkpoint_dir("llama")), str(tmp_path / "out"))
     assert_one_line_error(result, "not a GGUF file")

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
 from .. import atomic, defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_bool
 from ..settings import user_settings
 from ..tokenizer import encode_prompt
 from .generate import stream_generate
@@ -126,6 +126,7 @@ class ChatSession:
     ):
         check_seed(seed)
         check_max_tokens(max_tokens)
+        check_bool(thinking, "thinking")  # at once, not at the first reply
         self.model, self.tokenizer = model, tokenizer
         self.settings = user_settings(settings)  # a SamplerSettings, a dict of its fields, or None
         self.seed, self.system, self.max_tokens, self.thinking = seed, system, max_tokens, thinking

@@ -14,6 +14,7 @@ from collections import Counter
 from typing import Any, Callable, Mapping, Optional, Sequence
 
 from .. import defaults
+from ..errors import check_bool
 from ..settings import SamplerSettings
 from ..views import Completion, SampleReport, Tally
 from . import ranks
@@ -93,6 +94,7 @@ def sample(
     exact: also walk the answers' exact distribution under the same settings (answers.py, to min_mass or
     max_nodes) and set each tally row's exact probability beside its count, with a G-test of the tally.
     """
+    check_bool(exact, "exact")  # before the draws: exact="no" would walk after them
     check_walk(min_mass, max_nodes, group, max_seconds)  # also where exact is off: a bad value is never ignored
     check_progress(progress)
     key_of = keyer(group, lambda t: tokenizer.decode([t]))

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_bool
 from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt
@@ -67,6 +67,9 @@ def prepare(
     that prompt + max_tokens fit the context. or_text: plain text is an answer too, besides the
     JSON (OpenAI's tool_choice "auto"; the text cannot start with "{"). stop: a string or strings
     where a row's text ends (returned up to the first one, finish_reason "stop")."""
+    switches = dict(chat=chat, thinking=thinking, raw_special_tokens=raw_special_tokens, explain_mask=explain_mask)
+    for name, value in {**switches, "or_text": or_text}.items():  # before any is read as true or false
+        check_bool(value, name)
     check_max_tokens(max_tokens)
     stops = stop_strings(stop)
     constraint = Constraint.read(json_schema, tool, explain_mask, or_text)  # bad schemas fail here

@@ -29,7 +29,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_bool
 from ..formats.paths import read_text_file
 from ..sampler import kept_probabilities
 from ..settings import GRID_FIELDS, SamplerSettings, resolve_settings, settings_list
@@ -232,6 +232,8 @@ def sweep(
     exact answer distribution too (answers.py, to min_mass or max_nodes): every record then carries its
     answer's exact probability (exact_prob) and every cell a G-test of its answers against it.
     """
+    check_bool(resume, "resume")
+    check_bool(exact, "exact")
     key_of = keyer(group, lambda t: tokenizer.decode([t]))
     if resume and out is None:
         raise MlxinferError("resume needs out, the results file to continue", "resume", "out")

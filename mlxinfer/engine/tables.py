@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import mlx.core as mx
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_bool
 from ..model.finite import check_scores
 from ..sampler import kept_probabilities, log_softmax, probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
@@ -102,6 +102,7 @@ def explain(
     x = _score_row(scores)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise MlxinferError(f"k must be a whole number, at least 1, got {k!r}", "k")
+    check_bool(fast, "fast")
     x, probs, kept, final = kept_probabilities(x, settings, history, allowed, fast)
     mass_kept = mx.sum(mx.where(kept, probs, 0.0))
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
@@ -134,6 +135,7 @@ def next_token_table(
     model's generation_config.json) or `explain_sampler=True`, the table also explains one step
     of the sampler: which tokens survive its cut. raw_special_tokens: see encode_prompt.
     """
+    check_bool(explain_sampler, "explain_sampler")
     temperatures = check_table_args(temperatures, k, model.config.vocab_size)
     resolved = None
     if settings is not None or explain_sampler:
