@@ -90,6 +90,29 @@ def test_flags_that_were_half_read(checkpoint_dir, args, fragment):
     assert_one_line_error(invoke_cli(*args, "-m", str(checkpoint_dir("llama")), "-p", "hi"), fragment)
 
 
+def test_a_tool_name_is_at_most_64_letters_digits_underscores_or_dashes(checkpoint_dir):
+    """Was: any non-empty name: one of 10,000 characters was taken (reported: ~28 s to compile beside other tools on
+    the server), "get weather" too. Now OpenAI's and Anthropic's rule, ^[a-zA-Z0-9_-]{1,64}$, before the
+    model loads."""
+    model = str(checkpoint_dir("llama"))
+
+    def generate(name):
+        tool = json.dumps({"name": name, "input_schema": {"type": "object"}})
+        return invoke_cli("generate", "-m", model, "-p", "hi", "--max-tokens", "2", "--tool", tool)
+
+    for name, fragment in [
+        ("a" * 10_000, "--tool: name is 10,000 characters long; shorten it to at most 64"),
+        ("a" * 65, "name is 65 characters long"),
+        ("get weather", "name 'get weather' holds ' '; rename it with letters, digits, _ and - only"),
+        ("caf\u00e9", "holds '\u00e9'"),
+        ("", "name must be a non-empty string"),
+    ]:
+        assert_one_line_error(generate(name), fragment)
+    for name in ("a" * 64, "get_weather-2"):  # taken: the model writes (2 tokens: cut short, exit 1, not 2)
+        result = generate(name)
+        assert result.returncode in (0, 1) and "tool: name" not in result.stderr, result.stderr
+
+
 def test_a_blank_model_and_a_trailing_comma_are_named(checkpoint_dir):
     assert_one_line_error(invoke_cli("topk", "-m", " ", "-p", "hi"), "--model is blank")  # was: "no model at : "
     # was: an empty --model (an unset shell variable) loaded the embedded model without a word

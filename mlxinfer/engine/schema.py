@@ -9,6 +9,7 @@ error before the model runs. constrain.py turns it into a grammar mask for one t
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
@@ -73,6 +74,26 @@ def check_object_schema(schema: Any, where: str = "json_schema", param: str = "j
     return schema
 
 
+# a tool's (function's) name, as OpenAI and Anthropic both define it: ^[a-zA-Z0-9_-]{1,64}$. The name goes
+# into the system text and, beside other tools, into the grammar as a constant: a name of 10,000 characters
+# was reported to take ~28 s to compile
+MAX_TOOL_NAME = 64
+TOOL_NAME = re.compile(rf"[a-zA-Z0-9_-]{{1,{MAX_TOOL_NAME}}}")
+
+
+def tool_name_problem(name: Any) -> str | None:
+    """What is wrong with a tool's name, as the end of a sentence that names it ("... name" + this), or None."""
+    rule = "OpenAI's and Anthropic's rule"
+    if not isinstance(name, str) or not name:
+        return f" must be a non-empty string: 1 to {MAX_TOOL_NAME} letters, digits, _ and - ({rule})"
+    if len(name) > MAX_TOOL_NAME:
+        return f" is {len(name):,} characters long; shorten it to at most {MAX_TOOL_NAME} ({rule})"
+    if not TOOL_NAME.fullmatch(name):
+        bad = next(c for c in name if not TOOL_NAME.fullmatch(c))
+        return f" {name!r} holds {bad!r}; rename it with letters, digits, _ and - only ({rule})"
+    return None
+
+
 def schema_from_tool(tool: Any) -> dict:
     """A tool definition in Anthropic's format (name, description, strict, input_schema) -> input_schema."""
     if not isinstance(tool, dict):
@@ -84,8 +105,9 @@ def schema_from_tool(tool: Any) -> dict:
             "description and strict)",
             "tool",
         )
-    if not isinstance(tool["name"], str) or not tool["name"]:
-        raise MlxinferError("tool: name must be a non-empty string", "tool")
+    problem = tool_name_problem(tool["name"])
+    if problem:
+        raise MlxinferError(f"tool: name{problem}", "tool")
     if not isinstance(tool.get("description") or "", str):  # null: none
         raise MlxinferError(f"tool: description must be a string, got a JSON {_kind(tool['description'])}", "tool")
     if not isinstance(tool.get("strict", True), (bool, type(None))):

@@ -3,9 +3,9 @@
 Nothing here re-checks what the library checks (settings, schemas, the context, special tokens in
 user text): the body is translated into prepare's arguments and prepare's MlxinferError becomes a
 400 naming the request's field (errors.from_library). What is bounded here is what one request may
-ask of preparation before the library sees it: at most MAX_TOOLS tools (OpenAI's bound), at most
-one message per token of the context, each tool's schema within the grammar engine's bounds
-(engine/schema_bounds.py) and named by its own field.
+ask of preparation before the library sees it: at most MAX_TOOLS tools (OpenAI's bound), each tool's
+name by OpenAI's rule (engine/schema.py's TOOL_NAME), at most one message per token of the context,
+each tool's schema within the grammar engine's bounds (engine/schema_bounds.py) and named by its own field.
 
 Preparation runs on two worker threads, off the event loop: a request's schema compiles on the
 grammar thread, then its prompt is rendered and encoded on the template thread (the chat template
@@ -29,7 +29,7 @@ from typing import Any, Optional
 
 from ..engine.constrain import compile_schema
 from ..engine.request import Request, prepare
-from ..engine.schema import Constraint
+from ..engine.schema import MAX_TOOL_NAME, Constraint, tool_name_problem
 from ..engine.schema_bounds import check_schema
 from ..errors import MlxinferError
 from .errors import ApiError, from_library
@@ -175,6 +175,12 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         raise ApiError(
             400, f"tools: at most {MAX_TOOLS} functions, got {len(tools):,}", "tools", code="array_above_max_length"
         )
+    for i, t in enumerate(tools):  # every one, used or not, as OpenAI checks them, before any is compiled
+        problem = tool_name_problem(t.function.name)
+        if problem:
+            where = f"tools[{i}].function.name"
+            code = "string_above_max_length" if len(t.function.name) > MAX_TOOL_NAME else "invalid_value"
+            raise ApiError(400, f"{where}{problem}", where, code=code)
     answer = _response_schema(body.response_format)
     if not tools or choice == "none":
         plan.json_schema = answer
