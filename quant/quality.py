@@ -106,7 +106,11 @@ def evaluate(
     progress=None,
 ) -> QualityReport:
     """Compare each candidate with the reference over the text (see the module docstring). Every
-    argument is checked (each model found, the text read) before the reference runs.
+    argument is checked before the reference runs: each model found, the text read, and each candidate
+    loaded once (its files read and checked as the loader checks them: safetensors headers, config.json,
+    the tokenizer against the weights), its context against the window, and its tokenizer and vocabulary
+    against the reference's. So a corrupt or mismatched candidate is an error at once, not after the
+    reference's whole run. (A candidate is loaded again for its own run: one model in memory at a time.)
 
     progress: an optional callable given a QualityProgress after each window of each model."""
     tell = progress or (lambda _step: None)
@@ -122,11 +126,21 @@ def evaluate(
         resolve(None if is_embedded(source) else source, weights=False)  # there, and a model: before any load
     labels = names or [_label(s) for s in sources]
 
+    opened = []  # each candidate's reading of the text and vocabulary size, to compare with the reference's
+    for source, label in zip(candidates, labels[1:]):
+        model, tok = load(source)
+        _check_window(model, window, label)
+        opened.append((tok.encode(content)[:max_tokens], model.config.vocab_size))
+        del model, tok
+
     ref_model, ref_tok = load(reference)
     _check_window(ref_model, window, labels[0])
     ids = ref_tok.encode(content)
     if max_tokens is not None:
         ids = ids[:max_tokens]
+    ref_vocab = ref_model.config.vocab_size
+    for (read, vocab), label in zip(opened, labels[1:]):
+        _check_same_reading(label, read[: len(ids)] == ids, vocab, ref_vocab)
     windows = [ids[i : i + window] for i in range(0, len(ids), window)]
     windows = [w for w in windows if len(w) >= 2]
     if not windows:
@@ -152,11 +166,7 @@ def evaluate(
     rows = []
     for index, (source, label) in enumerate(zip(candidates, labels[1:]), start=1):
         model, tok = load(source)
-        _check_window(model, window, label)
-        if tok.encode(content)[: len(ids)] != ids:
-            raise MlxinferError(
-                f"{label} tokenizes the text differently from the reference; compare models that share a tokenizer"
-            )
+        _check_same_reading(label, tok.encode(content)[: len(ids)] == ids, model.config.vocab_size, ref_vocab)
         row = _describe(model, label)
         to_float32(model)
         step(index, 0)
@@ -165,7 +175,7 @@ def evaluate(
         for done, (w, lp_ref) in enumerate(zip(windows, ref_lp), start=1):
             lp = _log_probs(model, w)
             if lp.shape[-1] != lp_ref.shape[-1]:
-                raise MlxinferError(f"{label} scores {lp.shape[-1]:,} tokens, the reference {lp_ref.shape[-1]:,}")
+                _check_same_reading(label, True, lp.shape[-1], lp_ref.shape[-1])
             kl = (mx.exp(lp_ref) * (lp_ref - lp)).sum(axis=-1)
             same = (mx.argmax(lp_ref, axis=-1) == mx.argmax(lp, axis=-1)).sum()
             mx.eval(kl, same)
@@ -183,6 +193,18 @@ def evaluate(
     return QualityReport(
         text=path.name, tokens=len(ids), positions=positions, window=window, reference=ref_row, candidates=rows
     )
+
+
+def _check_same_reading(label: str, same_ids: bool, vocab: int, ref_vocab: int) -> None:
+    """A candidate must read the text as the reference's ids and score as many tokens, or no KL compares."""
+    if not same_ids:
+        raise MlxinferError(
+            f"{label} tokenizes the text differently from the reference; compare models that share a tokenizer"
+        )
+    if vocab != ref_vocab:
+        raise MlxinferError(
+            f"{label} scores {vocab:,} tokens, the reference {ref_vocab:,}; compare models that share a vocabulary"
+        )
 
 
 def _log_probs(model: nn.Module, window: list[int]) -> mx.array:

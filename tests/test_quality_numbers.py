@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from mlxinfer.errors import MlxinferError
 from mlxinfer.model.convert import to_float32
 from mlxinfer_quant import QualityProgress, evaluate
 from mlxinfer_quant.export import load
@@ -69,3 +70,50 @@ def test_a_window_past_the_context_is_refused(checkpoint_dir, tmp_path):
     args = ["quality", str(reference), str(checkpoint_dir("llama", 4, 64)), "--text", str(text)]
     assert_one_line_error(invoke_cli(*args, "--window", str(context + 1)), f"--window {context + 1:,} is longer")
     assert invoke_cli(*args, "--window", "16", "--max-tokens", "32").returncode == 0
+
+
+def test_a_broken_candidate_is_found_before_the_reference_runs(checkpoint_dir, tmp_path, monkeypatch):
+    """Was: the reference's whole run (52 s on the embedded model) before a candidate's cut weights, corrupt
+    header, broken config.json, other tokenizer or other vocabulary was found. Now each is one line before
+    the reference runs: a forward pass here fails the test."""
+    import shutil
+
+    import checkpoints
+    from conftest import assert_one_line_error, invoke_cli
+
+    import mlxinfer_quant.quality
+
+    monkeypatch.setattr(mlxinfer_quant.quality, "_log_probs", lambda *_: pytest.fail("the reference ran"))
+    text = tmp_path / "text.txt"
+    text.write_text(TEXT)
+
+    def copy(name, edit):
+        out = tmp_path / name
+        shutil.copytree(checkpoint_dir("llama", 4, 64), out)
+        edit(out)
+        return out
+
+    def cut(d):
+        weights = d / "model.safetensors"
+        weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+
+    def header(d):
+        (d / "model.safetensors").write_bytes((16).to_bytes(8, "little") + b"{not JSON at all" + bytes(64))
+
+    cases = [
+        (copy("cut", cut), "a cut download?"),
+        (copy("header", header), "not JSON"),
+        (copy("config", lambda d: (d / "config.json").write_text("{")), "config.json"),
+        (copy("tokenizer", lambda d: checkpoints.write_tokenizer(d, vocab_size=280)), "tokenizes the text differently"),
+        (
+            checkpoints.write_checkpoint(tmp_path / "wide", "llama", vocab_size=400),
+            "scores 400 tokens, the reference 384",
+        ),
+    ]
+    reference = str(checkpoint_dir("llama"))
+    for candidate, fragment in cases:
+        good = str(checkpoint_dir("llama", 8, 32))  # a good candidate first: every one is opened before the run
+        result = invoke_cli("quality", reference, good, str(candidate), "--text", str(text), "--window", "16")
+        assert_one_line_error(result, fragment)
+        with pytest.raises(MlxinferError, match=fragment.replace("?", r"\?")):
+            evaluate(reference, [candidate], window=16, text=text)
