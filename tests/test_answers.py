@@ -102,12 +102,30 @@ def test_every_answer_equals_the_brute_force_sum(words):
     assert sum(1 for a in report.answers if a.probs[top_k] > 0) < sum(1 for a in report.answers if a.probs[1] > 0)
 
 
-@pytest.mark.parametrize("max_nodes", [1, 4, 30])
-def test_a_walk_cut_short_bounds_what_it_did_not_see(words, max_nodes):
+@pytest.mark.parametrize("batch_size", [3, 32])
+def test_batches_fill_with_paths_of_one_length_and_change_no_answer(words, batch_size):
+    """A pass runs paths of one length, so taken paths wait for a full batch of their length: the complete
+    walk makes the fewest passes its tree allows (its 10 one-token, 100 two-token and 1,000 three-token
+    open paths, the root's scores coming with the prompt), and every answer is the one-path-a-pass walk's
+    (to 1e-6: this float32 path's BLAS rows round by the batch's size in their last bits)."""
+    model, tok = words
+    kw = dict(settings=SETTINGS[:2], max_tokens=4, min_mass=1.0, group="text", chat=False)
+    one = {a.answer: a.probs for a in mlxinfer.answers(model, tok, PROMPT, batch_size=1, **kw).answers}
+    report = mlxinfer.answers(model, tok, PROMPT, batch_size=batch_size, **kw)
+    assert report.stopped == "complete" and report.nodes == 10 + 100 + 1000
+    assert report.forward_passes == sum(math.ceil(n / batch_size) for n in (10, 100, 1000))
+    got = {a.answer: a.probs for a in report.answers}
+    assert set(got) == set(one)
+    for answer, probs in got.items():
+        assert probs == pytest.approx(one[answer], abs=1e-6), answer
+
+
+@pytest.mark.parametrize("max_nodes, batch_size", [(1, 32), (4, 32), (30, 32), (30, 7)])
+def test_a_walk_cut_short_bounds_what_it_did_not_see(words, max_nodes, batch_size):
     model, tok = words
     report = mlxinfer.answers(
         model, tok, PROMPT, settings=SETTINGS[:3], max_tokens=3, min_mass=1.0, max_nodes=max_nodes, group="text",
-        chat=False,
+        chat=False, batch_size=batch_size,
     )  # fmt: skip
     assert report.stopped == "max_nodes" and report.nodes <= max_nodes
     for s, settings in enumerate(SETTINGS[:3]):

@@ -39,6 +39,7 @@ from .path_cache import at_position, paths_cache
 from .request import check_batch_size, prepare
 
 BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
+WAIT = 4  # taken paths that may wait for a pass of their length, in batches
 PATHS_SHOWN = 3  # token paths kept per answer
 TEXTS_SHOWN = 20  # raw texts listed per grouped answer (its probability counts them all)
 
@@ -175,7 +176,7 @@ class AnswerWalk:
         """One batch of the heaviest open paths through the model; False once the walk has ended."""
         if self.stopped is not None:
             return False
-        if self.min_mass < 1 and (self.open + self.lost <= 1.0 - self.min_mass).all():
+        if self.min_mass < 1 and (self._unresolved() <= 1.0 - self.min_mass).all():
             self.stopped = "min_mass"
         elif self.nodes >= self.max_nodes:
             self.stopped = "max_nodes"
@@ -186,12 +187,15 @@ class AnswerWalk:
             if not batch:  # nothing open is left: every path has ended
                 self.open[:] = 0.0  # exactly (the running sum drifts in the last bits)
                 self.stopped = "complete" if not self.lost.any() else "min_mass"
-            for depth in sorted({len(n.path) for n in batch}):
-                nodes = [n for n in batch if len(n.path) == depth]
-                self._expand_children(nodes, self._forward(nodes))
+            else:
+                self._expand_children(batch, self._forward(batch))
             if self.progress and batch:
-                self.progress(self.nodes, (self.open + self.lost).tolist())
+                self.progress(self.nodes, self._unresolved().tolist())
         return self.stopped is None
+
+    def _unresolved(self) -> np.ndarray:
+        """(S,): each entry's remainder: its open paths and the branches not followed."""
+        return self.open + self.lost
 
     def _push(self, item) -> None:
         """Into every entry's frontier where it has weight; a node or a siblings cursor is taken once, from
@@ -212,17 +216,21 @@ class AnswerWalk:
         return None
 
     def _next_batch(self) -> list[_Node]:
-        """The heaviest open paths, up to batch_size, taken in turn by each entry that is not done (its
-        remainder above 1 - min_mass), each from its own frontier. Children come out of their parent's
-        siblings in order of weight; one that ends (an end-of-turn token, max_tokens, a stop string, the
-        grammar's end) is resolved on the way, with no forward pass."""
-        batch = []
+        """The heaviest open paths of one length, up to batch_size, taken in turn by each entry that is not
+        done (its remainder above 1 - min_mass), each from its own frontier. A forward pass runs paths of
+        one length, so the paths taken wait by length until one length fills a batch (or WAIT batches'
+        worth wait, or nothing is left to take); then a full length runs, or else the shortest, and the
+        others go back to the frontiers. Children come out of their parent's siblings in order of weight;
+        one that ends (an end-of-turn token, max_tokens, a stop string, the grammar's end) is resolved on
+        the way, with no forward pass."""
+        size = min(self.batch_size, self.max_nodes - self.nodes)
+        waiting: dict[int, list[_Node]] = {}  # length -> paths taken
         turns = itertools.cycle(range(len(self.settings)))
-        idle = 0
-        while len(batch) < min(self.batch_size, self.max_nodes - self.nodes) and idle < len(self.settings):
+        taken = idle = 0
+        while max(map(len, waiting.values()), default=0) < size and taken < WAIT * size and idle < len(self.settings):
             s = next(turns)
             left = self.open[s] + self.lost[s]
-            item = self._pop(s) if left > 1.0 - self.min_mass or not batch else None
+            item = self._pop(s) if left > 1.0 - self.min_mass or not taken else None
             if item is None:
                 idle += 1
                 continue
@@ -230,7 +238,8 @@ class AnswerWalk:
             if isinstance(item, _Node):
                 item.taken = True
                 self.open -= item.probs
-                batch.append(item)
+                waiting.setdefault(len(item.path), []).append(item)
+                taken += 1
                 continue
             self.open -= item.mass()
             token, probs = item.tokens[item.at], item.probs[item.at]
@@ -242,6 +251,14 @@ class AnswerWalk:
                 self._leaf(item.parent, token, probs, row)
             else:
                 self._push(_Node(item.parent.path + (token,), probs, item.parent, row=row))
+        if not waiting:
+            return []
+        full = [d for d, nodes in waiting.items() if len(nodes) >= size]
+        depth = min(full or waiting)  # else the shortest: its children may fill the longer ones
+        batch = waiting[depth][:size]
+        for node in waiting.pop(depth)[size:] + [n for nodes in waiting.values() for n in nodes]:
+            node.taken = False  # back in the frontiers (its entries there are a lazily deleted copy at most)
+            self._push(node)
         return batch
 
     # ------------------------------------------------------------------------- one forward pass
@@ -279,22 +296,22 @@ class AnswerWalk:
         final = self._probabilities(nodes, logits)  # (S, B, V)
         support = mx.sum(final > 0, axis=-1)  # (S, B): tokens each entry can draw after each path
         total = mx.sum(final, axis=-1)  # (S, B): 1 but for float32's rounding
-        weights = mx.array(np.stack([n.probs for n in nodes], axis=1).astype(np.float32))  # (S, B)
-        heaviest = mx.max(final * weights[:, :, None], axis=0)  # (B, V)
-        V = heaviest.shape[-1]
-        k = min(BRANCHES, V)
-        top = (
-            mx.argpartition(-heaviest, kth=k - 1, axis=-1)[:, :k]
-            if k < V
-            else mx.broadcast_to(mx.arange(V), (len(nodes), V))
-        )
-        picked = mx.take_along_axis(final, mx.broadcast_to(top[None], (final.shape[0], *top.shape)), axis=-1)
-        mx.eval(picked, top, support, total)
-        ids, support = np.array(top), np.array(support)
-        # conditional probabilities (S, B, k), divided by their row's whole sum so that each row holds exactly 1
-        cond = np.array(picked).astype(np.float64) / np.array(total).astype(np.float64)[:, :, None]
+        mx.eval(final, support, total)
+        support, total = np.array(support), np.array(total).astype(np.float64)
+        if support.max() <= BRANCHES:  # a cut support: every token an entry can draw is a child
+            drawn = np.array(final)  # (S, B, V)
+            ids = [np.flatnonzero(row) for row in drawn.max(axis=0)]
+            picked = [drawn[:, b, i] for b, i in enumerate(ids)]
+        else:
+            weights = mx.array(np.stack([n.probs for n in nodes], axis=1).astype(np.float32))  # (S, B)
+            heaviest = mx.max(final * weights[:, :, None], axis=0)  # (B, V)
+            top = mx.argpartition(-heaviest, kth=BRANCHES - 1, axis=-1)[:, :BRANCHES]
+            taken = mx.take_along_axis(final, mx.broadcast_to(top[None], (final.shape[0], *top.shape)), axis=-1)
+            ids, picked = np.array(top), np.array(taken).transpose(1, 0, 2)  # (B, k), (B, S, k)
         for b, node in enumerate(nodes):
-            self._children(node, ids[b], cond[:, b], support[:, b])
+            # conditional probabilities (S, k), divided by their row's whole sum so that each row holds exactly 1
+            cond = picked[b].astype(np.float64) / total[:, b, None]
+            self._children(node, ids[b], cond, support[:, b])
 
     def _children(self, node: _Node, ids: np.ndarray, cond: np.ndarray, support: np.ndarray) -> None:
         keep = np.zeros(len(ids), dtype=bool)
@@ -387,7 +404,7 @@ class AnswerWalk:
         for key, answer in grouped.items():
             answer.paths = [self._path(p) for p in sorted(heaviest[key], key=lambda p: -p[0])[:PATHS_SHOWN]]
         listed = sorted(grouped.values(), key=lambda a: (-max(a.probs), a.answer))
-        remainder = np.clip(self.open + self.lost, 0.0, 1.0)  # >= 0 but for float64's last bits
+        remainder = np.clip(self._unresolved(), 0.0, 1.0)  # >= 0 but for float64's last bits
         masses = [
             SettingsMass(s.to_dict(), float(1.0 - r), float(r), bool(r == 0)) for s, r in zip(self.settings, remainder)
         ]
