@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <mutex>
 #include <vector>
 
 #include "pool.h"
@@ -18,18 +17,6 @@ namespace {
 
 // Work (multiply-adds) below which a call runs on one thread.
 constexpr int64_t kMinWorkPerThread = 1 << 14;
-
-inline float dot(const float* a, const float* b, int64_t n) {
-  int64_t i = 0;
-  float t = 0.0f;
-#ifdef MLXINFER_AVX2
-  __m256 v = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) v = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), v);
-  t = hsum8(v);
-#endif
-  for (; i < n; ++i) t = std::fma(a[i], b[i], t);
-  return t;
-}
 
 // y += w * x over n values
 inline void axpy(float w, const float* x, float* y, int64_t n) {
@@ -150,15 +137,6 @@ void softmax(float* const* p, int64_t T, float scale, float* total) {
   for (int g = 0; g < G; ++g) total[g] = sum[g];
 }
 
-// rope_rows' arithmetic (rows.cpp) for one head vector at one position
-inline void rotate(const float* x, const float* c, const float* s, float* y, int64_t E) {
-  const int64_t half = E / 2;
-  for (int64_t i = 0; i < half; ++i) {
-    y[i] = x[i] * c[i] - x[half + i] * s[i];
-    y[half + i] = x[half + i] * c[i] + x[i] * s[i];
-  }
-}
-
 }  // namespace
 
 // the new positions' keys (rotated) and values into the cache kv (B, 2, Hk, cap, E)
@@ -235,13 +213,12 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
   Pool& pl = pool();
   const int64_t work = units * group * (d.offset + d.L) * d.E;
   const int64_t threads = std::min<int64_t>(pl.size(), std::max<int64_t>(1, work / kMinWorkPerThread));
-  std::unique_lock<std::mutex> lock(pl.busy(), std::try_to_lock);
-  if (threads <= 1 || !lock.owns_lock()) {
-    span(0, units);  // which thread computes a unit never changes its arithmetic
-    return;
+  if (threads > 1) {
+    const int64_t chunks = std::min<int64_t>(units, 4 * threads), per = (units + chunks - 1) / chunks;
+    auto chunk = [&](int i) { span(std::min(units, i * per), std::min(units, (i + 1) * per)); };
+    if (pl.try_run(chunk, static_cast<int>(chunks))) return;
   }
-  const int64_t chunks = std::min<int64_t>(units, 4 * threads), per = (units + chunks - 1) / chunks;
-  pl.run([&](int i) { span(std::min(units, i * per), std::min(units, (i + 1) * per)); }, static_cast<int>(chunks));
+  span(0, units);  // one thread, or the pool busy: which thread computes a unit never changes its arithmetic
 }
 
 }  // namespace mlxinfer

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -12,7 +11,6 @@
 #include <vector>
 
 #include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "attend_math.h"
 #include "pool.h"
 #include "qmm.h"
@@ -39,17 +37,10 @@ void project(const std::vector<mx::array>& held, size_t at, const float* attende
   for (int64_t e = 0; e < M * N; ++e) o[e] += h[e];  // the chain's residual: its own input
 }
 
-mx::Stream cpu_only(mx::StreamOrDevice s) {
-  auto stream = mx::to_stream(s, mx::Device::cpu);
-  if (stream.device.type != mx::Device::cpu) {
-    throw std::invalid_argument("[mlxinfer.attend] runs on a CPU stream only");
-  }
-  return stream;
-}
-
-// checks the shapes attention.h describes for a cache of qkv's rows first .. first + C - 1; returns L
+// checks the shapes attention.h describes for a cache of qkv's rows first .. first + C - 1 (and a head norm's
+// weight); returns L
 int check(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const mx::array& kv, int offset, int H,
-          int Hk, int first) {
+          int Hk, int first, const std::optional<mx::array>& norm) {
   auto bad = [](const std::string& what) { return std::invalid_argument("[mlxinfer.attend] " + what); };
   if (H <= 0 || Hk <= 0 || H % Hk) throw bad("n_heads must be a multiple of n_kv_heads");
   if (kv.ndim() != 5 || kv.shape(1) != 2 || kv.shape(2) != Hk || kv.shape(4) % 2) {
@@ -63,11 +54,8 @@ int check(const mx::array& qkv, const mx::array& cos, const mx::array& sin, cons
   if (cos.ndim() != 2 || cos.shape() != sin.shape() || cos.shape(1) * 2 != E || offset + L > cos.shape(0)) {
     throw bad("cos and sin must be (>= offset + L, E / 2)");
   }
+  if (norm && (norm->ndim() != 1 || norm->shape(0) != E)) throw bad("a head norm's weight must be (E,)");
   return L;
-}
-
-mx::array f32(const mx::array& a, const mx::Stream& s) {
-  return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
 }
 
 // attend's output projection and residual among the inputs: the output's last
@@ -101,18 +89,11 @@ std::pair<int, int> append_projection(std::vector<mx::array>& inputs, mx::Shape&
 
 }  // namespace
 
-void check_norm(const std::optional<mx::array>& norm, const mx::array& kv) {
-  if (norm && (norm->ndim() != 1 || norm->shape(0) != kv.shape(4))) {
-    throw std::invalid_argument("[mlxinfer.attend] a head norm's weight must be (E,)");
-  }
-}
-
 mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array& cos, const mx::array& sin, int offset,
                       int n_heads, int n_kv_heads, int first, const std::optional<mx::array>& norm, float eps,
                       mx::StreamOrDevice s) {
-  auto stream = cpu_only(s);
-  check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, first);
-  check_norm(norm, kv);
+  auto stream = cpu_stream(s, "[mlxinfer.attend] runs on a CPU stream only");
+  check(qkv, cos, sin, kv, offset, n_heads, n_kv_heads, first, norm);
   std::vector<mx::array> inputs{f32(kv, stream), f32(qkv, stream), f32(cos, stream), f32(sin, stream)};
   if (norm) inputs.push_back(f32(*norm, stream));
   return mx::array(kv.shape(), mx::float32,
@@ -122,8 +103,6 @@ mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array
 
 void WriteCache::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
   const auto& kv = inputs[0];
   const Shapes d{kv.shape(0), inputs[1].shape(1), n_heads_, n_kv_heads_, kv.shape(4), kv.shape(3), offset_};
   const bool in_place = kv.is_donatable() && kv.flags().row_contiguous;
@@ -132,25 +111,14 @@ void WriteCache::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) 
   } else {
     out.set_data(mx::allocator::malloc(out.nbytes()));
   }
-  enc.dispatch([kv = mx::array::unsafe_weak_copy(kv),
-                qkv = mx::array::unsafe_weak_copy(inputs[1]),
-                cos = mx::array::unsafe_weak_copy(inputs[2]),
-                sin = mx::array::unsafe_weak_copy(inputs[3]),
-                out = mx::array::unsafe_weak_copy(out),
-                d,
-                in_place,
-                norm = norm_ ? std::optional(mx::array::unsafe_weak_copy(inputs[4])) : std::nullopt,
-                eps = eps_,
-                first = first_ * d.L * (d.H + 2 * d.Hk) * d.E]() mutable {
+  // held: kv, qkv, cos, sin, then the head norm's weight where there is one
+  enc.dispatch([held = hold(enc, inputs, out), out = mx::array::unsafe_weak_copy(out), d, in_place, eps = eps_,
+                first = first_ * d.L * (d.H + 2 * d.Hk) * d.E, norm = norm_]() mutable {
     std::vector<float> cc, cq, ccos, csin, cn;
-    if (!in_place) std::memcpy(out.data<float>(), dense_rows(kv, cc), out.nbytes());
-    write(d, dense_rows(qkv, cq) + first, dense_rows(cos, ccos), dense_rows(sin, csin),
-          norm ? dense_rows(*norm, cn) : nullptr, eps, out.data<float>());
+    if (!in_place) std::memcpy(out.data<float>(), dense(held[0], cc), out.nbytes());
+    write(d, dense(held[1], cq) + first, dense(held[2], ccos), dense(held[3], csin),
+          norm ? dense(held[4], cn) : nullptr, eps, out.data<float>());
   });
-}
-
-void WriteCache::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxinfer.attend] has no GPU implementation");
 }
 
 bool WriteCache::is_equivalent(const mx::Primitive& other) const {
@@ -164,7 +132,7 @@ mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& si
                  const std::optional<mx::array>& norm, float eps, const std::optional<OutProj>& out_proj,
                  const std::optional<mx::array>& residual, const std::vector<StageArgs>& then, bool write_in_place,
                  mx::StreamOrDevice s) {
-  auto stream = cpu_only(s);
+  auto stream = cpu_stream(s, "[mlxinfer.attend] runs on a CPU stream only");
   if (write_in_place && norm) {
     throw std::invalid_argument("[mlxinfer.attend] write_in_place writes keys without a head norm: write_cache them");
   }
@@ -175,8 +143,7 @@ mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& si
   if (norm) inputs.push_back(f32(*norm, stream));
   int L = 0, first = 0;
   for (size_t g = 0; g < kvs.size(); first += kvs[g].shape(0), ++g) {
-    L = check(qkv, cos, sin, kvs[g], offsets[g], n_heads, n_kv_heads, first);
-    check_norm(norm, kvs[g]);
+    L = check(qkv, cos, sin, kvs[g], offsets[g], n_heads, n_kv_heads, first, norm);
     if (write_in_place && kvs[g].dtype() != mx::float32) {
       throw std::invalid_argument("[mlxinfer.attend] write_in_place needs float32 caches (a copy would be written)");
     }
@@ -195,9 +162,6 @@ mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& si
 }
 
 void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
-  auto& enc = mx::cpu::get_command_encoder(stream());
-  for (auto& a : inputs) enc.set_input_array(a);
-  enc.set_output_array(out);
   const size_t first_kv = 3 + norm_, G = offsets_.size();
   if (!then_.empty()) check_stage_layout(inputs, first_kv + G + 3 + residual_, then_);
   if (write_) {
@@ -209,18 +173,17 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     }
   }
   out.set_data(mx::allocator::malloc(out.nbytes()));
-  std::vector<mx::array> held;
-  for (const auto& a : inputs) held.push_back(mx::array::unsafe_weak_copy(a));
-  enc.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), in_place = write_, offsets = offsets_,
-                H = n_heads_, Hk = n_kv_heads_, scale = scale_, eps = eps_, first_kv, gs = out_group_size_,
-                bits = out_bits_, residual = residual_, then = then_]() mutable {
+  auto& enc = mx::cpu::get_command_encoder(stream());
+  enc.dispatch([held = hold(enc, inputs, out), out = mx::array::unsafe_weak_copy(out), in_place = write_,
+                offsets = offsets_, H = n_heads_, Hk = n_kv_heads_, scale = scale_, eps = eps_, first_kv,
+                gs = out_group_size_, bits = out_bits_, residual = residual_, then = then_]() mutable {
     const int64_t G = offsets.size(), B = held[0].shape(0), L = held[0].shape(1), width = held[0].shape(2);
     const int64_t E = held[first_kv].shape(4);
     std::vector<float> cq, cc, cs, cn, attended;
-    const float* qkv = dense_rows(held[0], cq);
-    const float* cos = dense_rows(held[1], cc);
-    const float* sin = dense_rows(held[2], cs);
-    const float* nw = first_kv > 3 ? dense_rows(held[3], cn) : nullptr;
+    const float* qkv = dense(held[0], cq);
+    const float* cos = dense(held[1], cc);
+    const float* sin = dense(held[2], cs);
+    const float* nw = first_kv > 3 ? dense(held[3], cn) : nullptr;
     float* y = out.data<float>();
     if (bits) attended.resize(B * L * H * E);
     float* att = bits ? attended.data() : y;
@@ -234,22 +197,15 @@ void Attend::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       if (in_place) {  // the buffer is this cache's alone (checked above, promised by the caller): written where it lies
         write(d, rows, cos, sin, nullptr, 0.0f, const_cast<float*>(kv.data<float>()));
       }
-      attend_all(d, scale, rows, cos, sin, dense_rows(kv, ckv), nw, eps, att + firsts[g] * L * H * E);
+      attend_all(d, scale, rows, cos, sin, dense(kv, ckv), nw, eps, att + firsts[g] * L * H * E);
     };
-    Pool& pl = pool();
-    std::unique_lock<std::mutex> lock(pl.busy(), std::try_to_lock);
-    if (G > 1 && lock.owns_lock()) {  // caches side by side on the pool's threads, each cache on one of them
-      pl.run([&](int g) { group(g); }, static_cast<int>(G));
-    } else {
-      if (lock.owns_lock()) lock.unlock();  // one cache: its heads may share the pool (attend_all)
+    // caches side by side on the pool's threads, each cache on one of them; else (one cache, or the pool busy)
+    // one after another, each one's heads sharing the pool where it is free (attend_all)
+    if (G < 2 || !pool().try_run([&](int g) { group(g); }, static_cast<int>(G))) {
       for (int64_t g = 0; g < G; ++g) group(g);
     }
     if (bits) project(held, first_kv + G, attended.data(), B * L, H * E, gs, bits, residual, then, out);
   });
-}
-
-void Attend::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxinfer.attend] has no GPU implementation");
 }
 
 bool Attend::is_equivalent(const mx::Primitive& other) const {

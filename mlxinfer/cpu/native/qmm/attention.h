@@ -54,12 +54,12 @@ mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& si
                  const std::optional<mx::array>& residual = std::nullopt, const std::vector<StageArgs>& then = {},
                  bool write_in_place = false, mx::StreamOrDevice s = {});
 
-class Attend : public mx::UnaryPrimitive {
+class Attend : public CpuPrimitive {
  public:
   // norm: a head norm's weight among the inputs; out_group_size/out_bits: an output projection (0: none)
   Attend(mx::Stream stream, std::vector<int> offsets, int n_heads, int n_kv_heads, float scale, float eps, bool norm,
          int out_group_size, int out_bits, bool residual, std::vector<Stage> then, bool write)
-      : mx::UnaryPrimitive(stream),
+      : CpuPrimitive(stream),
         write_(write),
         offsets_(std::move(offsets)),
         n_heads_(n_heads),
@@ -72,7 +72,6 @@ class Attend : public mx::UnaryPrimitive {
         residual_(residual),
         then_(std::move(then)) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
     return "MlxinferAttend";
   }
@@ -88,10 +87,10 @@ class Attend : public mx::UnaryPrimitive {
   std::vector<Stage> then_;
 };
 
-class WriteCache : public mx::UnaryPrimitive {
+class WriteCache : public CpuPrimitive {
  public:
   WriteCache(mx::Stream stream, int offset, int n_heads, int n_kv_heads, int first, float eps, bool norm)
-      : mx::UnaryPrimitive(stream),
+      : CpuPrimitive(stream),
         offset_(offset),
         n_heads_(n_heads),
         n_kv_heads_(n_kv_heads),
@@ -99,7 +98,6 @@ class WriteCache : public mx::UnaryPrimitive {
         eps_(eps),
         norm_(norm) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
     return "MlxinferWriteCache";
   }

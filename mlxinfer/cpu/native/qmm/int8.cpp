@@ -64,29 +64,13 @@ void quantize_row(const float* x, int8_t* xq, float* dl, float* xl, float* d, fl
     d[g] = gsc.d, inv[g] = gsc.inv;
   }
   std::fill(xl, xl + 8 * segs.size(), 0.0f);
-  int32_t lane_sum[8];
-  size_t at = 0;
-  for (const Seg& sg : segs) {
-    const int P = 8 / sg.ts;
-    std::fill(lane_sum, lane_sum + 8, 0);
-    for (int j = 0; j < sg.ops; ++j) {
-      const int64_t o = sg.op0 + j;
-      for (int l = 0; l < 8; ++l) {
-        const int64_t g = sg.g0 + l / P, base = g * gs + (j * P + l % P) * 4;
-        for (int t = 0; t < 4; ++t) {
-          const float r = std::nearbyint(x[base + t] * inv[g]);  // |r| <= 127; 0 where inv is 0
-          const int8_t q = static_cast<int8_t>(std::isfinite(r) ? std::clamp(r, -127.0f, 127.0f) : 0.0f);
-          xq[o * 32 + 4 * l + t] = q;
-          lane_sum[l] += q;
-        }
-      }
-    }
-    for (int l = 0; l < 8; ++l) {
-      dl[at * 8 + l] = d[sg.g0 + l / P];
-      xl[at * 8 + l] = static_cast<float>(lane_sum[l]);
-    }
-    ++at;
-  }
+  each_byte(segs, gs, [&](int64_t o, int i, int64_t k, int64_t e) {
+    const float r = std::nearbyint(x[k] * inv[k / gs]);  // |r| <= 127; 0 where inv is 0
+    const int8_t q = static_cast<int8_t>(std::isfinite(r) ? std::clamp(r, -127.0f, 127.0f) : 0.0f);
+    xq[o * 32 + i] = q;
+    xl[e] += q;  // X: every partial sum an integer under 2^24 in magnitude, so exact in float32
+    dl[e] = d[k / gs];
+  });
 }
 
 #ifdef MLXINFER_QMM_AVX2
@@ -212,7 +196,7 @@ void reference_range(const Ctx8& c, int64_t n0, int64_t n1) {
 
 
 template <class S>
-std::function<void(int64_t, int64_t)> pick(const Ctx8& c, bool reference) {
+Range pick(const Ctx8& c, bool reference) {
 #ifdef MLXINFER_QMM_AVX2
   if (!reference) return [&c](int64_t n0, int64_t n1) { avx2_range<S>(c, n0, n1); };
 #endif
@@ -309,16 +293,12 @@ void qmm_i8(const float* x, const std::vector<Weight>& weights, ScaleType scale_
     }
   });
   std::vector<Ctx8> ctx(weights.size());
-  std::vector<std::function<void(int64_t, int64_t)>> range(weights.size());
-  int64_t col = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
+  run_columns(weights, K, [&](size_t i, int64_t col) {
     Ctx8& c = ctx[i];
     c = {xq.data(), dl.data(), xl.data(), reinterpret_cast<const uint8_t*>(weights[i].w), weights[i].s, weights[i].b,
          y + col, M, weights[i].N, K, G, ldy, K * bits / 8, L, group_size, bits, &segs};
-    range[i] = with_scale_type(scale_type, [&]<class S>(S) { return pick<S>(c, reference); });
-    col += c.N;
-  }
-  run_columns(weights, K, range);
+    return with_scale_type(scale_type, [&]<class S>(S) { return pick<S>(c, reference); });
+  });
 }
 
 namespace {

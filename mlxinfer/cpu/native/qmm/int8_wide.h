@@ -40,6 +40,7 @@ inline void unpack_bytes(const Ctx8& c, int64_t t0, int64_t t1, uint8_t* out, bo
 }
 
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+constexpr bool kWide = true;  // this build has the 512-bit tiles
 
 inline __m512i dot4_wide(__m512i acc, __m512i w, __m512i x) {
   __asm__("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(w), "v"(x));  // as dot4: any of the 32 registers
@@ -108,6 +109,8 @@ void wide_rows(const Ctx8& c, int64_t t0, int64_t t1, const uint8_t* bytes) {
   };
   row_tiles_of<4>(c.M, cols);
 }
+#else
+constexpr bool kWide = false;
 #endif
 
 template <class S>
@@ -115,17 +118,11 @@ void avx2_range(const Ctx8& c, int64_t n0, int64_t n1) {
   const uint8_t* cols[kColTile];
   // several rows share one unpacking of each column (unpack_bytes)
   const bool unpack = c.M > 1;
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
-  const bool wide = wide_tiles();
-#endif
+  const bool wide = kWide && wide_tiles();
   std::vector<uint8_t> bytes(unpack ? kColTile * c.K : 0);
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
     const int64_t t1 = std::min(n1, t0 + kColTile);
-#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
     const bool pairs = wide && unpack && (t1 - t0) % 4 == 0;
-#else
-    constexpr bool pairs = false;
-#endif
     if (unpack) unpack_bytes(c, t0, t1, bytes.data(), pairs);
     for (int64_t j = 0; j < t1 - t0; ++j) cols[j] = unpack ? bytes.data() + j * c.K : c.w + (t0 + j) * c.rowbytes;
     prefetch_cols(c.w, t1, n1, kColTile, c.rowbytes);

@@ -26,8 +26,11 @@ class Pool {
   int size() const {
     return n_;
   }
-  std::mutex& busy() {
-    return busy_;
+  // run(fn, chunks) where no other call holds the pool (true), else nothing (false: the caller runs them itself)
+  bool try_run(const std::function<void(int)>& fn, int chunks) {
+    std::unique_lock<std::mutex> lock(busy_, std::try_to_lock);
+    if (lock.owns_lock()) run(fn, chunks);
+    return lock.owns_lock();
   }
   // fn(0 .. chunks-1), each exactly once, on the caller and the workers; returns when all are done.
   void run(const std::function<void(int)>& fn, int chunks) {
@@ -95,10 +98,10 @@ void for_rows(int64_t M, int64_t work, Fn&& fn) {
   constexpr int64_t kMinRowsWork = 1 << 14;
   Pool& p = pool();
   if (M < 2 || p.size() < 2 || M * work < kMinRowsWork) return fn(int64_t{0}, M);
-  std::unique_lock<std::mutex> lock(p.busy(), std::try_to_lock);
-  if (!lock.owns_lock()) return fn(int64_t{0}, M);
   const int64_t per = (M + 2 * p.size() - 1) / (2 * p.size()), chunks = (M + per - 1) / per;
-  p.run([&](int i) { fn(i * per, std::min<int64_t>(M, (i + 1) * per)); }, static_cast<int>(chunks));
+  if (!p.try_run([&](int i) { fn(i * per, std::min<int64_t>(M, (i + 1) * per)); }, static_cast<int>(chunks))) {
+    fn(int64_t{0}, M);
+  }
 }
 
 }  // namespace mlxinfer

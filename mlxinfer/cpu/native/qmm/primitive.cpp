@@ -8,7 +8,6 @@
 #include <vector>
 
 #include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "int8.h"
 #include "pool.h"
 #include "qmm.h"
@@ -40,19 +39,19 @@ int64_t append_weights(
     const std::vector<mx::array>& biases,
     int group_size,
     int bits,
-    const mx::Stream& stream) {
-  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
+    const mx::Stream& stream,
+    const char* who) {
   const bool int8 = int8_layout(bits);  // the int8 path's layout (int8.h): the flag above the bits
   if ((bits & ~(kInt8Layout | 0xff)) || (value_bits(bits) != 4 && value_bits(bits) != 8)) {
-    throw std::invalid_argument(std::string(kName) + "bits must be 4 or 8, not " + std::to_string(bits));
+    throw std::invalid_argument(std::string(who) + "bits must be 4 or 8, not " + std::to_string(bits));
   }
   bits = value_bits(bits);
   if (group_size != 32 && group_size != 64 && group_size != 128) {
     throw std::invalid_argument(
-        std::string(kName) + "group_size must be 32, 64 or 128, not " + std::to_string(group_size));
+        std::string(who) + "group_size must be 32, 64 or 128, not " + std::to_string(group_size));
   }
   if (ws.empty() || scales.size() != ws.size() || biases.size() != ws.size()) {
-    throw std::invalid_argument(std::string(kName) + "needs one scales and one biases array per weight");
+    throw std::invalid_argument(std::string(who) + "needs one scales and one biases array per weight");
   }
   // scales and biases share one of float32/float16/bfloat16 (the kernel widens them)
   auto sdtype = scales[0].dtype();
@@ -61,25 +60,25 @@ int64_t append_weights(
   for (size_t i = 0; i < ws.size(); ++i) {
     const auto& w = ws[i];
     if (w.dtype() != mx::uint32 || w.ndim() != 2) {
-      throw std::invalid_argument(std::string(kName) + "w must be a 2-D uint32 array (mx.quantize's output)");
+      throw std::invalid_argument(std::string(who) + "w must be a 2-D uint32 array (mx.quantize's output)");
     }
     if (static_cast<int64_t>(w.shape(1)) * 32 / bits != K || K % group_size != 0) {
       throw std::invalid_argument(
-          std::string(kName) + "x's last dimension (" + std::to_string(K) + ") does not match w (" +
+          std::string(who) + "x's last dimension (" + std::to_string(K) + ") does not match w (" +
           std::to_string(w.shape(1)) + " words of " + std::to_string(bits) + "-bit values) in groups of " +
           std::to_string(group_size));
     }
     if (int8 && !int8_supports(K, group_size, bits)) {
-      throw std::invalid_argument(std::string(kName) + "the int8 layout takes 4-bit rows in multiples of 64 values");
+      throw std::invalid_argument(std::string(who) + "the int8 layout takes 4-bit rows in multiples of 64 values");
     }
     const mx::Shape groups{w.shape(0), static_cast<int>(int8 ? int8_lanes(K, group_size) : K / group_size)};
     if (scales[i].shape() != groups || biases[i].shape() != groups) {
-      throw std::invalid_argument(std::string(kName) + "scales and biases must have shape (N, K / group_size)" +
+      throw std::invalid_argument(std::string(who) + "scales and biases must have shape (N, K / group_size)" +
                                   (int8 ? " as int8 lanes (int8_lane_groups)" : ""));
     }
     inputs.push_back(w);
-    inputs.push_back(cast(scales[i], sdtype));
-    inputs.push_back(cast(biases[i], sdtype));
+    inputs.push_back(cast(scales[i], sdtype, stream));
+    inputs.push_back(cast(biases[i], sdtype, stream));
     N += w.shape(0);
   }
   return N;
@@ -87,7 +86,6 @@ int64_t append_weights(
 
 std::pair<std::vector<Stage>, int64_t> append_stages(std::vector<mx::array>& inputs, int64_t K,
                                                      const std::vector<StageArgs>& stage_args, const mx::Stream& stream) {
-  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
   if (stage_args.empty()) throw std::invalid_argument(std::string(kName) + "a chain needs at least one stage");
   std::vector<Stage> stages;
   for (const auto& [name, norm, eps, ws, scales, biases, group_size, bits] : stage_args) {
@@ -96,7 +94,7 @@ std::pair<std::vector<Stage>, int64_t> append_stages(std::vector<mx::array>& inp
       if (!norm || norm->ndim() != 1 || norm->shape(0) != K) {
         throw std::invalid_argument(std::string(kName) + "rms_norm needs a 1-D weight of its input's last dimension");
       }
-      inputs.push_back(cast(*norm, mx::float32));
+      inputs.push_back(f32(*norm, stream));
     } else if (norm) {
       throw std::invalid_argument(std::string(kName) + "a norm weight is only for the rms_norm prologue");
     }
@@ -116,15 +114,11 @@ mx::array linear_chain(
     const std::vector<StageArgs>& stage_args,
     const std::optional<mx::array>& residual,
     mx::StreamOrDevice s) {
-  auto stream = mx::to_stream(s, mx::Device::cpu);
-  if (stream.device.type != mx::Device::cpu) {
-    throw std::invalid_argument(std::string(kName) + "runs on a CPU stream only");
-  }
+  auto stream = cpu_stream(s, "[mlxinfer.quantized_matmul] runs on a CPU stream only");
   if (x.ndim() < 1 || !mx::issubdtype(x.dtype(), mx::floating)) {
     throw std::invalid_argument(std::string(kName) + "x must be a floating-point array of at least 1 dim");
   }
-  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
-  std::vector<mx::array> inputs{cast(x, mx::float32)};
+  std::vector<mx::array> inputs{f32(x, stream)};
   auto [stages, K] = append_stages(inputs, x.shape(-1), stage_args, stream);
   auto out_shape = x.shape();
   out_shape.back() = static_cast<int>(K);
@@ -132,7 +126,7 @@ mx::array linear_chain(
     if (residual->shape() != out_shape) {
       throw std::invalid_argument(std::string(kName) + "the residual must have the output's shape");
     }
-    inputs.push_back(cast(*residual, mx::float32));
+    inputs.push_back(f32(*residual, stream));
   }
   return mx::array(
       out_shape,
@@ -178,18 +172,12 @@ void QuantizedMatmulF32::eval_cpu(const std::vector<mx::array>& inputs, mx::arra
   check_stage_layout(inputs, 1, stages_);
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  std::vector<mx::array> held;
-  for (auto& a : inputs) {
-    encoder.set_input_array(a);
-    held.push_back(mx::array::unsafe_weak_copy(a));
-  }
-  encoder.set_output_array(out);
-  encoder.dispatch([held = std::move(held), out = mx::array::unsafe_weak_copy(out), stages = stages_,
+  encoder.dispatch([held = hold(encoder, inputs, out), out = mx::array::unsafe_weak_copy(out), stages = stages_,
                     residual = residual_]() mutable {
     std::vector<float> copy;
     const int64_t K = held[0].shape(-1);
     const int64_t M = K ? static_cast<int64_t>(held[0].size()) / K : 0;
-    const size_t at = run_stages(held, 1, stages, dense_rows(held[0], copy), M, K, out.data<float>());
+    const size_t at = run_stages(held, 1, stages, dense(held[0], copy), M, K, out.data<float>());
     if (residual) add_residual(held[at], out.data<float>(), out.size());
   });
 }
@@ -204,7 +192,7 @@ size_t run_stages(const std::vector<mx::array>& held, size_t at, const std::vect
   for (size_t i = 0; i < stages.size(); ++i) {
     const Stage& st = stages[i];
     if (st.prologue == Prologue::rms_norm) {
-      const float* w = dense_rows(held[at++], copies[i]);
+      const float* w = dense(held[at++], copies[i]);
       float* y = buffer(M * K);
       for_rows(M, K, [&](int64_t r0, int64_t r1) {
         for (int64_t r = r0; r < r1; ++r) rms_norm_row(in + r * K, w, y + r * K, K, st.eps);
@@ -234,7 +222,7 @@ size_t run_stages(const std::vector<mx::array>& held, size_t at, const std::vect
 
 void add_residual(const mx::array& residual, float* y, size_t n) {
   std::vector<float> copy;
-  const float* r = dense_rows(residual, copy);
+  const float* r = dense(residual, copy);
   for (size_t e = 0; e < n; ++e) y[e] += r[e];
 }
 
@@ -246,34 +234,18 @@ mx::array dequantize_rows(
     int group_size,
     int bits,
     mx::StreamOrDevice s) {
-  auto stream = mx::to_stream(s, mx::Device::cpu);
-  const std::string name = "[mlxinfer.dequantize_rows] ";
-  if (stream.device.type != mx::Device::cpu) throw std::invalid_argument(name + "runs on a CPU stream only");
-  if (!mx::issubdtype(ids.dtype(), mx::integer)) throw std::invalid_argument(name + "ids must be integers");
+  auto stream = cpu_stream(s, "[mlxinfer.dequantize_rows] runs on a CPU stream only");
+  if (!mx::issubdtype(ids.dtype(), mx::integer)) {
+    throw std::invalid_argument("[mlxinfer.dequantize_rows] ids must be integers");
+  }
+  // K: the values w's rows hold; append_weights then checks w, scales and biases as a matmul's
   const int vb = value_bits(bits);
-  if ((bits & ~(kInt8Layout | 0xff)) || (vb != 4 && vb != 8) ||
-      (group_size != 32 && group_size != 64 && group_size != 128)) {
-    throw std::invalid_argument(name + "takes 4 or 8 bits in groups of 32, 64 or 128");
-  }
-  if (w.dtype() != mx::uint32 || w.ndim() != 2) {
-    throw std::invalid_argument(name + "w must be a 2-D uint32 array (mx.quantize's output)");
-  }
-  const int64_t K = static_cast<int64_t>(w.shape(1)) * 32 / vb;
-  const bool int8 = int8_layout(bits) && int8_supports(K, group_size, vb);
-  const mx::Shape groups{w.shape(0), static_cast<int>(int8 ? int8_lanes(K, group_size) : K / group_size)};
-  if (K % group_size || (int8_layout(bits) && !int8_supports(K, group_size, vb)) || scales.shape() != groups || biases.shape() != groups) {
-    throw std::invalid_argument(name + "scales and biases must have shape (N, K / group_size)");
-  }
-  auto sdtype = scales.dtype();
-  if (sdtype != mx::float32 && sdtype != mx::float16 && sdtype != mx::bfloat16) sdtype = mx::float32;
-  auto cast = [&](const mx::array& a, mx::Dtype t) { return a.dtype() == t ? a : mx::astype(a, t, stream); };
+  const int64_t K = w.ndim() == 2 && (vb == 4 || vb == 8) ? static_cast<int64_t>(w.shape(1)) * 32 / vb : 0;
+  std::vector<mx::array> inputs{cast(ids, mx::int32, stream)};
+  append_weights(inputs, K, {w}, {scales}, {biases}, group_size, bits, stream, "[mlxinfer.dequantize_rows] ");
   auto shape = ids.shape();
   shape.push_back(static_cast<int>(K));
-  return mx::array(
-      shape,
-      mx::float32,
-      std::make_shared<DequantizeRows>(stream, group_size, bits),
-      {cast(ids, mx::int32), w, cast(scales, sdtype), cast(biases, sdtype)});
+  return mx::array(shape, mx::float32, std::make_shared<DequantizeRows>(stream, group_size, bits), inputs);
 }
 
 void DequantizeRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
@@ -284,13 +256,11 @@ void DequantizeRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
   }
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& encoder = mx::cpu::get_command_encoder(stream());
-  for (auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  encoder.dispatch([ids = mx::array::unsafe_weak_copy(inputs[0]), w = mx::array::unsafe_weak_copy(inputs[1]),
-                    sc = mx::array::unsafe_weak_copy(inputs[2]), bi = mx::array::unsafe_weak_copy(inputs[3]),
-                    out = mx::array::unsafe_weak_copy(out), gs = group_size_, bits = bits_]() mutable {
+  encoder.dispatch([in = hold(encoder, inputs, out), out = mx::array::unsafe_weak_copy(out), gs = group_size_,
+                    bits = bits_]() mutable {
+    const mx::array &ids = in[0], &w = in[1], &sc = in[2], &bi = in[3];
     std::vector<int32_t> copy;
-    const int32_t* id = dense<int32_t>(ids, copy);
+    const int32_t* id = dense(ids, copy);
     const int64_t N = w.shape(0), Kw = w.shape(1), K = Kw * 32 / value_bits(bits);
     const int64_t G = int8_layout(bits) ? int8_lanes(K, gs) : K / gs;  // scales a row
     const ScaleType st = scale_type(sc.dtype());
@@ -307,14 +277,6 @@ void DequantizeRows::eval_cpu(const std::vector<mx::array>& inputs, mx::array& o
       dequantize_row(w.data<uint32_t>() + n * Kw, s + n * G * width, b + n * G * width, st, y + r * K, K, gs, bits);
     }
   });
-}
-
-void DequantizeRows::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxinfer.dequantize_rows] has no GPU implementation; use mx.dequantize");
-}
-
-void QuantizedMatmulF32::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxinfer.quantized_matmul] has no GPU implementation; use mx.quantized_matmul");
 }
 
 bool QuantizedMatmulF32::is_equivalent(const mx::Primitive& other) const {

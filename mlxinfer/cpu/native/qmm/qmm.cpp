@@ -27,7 +27,6 @@
 
 #include <algorithm>
 #include <functional>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -86,12 +85,11 @@ void portable_range(const Ctx& c, int64_t n0, int64_t n1) {
 }
 
 template <class S>
-std::function<void(int64_t, int64_t)> pick_range(const Ctx& c, bool avx2) {
+Range pick_range(const Ctx& c, bool avx2) {
 #ifdef MLXINFER_QMM_AVX2
   if (avx2) {
     using tiles::avx2_range;
     // bits and group size as template arguments: every loop bound and branch of a tile is a constant
-    using Range = std::function<void(int64_t, int64_t)>;
     auto with = [&c]<int BITS>() -> Range {
       if (c.gs == 32) return [&c](int64_t n0, int64_t n1) { avx2_range<BITS, 32, S>(c, n0, n1); };
       if (c.gs == 64) return [&c](int64_t n0, int64_t n1) { avx2_range<BITS, 64, S>(c, n0, n1); };
@@ -158,23 +156,17 @@ void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale
     for (int64_t m = 0; m < M; ++m) tiles::lane_order(x + m * K, xp.data() + m * K, K, bits);
   }
 #endif
-  // one context per weight (its columns of y)
-  std::vector<Ctx> ctx(weights.size());
-  std::vector<std::function<void(int64_t, int64_t)>> range(weights.size());
-  int64_t col = 0;
-  for (size_t i = 0; i < weights.size(); ++i) {
+  std::vector<Ctx> ctx(weights.size());  // one context per weight (its columns of y)
+  run_columns(weights, K, [&](size_t i, int64_t col) {
     Ctx& c = ctx[i];
     c.x = x, c.w = weights[i].w, c.s = weights[i].s, c.b = weights[i].b, c.y = y + col;
     c.M = M, c.N = weights[i].N, c.K = K, c.G = G, c.Kw = K * bits / 32, c.ldy = ldy;
     c.gs = group_size, c.bits = bits, c.xsum = xsum.data(), c.xp = xp.data();
-    range[i] = with_scale_type(scale_type, [&]<class S>(S) { return pick_range<S>(c, avx2); });
-    col += c.N;
-  }
-  run_columns(weights, K, range);
+    return with_scale_type(scale_type, [&]<class S>(S) { return pick_range<S>(c, avx2); });
+  });
 }
 
-void run_columns(const std::vector<Weight>& weights, int64_t K,
-                 const std::vector<std::function<void(int64_t, int64_t)>>& range) {
+void run_columns(const std::vector<Weight>& weights, int64_t K, const std::function<Range(size_t, int64_t)>& range_of) {
   int64_t ldy = 0;
   for (const Weight& wt : weights) ldy += wt.N;
   struct Chunk {
@@ -182,18 +174,20 @@ void run_columns(const std::vector<Weight>& weights, int64_t K,
     int64_t n0, n1;
   };
   std::vector<Chunk> chunks;
+  std::vector<Range> range;
   Pool& p = pool();
   const int64_t threads = std::min<int64_t>(p.size(), std::max<int64_t>(1, ldy * K / kMinWeightsPerThread));
   const int64_t per = std::max<int64_t>(4, (ldy / (4 * threads) + 3) / 4 * 4);
+  int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
+    range.push_back(range_of(i, col));
+    col += weights[i].N;
     for (int64_t n = 0; n < weights[i].N; n += per) chunks.push_back({i, n, std::min(weights[i].N, n + per)});
   }
-  std::unique_lock<std::mutex> lock(p.busy(), std::try_to_lock);
-  if (threads <= 1 || !lock.owns_lock()) {  // same results: the split never changes an output's arithmetic
-    for (const Chunk& ch : chunks) range[ch.weight](ch.n0, ch.n1);
-    return;
-  }
-  p.run([&](int i) { range[chunks[i].weight](chunks[i].n0, chunks[i].n1); }, static_cast<int>(chunks.size()));
+  auto chunk = [&](int i) { range[chunks[i].weight](chunks[i].n0, chunks[i].n1); };
+  if (threads > 1 && p.try_run(chunk, static_cast<int>(chunks.size()))) return;
+  // here, or the pool busy: the same results, as the split never changes an output's arithmetic
+  for (size_t i = 0; i < chunks.size(); ++i) chunk(static_cast<int>(i));
 }
 
 }  // namespace mlxinfer

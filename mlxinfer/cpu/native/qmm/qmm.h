@@ -4,6 +4,7 @@
 
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
+#include "rows.h"
 #include "scales.h"
 
 #include <functional>
@@ -81,7 +82,8 @@ mx::array linear_chain(
     mx::StreamOrDevice s = {});
 
 // The checks a stage makes of its weights (inputs K wide), and their arrays as the kernel reads them
-// (w, then scales and biases in one float dtype) appended to `inputs`; returns their total N.
+// (w, then scales and biases in one float dtype) appended to `inputs`; returns their total N. `who`: the op
+// its errors name (dequantize_rows makes the same checks of its table).
 int64_t append_weights(
     std::vector<mx::array>& inputs,
     int64_t K,
@@ -90,7 +92,8 @@ int64_t append_weights(
     const std::vector<mx::array>& biases,
     int group_size,
     int bits,
-    const mx::Stream& stream);
+    const mx::Stream& stream,
+    const char* who = "[mlxinfer.quantized_matmul] ");
 
 // linear_chain's checks of `stage_args` on an input K wide, their arrays appended to `inputs`; returns
 // the stages and the last one's output width.
@@ -105,13 +108,12 @@ size_t run_stages(const std::vector<mx::array>& held, size_t at, const std::vect
 // Throws unless the stages' w, scales and biases (from inputs[at]) are row-contiguous, as the kernel reads them.
 void check_stage_layout(const std::vector<mx::array>& inputs, size_t at, const std::vector<Stage>& stages);
 
-class QuantizedMatmulF32 : public mx::UnaryPrimitive {
+class QuantizedMatmulF32 : public CpuPrimitive {
  public:
   QuantizedMatmulF32(mx::Stream stream, std::vector<Stage> stages, bool residual)
-      : mx::UnaryPrimitive(stream), stages_(std::move(stages)), residual_(residual) {}
+      : CpuPrimitive(stream), stages_(std::move(stages)), residual_(residual) {}
 
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
     return stages_.size() == 1 && stages_[0].prologue == Prologue::none && !residual_ ? "MlxinferQuantizedMatmulF32"
                                                                                        : "MlxinferLinearChain";
@@ -157,12 +159,12 @@ struct Weight {
 void qmm_f32(const float* x, const std::vector<Weight>& weights, ScaleType scale_type, float* y, int64_t M, int64_t K,
              int group_size, int bits);
 
-// range[i](n0, n1) computes weight i's output columns n0 .. n1 - 1. The columns of all the weights, split into
-// chunks (multiples of 4, so that full tiles stay full; a chunk never spans two weights), run on the pool's
-// threads, or on this one where the work is small or the pool busy: which thread runs a chunk never changes
-// an output's arithmetic. qmm_f32's and qmm_i8's split.
-void run_columns(const std::vector<Weight>& weights, int64_t K,
-                 const std::vector<std::function<void(int64_t, int64_t)>>& range);
+// range_of(i, col) gives the function (n0, n1) that computes weight i's output columns n0 .. n1 - 1 (its first
+// column of y: col). The columns of all the weights, split into chunks (multiples of 4, so that full tiles stay
+// full; a chunk never spans two weights), run on the pool's threads, or on this one where the work is small or
+// the pool busy: which thread runs a chunk never changes an output's arithmetic. qmm_f32's and qmm_i8's split.
+using Range = std::function<void(int64_t, int64_t)>;
+void run_columns(const std::vector<Weight>& weights, int64_t K, const std::function<Range(size_t, int64_t)>& range_of);
 
 // Row `w` of a quantized table dequantized in float32 (K values): q * scale + bias, two roundings, as
 // mx.dequantize computes it.
@@ -182,12 +184,11 @@ mx::array dequantize_rows(
     int bits,
     mx::StreamOrDevice s = {});
 
-class DequantizeRows : public mx::UnaryPrimitive {
+class DequantizeRows : public CpuPrimitive {
  public:
   DequantizeRows(mx::Stream stream, int group_size, int bits)
-      : mx::UnaryPrimitive(stream), group_size_(group_size), bits_(bits) {}
+      : CpuPrimitive(stream), group_size_(group_size), bits_(bits) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
     return "MlxinferDequantizeRows";
   }

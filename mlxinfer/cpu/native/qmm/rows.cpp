@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "mlx/allocator.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "pool.h"
 #include "simd.h"
 
@@ -158,38 +157,30 @@ void softmax_row(const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] = y[i] == -INFINITY ? 0.0f : exp_scalar(y[i]);
 }
 
-mx::array f32(const mx::array& a, const mx::Stream& s) {
-  return a.dtype() == mx::float32 ? a : mx::astype(a, mx::float32, s);
-}
+}  // namespace
 
-mx::Stream cpu_stream(mx::StreamOrDevice s) {
+mx::Stream cpu_stream(mx::StreamOrDevice s, const char* error) {
   auto stream = mx::to_stream(s, mx::Device::cpu);
-  if (stream.device.type != mx::Device::cpu) {
-    throw std::invalid_argument("[mlxinfer] the row ops run on a CPU stream only");
-  }
+  if (stream.device.type != mx::Device::cpu) throw std::invalid_argument(error);
   return stream;
 }
 
-}  // namespace
+std::vector<mx::array> hold(mx::cpu::CommandEncoder& enc, const std::vector<mx::array>& inputs, mx::array& out) {
+  std::vector<mx::array> held;
+  for (const auto& a : inputs) {
+    enc.set_input_array(a);
+    held.push_back(mx::array::unsafe_weak_copy(a));
+  }
+  enc.set_output_array(out);
+  return held;
+}
+
+void CpuPrimitive::eval_gpu(const std::vector<mx::array>&, mx::array&) {
+  throw std::runtime_error(std::string("[mlxinfer] ") + name() + " has no GPU implementation");
+}
 
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps) {
-  int64_t i = 0;
-  float ss;
-#ifdef MLXINFER_AVX2
-  __m256 acc = _mm256_setzero_ps();
-  for (; i + 8 <= n; i += 8) {
-    const __m256 v = _mm256_loadu_ps(x + i);
-    acc = _mm256_fmadd_ps(v, v, acc);
-  }
-  __m128 t = _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1));
-  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  t = _mm_add_ss(t, _mm_movehdup_ps(t));
-  ss = _mm_cvtss_f32(t);
-#else
-  ss = 0.0f;
-#endif
-  for (; i < n; ++i) ss = std::fma(x[i], x[i], ss);
-  const float r = 1.0f / std::sqrt(ss / static_cast<float>(n) + eps);
+  const float r = 1.0f / std::sqrt(dot(x, x, n) / static_cast<float>(n) + eps);
   for (int64_t k = 0; k < n; ++k) y[k] = (x[k] * r) * w[k];
 }
 
@@ -279,33 +270,18 @@ void rope_rows(const float* x, const float* cos, const float* sin, float* y, int
   const int64_t half = E / 2;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t pos = offset + r % L;
-    const float* c = cos + pos * half;
-    const float* s = sin + pos * half;
-    const float* x1 = x + r * E;
-    const float* x2 = x1 + half;
-    float* y1 = y + r * E;
-    float* y2 = y1 + half;
-    for (int64_t i = 0; i < half; ++i) {
-      y1[i] = x1[i] * c[i] - x2[i] * s[i];
-      y2[i] = x2[i] * c[i] + x1[i] * s[i];
-    }
+    rotate(x + r * E, cos + pos * half, sin + pos * half, y + r * E, E);
   }
 }
 
 void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
   out.set_data(mx::allocator::malloc(out.nbytes()));
   auto& enc = mx::cpu::get_command_encoder(stream());
-  std::vector<mx::array> in;
-  for (auto& a : inputs) {
-    enc.set_input_array(a);
-    in.push_back(mx::array::unsafe_weak_copy(a));
-  }
-  enc.set_output_array(out);
-  enc.dispatch([in = std::move(in), out = mx::array::unsafe_weak_copy(out), kind = kind_, eps = eps_,
+  enc.dispatch([in = hold(enc, inputs, out), out = mx::array::unsafe_weak_copy(out), kind = kind_, eps = eps_,
                 offset = offset_]() mutable {
     std::vector<std::vector<float>> copies(in.size());
     std::vector<const float*> p;
-    for (size_t i = 0; i < in.size(); ++i) p.push_back(dense_rows(in[i], copies[i]));
+    for (size_t i = 0; i < in.size(); ++i) p.push_back(dense(in[i], copies[i]));
     float* y = out.data<float>();
     const int64_t n = out.ndim() ? out.shape(-1) : 1, w = in[0].ndim() ? in[0].shape(-1) : 1;  // w: n or 2n
     const int64_t rows = n ? static_cast<int64_t>(out.size()) / n : 0;
@@ -330,10 +306,6 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
       }
     });
   });
-}
-
-void RowOp::eval_gpu(const std::vector<mx::array>&, mx::array&) {
-  throw std::runtime_error("[mlxinfer] the row ops have no GPU implementation");
 }
 
 bool RowOp::is_equivalent(const mx::Primitive& other) const {

@@ -3,6 +3,7 @@
 // step on a 30-layer model). Each output row depends only on its own input row, in a fixed order.
 #pragma once
 
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/mlx.h"
 #include "mlx/primitives.h"
 
@@ -32,15 +33,45 @@ const T* dense(const mx::array& a, std::vector<T>& buf) {
   }
   return buf.data();
 }
-inline const float* dense_rows(const mx::array& a, std::vector<float>& buf) {
-  return dense<float>(a, buf);
+
+// ------------------------------------------------------------------ what every primitive here shares
+
+// a in dtype t: a itself where it has it, else cast on stream s
+inline mx::array cast(const mx::array& a, mx::Dtype t, const mx::Stream& s) {
+  return a.dtype() == t ? a : mx::astype(a, t, s);
 }
+inline mx::array f32(const mx::array& a, const mx::Stream& s) {
+  return cast(a, mx::float32, s);
+}
+
+// The stream an op's node goes on, which must be a CPU one (else invalid_argument(error)).
+mx::Stream cpu_stream(mx::StreamOrDevice s, const char* error = "[mlxinfer] the row ops run on a CPU stream only");
+
+// A node's inputs and output registered with the encoder that runs it; returns the inputs as its task holds them.
+std::vector<mx::array> hold(mx::cpu::CommandEncoder& enc, const std::vector<mx::array>& inputs, mx::array& out);
+
+// The extension's primitives: their ops put them on a CPU stream only (cpu_stream), so eval_gpu only throws.
+class CpuPrimitive : public mx::UnaryPrimitive {
+ public:
+  using mx::UnaryPrimitive::UnaryPrimitive;
+  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
+};
 
 // One row of rms_norm: y = x * rsqrt(mean(x^2) + eps) * w over n values.
 void rms_norm_row(const float* x, const float* w, float* y, int64_t n, float eps);
 
 // One row of swiglu: y = silu(g) * u over n values.
 void swiglu_row(const float* g, const float* u, float* y, int64_t n);
+
+// One head vector x (E values) rotated at one position, c and s its cos/sin rows (E / 2 each): rope's
+// arithmetic, which attention's queries and keys share.
+inline void rotate(const float* x, const float* c, const float* s, float* y, int64_t E) {
+  const int64_t half = E / 2;
+  for (int64_t i = 0; i < half; ++i) {
+    y[i] = x[i] * c[i] - x[half + i] * s[i];
+    y[half + i] = x[half + i] * c[i] + x[i] * s[i];
+  }
+}
 
 enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax, softmax, top_k, top_p, typical_p };
 
@@ -78,12 +109,11 @@ mx::array typical_p(const mx::array& x, float p, int min_tokens_to_keep, mx::Str
 // (P, E / 2): x1 * cos - x2 * sin, x2 * cos + x1 * sin, as cpu/kernels.py's RopeTable computes it.
 mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin, int offset, mx::StreamOrDevice s = {});
 
-class RowOp : public mx::UnaryPrimitive {
+class RowOp : public CpuPrimitive {
  public:
   RowOp(mx::Stream stream, RowKind kind, float eps, int offset = 0)
-      : mx::UnaryPrimitive(stream), kind_(kind), eps_(eps), offset_(offset) {}
+      : CpuPrimitive(stream), kind_(kind), eps_(eps), offset_(offset) {}
   void eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, mx::array& out) override;
   const char* name() const override {
     return kind_ == RowKind::rms_norm ? "MlxinferRMSNorm"
         : kind_ == RowKind::rope      ? "MlxinferRoPE"

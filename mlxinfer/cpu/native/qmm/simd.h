@@ -86,6 +86,20 @@ inline __m256 hsum8x8(__m256 a, __m256 b, __m256 c, __m256 d, __m256 e, __m256 f
 }
 #endif
 
+// sum of a[i] * b[i]: eight lanes of FMAs reduced by hsum8's tree, then the rest in order (attention's scores,
+// rms_norm's sum of squares)
+inline float dot(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float t = 0.0f;
+#ifdef MLXINFER_AVX2
+  __m256 v = _mm256_setzero_ps();
+  for (; i + 8 <= n; i += 8) v = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), v);
+  t = hsum8(v);
+#endif
+  for (; i < n; ++i) t = std::fma(a[i], b[i], t);
+  return t;
+}
+
 #if defined(MLXINFER_AVX2) && defined(__AVX512F__)
 // 512-bit helpers of the wide tiles (tiles_wide.h, int8_wide.h): two 8-lane vectors as one, and p's eight
 // floats in both halves

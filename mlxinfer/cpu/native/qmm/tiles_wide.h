@@ -81,17 +81,11 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   // several rows: each column tile is unpacked once, then kTileRows x kTileCols tiles run every row over it
   const int64_t Gp = (c.G + 7) / 8 * 8;
   Floats wf(kColTile * c.K), sbuf(kColTile * Gp);
-#ifdef MLXINFER_QMM_WIDE
-  const bool wide = wide_tiles();
-#endif
+  const bool wide = wide_tiles();  // false where the build has no 512-bit tiles
   const float* sf[kColTile];
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
     const int64_t t1 = std::min(n1, t0 + kColTile);
-#ifdef MLXINFER_QMM_WIDE
     const bool pairs = wide && (t1 - t0) % 4 == 0;
-#else
-    constexpr bool pairs = false;
-#endif
     unpack_cols<BITS>(c, t0, t1 - t0, wf.p, pairs);
     prefetch_cols(c.w, t1, n1, kColTile, c.Kw * 4);
     for (int64_t j = 0; j < t1 - t0; ++j) {
