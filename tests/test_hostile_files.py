@@ -15,6 +15,9 @@ from conftest import assert_one_line_error, invoke_cli, run_cli
 
 import checkpoints
 import hostile
+from mlxinfer.errors import MlxinferError
+from mlxinfer.formats import gguf as gguf_reader
+from mlxinfer.formats.config import ModelConfig
 
 gguf = pytest.importorskip("gguf")
 
@@ -93,34 +96,68 @@ def test_config_layer_count_against_the_tensors(checkpoint_dir, tmp_path, layers
 
 
 # ---------------------------------------------------------------------------------------------- config.json
+FIX = "; fix config.json"  # how a message about a wrong value in config.json ends: the fix, not only the fault
+
+
 @pytest.mark.parametrize(
-    "change,fragment",
+    "change,fragment,fix",
     [
-        ('"max_position_embeddings": 1e400', "max_position_embeddings"),  # inf: was an OverflowError
-        ('"hidden_size": 1180591620717411303424', "hidden_size"),  # 2**70: was an MLX TypeError
-        ('"rms_norm_eps": "small"', "rms_norm_eps"),
-        ('"rope_theta": -1', "rope_theta"),
-        ('"max_position_embeddings": 0', "max_position_embeddings"),  # was: silently 2048
-        ('"rope_scaling": [1, 2]', "rope_scaling"),
-        ('"rope_scaling": {"rope_type": "linear"}', "factor"),
-        ('"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}', "high"),
-        ('"torch_dtype": ["bfloat16"]', "dtype"),
-        ('"model_type": ["llama"]', "unknown architecture"),
-        ('"quantization": {"bits": "4", "group_size": 64}', "quantization"),
-        ('"quantization": {"bits": 4, "group_size": 64, "lm_head": {"bits": 8}}', "lm_head"),
-        ('"quantization": {"bits": 4, "group_size": 0}', "quantization"),
-        ('"tie_word_embeddings": "false"', "'tie_word_embeddings' must be true or false"),  # was: read as tied
-        ('"num_key_value_heads": 0', "num_key_value_heads"),  # was: silently as many as the query heads
-        ('"attention_bias": "no"', "attention_bias"),
+        ('"max_position_embeddings": 1e400', "'max_position_embeddings'", FIX),  # inf: was an OverflowError
+        ('"hidden_size": 1180591620717411303424', "'hidden_size'", FIX),  # 2**70: was an MLX TypeError
+        ('"hidden_size": null', "'hidden_size'", FIX),
+        ('"rms_norm_eps": "small"', "'rms_norm_eps'", FIX),
+        ('"rope_theta": -1', "'rope_theta'", FIX),
+        ('"max_position_embeddings": 0', "'max_position_embeddings'", FIX),  # was: silently 2048
+        ('"rope_scaling": [1, 2]', "rope_scaling", FIX),
+        ('"rope_scaling": {"rope_type": "linear"}', "'factor'", FIX),
+        (
+            '"rope_scaling": {"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 1}',
+            "high",
+            FIX,
+        ),
+        ('"rope_scaling": {"rope_type": "yarn", "factor": 4}', "'yarn'", "; supported: default, linear, llama3"),
+        ('"torch_dtype": ["bfloat16"]', "dtype", "; use one of bfloat16, float16, float32"),
+        ('"model_type": ["llama"]', "'model_type'", FIX),
+        ('"quantization": {"bits": "4", "group_size": 64}', "'quantization'", FIX),
+        ('"quantization": {"bits": 4, "group_size": 64, "lm_head": {"bits": 8}}', "'lm_head'", FIX),
+        ('"quantization": {"bits": 4, "group_size": 0}', "'quantization'", FIX),
+        ('"tie_word_embeddings": "false"', "'tie_word_embeddings' must be true or false", FIX),  # was: read as tied
+        ('"num_key_value_heads": 0', "'num_key_value_heads'", FIX),  # was: silently as many as the query heads
+        ('"num_key_value_heads": 3', "num_key_value_heads 3", FIX),  # 4 query heads
+        ('"attention_bias": "no"', "'attention_bias'", FIX),
     ],
 )
-def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment):
+def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment, fix):
+    """Each message names the key and ends with what to do about it."""
     bad = tmp_path / "bad"
     shutil.copytree(checkpoint_dir("llama"), bad)
     text = (bad / "config.json").read_text().rstrip().rstrip("}")
     (bad / "config.json").write_text(text + ", " + change + "}")
-    assert_one_line_error(invoke_cli("count", str(bad)), fragment)
-    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
+    for args in (["count", str(bad)], ["topk", "-m", str(bad), "-p", "hi"]):
+        result = invoke_cli(*args)
+        assert_one_line_error(result, fragment)
+        assert result.stderr.strip().endswith(fix), result.stderr
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        ({"num_experts_per_tok": 9}, "num_experts_per_tok 9"),
+        ({"mlp_only_layers": "0"}, "'mlp_only_layers'"),
+        ({"decoder_sparse_step": -1}, "'decoder_sparse_step'"),
+        ({"moe_intermediate_size": 0.5}, "'moe_intermediate_size'"),
+    ],
+)
+def test_config_expert_values_are_checked(change, fragment):
+    """A mixture's fields, as for the dense ones; from a GGUF file (its metadata made a config) the fix
+    is the file's, not config.json's."""
+    cfg = {**checkpoints.BASE, **checkpoints.MLX_LM_ARCHS["qwen3_moe"], **change}
+    with pytest.raises(MlxinferError) as raised:
+        ModelConfig.from_dict(cfg, where="m/config.json")
+    assert fragment in str(raised.value) and str(raised.value).endswith(FIX), raised.value
+    with pytest.raises(MlxinferError) as raised:
+        ModelConfig.from_dict(cfg, where="m.gguf", fix=gguf_reader.METADATA_FIX)
+    assert str(raised.value).endswith("; " + gguf_reader.METADATA_FIX) and "config.json" not in str(raised.value)
 
 
 def test_a_tokenizer_id_past_the_output_table_is_refused(checkpoint_dir, tmp_path):
@@ -197,13 +234,27 @@ def _tensor(which, **fields):
         (lambda s: s.set_meta("x", hostile.RAW, _nested(50_000)), "corrupt header"),  # was a RecursionError
         (lambda s: s.set_meta("x", hostile.RAW, struct.pack("<I", 77)), "unknown value type 77"),
         (lambda s: s.set_meta("x", hostile.RAW, struct.pack("<IQ", hostile.STRING, 2**62)), "string bytes"),
-        (lambda s: s.set_meta("llama.block_count", hostile.STRING, "30"), "num_hidden_layers"),
-        (lambda s: s.set_meta("llama.attention.layer_norm_rms_epsilon", hostile.STRING, "x"), "rms_norm_eps"),
     ],
 )
 def test_gguf_header_is_checked_against_the_file(spec, tmp_path, change, fragment):
     path = _written(spec, tmp_path, change)
     assert_one_line_error(invoke_cli("count", path), fragment)
+
+
+@pytest.mark.parametrize(
+    "change,fragment",
+    [
+        (lambda s: s.set_meta("llama.block_count", hostile.STRING, "30"), "'num_hidden_layers'"),
+        (lambda s: s.set_meta("llama.attention.layer_norm_rms_epsilon", hostile.STRING, "x"), "'rms_norm_eps'"),
+    ],
+)
+def test_gguf_metadata_values_are_checked(spec, tmp_path, change, fragment):
+    """The metadata read as a config, checked as config.json is; the fix is the file's (there is no
+    config.json to correct)."""
+    result = invoke_cli("count", _written(spec, tmp_path, change))
+    assert_one_line_error(result, fragment)
+    assert result.stderr.strip().endswith("; " + gguf_reader.METADATA_FIX), result.stderr
+    assert "config.json" not in result.stderr
 
 
 @pytest.mark.parametrize(

@@ -32,6 +32,12 @@ LIMITS = {
     "max_position_embeddings": 1 << 40,
 }
 QUANT_BITS, QUANT_GROUPS = (1, 2, 3, 4, 5, 6, 8), (32, 64, 128)  # what mx.quantize takes
+FIX = "fix config.json"  # what a message about a wrong value ends with (a GGUF file passes its own)
+
+
+class _WrongValue(MlxinferError):
+    """A value the config gives wrongly, named with the key and the value; from_dict adds the fix, which
+    depends on where the config came from (config.json, or a GGUF file's metadata)."""
 
 
 @dataclass(frozen=True)
@@ -77,17 +83,31 @@ class ModelConfig:
         return d
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any], where: str = "config.json", undescribed: bool = False) -> "ModelConfig":
+    def from_dict(
+        cls, d: dict[str, Any], where: str = "config.json", undescribed: bool = False, fix: str = FIX
+    ) -> "ModelConfig":
         """A config.json read and checked against its Architecture. undescribed=True: a model_type
         with no Architecture here gives a lenient config (the fields the engine reads, 0 where
-        missing) instead of an error; the caller decides what can run it."""
+        missing) instead of an error; the caller decides what can run it. fix: what a message about
+        a wrong value ends with."""
+        try:
+            return cls._checked(d, where, undescribed)
+        except _WrongValue as e:
+            raise MlxinferError(f"{e}; {fix}", *e.params) from None
+
+    @classmethod
+    def _checked(cls, d: dict[str, Any], where: str, undescribed: bool) -> "ModelConfig":
         if not isinstance(d, dict):
             raise MlxinferError(f"{where} is not a JSON object; point at a model's config.json")
         model_type = d.get("model_type")
         if model_type is None:
             raise MlxinferError(f"{where} has no 'model_type'; add one of: {', '.join(SUPPORTED)}")
-        if not isinstance(model_type, str) or model_type not in ARCHITECTURES:
-            if undescribed and isinstance(model_type, str):
+        if not isinstance(model_type, str):
+            raise _WrongValue(
+                f"{where}: 'model_type' must be a string naming the architecture, got {_short(model_type)}"
+            )
+        if model_type not in ARCHITECTURES:
+            if undescribed:
                 return cls._undescribed(d, where)
             raise MlxinferError(
                 f"unknown architecture {_short(model_type)} in {where}; supported: {', '.join(SUPPORTED)}"
@@ -100,7 +120,7 @@ class ModelConfig:
         heads = ints["num_attention_heads"]
         kv_heads = _positive_int(d, "num_key_value_heads", where) if d.get("num_key_value_heads") is not None else heads
         if heads % kv_heads:
-            raise MlxinferError(
+            raise _WrongValue(
                 f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )
         if d.get("head_dim") and arch.config_head_dim:
@@ -195,11 +215,11 @@ def _experts(d: dict, arch: Architecture, layers: int, where: str) -> dict:
             raise MlxinferError(f"{where} is missing the field '{name}' that {d['model_type']} needs; add it")
     n, k = _positive_int(d, arch.experts, where), _positive_int(d, "num_experts_per_tok", where)
     if k > n:
-        raise MlxinferError(f"{where}: num_experts_per_tok {k} is more than the {n} experts ({arch.experts})")
+        raise _WrongValue(f"{where}: num_experts_per_tok {k} is more than the {n} experts ({arch.experts})")
     step = _positive_int(d, "decoder_sparse_step", where) if d.get("decoder_sparse_step") else 1
     dense = d.get("mlp_only_layers") or []  # qwen3_moe: every step-th layer is sparse, except these
     if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
-        raise MlxinferError(f"{where}: 'mlp_only_layers' must be a list of layer numbers, got {_short(dense)}")
+        raise _WrongValue(f"{where}: 'mlp_only_layers' must be a list of layer numbers, got {_short(dense)}")
     dense = set(dense)
     return {
         "num_experts": n,
@@ -229,7 +249,7 @@ def _quantization(d: dict, where: str) -> dict | None:
 def _positive_int(d: dict, name: str, where: str) -> int:
     value, limit = d[name], LIMITS.get(name, 1 << 40)
     if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
-        raise MlxinferError(f"{where}: '{name}' must be a positive integer up to {limit:,}, got {_short(value)}")
+        raise _WrongValue(f"{where}: '{name}' must be a positive integer up to {limit:,}, got {_short(value)}")
     return value
 
 
@@ -240,7 +260,7 @@ def _flag(d: dict, name: str, default: bool, where: str) -> bool:
     if value is None:
         return default
     if value not in (True, False) or not isinstance(value, (bool, int)):
-        raise MlxinferError(f"{where}: '{name}' must be true or false, got {_short(value)}")
+        raise _WrongValue(f"{where}: '{name}' must be true or false, got {_short(value)}")
     return bool(value)
 
 
@@ -252,26 +272,26 @@ def _number(d: dict, name: str, default: float, where: str, low: float, high: fl
         or not isinstance(value, (int, float))
         or not (low < value <= high and math.isfinite(value))
     ):
-        raise MlxinferError(f"{where}: '{name}' must be a number in ({low:g}, {high:g}], got {_short(value)}")
+        raise _WrongValue(f"{where}: '{name}' must be a number in ({low:g}, {high:g}], got {_short(value)}")
     return float(value)
 
 
 def _check_quantization(quant, where: str) -> None:
     """MLX's block: global bits and group_size, then per-module overrides (a dict of both, or true/false)."""
-    bad = f"{where}: 'quantization' needs 'bits' in {QUANT_BITS} and 'group_size' in {QUANT_GROUPS}"
+    need = f"{where}: 'quantization' needs 'bits' in {QUANT_BITS} and 'group_size' in {QUANT_GROUPS}"
     if not isinstance(quant, dict):
-        raise MlxinferError(bad)
+        raise _WrongValue(f"{need}, got {_short(quant)}")
     for key, value in [("", quant), *((k, v) for k, v in quant.items() if isinstance(v, dict))]:
         if value.get("bits") not in QUANT_BITS or value.get("group_size") not in QUANT_GROUPS:
-            raise MlxinferError(f"{bad}{f' (for {key!r})' if key else ''}")
+            raise _WrongValue(f"{need}{f' (for {key!r})' if key else ''}, got {_short(value)}")
     for key in ("bits", "group_size"):
         if isinstance(quant[key], bool):
-            raise MlxinferError(bad)
+            raise _WrongValue(f"{need}, got {_short(quant)}")
 
 
 def _check_rope_scaling(scaling, where: str) -> None:
     if not isinstance(scaling, dict):
-        raise MlxinferError(f"{where}: rope_scaling must be an object (or null), got {_short(scaling)}")
+        raise _WrongValue(f"{where}: rope_scaling must be an object (or null), got {_short(scaling)}")
     kind = scaling.get("rope_type") or scaling.get("type") or "default"
     if kind not in ("default", "linear", "llama3"):
         raise MlxinferError(

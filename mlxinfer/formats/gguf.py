@@ -33,6 +33,9 @@ _U64 = _STRUCTS[10]
 _STRING, _ARRAY, _FLOAT64 = 8, 9, 12
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NESTING = 4  # arrays of arrays: GGUF files use one level; a deeper one is a corrupt header
+# the fix a wrong value in the metadata read as a config gets (named as config.json names it, there is no
+# config.json to fix)
+METADATA_FIX = "the file's metadata is wrong: re-download or re-convert it"
 
 
 @dataclass
@@ -317,7 +320,7 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
         if scaling:
             d["rope_scaling"] = scaling
     check_blocks(header, d["num_hidden_layers"], f"{arch}.block_count")
-    return ModelConfig.from_dict(d, where=str(header.path))
+    return ModelConfig.from_dict(d, where=str(header.path), fix=METADATA_FIX)
 
 
 def check_blocks(header: GGUFHeader, n_layers, key: str) -> None:
