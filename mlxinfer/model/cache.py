@@ -99,8 +99,9 @@ def _map_rows(cache: list, fn) -> list:
 
 def fork(cache: list, rows: int) -> list:
     """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...), in new buffers
-    (mx.array copies, as repeat does): the server's rows write theirs in place (model/ragged.py)."""
-    return _map_rows(cache, lambda a: mx.repeat(a, rows, axis=0) if rows > 1 else mx.array(a))
+    (mx.array copies): the server's rows write theirs in place (model/ragged.py). Copies of whole rows
+    (concatenate), not mx.repeat, whose CPU copy of a 32-row, 256-position cache took ~5x longer."""
+    return _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
 
 
 def keep_rows(cache: list, rows: list[int]) -> list:
