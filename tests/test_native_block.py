@@ -393,3 +393,27 @@ def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded
     whole = last([ids])
     assert mx.array_equal(whole, last([[t] for t in ids])).item()
     assert mx.array_equal(whole, last([ids[:7], ids[7:]])).item()
+
+
+def test_rows_forked_with_little_room_decode_the_same_bits_and_grow_past_it(embedded_quantized):
+    """cache.fork(positions=...) cuts each row's buffer to the room it will use (the prompt and the tokens
+    to come); the rows' scores equal those of rows forked with the prompt's whole buffer, also after they
+    outgrow the cut (the buffer grows as KVCache.reserve grows any), and keep_rows keeps them so."""
+    from mlxinfer.model.cache import fork, keep_rows
+
+    model, tok = embedded_quantized
+    ids = tok.encode("Name one herb to add to tomato soup.")
+    prompt = model.make_cache()
+    mx.eval(model(mx.array([ids]), prompt))
+    cut, whole = fork(prompt, 3, positions=len(ids) + 2), fork(prompt, 3)
+    room = cut[0].kv.shape[3]
+    assert room == -(-(len(ids) + 2) // 16) * 16 < whole[0].kv.shape[3]
+    tokens = mx.array([[100], [200], [300]])
+    for step in range(room - len(ids) + 3):  # three positions past the cut's room
+        if step == 2:
+            cut, whole = keep_rows(cut, [2, 0]), keep_rows(whole, [2, 0])
+            tokens = tokens[mx.array([2, 0])]
+        a, b = model(tokens, cut)[:, -1], model(tokens, whole)[:, -1]
+        assert mx.array_equal(a, b).item(), step
+        tokens = mx.argmax(a, axis=-1)[:, None]
+    assert cut[0].offset == whole[0].offset == room + 3 and cut[0].kv.shape[3] > room

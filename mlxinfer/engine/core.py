@@ -252,7 +252,8 @@ class Batch:
             for row in rows:
                 row.cache = fork(prefilled.cache, 1)
         else:
-            group = Group(fork(prefilled.cache, len(rows)), list(rows))
+            room = len(prefilled.ids) + max(spec.max_tokens for spec in specs)  # positions the rows can fill
+            group = Group(fork(prefilled.cache, len(rows), room), list(rows))
             for row in rows:
                 row.group = group
         return rows

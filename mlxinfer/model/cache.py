@@ -97,11 +97,25 @@ def _map_rows(cache: list, fn) -> list:
     return out
 
 
-def fork(cache: list, rows: int) -> list:
+def fork(cache: list, rows: int, positions: int | None = None) -> list:
     """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...), in new buffers
     (mx.array copies): the server's rows write theirs in place (model/ragged.py). Copies of whole rows
-    (concatenate), not mx.repeat, whose CPU copy of a 32-row, 256-position cache took ~5x longer."""
-    return _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
+    (concatenate), not mx.repeat, whose CPU copy of a 32-row, 256-position cache took ~5x longer.
+    positions: room the rows will use at most (the prompt and the tokens still to come); our caches'
+    buffers are cut to it (rounded up to 16), so that this copy and each keep_rows copy only that."""
+
+    def rows_of(a: mx.array) -> mx.array:
+        return mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a)
+
+    out = _map_rows(cache, rows_of) if positions is None else []
+    for c in cache if positions is not None else ():
+        if isinstance(c, KVCache) and c.kv is not None and c.offset <= positions < c.kv.shape[3]:
+            c = copy.copy(c)
+            c.kv = rows_of(c.kv[..., : min(-(-positions // 16) * 16, c.kv.shape[3]), :])
+            out.append(c)
+        else:
+            out.extend(_map_rows([c], rows_of))
+    return out
 
 
 def keep_rows(cache: list, rows: list[int]) -> list:
