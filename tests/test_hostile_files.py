@@ -84,7 +84,16 @@ def test_gguf_block_count_against_the_tensors(spec, tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("layers,fragment", [(10**9, "num_hidden_layers"), (3, "says 3 layers but the weights hold 2")])
+@pytest.mark.parametrize(
+    "layers,fragment",
+    [
+        (10**9, "num_hidden_layers"),
+        (
+            3,
+            "says 3 layers but the weights hold 2; the config and weights do not belong together: use the config.json that came with these weights",
+        ),
+    ],
+)
 def test_config_layer_count_against_the_tensors(checkpoint_dir, tmp_path, layers, fragment):
     bad = tmp_path / "bad"
     shutil.copytree(checkpoint_dir("llama"), bad)

@@ -124,14 +124,20 @@ def _mx(value) -> mx.array:
     return mx.array(value).view(mx.bfloat16) if value.dtype == np.uint16 else mx.array(value)
 
 
+def _not_theirs(where: str) -> str:
+    """What to do when the config and the tensors disagree (a GGUF file holds both)."""
+    if where.lower().endswith(".gguf"):
+        return "the file's metadata and tensors disagree: re-download or re-convert it"
+    return "the config and weights do not belong together: use the config.json that came with these weights"
+
+
 def check_layers(cfg: ModelConfig, weights: dict, where: str) -> None:
     """The config's layer count against the layers the weights hold, before a layer is built."""
     present = {int(m.group(1)) for name in weights if (m := _LAYER.search(name))}
     n = cfg.num_hidden_layers
     if n > len(present) or any(i not in present for i in range(n)):
         raise MlxinferError(
-            f"{where}: the config says {n:,} layers but the weights hold {len(present):,}; "
-            "the config and weights do not belong together",
+            f"{where}: the config says {n:,} layers but the weights hold {len(present):,}; {_not_theirs(where)}",
             "source",
         )
 
@@ -177,7 +183,7 @@ def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, b
     if declared != inferred:
         raise MlxinferError(
             f"{path}: config.json declares {declared[1]}-bit group {declared[0]} but the tensors are "
-            f"{inferred[1]}-bit group {inferred[0]}; the config and weights do not belong together",
+            f"{inferred[1]}-bit group {inferred[0]}; {_not_theirs('config.json')}",
             "source",
         )
     return declared
@@ -215,7 +221,7 @@ def fill(model: nn.Module, weights: dict[str, mx.array], where: str, evaluate: b
         if weights[name].shape != param.shape:
             raise MlxinferError(
                 f"{where}: tensor '{name}' has shape {tuple(weights[name].shape)} but config.json implies "
-                f"{tuple(param.shape)}; the config and weights do not belong together",
+                f"{tuple(param.shape)}; {_not_theirs(where)}",
                 "source",
             )
     model.load_weights(list(weights.items()), strict=True)
