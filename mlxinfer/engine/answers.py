@@ -272,7 +272,7 @@ class AnswerWalk:
         own = at_position(cache, self.P + d - 1)  # (B, layers, 2, K, E)
         mx.eval(logits, own)
         for b, node in enumerate(nodes):
-            node.kv = mx.array(own[b])  # a copy: the batch's cache is let go
+            node.kv = own[b]  # a view of `own`, a new array (stacked), so the batch's cache is let go
         self.kv_bytes = own[0].nbytes
         self.nodes += B
         self.passes += 1
