@@ -40,6 +40,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of the comparison (medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    if args.repeats < 1:
+        parser.error("--repeats must be at least 1")
     model, tok = mlxinfer.load(args.model, compute_dtype=args.compute_dtype)
     out = {"model": model.info.name, "compute_dtype": model.info.compute_dtype}
 

@@ -140,6 +140,34 @@ def test_a_walk_cut_short_bounds_what_it_did_not_see(words, max_nodes, batch_siz
         assert report.mass[s].explored + remainder == pytest.approx(1.0, abs=1e-9)
 
 
+@pytest.mark.parametrize("where, nth", [("_pop", 1), ("_pop", 9), ("_pop", 60), ("_forward", 3), ("_follow", 40)])
+def test_ctrl_c_inside_a_batch_still_bounds_what_was_not_seen(words, monkeypatch, where, nth):
+    """Ctrl-C can land while paths are taken from the frontiers and not yet resolved (waiting for their
+    batch, or in its forward pass); the report then still bounds every answer it does not list."""
+    from mlxinfer.engine import answers as walk_module
+
+    real, calls = getattr(walk_module.AnswerWalk, where), [0]
+
+    def interrupted(self, *args):
+        calls[0] += 1
+        if calls[0] == nth:
+            raise KeyboardInterrupt
+        return real(self, *args)
+
+    monkeypatch.setattr(walk_module.AnswerWalk, where, interrupted)
+    report = mlxinfer.answers(
+        model := words[0], tok := words[1], PROMPT, settings=SETTINGS[:3], max_tokens=3, min_mass=1.0,
+        group="text", chat=False, batch_size=4,
+    )  # fmt: skip
+    assert report.stopped == "interrupted"
+    for s, settings in enumerate(SETTINGS[:3]):
+        truth = brute_force(model, tok, settings, 3)
+        got = {a.answer: a.probs[s] for a in report.answers}
+        remainder = report.mass[s].remainder
+        assert sum(got.values()) + remainder >= 1.0 - 1e-9
+        assert sum(p for answer, p in truth.items() if answer not in got) <= remainder + 1e-6
+
+
 def test_grouping_folds_the_raw_texts_and_keeps_them(words):
     model, tok = words
     report = mlxinfer.answers(model, tok, PROMPT, settings=[SETTINGS[1]], max_tokens=3, min_mass=1.0, chat=False)

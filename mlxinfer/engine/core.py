@@ -252,7 +252,7 @@ class Batch:
             for row in rows:
                 row.cache = fork(prefilled.cache, 1)
         else:
-            room = len(prefilled.ids) + max(spec.max_tokens for spec in specs)  # positions the rows can fill
+            room = len(prefilled.ids) + max((s.max_tokens for s in specs), default=0)  # positions the rows can fill
             group = Group(fork(prefilled.cache, len(rows), room), list(rows))
             for row in rows:
                 row.group = group
