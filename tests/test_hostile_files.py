@@ -83,16 +83,12 @@ def test_gguf_block_count_against_the_tensors(spec, tmp_path):
         assert_one_line_error(run_cli(*command, timeout=60), "block_count says 1,000,000,000 layers", "holds")
 
 
+NOT_THEIRS = "the config and weights do not belong together: use the config.json that came with these weights"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "layers,fragment",
-    [
-        (10**9, "num_hidden_layers"),
-        (
-            3,
-            "says 3 layers but the weights hold 2; the config and weights do not belong together: use the config.json that came with these weights",
-        ),
-    ],
+    "layers,fragment", [(10**9, "num_hidden_layers"), (3, f"says 3 layers but the weights hold 2; {NOT_THEIRS}")]
 )
 def test_config_layer_count_against_the_tensors(checkpoint_dir, tmp_path, layers, fragment):
     bad = tmp_path / "bad"
