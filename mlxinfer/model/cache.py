@@ -103,19 +103,19 @@ def fork(cache: list, rows: int, positions: int | None = None) -> list:
     (concatenate), not mx.repeat, whose CPU copy of a 32-row, 256-position cache took ~5x longer.
     positions: room the rows will use at most (the prompt and the tokens still to come); our caches'
     buffers are cut to it (rounded up to 16), so that this copy and each keep_rows copy only that."""
+    if positions is not None:
+        cache = [_cut(c, -(-positions // 16) * 16) for c in cache]
+    return _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
 
-    def rows_of(a: mx.array) -> mx.array:
-        return mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a)
 
-    out = _map_rows(cache, rows_of) if positions is None else []
-    for c in cache if positions is not None else ():
-        if isinstance(c, KVCache) and c.kv is not None and c.offset <= positions < c.kv.shape[3]:
-            c = copy.copy(c)
-            c.kv = rows_of(c.kv[..., : min(-(-positions // 16) * 16, c.kv.shape[3]), :])
-            out.append(c)
-        else:
-            out.extend(_map_rows([c], rows_of))
-    return out
+def _cut(c, room: int):
+    """One of our caches with its buffer viewed up to `room` positions where it holds more and its filled
+    ones fit; any other cache as it is (a KVCache that outgrows it grows, as in reserve)."""
+    if not isinstance(c, KVCache) or c.kv is None or not c.offset <= room < c.kv.shape[3]:
+        return c
+    c = copy.copy(c)
+    c.kv = c.kv[..., :room, :]
+    return c
 
 
 def keep_rows(cache: list, rows: list[int]) -> list:
