@@ -120,6 +120,36 @@ def test_batches_fill_with_paths_of_one_length_and_change_no_answer(words, batch
         assert probs == pytest.approx(one[answer], abs=1e-6), answer
 
 
+def test_reused_path_buffers_hold_what_a_fresh_copy_holds_and_kept_positions_stay(words):
+    """PathRows writes each pass's paths into the last pass's buffers (the prompt is already in every row):
+    every filled position equals a fresh copy's, deeper and shallower passes in turn, and the keys and values
+    a path kept from an earlier pass are not overwritten by the next one."""
+    from mlxinfer.engine.decode import prefill
+    from mlxinfer.engine.path_cache import PathRows, at_position
+
+    model, tok = words
+    ids = tok.encode(PROMPT)
+    P, B = len(ids), 4
+    prompt = prefill(model, ids)
+    shape = at_position(prompt.cache, P - 1)[0].shape  # (layers, 2, K, E)
+    rows, kept = PathRows(prompt.cache, P), []
+    for depth in (3, 1, 2, 3):
+        chains = [[mx.random.normal(shape) for _ in range(depth - 1)] for _ in range(B)]
+        cache = rows.cache(chains)
+        fresh = PathRows(prompt.cache, P).cache(chains)
+        logits = model(mx.array([[7]] * B, dtype=mx.int32), cache=cache)
+        own = at_position(cache, P + depth - 1)
+        mx.eval(logits, own)
+        rows.keep(cache)
+        filled = P + depth - 1
+        for c, f in zip(cache, fresh):
+            assert mx.array_equal(c.kv[..., :filled, :], f.kv[..., :filled, :]).item()
+        kept.append((own, np.array(own)))
+    assert rows.kept is not None and rows.kept[0].shape[0] == B  # held for the next pass
+    for own, copied in kept:
+        assert (np.array(own) == copied).all()
+
+
 @pytest.mark.parametrize("max_nodes, batch_size", [(1, 32), (4, 32), (30, 32), (30, 7)])
 def test_a_walk_cut_short_bounds_what_it_did_not_see(words, max_nodes, batch_size):
     model, tok = words

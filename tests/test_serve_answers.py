@@ -90,18 +90,18 @@ def test_the_endpoint_is_answers_own_report_a_step_per_engine_call(tiny, monkeyp
 
 def test_a_capped_walk_says_so_and_its_remainder_bounds_the_rest(tiny, monkeypatch):
     url, _, model, tok = tiny
-    # 40 first tokens (top-k 40, less top-p's tail), each ending at the next: a batch of 32 expanded, then
-    # one more, and on the way to it the ended answers heavier than it are resolved
-    full = walk(url, temperatures=[1.0], top_k=40, max_tokens=2, min_mass=1.0).json()["report"]
+    # top-k 40 (less top-p's tail) first tokens at T = 0.5, each ending at the next: a batch of 32 expanded,
+    # then one more, and on the way to it the ended answers heavier than it are resolved
+    full = walk(url, temperatures=[0.5], top_k=40, max_tokens=2, min_mass=1.0).json()["report"]
     assert full["stopped"] == "complete" and full["nodes"] > 33
-    r = walk(url, temperatures=[1.0], top_k=40, max_tokens=2, min_mass=1.0, max_nodes=33)
+    r = walk(url, temperatures=[0.5], top_k=40, max_tokens=2, min_mass=1.0, max_nodes=33)
     assert r.status_code == 200, r.text
     got = r.json()
     capped = got["report"]
-    assert same(capped) == same(library(model, tok, [1.0], {"top_k": 40}, max_tokens=2, min_mass=1.0, max_nodes=33))
+    assert same(capped) == same(library(model, tok, [0.5], {"top_k": 40}, max_tokens=2, min_mass=1.0, max_nodes=33))
     assert capped["stopped"] == "max_nodes" and capped["nodes"] == 33 and capped["max_nodes"] == 33
     (mass,) = capped["mass"]
-    assert not mass["complete"] and 0 < mass["remainder"] < 1
+    assert not mass["complete"] and 0 < mass["remainder"] < 1 and capped["answers"]
     assert mass["explored"] + mass["remainder"] == pytest.approx(1.0, abs=1e-12)
     assert sum(a["probs"][0] for a in capped["answers"]) == pytest.approx(mass["explored"], abs=1e-12)
     exact = {a["answer"]: a["probs"][0] for a in full["answers"]}

@@ -35,7 +35,7 @@ from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
 from .core import Row, RowSpec
 from .decode import check_progress, prefill
 from .grouping import check_group, keyer
-from .path_cache import at_position, paths_cache
+from .path_cache import PathRows, at_position
 from .request import check_batch_size, prepare
 
 BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
@@ -157,6 +157,7 @@ class AnswerWalk:
         mx.reset_peak_memory()
         self.prompt = prefill(model, request.ids)
         self.P = len(request.ids)
+        self.rows = PathRows(self.prompt.cache, self.P)
         compiled = request.compiled
         self.stop_ids = set(tokenizer.eos_token_ids) | (set(compiled.table.eos_ids) if compiled is not None else set())
         self.open = np.zeros(S)  # mass of the paths in the frontier
@@ -266,13 +267,14 @@ class AnswerWalk:
         """Scores (B, V) after each path, all of one depth d: a B-row cache of the prompt and each path's
         first d - 1 tokens (their keys and values, kept by its ancestors), then its last token."""
         B, d = len(nodes), len(nodes[0].path)
-        cache = paths_cache(self.prompt.cache, self.P, [self._ancestors(n) for n in nodes])
+        cache = self.rows.cache([self._ancestors(n) for n in nodes])
         tokens = mx.array([n.path[-1] for n in nodes], dtype=mx.int32)
         logits = self.model(tokens[:, None], cache=cache)[:, -1, :]  # (B, V)
         own = at_position(cache, self.P + d - 1)  # (B, layers, 2, K, E)
         mx.eval(logits, own)
+        self.rows.keep(cache)
         for b, node in enumerate(nodes):
-            node.kv = own[b]  # a view of `own`, a new array (stacked), so the batch's cache is let go
+            node.kv = own[b]  # a view of `own`, a new array (stacked): the next pass writes the batch's buffers again
         self.kv_bytes = own[0].nbytes
         self.nodes += B
         self.passes += 1
@@ -293,21 +295,25 @@ class AnswerWalk:
     def _expand_children(self, nodes: list[_Node], logits: mx.array) -> None:
         """Each node's children under every settings entry: the heaviest up to BRANCHES that hold all but
         eps of every entry's conditional mass; the rest is lost to the remainder."""
-        final = self._probabilities(nodes, logits)  # (S, B, V)
-        support = mx.sum(final > 0, axis=-1)  # (S, B): tokens each entry can draw after each path
-        total = mx.sum(final, axis=-1)  # (S, B): 1 but for float32's rounding
-        mx.eval(final, support, total)
-        support, total = np.array(support), np.array(total).astype(np.float64)
+        probs, kept = self._probabilities(nodes, logits)  # (S, B, V): at the entry's temperature; what its cut keeps
+        mx.eval(probs, kept)
+        p, positive = np.array(probs), np.array(kept)
+        positive &= p > 0  # what each entry can draw after each path
+        support = np.count_nonzero(positive, axis=-1)  # (S, B)
         if support.max() <= BRANCHES:  # a cut support: every token an entry can draw is a child
-            drawn = np.array(final)  # (S, B, V)
-            ids = [np.flatnonzero(row) for row in drawn.max(axis=0)]
-            picked = [drawn[:, b, i] for b, i in enumerate(ids)]
+            ids = [np.flatnonzero(row) for row in positive.any(axis=0)]
+            picked = [np.where(positive[:, b, i], p[:, b, i], 0).astype(np.float64) for b, i in enumerate(ids)]
+            total = np.stack([h.sum(axis=1) for h in picked], axis=1)  # (S, B): each entry's kept mass
         else:
+            held = mx.where(kept, probs, 0.0)
+            final = held / mx.sum(held, axis=-1, keepdims=True)  # as drawn: the kept rescaled to 1
             weights = mx.array(np.stack([n.probs for n in nodes], axis=1).astype(np.float32))  # (S, B)
             heaviest = mx.max(final * weights[:, :, None], axis=0)  # (B, V)
             top = mx.argpartition(-heaviest, kth=BRANCHES - 1, axis=-1)[:, :BRANCHES]
             taken = mx.take_along_axis(final, mx.broadcast_to(top[None], (final.shape[0], *top.shape)), axis=-1)
+            total = mx.sum(final, axis=-1)  # (S, B): 1 but for float32's rounding
             ids, picked = np.array(top), np.array(taken).transpose(1, 0, 2)  # (B, k), (B, S, k)
+            total = np.array(total).astype(np.float64)
         for b, node in enumerate(nodes):
             # conditional probabilities (S, k), divided by their row's whole sum so that each row holds exactly 1
             cond = picked[b].astype(np.float64) / total[:, b, None]
@@ -333,22 +339,25 @@ class AnswerWalk:
             order = np.argsort(-probs.max(axis=1), kind="stable")
             self._push(_Siblings(node, ids[kept[order]].tolist(), probs[order]))
 
-    def _probabilities(self, nodes: list[_Node], logits: mx.array) -> mx.array:
-        """(S, B, V): each settings entry's probability of each next token after each path, as drawn."""
+    def _probabilities(self, nodes: list[_Node], logits: mx.array) -> tuple[mx.array, mx.array]:
+        """(S, B, V) twice: each settings entry's probability of each next token after each path at its
+        temperature, and whether its cut keeps the token (what a draw draws from: the kept rescaled to 1)."""
         history_free = all(not s.adjusts for s in self.settings) and self.request.compiled is None
         fast = self.model.info.cpu_kernels  # as the draws of `sample` on this model cut (sampler/row.py)
-        out = []
+        probs, kept = [], []
         for s in self.settings:
             if history_free:
-                out.append(kept_probabilities(logits, s, fast=fast)[3])
-                continue
-            rows = []
-            for b, node in enumerate(nodes):
-                history = self.request.ids + list(node.path)
-                allowed = self._allowed(node.path) if self.request.compiled is not None else None
-                rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed, fast=fast)[3])
-            out.append(mx.stack(rows))
-        return mx.stack(out)
+                _, p, k, _ = kept_probabilities(logits, s, fast=fast)
+            else:
+                rows = []
+                for b, node in enumerate(nodes):
+                    history = self.request.ids + list(node.path)
+                    allowed = self._allowed(node.path) if self.request.compiled is not None else None
+                    rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed, fast=fast)[1:3])
+                p, k = mx.stack([r[0] for r in rows]), mx.stack([r[1] for r in rows])
+            probs.append(p)
+            kept.append(k)
+        return _stacked(probs), _stacked(kept)
 
     def _allowed(self, path: tuple) -> np.ndarray:
         mask = self.request.compiled.mask(self.request.vocab_size)
@@ -430,6 +439,10 @@ class AnswerWalk:
         steps = [(b / np.where(a > 0, a, 1)).tolist() for a, b in zip(chain, chain[1:])]
         tokens = list(parent.path) + [token]
         return AnswerPath(tokens, [self.tokenizer.decode([t]) for t in tokens], probs.tolist(), steps)
+
+
+def _stacked(arrays: list[mx.array]) -> mx.array:
+    return arrays[0][None] if len(arrays) == 1 else mx.stack(arrays)  # one entry: a view, no copy
 
 
 def _first_token(found: _Found) -> Optional[int]:

@@ -217,6 +217,15 @@ def cut_tail(logprobs: mx.array, settings: SamplerSettings, fast: bool = False) 
     untempered row, then typical-p (which mlx-lm does not have) on what they left.
     Temperature 0 keeps only the argmax.
     """
+    out = _cut(logprobs, settings, fast)
+    if settings.greedy or not settings.cuts_tail or settings.order == "mlx-lm":
+        return out
+    return mx.where(out == NEG_INF, NEG_INF, logprobs)
+
+
+def _cut(logprobs: mx.array, settings: SamplerSettings, fast: bool) -> mx.array:
+    """cut_tail's cut: -inf exactly where cut_tail puts it, the kept entries as the last stage left them
+    (tempered in the "temperature-first" order)."""
     s = settings
     if s.greedy:
         top = mx.argmax(logprobs, axis=-1, keepdims=True)
@@ -233,8 +242,7 @@ def cut_tail(logprobs: mx.array, settings: SamplerSettings, fast: bool = False) 
     out = apply_top_k(out, s.top_k, keep, fast) if s.top_k > 0 else out
     out = apply_top_p(out, s.top_p, keep, fast) if s.top_p < 1.0 else out
     out = apply_min_p(out, s.min_p, keep) if s.min_p > 0.0 else out
-    out = apply_typical_p(out, s.typical_p, keep, fast) if s.typical_p < 1.0 else out
-    return mx.where(out == NEG_INF, NEG_INF, logprobs)
+    return apply_typical_p(out, s.typical_p, keep, fast) if s.typical_p < 1.0 else out
 
 
 def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None, allowed=None, fast: bool = False):
@@ -246,7 +254,7 @@ def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None
     x = adjust(scores.astype(mx.float32), settings, history, allowed)
     probs = probabilities(x, settings.temperature, fast)
     if settings.cuts_tail or settings.greedy:
-        kept = cut_tail(log_softmax(x, fast), settings, fast) > NEG_INF
+        kept = _cut(log_softmax(x, fast), settings, fast) > NEG_INF  # cut_tail's -inf, without its last where
     else:  # no cut: what cut_tail(log_softmax(x)) keeps is what x does not hold at -inf, without its exp
         kept = x > NEG_INF
     held = mx.where(kept, probs, 0.0)
