@@ -121,7 +121,7 @@ def test_batches_fill_with_paths_of_one_length_and_change_no_answer(words, batch
 
 
 def test_reused_path_buffers_hold_what_a_fresh_copy_holds_and_kept_positions_stay(words):
-    """PathRows writes each pass's paths into the last pass's buffers (the prompt is already in every row):
+    """PathRows writes each pass's paths into the last pass's row buffers (the prompt is held once, shared):
     every filled position equals a fresh copy's, deeper and shallower passes in turn, and the keys and values
     a path kept from an earlier pass are not overwritten by the next one."""
     from mlxinfer.engine.decode import prefill
@@ -141,8 +141,9 @@ def test_reused_path_buffers_hold_what_a_fresh_copy_holds_and_kept_positions_sta
         own = at_position(cache, P + depth - 1)
         mx.eval(logits, own)
         rows.keep(cache)
-        filled = P + depth - 1
+        filled = depth - 1  # the paths' own positions, after the prompt every row shares
         for c, f in zip(cache, fresh):
+            assert c.base == P and mx.array_equal(c.prefix, f.prefix).item()
             assert mx.array_equal(c.kv[..., :filled, :], f.kv[..., :filled, :]).item()
         kept.append((own, np.array(own)))
     assert rows.kept is not None and rows.kept[0].shape[0] == B  # held for the next pass

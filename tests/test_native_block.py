@@ -249,6 +249,68 @@ def test_attention_against_float64_and_rows_alone(L, offset, H, Hk, E):
             mx.eval(K.attend(mx.array(qkv), cos, sin, shared, offsets, H, Hk, scale, write_in_place=True))
 
 
+@pytest.mark.parametrize("L,offset,base", [(1, 37, 37), (1, 37, 20), (5, 11, 11), (3, 9, 1)])
+@pytest.mark.parametrize("H,Hk,E", [(6, 2, 16), (8, 1, 64)])
+def test_a_prefix_the_rows_share_gives_the_bits_of_it_copied_into_each_row(L, offset, base, H, Hk, E):
+    """attend's prefix (positions below base held once for every row, the exact answers' prompt) against the
+    same positions copied into each row's cache: the same cache writes and the same output, bit for bit,
+    with the output projection and a layer's MLP in the node too."""
+    B, cap = 3, 64
+    angles = np.arange(cap)[:, None] * (10000.0 ** (-np.arange(0, E, 2) / E))[None]
+    cos, sin = mx.array(np.cos(angles).astype(np.float32)), mx.array(np.sin(angles).astype(np.float32))
+    qkv = normal(B, L, (H + 2 * Hk) * E)
+    keys = np.array(normal(B, Hk, cap, E))
+    kv = np.stack([keys, keys * 0.5], axis=1)
+    kv[:, :, :, :base] = kv[:1, :, :, :base]  # the rows' first base positions are one prefix
+    full = K.write_cache(mx.array(kv), qkv, cos, sin, offset, H, Hk)
+    own = K.write_cache(mx.array(kv[:, :, :, base:]), qkv, cos, sin, offset, H, Hk, base=base)
+    prefix = mx.array(kv[:1, :, :, :base])
+    assert mx.array_equal(own, full[:, :, :, base:]).item()
+    o = mx.quantize(normal(64, H * E), group_size=32, bits=4)
+    gate_up, down, norm = mx.quantize(normal(128, 64), 32, 4), mx.quantize(normal(64, 64), 32, 4), normal(64)
+    mlp = [("rms_norm", norm, 1e-5, [gate_up[0]], [gate_up[1]], [gate_up[2]], 32, 4),
+           ("swiglu_halves", None, 0.0, [down[0]], [down[1]], [down[2]], 32, 4)]  # fmt: skip
+    h = normal(B, L, 64)
+    for kw in ({}, {"out_proj": (*o, 32, 4), "residual": h}, {"out_proj": (*o, 32, 4), "residual": h, "then": mlp}):
+        want = K.attend(qkv, cos, sin, [full], [offset], H, Hk, E**-0.5, **kw)
+        got = K.attend(qkv, cos, sin, [own], [offset], H, Hk, E**-0.5, prefix=prefix, **kw)
+        assert mx.array_equal(got, want).item(), kw
+    with pytest.raises(ValueError, match="a prefix must be"):
+        K.attend(qkv, cos, sin, [own], [offset], H, Hk, 1.0, prefix=mx.array(kv[:2, :, :, :base]))
+    with pytest.raises(ValueError, match="no room"):  # a position before the cache's first slot
+        K.write_cache(mx.array(kv[:, :, :, base:]), qkv, cos, sin, base - 1, H, Hk, base=base)
+
+
+def test_the_walks_passes_on_a_shared_prompt_give_the_bits_of_a_copied_one(embedded_quantized, embedded_int8):
+    """The exact answers' passes hold the prompt once (PathRows' PrefixedCache); on both native paths a pass's
+    scores and the keys and values its paths keep are those of the prompt copied into every row."""
+    import copy
+
+    from mlxinfer.engine.decode import prefill
+    from mlxinfer.engine.path_cache import PathRows, at_position
+
+    for model, tok in (embedded_quantized, embedded_int8):
+        ids = tok.encode("Name one herb to add to tomato soup.")
+        P, B, d = len(ids), 5, 3
+        prompt = prefill(model, ids)
+        shape = at_position(prompt.cache, P - 1)[0].shape
+        chains = [[normal(*shape) for _ in range(d - 1)] for _ in range(B)]
+        tokens = mx.array([[11], [22], [33], [44], [55]], dtype=mx.int32)
+        shared = PathRows(prompt.cache, P).cache(chains)
+        copied = []
+        for layer, c in enumerate(prompt.cache):
+            rows = mx.stack([mx.stack(chain, axis=3) for chain in chains])[:, layer]  # (B, 2, K, d - 1, E)
+            head = mx.broadcast_to(c.kv[:, :, :, :P, :], (B, *c.kv.shape[1:3], P, c.kv.shape[4]))
+            room = mx.zeros((B, *c.kv.shape[1:3], 1, c.kv.shape[4]))
+            grown = copy.copy(c)
+            grown.kv, grown.offset = mx.concatenate([head, rows, room], axis=3), P + d - 1
+            copied.append(grown)
+        assert all(type(layer.native).__name__ == "NativeBlock" for layer in model.layers)
+        for a, b in ((model(tokens, cache=shared), model(tokens, cache=copied)),
+                     (at_position(shared, P + d - 1), at_position(copied, P + d - 1))):  # fmt: skip
+            assert mx.array_equal(a, b).item(), model.info.compute_dtype
+
+
 def _address(a: mx.array) -> int:
     return np.array(a, copy=False).__array_interface__["data"][0]
 
@@ -417,3 +479,50 @@ def test_rows_forked_with_little_room_decode_the_same_bits_and_grow_past_it(embe
         assert mx.array_equal(a, b).item(), step
         tokens = mx.argmax(a, axis=-1)[:, None]
     assert cut[0].offset == whole[0].offset == room + 3 and cut[0].kv.shape[3] > room
+
+
+def test_rows_forked_with_the_prompt_shared_decode_the_bits_of_copied_ones(
+    embedded_quantized, embedded_int8, monkeypatch
+):
+    """On the native paths a batch's rows hold the prompt once (cache.fork(shared=True): PrefixedCache):
+    their scores equal those of rows with the prompt copied in, past their first room and through
+    keep_rows; and `sample` forks its groups so, with the texts of copied forks."""
+    from mlxinfer.model.cache import PrefixedCache, fork, keep_rows
+
+    for model, tok in (embedded_quantized, embedded_int8):
+        ids = tok.encode("Name one herb to add to tomato soup.")
+        prompt = model.make_cache()
+        mx.eval(model(mx.array([ids]), prompt))
+        shared, copied = fork(prompt, 3, len(ids) + 2, shared=True), fork(prompt, 3, len(ids) + 2)
+        assert all(type(c) is PrefixedCache and c.base == len(ids) for c in shared)
+        room = shared[0].kv.shape[3]
+        tokens = mx.array([[100], [200], [300]])
+        for step in range(room + 3):  # three positions past the rows' first room
+            if step == 2:
+                shared, copied = keep_rows(shared, [2, 0]), keep_rows(copied, [2, 0])
+                tokens = tokens[mx.array([2, 0])]
+            a, b = model(tokens, shared)[:, -1], model(tokens, copied)[:, -1]
+            assert mx.array_equal(a, b).item(), step
+            tokens = mx.argmax(a, axis=-1)[:, None]
+        assert shared[0].offset == copied[0].offset and shared[0].kv.shape[3] > room
+
+        assert _sampled(model, tok, monkeypatch, shared=True) == _sampled(model, tok, monkeypatch, shared=False)
+
+
+def _sampled(model, tok, monkeypatch, shared: bool) -> list[str]:
+    """sample's texts with its groups forked with the prompt shared or copied (and checked to be)."""
+    import mlxinfer
+    from conftest import HERB, HERB_SEEDS
+    from mlxinfer.engine import core
+    from mlxinfer.model.cache import PrefixedCache, fork
+
+    made = []
+
+    def forked(cache, rows, positions=None, _shared=False):
+        made.append(fork(cache, rows, positions, shared))
+        return made[-1]
+
+    monkeypatch.setattr(core, "fork", forked)
+    texts = [c.text for c in mlxinfer.sample(model, tok, HERB, **HERB_SEEDS).completions]
+    assert made and all((type(c) is PrefixedCache) == shared for c in made[0])
+    return texts

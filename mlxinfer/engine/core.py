@@ -34,6 +34,7 @@ import mlx.core as mx
 
 from ..model import ragged
 from ..model.cache import fork, keep_rows
+from ..model.native_block import shares_prefixes
 from ..sampler import RowSampler, draw_batch
 from ..settings import SamplerSettings
 from ..views import Alternative, Step
@@ -238,6 +239,7 @@ class Batch:
     def __init__(self, model, tokenizer, *, own_caches: bool = False, keep_steps: bool = False):
         self.model, self.tokenizer, self.keep_steps = model, tokenizer, keep_steps
         self.own = own_caches and ragged.supports(model)
+        self.shared = shares_prefixes(model)  # a group's rows hold their prompt once (cache.PrefixedCache)
         self.fast = model.info.cpu_kernels
         self.stop_ids = set(tokenizer.eos_token_ids)
 
@@ -253,7 +255,7 @@ class Batch:
                 row.cache = fork(prefilled.cache, 1)
         else:
             room = len(prefilled.ids) + max((s.max_tokens for s in specs), default=0)  # positions the rows can fill
-            group = Group(fork(prefilled.cache, len(rows), room), list(rows))
+            group = Group(fork(prefilled.cache, len(rows), room, self.shared), list(rows))
             for row in rows:
                 row.group = group
         return rows

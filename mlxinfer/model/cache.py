@@ -21,6 +21,7 @@ class KVCache:
     quantized path writes both in one node (model/native_block.py); `keys` and `values` are views of it."""
 
     step = 256
+    base = 0  # positions held elsewhere, before the buffer's first slot (PrefixedCache)
 
     def __init__(self):
         self.kv: mx.array | None = None  # (B, 2, K, capacity, E): [:, 0] keys, [:, 1] values
@@ -36,12 +37,12 @@ class KVCache:
 
     def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
         """Append (B, K, L, E) keys/values; return all positions so far."""
-        start, L = self.offset, keys.shape[2]
+        start, L = self.offset - self.base, keys.shape[2]
         self.reserve(keys.shape, values.shape[3], keys.dtype)
-        self.offset = start + L
-        self.kv[:, 0, :, start : self.offset, :] = keys
-        self.kv[:, 1, :, start : self.offset, :] = values
-        return self.kv[:, 0, :, : self.offset, :], self.kv[:, 1, :, : self.offset, :]
+        self.offset += L
+        self.kv[:, 0, :, start : start + L, :] = keys
+        self.kv[:, 1, :, start : start + L, :] = values
+        return self.kv[:, 0, :, : start + L, :], self.kv[:, 1, :, : start + L, :]
 
     def reserve(self, shape: tuple, value_size: int, dtype) -> None:
         """Room for L more positions of keys shaped (B, K, L, E) and values of value_size: what
@@ -51,16 +52,16 @@ class KVCache:
             raise ValueError(f"keys of {E} and values of {value_size} values a head do not share one buffer")
         if self.has_room(L):
             return
-        needed = self.offset + L
-        capacity = -(-needed // self.step) * self.step
+        filled = self.offset - self.base
+        capacity = -(-(filled + L) // self.step) * self.step
         kv = mx.zeros((B, 2, K, capacity, E), dtype)
-        if self.kv is not None and self.offset:
-            kv[..., : self.offset, :] = self.kv[..., : self.offset, :]
+        if self.kv is not None and filled:
+            kv[..., :filled, :] = self.kv[..., :filled, :]
         self.kv = kv
 
     def has_room(self, L: int) -> bool:
         """Whether the buffer holds L more positions without growing."""
-        return self.kv is not None and self.offset + L <= self.kv.shape[3]
+        return self.kv is not None and self.offset - self.base + L <= self.kv.shape[3]
 
     @property
     def state(self) -> list[mx.array]:
@@ -70,6 +71,22 @@ class KVCache:
     @property
     def nbytes(self) -> int:
         return 0 if self.kv is None else self.kv.nbytes
+
+
+class PrefixedCache(KVCache):
+    """A KVCache whose rows share their first `base` positions, held once: prefix (1, 2, K, base, E) (the
+    prompt of the exact answers' paths, engine/path_cache.py). kv's slot s holds position base + s, so a
+    batch's rows do not each copy the prefix, and the native attention reads it once for all of them (the
+    same bits a row has with the prefix copied in). The composed attention reads a copy of both."""
+
+    def __init__(self, prefix: mx.array, kv: mx.array, offset: int):
+        self.prefix, self.kv, self.offset = prefix, kv, offset
+        self.base = prefix.shape[3]
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+        own_keys, own_values = super().update_and_fetch(keys, values)
+        shared = mx.broadcast_to(self.prefix, (keys.shape[0], *self.prefix.shape[1:]))
+        return mx.concatenate([shared[:, 0], own_keys], axis=2), mx.concatenate([shared[:, 1], own_values], axis=2)
 
 
 class RaggedCache:
@@ -97,15 +114,25 @@ def _map_rows(cache: list, fn) -> list:
     return out
 
 
-def fork(cache: list, rows: int, positions: int | None = None) -> list:
+def fork(cache: list, rows: int, positions: int | None = None, shared: bool = False) -> list:
     """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...), in new buffers
     (mx.array copies): the server's rows write theirs in place (model/ragged.py). Copies of whole rows
     (concatenate), not mx.repeat, whose CPU copy of a 32-row, 256-position cache took ~5x longer.
     positions: room the rows will use at most (the prompt and the tokens still to come); our caches'
-    buffers are cut to it (rounded up to 16), so that this copy and each keep_rows copy only that."""
+    buffers are cut to it (rounded up to 16), so that this copy and each keep_rows copy only that.
+    shared (a model whose attention reads prefixes in place: native_block.shares_prefixes): our caches
+    become PrefixedCaches, the prompt held once for all the rows and each row's buffer empty room."""
+    if shared and positions is not None and all(type(c) is KVCache and c.kv is not None for c in cache):
+        return [_prefixed(c, rows, positions) for c in cache]
     if positions is not None:
         cache = [_cut(c, -(-positions // 16) * 16) for c in cache]
     return _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
+
+
+def _prefixed(c: KVCache, rows: int, positions: int) -> PrefixedCache:
+    B, _, K, _, E = c.kv.shape
+    room = -(-max(positions - c.offset, 1) // 16) * 16
+    return PrefixedCache(mx.contiguous(c.kv[..., : c.offset, :]), mx.zeros((rows, 2, K, room, E), c.kv.dtype), c.offset)
 
 
 def _cut(c, room: int):

@@ -28,7 +28,7 @@ from typing import Callable
 import mlx.core as mx
 
 from ..cpu import qlinear, qmm
-from .cache import KVCache, RaggedCache
+from .cache import KVCache, PrefixedCache, RaggedCache
 
 # Above this many query x key pairs per head, prefill attention goes through MLX's
 # scaled_dot_product_attention (BLAS matmuls) instead of the primitive's per-query loop.
@@ -118,6 +118,7 @@ class NativeBlock:
         E = qkv.shape[-1] // (H + 2 * Hk)
         ragged = isinstance(cache, RaggedCache)
         caches, offsets = (cache.rows, cache.offsets) if ragged else ([cache], [cache.offset])
+        prefix = cache.prefix if isinstance(cache, PrefixedCache) else None  # positions every row shares
         if not (ragged and cache.roomy):
             for c in caches:
                 c.reserve((1 if ragged else B, Hk, L, E), E, mx.float32)
@@ -126,12 +127,11 @@ class NativeBlock:
         in_node = ragged and cache.owned and not a.qk_norm
         for r, c in enumerate(caches):  # cache r holds qkv's row r (ragged), or all rows
             if not in_node:
-                c.kv = k.write_cache(c.kv, qkv, cos, sin, offsets[r], H, Hk, r, *kn)
+                c.kv = k.write_cache(c.kv, qkv, cos, sin, offsets[r], H, Hk, r, *kn, base=c.base)
             c.offset += L
         kvs = [c.kv for c in caches]
-        return self._projected(
-            h, partial(k.attend, qkv, cos, sin, kvs, offsets, H, Hk, a.scale, *qn, write_in_place=in_node)
-        )
+        attend = partial(k.attend, qkv, cos, sin, kvs, offsets, H, Hk, a.scale, *qn)
+        return self._projected(h, partial(attend, write_in_place=in_node, prefix=prefix))
 
     def _projected(self, h: mx.array, attend: Callable[..., mx.array]) -> mx.array:
         """h = h + o_proj(attend()), then h + mlp(norm(h)): o_proj, the residual and the MLP inside
@@ -154,6 +154,17 @@ class NativeBlock:
         if not self.mlp_fuses():
             return h + layer.mlp(layer.post_attention_layernorm(h))
         return self.kernel.linear_chain(h, self._mlp_stages(), h)
+
+
+def shares_prefixes(model) -> bool:
+    """Whether every layer's attention runs in a native node, which reads a PrefixedCache's shared positions
+    where they lie (the composed attention would copy them into every row at every step)."""
+    layers = getattr(model, "layers", None)
+    return (
+        bool(layers)
+        and all(getattr(layer, "native", None) is not None for layer in layers)
+        and all(layer.native.attention_fuses() for layer in layers)
+    )
 
 
 def install(model) -> None:

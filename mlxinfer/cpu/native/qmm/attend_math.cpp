@@ -78,17 +78,18 @@ void scores(const float* const* q, const float* k, int64_t T, int64_t E, float* 
 }
 
 // y[g] = sum_t p[g][t] * v_t, each element's FMAs in t order from 0 (the tail's axpy is the same chain),
-// 32 elements of every y[g] held in registers at a time. then: the next KV head's keys to ask for
-// meanwhile (none after a row's last).
+// 32 elements of every y[g] held in registers at a time; add: the chain goes on from y (the same bits as
+// one call over both spans). then: the next KV head's keys to ask for meanwhile (none after a row's last).
 template <int G>
-void weighted_sum(const float* const* p, const float* v, int64_t T, int64_t E, float* const* y, const float* then) {
+void weighted_sum(const float* const* p, const float* v, int64_t T, int64_t E, float* const* y, const float* then,
+                  bool add = false) {
   int64_t e0 = 0;
 #ifdef MLXINFER_AVX2
   for (; e0 + 32 <= E; e0 += 32) {
     if (e0 == 0 && then) prefetch_cols(then, 0, T, T, E * sizeof(float));
     __m256 acc[G][4];
     for (int g = 0; g < G; ++g) {
-      for (int i = 0; i < 4; ++i) acc[g][i] = _mm256_setzero_ps();
+      for (int i = 0; i < 4; ++i) acc[g][i] = add ? _mm256_loadu_ps(y[g] + e0 + 8 * i) : _mm256_setzero_ps();
     }
     for (int64_t t = 0; t < T; ++t) {
       const float* vt = v + t * E + e0;
@@ -105,7 +106,7 @@ void weighted_sum(const float* const* p, const float* v, int64_t T, int64_t E, f
   }
 #endif
   for (int g = 0; g < G; ++g) {
-    std::fill(y[g] + e0, y[g] + E, 0.0f);
+    if (!add) std::fill(y[g] + e0, y[g] + E, 0.0f);
     for (int64_t t = 0; t < T; ++t) axpy(p[g][t], v + t * E + e0, y[g] + e0, E - e0);
   }
 }
@@ -147,12 +148,12 @@ void write(const Shapes& d, const float* qkv, const float* cos, const float* sin
   for (int64_t b = 0; b < d.B; ++b) {
     for (int64_t l = 0; l < d.L; ++l) {
       const float* row = qkv + (b * d.L + l) * width;
-      const int64_t pos = d.offset + l;
+      const int64_t pos = d.offset + l, slot = pos - d.base;
       for (int64_t kh = 0; kh < d.Hk; ++kh) {
         const float* k = row + (d.H + kh) * d.E;
         if (norm) k = (rms_norm_row(k, norm, normed.data(), d.E, eps), normed.data());  // Qwen3's k_norm
-        rotate(k, cos + pos * half, sin + pos * half, kv + (((b * 2) * d.Hk + kh) * d.cap + pos) * d.E, d.E);
-        std::memcpy(kv + (((b * 2 + 1) * d.Hk + kh) * d.cap + pos) * d.E, row + (d.H + d.Hk + kh) * d.E,
+        rotate(k, cos + pos * half, sin + pos * half, kv + (((b * 2) * d.Hk + kh) * d.cap + slot) * d.E, d.E);
+        std::memcpy(kv + (((b * 2 + 1) * d.Hk + kh) * d.cap + slot) * d.E, row + (d.H + d.Hk + kh) * d.E,
                     d.E * sizeof(float));
       }
     }
@@ -161,7 +162,7 @@ void write(const Shapes& d, const float* qkv, const float* cos, const float* sin
 
 // each (row, head, new position) alone over the written cache
 void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos, const float* sin, const float* kv,
-                const float* norm, float eps, float* out) {
+                const float* norm, float eps, float* out, const float* prefix) {
   const int64_t width = (d.H + 2 * d.Hk) * d.E, half = d.E / 2;
   // per unit (row, key/value head, new position): its query heads rotated, their scores, their softmax,
   // their weighted sums of values, kHeads heads at a time (`scores`)
@@ -169,8 +170,11 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
   struct Scratch {
     std::vector<float> q, p, normed;
   };
-  auto heads = [&]<int G>(int64_t b, int64_t l, int64_t h0, const float* k, const float* v, const float* next, Scratch& w) {
+  // k, v: the row's own positions (from base); kp, vp: the shared prefix's (base of them)
+  auto heads = [&]<int G>(int64_t b, int64_t l, int64_t h0, const float* k, const float* v, const float* kp,
+                          const float* vp, const float* next, Scratch& w) {
     const int64_t pos = d.offset + l, T = pos + 1;
+    float* own[G];  // the own positions' scores, after the prefix's
     const float* q[G];
     float* p[G];
     float* y[G];
@@ -180,12 +184,15 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
       rotate(qh, cos + pos * half, sin + pos * half, w.q.data() + g * d.E, d.E);
       q[g] = w.q.data() + g * d.E;
       p[g] = w.p.data() + g * (d.offset + d.L);
+      own[g] = p[g] + d.base;
       y[g] = out + (b * d.L + l) * d.H * d.E + (h0 + g) * d.E;
     }
-    scores<G>(q, k, T, d.E, p, v);
+    if (d.base) scores<G>(q, kp, d.base, d.E, p, vp);  // a key's score depends on no other key: the same bits
+    scores<G>(q, k, T - d.base, d.E, own, v);
     float total[G];
     softmax<G>(p, T, scale, total);
-    weighted_sum<G>(p, v, T, d.E, y, next);
+    if (d.base) weighted_sum<G>(p, vp, d.base, d.E, y, nullptr);
+    weighted_sum<G>(own, v, T - d.base, d.E, y, next, d.base > 0);  // the chain goes on in t order
     for (int g = 0; g < G; ++g) {
       const float inv = 1.0f / total[g];
       for (int64_t i = 0; i < d.E; ++i) y[g][i] *= inv;
@@ -195,14 +202,16 @@ void attend_all(const Shapes& d, float scale, const float* qkv, const float* cos
     const int64_t l = u % d.L, kh = (u / d.L) % d.Hk, b = u / (d.L * d.Hk);
     const float* k = kv + ((b * 2) * d.Hk + kh) * d.cap * d.E;
     const float* v = kv + ((b * 2 + 1) * d.Hk + kh) * d.cap * d.E;
+    const float* kp = prefix ? prefix + kh * d.base * d.E : nullptr;
+    const float* vp = prefix ? prefix + (d.Hk + kh) * d.base * d.E : nullptr;
     for (int64_t h0 = kh * group, h1 = h0 + group; h0 < h1;) {
       const int64_t G = std::min<int64_t>(kHeads, h1 - h0);
       // the next kv head's keys, while this one's values are summed (within the row)
       const float* next = h0 + G < h1 ? k : kh + 1 < d.Hk ? kv + ((b * 2) * d.Hk + kh + 1) * d.cap * d.E : nullptr;
-      if (G == 4) heads.template operator()<4>(b, l, h0, k, v, next, w);
-      if (G == 3) heads.template operator()<3>(b, l, h0, k, v, next, w);
-      if (G == 2) heads.template operator()<2>(b, l, h0, k, v, next, w);
-      if (G == 1) heads.template operator()<1>(b, l, h0, k, v, next, w);
+      if (G == 4) heads.template operator()<4>(b, l, h0, k, v, kp, vp, next, w);
+      if (G == 3) heads.template operator()<3>(b, l, h0, k, v, kp, vp, next, w);
+      if (G == 2) heads.template operator()<2>(b, l, h0, k, v, kp, vp, next, w);
+      if (G == 1) heads.template operator()<1>(b, l, h0, k, v, kp, vp, next, w);
       h0 += G;
     }
   };

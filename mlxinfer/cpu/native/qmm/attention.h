@@ -28,9 +28,11 @@ namespace mx = mlx::core;
 // that several sibling outputs hold.
 // norm (E,): each key head (write_cache) or query head (attend) RMS-normalized with these weights
 // and eps before RoPE, as Qwen3's k_norm and q_norm do (rms_norm's arithmetic).
+// base: the cache's slot 0 holds position base (the positions before it are a prefix held elsewhere).
 mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array& cos, const mx::array& sin,
                       int offset, int n_heads, int n_kv_heads, int first = 0,
-                      const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, mx::StreamOrDevice s = {});
+                      const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f, int base = 0,
+                      mx::StreamOrDevice s = {});
 
 // attend: (B, L, H E), causal attention of the new positions' queries over the written caches, in one
 // node. The caches kvs[g] at offsets[g] hold qkv's rows in order: one cache for a batch that shares
@@ -46,21 +48,25 @@ mx::array write_cache(const mx::array& kv, const mx::array& qkv, const mx::array
 // write_cache gives, where one write node a cache was (30 x A nodes a step for ragged rows). The
 // caller promises that each kvs[g] is float32, row-contiguous and held by nothing that must keep its
 // old contents (the server's rows: each row's cache is its own copy, model/ragged.py); no head norm.
+// prefix (1, 2, n_kv_heads, base, E): positions 0 .. base - 1 of every row, shared (the prompt of the exact
+// answers' paths); each cache's slot s then holds position base + s. A row's bits are the same either way.
 using OutProj = std::tuple<mx::array, mx::array, mx::array, int, int>;
 mx::array attend(const mx::array& qkv, const mx::array& cos, const mx::array& sin, const std::vector<mx::array>& kvs,
                  const std::vector<int>& offsets, int n_heads, int n_kv_heads, float scale,
                  const std::optional<mx::array>& norm = std::nullopt, float eps = 0.0f,
                  const std::optional<OutProj>& out_proj = std::nullopt,
                  const std::optional<mx::array>& residual = std::nullopt, const std::vector<StageArgs>& then = {},
-                 bool write_in_place = false, mx::StreamOrDevice s = {});
+                 bool write_in_place = false, const std::optional<mx::array>& prefix = std::nullopt,
+                 mx::StreamOrDevice s = {});
 
 class Attend : public CpuPrimitive {
  public:
   // norm: a head norm's weight among the inputs; out_group_size/out_bits: an output projection (0: none)
   Attend(mx::Stream stream, std::vector<int> offsets, int n_heads, int n_kv_heads, float scale, float eps, bool norm,
-         int out_group_size, int out_bits, bool residual, std::vector<Stage> then, bool write)
+         int out_group_size, int out_bits, bool residual, std::vector<Stage> then, bool write, bool prefix)
       : CpuPrimitive(stream),
         write_(write),
+        prefix_(prefix),
         offsets_(std::move(offsets)),
         n_heads_(n_heads),
         n_kv_heads_(n_kv_heads),
@@ -79,7 +85,7 @@ class Attend : public CpuPrimitive {
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
 
  private:
-  bool write_;
+  bool write_, prefix_;
   std::vector<int> offsets_;
   int n_heads_, n_kv_heads_, out_group_size_, out_bits_;
   float scale_, eps_;
@@ -89,8 +95,9 @@ class Attend : public CpuPrimitive {
 
 class WriteCache : public CpuPrimitive {
  public:
-  WriteCache(mx::Stream stream, int offset, int n_heads, int n_kv_heads, int first, float eps, bool norm)
+  WriteCache(mx::Stream stream, int offset, int n_heads, int n_kv_heads, int first, float eps, bool norm, int base)
       : CpuPrimitive(stream),
+        base_(base),
         offset_(offset),
         n_heads_(n_heads),
         n_kv_heads_(n_kv_heads),
@@ -107,7 +114,7 @@ class WriteCache : public CpuPrimitive {
   }
 
  private:
-  int offset_, n_heads_, n_kv_heads_, first_;
+  int base_, offset_, n_heads_, n_kv_heads_, first_;
   float eps_;
   bool norm_;
 };

@@ -57,17 +57,19 @@ NB_MODULE(_mlxinfer_qmm, m) {
   m.def("swiglu_halves", &mlxinfer::swiglu_halves, "gate_up"_a, nb::kw_only(), "stream"_a = nb::none(),
         "silu(gate) * up where gate_up's last axis holds gate, then up");
   m.def("write_cache", &mlxinfer::write_cache, "kv"_a, "qkv"_a, "cos"_a, "sin"_a, "offset"_a, "n_heads"_a,
-        "n_kv_heads"_a, "first"_a = 0, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "stream"_a = nb::none(),
+        "n_kv_heads"_a, "first"_a = 0, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "base"_a = 0,
+        "stream"_a = nb::none(),
         "the KV cache (C, 2, Hk, capacity, E) of qkv's rows first .. first + C - 1 with the new positions' keys "
-        "(rotated) and values written, in place where it can be");
+        "(rotated) and values written, in place where it can be; base: slot 0 holds position base");
   m.def("attend", &mlxinfer::attend, "qkv"_a, "cos"_a, "sin"_a, "kvs"_a, "offsets"_a, "n_heads"_a, "n_kv_heads"_a,
         "scale"_a, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "out_proj"_a = nb::none(),
         "residual"_a = nb::none(), "then"_a = std::vector<mlxinfer::StageArgs>{}, "write_in_place"_a = false,
-        "stream"_a = nb::none(),
+        "prefix"_a = nb::none(), "stream"_a = nb::none(),
         "causal attention of the new positions' queries (rotated) over the written caches (kvs[g] at offsets[g], "
         "holding qkv's rows in order): (B, L, H E); with out_proj (w, scales, biases, group_size, bits) projected "
         "in the same node, then + residual; with then (linear_chain's stages), h = that and the node gives h + "
-        "linear_chain(h, then); with write_in_place, the new keys and values are first written into kvs[g] itself");
+        "linear_chain(h, then); with write_in_place, the new keys and values are first written into kvs[g] itself; "
+        "with prefix (1, 2, n_kv_heads, base, E), positions below base are that, shared by every row");
   m.def("log_softmax", &mlxinfer::log_softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),
         "x - logsumexp(x) over the last axis, float32, one primitive");
   m.def("softmax", &mlxinfer::softmax, "x"_a, nb::kw_only(), "stream"_a = nb::none(),

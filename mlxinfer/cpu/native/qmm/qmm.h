@@ -19,7 +19,7 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 12;
+constexpr int QMM_ABI = 13;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
