@@ -120,9 +120,9 @@ def fork(cache: list, rows: int, positions: int | None = None, shared: bool = Fa
     (concatenate), not mx.repeat, whose CPU copy of a 32-row, 256-position cache took ~5x longer.
     positions: room the rows will use at most (the prompt and the tokens still to come); our caches'
     buffers are cut to it (rounded up to 16), so that this copy and each keep_rows copy only that.
-    shared (a model whose attention reads prefixes in place: native_block.shares_prefixes): our caches
-    become PrefixedCaches, the prompt held once for all the rows and each row's buffer empty room."""
-    if shared and positions is not None and all(type(c) is KVCache and c.kv is not None for c in cache):
+    shared (a model whose attention reads prefixes in place: native_block.shares_prefixes): several rows'
+    caches become PrefixedCaches, the prompt held once for all of them and each row's buffer empty room."""
+    if shared and rows > 1 and positions is not None and all(type(c) is KVCache and c.kv is not None for c in cache):
         return [_prefixed(c, rows, positions) for c in cache]
     if positions is not None:
         cache = [_cut(c, -(-positions // 16) * 16) for c in cache]
