@@ -245,3 +245,36 @@ def test_a_walk_waiting_on_a_full_queue_ends_with_its_budget(tiny, monkeypatch):
     waited = time.perf_counter() - start
     assert r.status_code == 429 and "busy" in r.json()["error"]["message"]
     assert len(calls) > 2 and 1.0 <= waited < 30  # it retried, and stopped once the budget was spent
+
+
+def _arrays(obj, seen: set) -> list:
+    """The MLX arrays reachable from obj through attributes, lists, tuples and dicts."""
+    import mlx.core as mx
+
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, mx.array):
+        return [obj]
+    if isinstance(obj, dict):
+        items = list(obj.values())
+    elif isinstance(obj, (list, tuple, set)):
+        items = list(obj)
+    else:
+        items = list(getattr(obj, "__dict__", {}).values())
+    return [a for item in items for a in _arrays(item, seen)]
+
+
+def test_a_released_walk_holds_no_mlx_array(tiny):
+    """The route drops a walk's arrays on the engine thread (_release): after it, nothing the walk holds but
+    its model and tokenizer reaches an MLX array (the passes' buffers included)."""
+    _, _, model, tok = tiny
+    request = engine_answers.prepare(model, tok, PROMPT, max_tokens=4)
+    settings = [mlxinfer.settings.resolve_settings({"temperature": 1.0, "top_k": 4}, model.info.generation_config)[0]]
+    walk = engine_answers.AnswerWalk(model, tok, request, settings, 0.99, 200, 8, "text")
+    while walk.step():
+        pass
+    seen = {id(model), id(tok)}
+    assert walk.passes > 1 and _arrays(walk, set(seen))  # reused buffers, keys and values, the prompt's cache
+    served_answers._release(walk)
+    assert _arrays(walk, seen) == []

@@ -274,7 +274,7 @@ class AnswerWalk:
         mx.eval(logits, own)
         self.rows.keep(cache)
         for b, node in enumerate(nodes):
-            node.kv = own[b]  # a view of `own`, a new array (stacked): the next pass writes the batch's buffers again
+            node.kv = own[b]  # a view of `own`: stacked, a new array (one layer: a view, which no pass writes over)
         self.kv_bytes = own[0].nbytes
         self.nodes += B
         self.passes += 1

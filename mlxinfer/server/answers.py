@@ -134,8 +134,9 @@ async def answers_route(state, read_body, fields: dict, max_temperatures: int, h
 
 
 def _release(walk: AnswerWalk) -> None:
-    """Drop the walk's MLX arrays (every node's keys and values, the prompt's cache) on the engine thread."""
-    walk.root = walk.prompt = None
+    """Drop the walk's MLX arrays (every node's keys and values, the prompt's cache, the passes' buffers) on
+    the engine thread."""
+    walk.root = walk.prompt = walk.rows = None
     walk.frontiers, walk.found = [], {}
 
 
