@@ -74,10 +74,11 @@ class KVCache:
 
 
 class PrefixedCache(KVCache):
-    """A KVCache whose rows share their first `base` positions, held once: prefix (1, 2, K, base, E) (the
-    prompt of the exact answers' paths, engine/path_cache.py). kv's slot s holds position base + s, so a
-    batch's rows do not each copy the prefix, and the native attention reads it once for all of them (the
-    same bits a row has with the prefix copied in). The composed attention reads a copy of both."""
+    """A KVCache whose rows share their first `base` positions, held once: prefix (1, 2, K, base, E), the
+    prompt a batch's rows continue (a seeded batch's forks, the exact answers' paths: engine/path_cache.py).
+    kv's slot s holds position base + s, so the rows do not each copy the prefix, and the native attention
+    reads it once for all of them (the same bits a row has with the prefix copied in). The composed
+    attention reads a copy of both."""
 
     def __init__(self, prefix: mx.array, kv: mx.array, offset: int):
         self.prefix, self.kv, self.offset = prefix, kv, offset
@@ -130,7 +131,7 @@ def fork(cache: list, rows: int, positions: int | None = None, shared: bool = Fa
 
 
 def _prefixed(c: KVCache, rows: int, positions: int) -> PrefixedCache:
-    B, _, K, _, E = c.kv.shape
+    _, _, K, _, E = c.kv.shape
     room = -(-max(positions - c.offset, 1) // 16) * 16
     return PrefixedCache(mx.contiguous(c.kv[..., : c.offset, :]), mx.zeros((rows, 2, K, room, E), c.kv.dtype), c.offset)
 
