@@ -325,6 +325,28 @@ def test_gguf_data_of_0xff_is_an_error_not_a_table(spec, tmp_path):
     assert [line.split()[0] for line in lines[1:]] == ["the", "layer", "layer", "the"]  # embedding, 2 layers, output
 
 
+@pytest.mark.parametrize("kind, at", [("Q4_0", 0), ("Q5_0", 0), ("Q8_0", 0), ("IQ4_XS", 0), ("Q6_K", -2), ("Q2_K", -2)])
+def test_gguf_scales_of_signaling_nan_warn_nothing(kind, at):
+    """Found by the fuzzer: a block scale that is a signaling NaN made numpy (and gguf-py's dequantizer)
+    print a RuntimeWarning, two lines on stderr before the one-line error of the forward pass's NaN check."""
+    import warnings
+
+    from mlxinfer.formats.ggml_types import BY_NAME
+    from mlxinfer.model import gguf_tensors
+
+    _, size = BY_NAME[kind]
+    block = bytearray(size)
+    block[at % size : at % size + 2] = b"\x01\x7c"  # the float16 scale (d, or a K-quant's dmin), a signaling NaN
+    blocks = np.frombuffer(bytes(block) * 2, np.uint8).reshape(1, 2 * size)  # one row of two blocks
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        if kind in gguf_tensors.EXACT:
+            _, got, _ = gguf_tensors._exact(kind, blocks)  # the scales
+        else:  # re-fit: the float32 values first
+            got = gguf_tensors._values(kind, blocks)
+    assert np.isnan(np.asarray(got, np.float32)).any()
+
+
 def test_nan_in_one_layer_is_named(checkpoint_dir, tmp_path):
     bad = checkpoints.corrupt_copy(checkpoint_dir("llama"), tmp_path / "bad")
     assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "from layer 1 (model.layers.1) on")

@@ -133,10 +133,12 @@ def _each(fn, starts) -> None:
 
 
 def _values(type_name: str, blocks: np.ndarray) -> np.ndarray:
-    """gguf-py's float32 dequantization of rows of blocks."""
+    """gguf-py's float32 dequantization of rows of blocks (a corrupt block's inf or NaN without numpy's
+    warnings: the forward pass's check names it in one line)."""
     import gguf.quants as gq
 
-    return gq.dequantize(np.ascontiguousarray(blocks), gq.GGMLQuantizationType[type_name])
+    with np.errstate(over="ignore", invalid="ignore"):
+        return gq.dequantize(np.ascontiguousarray(blocks), gq.GGMLQuantizationType[type_name])
 
 
 def _exact(type_name: str, blocks: np.ndarray):
@@ -150,7 +152,8 @@ def _exact(type_name: str, blocks: np.ndarray):
     for at, value in unit.items():
         units[:, at : at + len(value)] = np.frombuffer(value, np.uint8)
     codes = _values(type_name, units.reshape(blocks.shape)) + offset  # small integers, exact in float32
-    scale, bias = _grid(type_name, b, offset, blocks.shape)
+    with np.errstate(over="ignore", invalid="ignore"):  # a corrupt block's inf or NaN: refused downstream
+        scale, bias = _grid(type_name, b, offset, blocks.shape)
     groups = block_values // GROUP
     return _pack(codes.astype(np.uint8), bits), scale.reshape(rows, per_row * groups), bias.reshape(rows, -1)
 
