@@ -295,7 +295,7 @@ class AnswerWalk:
     def _expand_children(self, nodes: list[_Node], logits: mx.array) -> None:
         """Each node's children under every settings entry: the heaviest up to BRANCHES that hold all but
         eps of every entry's conditional mass; the rest is lost to the remainder."""
-        probs, kept = self._probabilities(nodes, logits)  # (S, B, V): at the entry's temperature; what its cut keeps
+        probs, kept, drawn = self._probabilities(nodes, logits)  # (S, B, V) each; `drawn` evaluated only if used
         mx.eval(probs, kept)
         p, positive = np.array(probs), np.array(kept)
         positive &= p > 0  # what each entry can draw after each path
@@ -305,13 +305,11 @@ class AnswerWalk:
             picked = [np.where(positive[:, b, i], p[:, b, i], 0).astype(np.float64) for b, i in enumerate(ids)]
             total = np.stack([h.sum(axis=1) for h in picked], axis=1)  # (S, B): each entry's kept mass
         else:
-            held = mx.where(kept, probs, 0.0)
-            final = held / mx.sum(held, axis=-1, keepdims=True)  # as drawn: the kept rescaled to 1
             weights = mx.array(np.stack([n.probs for n in nodes], axis=1).astype(np.float32))  # (S, B)
-            heaviest = mx.max(final * weights[:, :, None], axis=0)  # (B, V)
+            heaviest = mx.max(drawn * weights[:, :, None], axis=0)  # (B, V)
             top = mx.argpartition(-heaviest, kth=BRANCHES - 1, axis=-1)[:, :BRANCHES]
-            taken = mx.take_along_axis(final, mx.broadcast_to(top[None], (final.shape[0], *top.shape)), axis=-1)
-            total = mx.sum(final, axis=-1)  # (S, B): 1 but for float32's rounding
+            taken = mx.take_along_axis(drawn, mx.broadcast_to(top[None], (drawn.shape[0], *top.shape)), axis=-1)
+            total = mx.sum(drawn, axis=-1)  # (S, B): 1 but for float32's rounding
             ids, picked = np.array(top), np.array(taken).transpose(1, 0, 2)  # (B, k), (B, S, k)
             total = np.array(total).astype(np.float64)
         for b, node in enumerate(nodes):
@@ -339,25 +337,24 @@ class AnswerWalk:
             order = np.argsort(-probs.max(axis=1), kind="stable")
             self._push(_Siblings(node, ids[kept[order]].tolist(), probs[order]))
 
-    def _probabilities(self, nodes: list[_Node], logits: mx.array) -> tuple[mx.array, mx.array]:
-        """(S, B, V) twice: each settings entry's probability of each next token after each path at its
-        temperature, and whether its cut keeps the token (what a draw draws from: the kept rescaled to 1)."""
+    def _probabilities(self, nodes: list[_Node], logits: mx.array) -> tuple[mx.array, ...]:
+        """(S, B, V) three times, kept_probabilities' for each settings entry after each path: each next
+        token's probability at the entry's temperature, whether its cut keeps the token, and its probability
+        as drawn (the kept rescaled to 1)."""
         history_free = all(not s.adjusts for s in self.settings) and self.request.compiled is None
         fast = self.model.info.cpu_kernels  # as the draws of `sample` on this model cut (sampler/row.py)
-        probs, kept = [], []
+        entries = []  # per settings entry: (probs, kept, drawn), each (B, V)
         for s in self.settings:
             if history_free:
-                _, p, k, _ = kept_probabilities(logits, s, fast=fast)
-            else:
-                rows = []
-                for b, node in enumerate(nodes):
-                    history = self.request.ids + list(node.path)
-                    allowed = self._allowed(node.path) if self.request.compiled is not None else None
-                    rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed, fast=fast)[1:3])
-                p, k = mx.stack([r[0] for r in rows]), mx.stack([r[1] for r in rows])
-            probs.append(p)
-            kept.append(k)
-        return _stacked(probs), _stacked(kept)
+                entries.append(kept_probabilities(logits, s, fast=fast)[1:])
+                continue
+            rows = []
+            for b, node in enumerate(nodes):
+                history = self.request.ids + list(node.path)
+                allowed = self._allowed(node.path) if self.request.compiled is not None else None
+                rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed, fast=fast)[1:])
+            entries.append(tuple(mx.stack(column) for column in zip(*rows)))
+        return tuple(_stacked(list(column)) for column in zip(*entries))
 
     def _allowed(self, path: tuple) -> np.ndarray:
         mask = self.request.compiled.mask(self.request.vocab_size)
