@@ -461,7 +461,7 @@ def test_rows_forked_with_little_room_decode_the_same_bits_and_grow_past_it(embe
     """cache.fork(positions=...) cuts each row's buffer to the room it will use (the prompt and the tokens
     to come); the rows' scores equal those of rows forked with the prompt's whole buffer, also after they
     outgrow the cut (the buffer grows as KVCache.reserve grows any), and keep_rows keeps them so."""
-    from mlxinfer.model.cache import fork, keep_rows
+    from mlxinfer.model.cache import fork
 
     model, tok = embedded_quantized
     ids = tok.encode("Name one herb to add to tomato soup.")
@@ -470,15 +470,24 @@ def test_rows_forked_with_little_room_decode_the_same_bits_and_grow_past_it(embe
     cut, whole = fork(prompt, 3, positions=len(ids) + 2), fork(prompt, 3)
     room = cut[0].kv.shape[3]
     assert room == -(-(len(ids) + 2) // 16) * 16 < whole[0].kv.shape[3]
+    cut, whole = _decode_alike(model, cut, whole, room - len(ids) + 3)  # three positions past the cut's room
+    assert cut[0].offset == whole[0].offset == room + 3 and cut[0].kv.shape[3] > room
+
+
+def _decode_alike(model, one: list, other: list, steps: int) -> tuple[list, list]:
+    """Three rows greedily decoded `steps` positions on two caches, rows 2 and 0 kept after the second step
+    (keep_rows): the same scores, bit for bit, at every step. The caches at the end."""
+    from mlxinfer.model.cache import keep_rows
+
     tokens = mx.array([[100], [200], [300]])
-    for step in range(room - len(ids) + 3):  # three positions past the cut's room
+    for step in range(steps):
         if step == 2:
-            cut, whole = keep_rows(cut, [2, 0]), keep_rows(whole, [2, 0])
+            one, other = keep_rows(one, [2, 0]), keep_rows(other, [2, 0])
             tokens = tokens[mx.array([2, 0])]
-        a, b = model(tokens, cut)[:, -1], model(tokens, whole)[:, -1]
+        a, b = model(tokens, one)[:, -1], model(tokens, other)[:, -1]
         assert mx.array_equal(a, b).item(), step
         tokens = mx.argmax(a, axis=-1)[:, None]
-    assert cut[0].offset == whole[0].offset == room + 3 and cut[0].kv.shape[3] > room
+    return one, other
 
 
 def test_rows_forked_with_the_prompt_shared_decode_the_bits_of_copied_ones(
@@ -487,7 +496,7 @@ def test_rows_forked_with_the_prompt_shared_decode_the_bits_of_copied_ones(
     """On the native paths a batch's rows hold the prompt once (cache.fork(shared=True): PrefixedCache):
     their scores equal those of rows with the prompt copied in, past their first room and through
     keep_rows; and `sample` forks its groups so, with the texts of copied forks."""
-    from mlxinfer.model.cache import PrefixedCache, fork, keep_rows
+    from mlxinfer.model.cache import PrefixedCache, fork
 
     for model, tok in (embedded_quantized, embedded_int8):
         ids = tok.encode("Name one herb to add to tomato soup.")
@@ -496,14 +505,7 @@ def test_rows_forked_with_the_prompt_shared_decode_the_bits_of_copied_ones(
         shared, copied = fork(prompt, 3, len(ids) + 2, shared=True), fork(prompt, 3, len(ids) + 2)
         assert all(type(c) is PrefixedCache and c.base == len(ids) for c in shared)
         room = shared[0].kv.shape[3]
-        tokens = mx.array([[100], [200], [300]])
-        for step in range(room + 3):  # three positions past the rows' first room
-            if step == 2:
-                shared, copied = keep_rows(shared, [2, 0]), keep_rows(copied, [2, 0])
-                tokens = tokens[mx.array([2, 0])]
-            a, b = model(tokens, shared)[:, -1], model(tokens, copied)[:, -1]
-            assert mx.array_equal(a, b).item(), step
-            tokens = mx.argmax(a, axis=-1)[:, None]
+        shared, copied = _decode_alike(model, shared, copied, room + 3)  # three positions past the first room
         assert shared[0].offset == copied[0].offset and shared[0].kv.shape[3] > room
 
         assert _sampled(model, tok, monkeypatch, shared=True) == _sampled(model, tok, monkeypatch, shared=False)
