@@ -40,7 +40,10 @@ class PathRows:
         """Per layer, a B-row cache: the prompt's P positions, then each path's ancestors' keys and values
         (chains[b]: d - 1 arrays (layers, 2, K, E), the same d for every path), then room for one more."""
         B, n, P = len(chains), len(chains[0]), self.P
-        suffix = mx.stack([mx.stack(c, axis=3) for c in chains]) if n else None  # (B, layers, 2, K, d - 1, E)
+        suffix = None
+        if n:  # every ancestor's keys and values in one copy, (B (d - 1), layers, 2, K, E)
+            flat = mx.stack([kv for chain in chains for kv in chain])
+            suffix = flat.reshape(B, n, *flat.shape[1:]).transpose(0, 2, 3, 4, 1, 5)  # (B, layers, 2, K, n, E)
         kept, self.kept = self.kept, None  # the buffers' only holder is now this pass's graph: written in place
         reuse = kept is not None and kept[0].shape[0] == B and kept[0].shape[3] > n
         out = []
