@@ -3,9 +3,9 @@
     python bench/answers_walk.py                    # the embedded model, the herb prompt
     python bench/answers_walk.py --compute-dtype int8
 
-1. Batched expansion: the same walk (T = 1, top-k 10, 4 tokens, a fixed number of paths) with 32 paths per
-   forward pass against one path per pass, interleaved --repeats times: paths expanded per second (medians),
-   and their ratio.
+1. Batched expansion: the same walk (T = 1, top-k 10, 4 tokens, a fixed number of paths) with the walk's
+   default batch (--batch-size, 64 paths a forward pass) against one path per pass, interleaved --repeats
+   times: paths expanded per second (medians), and their ratio.
 2. Exact against sampling: the whole walk at T = 1 with top-k 10 and 4 tokens (a finite support of at most
    10^4 answers, walked to remainder 0) against `sample --seeds 1000` with the same settings; 1,000 draws
    know a p = 0.5 answer only to about +-0.03 (two standard errors: 2 sqrt(0.25 / 1000)).
@@ -21,6 +21,7 @@ import statistics
 import time
 
 import mlxinfer
+from mlxinfer import defaults
 
 HERB = "Name one herb to add to tomato soup. Answer with one word."
 CUT = {"temperature": 1.0, "top_k": 10}
@@ -37,11 +38,14 @@ def main() -> None:
     parser.add_argument("--model", default=None)
     parser.add_argument("--compute-dtype", default="auto")
     parser.add_argument("--nodes", type=int, default=256, help="paths expanded in the batched-against-one comparison")
+    parser.add_argument("--batch-size", type=int, default=defaults.ANSWERS_BATCH_SIZE, help="paths a batched pass")
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs of the comparison (medians)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     if args.repeats < 1:
         parser.error("--repeats must be at least 1")
+    if args.batch_size < 2:
+        parser.error("--batch-size must be at least 2 (it is compared with one path a pass)")
     model, tok = mlxinfer.load(args.model, compute_dtype=args.compute_dtype)
     out = {"model": model.info.name, "compute_dtype": model.info.compute_dtype}
 
@@ -49,17 +53,18 @@ def main() -> None:
         return mlxinfer.answers(model, tok, HERB, max_tokens=4, **kw)
 
     walk(settings=[CUT], max_nodes=8)  # warm: the kernels and the prompt's first pass
-    rates = {32: [], 1: []}
+    batch = args.batch_size
+    rates = {batch: [], 1: []}
     for _ in range(args.repeats):  # interleaved, so that a slow spell of the machine falls on both
-        for size in (32, 1):
+        for size in (batch, 1):
             report, seconds = timed(
                 lambda s=size: walk(settings=[CUT], max_nodes=args.nodes, min_mass=1.0, batch_size=s)
             )
             rates[size].append(report.nodes / seconds)
     median = {size: statistics.median(r) for size, r in rates.items()}
     out["batched"] = {
-        "paths_per_s_32": median[32], "paths_per_s_1": median[1], "ratio": median[32] / median[1],
-        "ratios": [a / b for a, b in zip(rates[32], rates[1])],
+        "batch_size": batch, "paths_per_s_batched": median[batch], "paths_per_s_1": median[1],
+        "ratio": median[batch] / median[1], "ratios": [a / b for a, b in zip(rates[batch], rates[1])],
     }  # fmt: skip
 
     complete, walk_s = timed(lambda: walk(settings=[CUT], min_mass=1.0, max_nodes=20_000))
@@ -90,8 +95,8 @@ def main() -> None:
     b, e, c, t = out["batched"], out["exact_vs_sampling"], out["t05_in_that_time"], out["ten_thousand_paths"]
     print(f"{out['model']} ({out['compute_dtype']}), {HERB!r}")
     print(
-        f"1. paths per second (medians of {args.repeats} interleaved runs): {b['paths_per_s_32']:.1f} batched (32 a"
-        f" pass) vs {b['paths_per_s_1']:.1f} one a pass = {b['ratio']:.1f}x"
+        f"1. paths per second (medians of {args.repeats} interleaved runs): {b['paths_per_s_batched']:.1f} batched ("
+        f"{b['batch_size']} a pass) vs {b['paths_per_s_1']:.1f} one a pass = {b['ratio']:.1f}x"
         f" (runs: {', '.join(f'{r:.1f}x' for r in b['ratios'])})"
     )
     print(

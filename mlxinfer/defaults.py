@@ -4,6 +4,7 @@ A leaf module (no mlx, no other mlxinfer import), so the CLI can read it without
 """
 
 BATCH_SIZE = 32  # seeds decoded together in one forward pass (sample, sweep)
+ANSWERS_BATCH_SIZE = 64  # paths expanded together in one forward pass (answers; docs/performance.md says why)
 MAX_TOKENS_GENERATE = 256  # new tokens for generate / stream_generate
 MAX_TOKENS_SAMPLE = 5  # tokens per completion in seeded experiments: the lesson's five
 MAX_SEEDS = 100_000  # a list of seeds is built before the first draw: bound it

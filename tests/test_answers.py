@@ -220,7 +220,7 @@ def test_grouping_folds_the_raw_texts_and_keeps_them(words):
 def test_a_listed_path_equals_mlx_lms_own_log_probabilities(embedded):
     model, tok = embedded
     prompt = "Name one herb to add to tomato soup. Answer with one word."
-    report = mlxinfer.answers(model, tok, prompt, settings=[{"temperature": 1.0}], max_tokens=2, max_nodes=64)
+    report = mlxinfer.answers(model, tok, prompt, settings=[{"temperature": 1.0}], max_tokens=2, max_nodes=128)
     twin = mlxinfer.mlx_lm_twin(model)
     ids = report.prompt_ids
     checked = 0

@@ -24,7 +24,7 @@ def answers(
         "the sampler's one temperature, replaces them; the other sampler settings apply to all).",
     ),
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per answer at most, as in sample."),
-    batch_size: int = typer.Option(defaults.BATCH_SIZE, "--batch-size", help="Paths expanded per forward pass."),
+    batch_size: int = typer.Option(defaults.ANSWERS_BATCH_SIZE, "--batch-size", help="Paths per forward pass."),
     **options,
 ):
     """The exact probability of every whole answer under the settings a seed of `sample` runs with: the tree of

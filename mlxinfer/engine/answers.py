@@ -106,7 +106,7 @@ def answers(
     settings = settings_list(settings)
     check_walk(min_mass, max_nodes, group, max_seconds)
     check_progress(progress)
-    size = check_batch_size(batch_size)
+    size = defaults.ANSWERS_BATCH_SIZE if batch_size is None else check_batch_size(batch_size)
     request = prepare(
         model, tokenizer, prompt, max_tokens=max_tokens, json_schema=json_schema, tool=tool, chat=chat,
         system=system, thinking=thinking, raw_special_tokens=raw_special_tokens, stop=stop,

@@ -263,7 +263,7 @@ def sweep(
                        max_seconds=max_seconds)  # fmt: skip
         with results.stop_cleanly_on_sigterm(), _discarded_if_unused(part):  # as the draws: a failure leaves no file
             walks = {
-                (p, s): answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]], batch_size=size,
+                (p, s): answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]], batch_size=batch_size,
                                 group=group, **options)
                 for p in range(len(plan.ids))
                 for s in range(len(plan.settings))

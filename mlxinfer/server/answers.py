@@ -90,6 +90,8 @@ async def answers_route(state, read_body, fields: dict, max_temperatures: int, h
         http, fields, model, tokenizer, body.prompt, max_tokens=body.max_tokens, chat=body.chat, system=body.system
     )
     budget = MAX_SECONDS if body.max_seconds is None else body.max_seconds
+    # passes of the sampling batch's size, not the library walk's larger default: the decode steps of other
+    # requests wait while a pass runs
     walk = await on_engine(
         batcher,
         lambda: AnswerWalk(
