@@ -40,6 +40,7 @@ from .request import check_batch_size, prepare
 
 BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
 WAIT = 4  # taken paths that may wait for a pass of their length, in batches
+DRAIN = 4096  # ended children resolved at most per entry once a budget ends the walk (no pass each: text only)
 PATHS_SHOWN = 3  # token paths kept per answer
 TEXTS_SHOWN = 20  # raw texts listed per grouped answer (its probability counts them all)
 
@@ -181,8 +182,10 @@ class AnswerWalk:
             self.stopped = "min_mass"
         elif self.nodes >= self.max_nodes:
             self.stopped = "max_nodes"
+            self._resolve_ended()
         elif self.max_seconds is not None and time.perf_counter() - self.started >= self.max_seconds:
             self.stopped = "max_seconds"
+            self._resolve_ended()
         else:
             batch = self._next_batch()
             if not batch:  # nothing open is left: every path has ended
@@ -242,16 +245,7 @@ class AnswerWalk:
                 waiting.setdefault(len(item.path), []).append(item)
                 taken += 1
                 continue
-            self.open -= item.mass()
-            token, probs = item.tokens[item.at], item.probs[item.at]
-            item.at += 1
-            if item.at < len(item.tokens):
-                self._push(item)
-            row = self._follow(item.parent, token)
-            if row.ended:
-                self._leaf(item.parent, token, probs, row)
-            else:
-                self._push(_Node(item.parent.path + (token,), probs, item.parent, row=row))
+            self._take_child(item)
         if not waiting:
             return []
         full = [d for d, nodes in waiting.items() if len(nodes) >= size]
@@ -261,6 +255,32 @@ class AnswerWalk:
             node.taken = False  # back in the frontiers (its entries there are a lazily deleted copy at most)
             self._push(node)
         return batch
+
+    def _take_child(self, item: _Siblings) -> None:
+        """The heaviest child left in `item`: an answer where it ends, else an open path."""
+        self.open -= item.mass()
+        token, probs = item.tokens[item.at], item.probs[item.at]
+        item.at += 1
+        if item.at < len(item.tokens):
+            self._push(item)
+        row = self._follow(item.parent, token)
+        if row.ended:
+            self._leaf(item.parent, token, probs, row)
+        else:
+            self._push(_Node(item.parent.path + (token,), probs, item.parent, row=row))
+
+    def _resolve_ended(self) -> None:
+        """When a budget ends the walk: each entry's heaviest open children, in weight order, as long as they
+        need no forward pass (an answer that ends, or a path that then waits), up to DRAIN of them. Without
+        this a budget spent in one pass would list no answer at all."""
+        for s in range(len(self.settings)):
+            for _ in range(DRAIN):
+                item = self._pop(s)
+                if isinstance(item, _Node):  # it needs a pass: back where it was, in this entry's frontier only
+                    heapq.heappush(self.frontiers[s], (-float(item.probs[s]), next(self.counter), -1, item))
+                if not isinstance(item, _Siblings):
+                    break
+                self._take_child(item)
 
     # ------------------------------------------------------------------------- one forward pass
     def _forward(self, nodes: list[_Node]) -> mx.array:
