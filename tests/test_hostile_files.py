@@ -249,8 +249,11 @@ def test_gguf_header_is_checked_against_the_file(spec, tmp_path, change, fragmen
 @pytest.mark.parametrize(
     "change,fragment",
     [
-        (lambda s: s.set_meta("llama.block_count", hostile.STRING, "30"), "'num_hidden_layers'"),
-        (lambda s: s.set_meta("llama.attention.layer_norm_rms_epsilon", hostile.STRING, "x"), "'rms_norm_eps'"),
+        (lambda s: s.set_meta("llama.block_count", hostile.STRING, "30"), "'llama.block_count'"),
+        (
+            lambda s: s.set_meta("llama.attention.layer_norm_rms_epsilon", hostile.STRING, "x"),
+            "'llama.attention.layer_norm_rms_epsilon'",
+        ),
     ],
 )
 def test_gguf_metadata_values_are_checked(spec, tmp_path, change, fragment):
@@ -400,3 +403,26 @@ def test_a_cut_or_float64_safetensors_file_says_what_to_do(checkpoint_dir, tmp_p
     weights = bad / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
     assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "a cut download?", "re-download it")
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (lambda s: s.set_meta("llama.attention.head_count", hostile.U32, 6),
+         "llama.embedding_length 128 is not divisible by llama.attention.head_count 6"),
+        (lambda s: s.set_meta("llama.attention.head_count_kv", hostile.U32, 3),
+         "llama.attention.head_count 4 is not a multiple of llama.attention.head_count_kv 3"),
+        (lambda s: s.set_meta("llama.feed_forward_length", hostile.U32, 0), "llama.feed_forward_length"),
+        (lambda s: s.drop_meta("llama.context_length"), "GGUF metadata lacks llama.context_length"),
+    ],
+)  # fmt: skip
+def test_gguf_metadata_is_named_by_its_own_keys(spec, tmp_path, change, said):
+    """A GGUF's hyperparameters are checked as config.json's are, but said in the file's keys, the names a
+    reader of the file can look up (was: config.json's names, and 'add an explicit head_dim')."""
+    header = gguf_reader.read_header(_written(spec, tmp_path, change))
+    with pytest.raises(MlxinferError) as e:
+        gguf_reader.config_from_header(header)
+    message = str(e.value)
+    assert said in message and "\n" not in message, message
+    assert not any(field in message for field in gguf_reader.GGUF_KEYS if field != "vocab_size"), message
+    assert "add an explicit" not in message and str(tmp_path) in message

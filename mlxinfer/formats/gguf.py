@@ -36,6 +36,19 @@ MAX_NESTING = 4  # arrays of arrays: GGUF files use one level; a deeper one is a
 # the fix a wrong value in the metadata read as a config gets (named as config.json names it, there is no
 # config.json to fix)
 METADATA_FIX = "the file's metadata is wrong: re-download or re-convert it"
+GGUF_KEYS = {  # config.json's field -> the metadata key it is read from, under the architecture's name
+    "vocab_size": "vocab_size",
+    "hidden_size": "embedding_length",
+    "intermediate_size": "feed_forward_length",
+    "num_hidden_layers": "block_count",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base",
+    "max_position_embeddings": "context_length",
+    "head_dim": "attention.key_length",
+}
+_FIELD = re.compile(r"\b(" + "|".join(GGUF_KEYS) + r")\b")
 
 
 @dataclass
@@ -296,23 +309,19 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     n_tokens = len(tokens) if isinstance(tokens, list) else tokens if type(tokens) is int else 0
     vocab = get("vocab_size") or n_tokens or (embed.shape[0] if embed else None)
     heads = get("attention.head_count")
-    d = {
-        "model_type": GGUF[arch],
-        "vocab_size": vocab,
-        "hidden_size": get("embedding_length"),
-        "intermediate_size": get("feed_forward_length"),
-        "num_hidden_layers": get("block_count"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": get("attention.head_count_kv", heads),
-        "rms_norm_eps": get("attention.layer_norm_rms_epsilon", 1e-6),
-        "rope_theta": get("rope.freq_base", 10000.0),
-        "max_position_embeddings": get("context_length"),
-        "tie_word_embeddings": "output.weight" not in names,
-        "torch_dtype": "float16" if embed is None or embed.type_name != "F32" else "float32",
-    }
-    if get("attention.key_length"):
-        d["head_dim"] = get("attention.key_length")
-    missing = [k for k, v in d.items() if v is None]
+    d = {field: get(key) for field, key in GGUF_KEYS.items()}
+    d.update(
+        model_type=GGUF[arch],
+        vocab_size=vocab,
+        num_key_value_heads=get("attention.head_count_kv", heads),
+        rms_norm_eps=get("attention.layer_norm_rms_epsilon", 1e-6),
+        rope_theta=get("rope.freq_base", 10000.0),
+        tie_word_embeddings="output.weight" not in names,
+        torch_dtype="float16" if embed is None or embed.type_name != "F32" else "float32",
+    )
+    if not d["head_dim"]:
+        del d["head_dim"]
+    missing = [f"{arch}.{GGUF_KEYS.get(k, k)}" for k, v in d.items() if v is None]
     if missing:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks {', '.join(missing)}; the file is incomplete")
     if isinstance(d["hidden_size"], int) and isinstance(heads, int) and heads > 0:
@@ -320,7 +329,14 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
         if scaling:
             d["rope_scaling"] = scaling
     check_blocks(header, d["num_hidden_layers"], f"{arch}.block_count")
-    return ModelConfig.from_dict(d, where=str(header.path), fix=METADATA_FIX)
+    try:
+        return ModelConfig.from_dict(d, where=str(header.path), fix=METADATA_FIX)
+    except MlxinferError as e:  # said in the file's own keys, which is what a reader of it can look up
+        where, said = str(header.path), str(e)
+        head = where if said.startswith(where) else ""
+        told = said[len(head) :].replace("add an explicit head_dim", METADATA_FIX)
+        told = _FIELD.sub(lambda f: f"{arch}.{GGUF_KEYS[f.group(0)]}", told)
+        raise MlxinferError(head + told, *e.params) from None
 
 
 def check_blocks(header: GGUFHeader, n_layers, key: str) -> None:
