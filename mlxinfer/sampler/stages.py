@@ -118,7 +118,7 @@ def apply_temperature(logits: mx.array, temperature: float) -> mx.array:
     ``logits / T`` can differ in the last float32 bit, and that bit can flip a near-tie draw."""
     if temperature <= 0:
         raise MlxinferError(f"temperature {temperature} cannot divide the scores; 0 means greedy (argmax)")
-    return logits * (1.0 / temperature)
+    return logits if temperature == 1.0 else logits * (1.0 / temperature)  # x * 1.0 is x, bit for bit
 
 
 def log_softmax(logits: mx.array, fast: bool = False) -> mx.array:
