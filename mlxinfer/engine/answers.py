@@ -317,8 +317,8 @@ class AnswerWalk:
         eps of every entry's conditional mass; the rest is lost to the remainder."""
         probs, kept, drawn = self._probabilities(nodes, logits)  # (S, B, V) each; `drawn` evaluated only if used
         mx.eval(probs, kept)
-        p, positive = np.array(probs), np.array(kept)
-        positive &= p > 0  # what each entry can draw after each path
+        p = np.asarray(probs)  # views of MLX's buffers, not copies (read only here)
+        positive = np.asarray(kept) & (p > 0)  # what each entry can draw after each path
         support = np.count_nonzero(positive, axis=-1)  # (S, B)
         if support.max() <= BRANCHES:  # a cut support: every token an entry can draw is a child
             ids = [np.flatnonzero(row) for row in positive.any(axis=0)]
