@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
+import collections
 import hashlib
 import itertools
 import time
@@ -145,6 +146,13 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     lines = given.lines if isinstance(given, PromptsFile) and len(given.lines) == len(prompts) else None
     settings = settings_list(settings, "settings_grid([0.5, 1.0])")
     seed_ids = seed_list(seeds)
+    repeated = next((s for s, n in collections.Counter(seed_ids).items() if n > 1), None)
+    if repeated is not None:  # sample draws a repeated seed again; a results file holds one record for it
+        raise MlxinferError(
+            f"seeds lists {repeated} more than once; a sweep keeps one record per prompt, settings and seed: "
+            "list each seed once",
+            "seeds",
+        )
     stops = stop_strings(stop)
     options = dict(max_tokens=max_tokens, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw)
     ids = []
