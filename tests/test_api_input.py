@@ -158,3 +158,22 @@ def test_tables_from_scores_take_numpy_and_lists_and_refuse_nan(embedded):
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             call()
+
+
+@pytest.mark.parametrize(
+    "kw, param",
+    [
+        ({"fast_path": "no"}, "fast_path"),  # was: taken as True
+        ({"llama_cpp": 0}, "llama_cpp"),
+        ({"progress": 5}, "progress"),  # was: a TypeError after the models had loaded
+        ({"gen_tokens": "64"}, "gen_tokens"),  # was: a TypeError comparing a str with an int
+        ({"repeats": 2.0}, "repeats"),
+        ({"prompt_tokens": (32, 1.5)}, "prompt_tokens"),
+        ({"prompt_tokens": "64"}, "prompt_tokens"),
+        ({"bandwidth_gb_s": True}, "bandwidth_gb_s"),
+    ],
+)
+def test_benchmarks_arguments_are_checked_before_it_loads(kw, param):
+    with pytest.raises(mlxinfer.MlxinferError) as e:
+        mlxinfer.benchmark("/nonexistent/model", **kw)  # the argument is refused before the path is read
+    assert e.value.params == (param,) and "\n" not in str(e.value)

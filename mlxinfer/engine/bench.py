@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_bool
 
 TEXT = (
     "Priya owns the cooking assistant in Cookvale, a recipe app. She downloads an open model and asks "
@@ -186,6 +186,10 @@ def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int],
     return stream
 
 
+def _whole(n) -> bool:
+    return isinstance(n, int) and not isinstance(n, bool)
+
+
 def run_bench(
     source: Optional[str] = None,
     prompt_tokens: tuple[int, ...] = defaults.BENCH_PROMPT_TOKENS,
@@ -201,17 +205,35 @@ def run_bench(
     from ..model import system
     from ..model.loading import load
     from ..model.peers import mlx_lm_twin
+    from .decode import check_progress
 
-    if not prompt_tokens or min(prompt_tokens) < 2:
+    lengths = (
+        [prompt_tokens]
+        if _whole(prompt_tokens)
+        else list(prompt_tokens)
+        if isinstance(prompt_tokens, (list, tuple))
+        else None
+    )
+    if not lengths or not all(_whole(n) and n >= 2 for n in lengths):
         raise MlxinferError(
-            f"prompt_tokens must be lengths of 2 tokens or more, got {list(prompt_tokens)}", "prompt_tokens"
+            f"prompt_tokens must be lengths of 2 tokens or more, got {prompt_tokens!r:.60}", "prompt_tokens"
         )
-    if gen_tokens < 2:
-        raise MlxinferError(f"gen_tokens must be at least 2, got {gen_tokens}", "gen_tokens")
-    if repeats < 1:
-        raise MlxinferError(f"repeats must be at least 1, got {repeats}", "repeats")
-    if bandwidth_gb_s is not None and not 0 < bandwidth_gb_s < math.inf:
-        raise MlxinferError(f"bandwidth_gb_s must be a positive, finite GB/s, got {bandwidth_gb_s}", "bandwidth_gb_s")
+    if not _whole(gen_tokens) or gen_tokens < 2:
+        raise MlxinferError(f"gen_tokens must be a whole number, at least 2, got {gen_tokens!r:.60}", "gen_tokens")
+    if not _whole(repeats) or repeats < 1:
+        raise MlxinferError(f"repeats must be a whole number, at least 1, got {repeats!r:.60}", "repeats")
+    if bandwidth_gb_s is not None and not (
+        isinstance(bandwidth_gb_s, (int, float))
+        and not isinstance(bandwidth_gb_s, bool)
+        and 0 < bandwidth_gb_s < math.inf
+    ):
+        raise MlxinferError(
+            f"bandwidth_gb_s must be a positive, finite GB/s, got {bandwidth_gb_s!r:.60}", "bandwidth_gb_s"
+        )
+    check_bool(fast_path, "fast_path")
+    check_bool(llama_cpp, "llama_cpp")
+    check_progress(progress)
+    prompt_tokens = tuple(lengths)
     engines, load_s, paths, models = {}, {}, {}, {}
     start = time.perf_counter()
     model, tokenizer = load(source, compute_dtype="bfloat16")  # the weights as stored, as mlx_lm.load keeps them
