@@ -33,8 +33,8 @@ _U64 = _STRUCTS[10]
 _STRING, _ARRAY, _FLOAT64 = 8, 9, 12
 MAX_DIMS = 4  # ggml's GGML_MAX_DIMS
 MAX_NESTING = 4  # arrays of arrays: GGUF files use one level; a deeper one is a corrupt header
-# the fix a wrong value in the metadata read as a config gets (named as config.json names it, there is no
-# config.json to fix)
+# the fix a wrong value in the metadata read as a config gets (there is no config.json to fix; the value is
+# named by its metadata key, GGUF_KEYS)
 METADATA_FIX = "the file's metadata is wrong: re-download or re-convert it"
 GGUF_KEYS = {  # config.json's field -> the metadata key it is read from, under the architecture's name
     "vocab_size": "vocab_size",
