@@ -218,10 +218,10 @@ def run_bench(
         raise MlxinferError(
             f"prompt_tokens must be lengths of 2 tokens or more, got {prompt_tokens!r:.60}", "prompt_tokens"
         )
-    if not _whole(gen_tokens) or gen_tokens < 2:
-        raise MlxinferError(f"gen_tokens must be a whole number, at least 2, got {gen_tokens!r:.60}", "gen_tokens")
-    if not _whole(repeats) or repeats < 1:
-        raise MlxinferError(f"repeats must be a whole number, at least 1, got {repeats!r:.60}", "repeats")
+    for name, value, least in (("gen_tokens", gen_tokens, 2), ("repeats", repeats, 1)):
+        if not _whole(value) or value < least:
+            kind = "at least" if _whole(value) else "a whole number, at least"
+            raise MlxinferError(f"{name} must be {kind} {least}, got {value!r:.60}", name)
     if bandwidth_gb_s is not None and not (
         isinstance(bandwidth_gb_s, (int, float))
         and not isinstance(bandwidth_gb_s, bool)
