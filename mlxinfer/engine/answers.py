@@ -40,7 +40,7 @@ from .request import check_batch_size, prepare
 
 BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
 WAIT = 4  # taken paths that may wait for a pass of their length, in batches
-DRAIN = 4096  # ended children resolved at most per entry once a budget ends the walk (no pass each: text only)
+DRAIN = 1024  # children taken at most per entry once a budget ends the walk (~20 us each: no pass, their text)
 PATHS_SHOWN = 3  # token paths kept per answer
 TEXTS_SHOWN = 20  # raw texts listed per grouped answer (its probability counts them all)
 
