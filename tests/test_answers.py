@@ -122,8 +122,9 @@ def test_batches_fill_with_paths_of_one_length_and_change_no_answer(words, batch
 
 def test_reused_path_buffers_hold_what_a_fresh_copy_holds_and_kept_positions_stay(words):
     """PathRows writes each pass's paths into the last pass's row buffers (the prompt is held once, shared):
-    every filled position equals a fresh copy's, deeper and shallower passes in turn, and the keys and values
-    a path kept from an earlier pass are not overwritten by the next one."""
+    every filled position equals a fresh copy's, deeper and shallower passes in turn, the keys and values
+    a path kept from an earlier pass are not overwritten by the next one, and a position inside the prompt
+    reads the prompt's in every row."""
     from mlxinfer.engine.decode import prefill
     from mlxinfer.engine.path_cache import PathRows, at_position
 
@@ -139,6 +140,8 @@ def test_reused_path_buffers_hold_what_a_fresh_copy_holds_and_kept_positions_sta
         fresh = PathRows(prompt.cache, P).cache(chains)
         logits = model(mx.array([[7]] * B, dtype=mx.int32), cache=cache)
         own = at_position(cache, P + depth - 1)
+        inside = at_position(cache, P - 2)  # a position of the shared prompt: every row reads the prompt's
+        assert mx.array_equal(inside, mx.broadcast_to(at_position(prompt.cache, P - 2), inside.shape)).item()
         mx.eval(logits, own)
         rows.keep(cache)
         filled = depth - 1  # the paths' own positions, after the prompt every row shares

@@ -100,6 +100,10 @@ def _rows(prompt: Optional[mx.array], B: int, suffix: Optional[mx.array], room: 
 
 def _position(cache, at: int) -> mx.array:
     """(B, 2, K, E): the keys and values one layer's cache holds at position `at`."""
+    if isinstance(cache, PrefixedCache) and at < cache.base:  # a shared position: the same in every row
+        return mx.broadcast_to(
+            cache.prefix[:, :, :, at, :], (cache.kv.shape[0], *cache.kv.shape[1:3], cache.kv.shape[-1])
+        )
     if isinstance(cache, KVCache):
         return cache.kv[:, :, :, at - cache.base, :]
     return mx.stack([cache.keys[:, :, at, :], cache.values[:, :, at, :]], axis=1)
