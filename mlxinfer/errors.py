@@ -22,6 +22,12 @@ class MlxinferError(Exception):
         self.detail: list[str] = []  # more lines for whoever asks (the CLI's --debug)
 
 
+def check_whole(value, name: str, least: int, what: str) -> None:
+    """`value` is a whole number >= least, else a one-line error naming `name` ("must be {what}")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise MlxinferError(f"{name} must be {what}, got {value!r}", name)
+
+
 def check_bool(value, param: str) -> bool:
     """A switch is True or False: `chat="no"` or `exact=0` would otherwise pass `if value:` as the
     opposite of, or more than, what was meant."""

@@ -35,19 +35,13 @@ import mlx.core as mx
 
 from ..cpu import draw as cpu_draw
 from ..defaults import SERVE_MAX_QUEUE, SERVE_MAX_ROWS, SERVE_PROMPT_CACHE_BYTES
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_whole
 from .core import Batch, Drawn, Row, alternatives_of
 from .decode import prefill
 from .jobs import Job
 from .prompt_cache import PromptCache
 
 log = logging.getLogger("mlxinfer.server")
-
-
-def check_whole(value, name: str, least: int, what: str) -> None:
-    """`value` is a whole number >= least, else a one-line error naming `name` ("must be {what}")."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise MlxinferError(f"{name} must be {what}, got {value!r}", name)
 
 
 def check_bounds(max_rows, max_queue, prompt_cache_bytes) -> None:

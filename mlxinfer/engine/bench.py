@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError, check_bool
+from ..errors import MlxinferError, check_bool, check_whole
 
 TEXT = (
     "Priya owns the cooking assistant in Cookvale, a recipe app. She downloads an open model and asks "
@@ -186,10 +186,6 @@ def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int],
     return stream
 
 
-def _whole(n) -> bool:
-    return isinstance(n, int) and not isinstance(n, bool)
-
-
 def run_bench(
     source: Optional[str] = None,
     prompt_tokens: tuple[int, ...] = defaults.BENCH_PROMPT_TOKENS,
@@ -207,21 +203,15 @@ def run_bench(
     from ..model.peers import mlx_lm_twin
     from .decode import check_progress
 
-    lengths = (
-        [prompt_tokens]
-        if _whole(prompt_tokens)
-        else list(prompt_tokens)
-        if isinstance(prompt_tokens, (list, tuple))
-        else None
-    )
-    if not lengths or not all(_whole(n) and n >= 2 for n in lengths):
+    lengths = [prompt_tokens] if isinstance(prompt_tokens, int) else prompt_tokens
+    if not isinstance(lengths, (list, tuple)) or not lengths:
         raise MlxinferError(
             f"prompt_tokens must be lengths of 2 tokens or more, got {prompt_tokens!r:.60}", "prompt_tokens"
         )
-    for name, value, least in (("gen_tokens", gen_tokens, 2), ("repeats", repeats, 1)):
-        if not _whole(value) or value < least:
-            kind = "at least" if _whole(value) else "a whole number, at least"
-            raise MlxinferError(f"{name} must be {kind} {least}, got {value!r:.60}", name)
+    for n in lengths:
+        check_whole(n, "prompt_tokens", 2, "lengths of 2 tokens or more")
+    check_whole(gen_tokens, "gen_tokens", 2, "at least 2")
+    check_whole(repeats, "repeats", 1, "at least 1")
     if bandwidth_gb_s is not None and not (
         isinstance(bandwidth_gb_s, (int, float))
         and not isinstance(bandwidth_gb_s, bool)

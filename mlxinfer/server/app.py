@@ -19,8 +19,8 @@ from starlette.responses import JSONResponse
 from starlette.routing import Route
 
 from .. import defaults
-from ..engine.batcher import Batcher, check_bounds, check_whole
-from ..errors import MlxinferError
+from ..engine.batcher import Batcher, check_bounds
+from ..errors import MlxinferError, check_whole
 from .errors import ApiError, error_body
 from .explorer import routes as explorer_routes
 from .handlers import Endpoints, read_body
