@@ -16,7 +16,7 @@ from .. import keychain
 from ..cpu import draw as cpu_draw
 from ..errors import MlxinferError
 from ..settings import SamplerSettings
-from .stages import adjust, cut_tail
+from .stages import adjust, apply_temperature, cut_tail
 
 
 @partial(mx.compile, inputs=mx.random.state, outputs=mx.random.state)
@@ -57,12 +57,10 @@ def draw_rows(kept: mx.array, temperatures: list[float], subkeys: list, min_rows
     greedy = [t == 0 for t in temperatures]
     if all(greedy):
         return mx.argmax(kept, axis=-1)
-    if set(temperatures) == {1.0}:
-        scaled = kept  # x * 1.0 is x, bit for bit: one pass over (A, V) fewer
-    elif len(set(temperatures)) == 1:
-        scaled = kept * (1.0 / temperatures[0])  # the scalar in kept's dtype, as in draw()
+    if len(set(temperatures)) == 1:  # one temperature (not 0: all-greedy rows returned above)
+        scaled = apply_temperature(kept, temperatures[0])  # as in draw(); T = 1 leaves the scores as they are
     else:
-        scaled = mx.concatenate([kept[i : i + 1] * (1.0 / (t or 1.0)) for i, t in enumerate(temperatures)])
+        scaled = mx.concatenate([apply_temperature(kept[i : i + 1], t or 1.0) for i, t in enumerate(temperatures)])
     uniforms = keychain.uniform(np.stack(subkeys))  # first: it needs no scores, so it runs while the forward does
     tokens = cpu_draw.draw_rows(np.asarray(scaled.astype(mx.float32)), uniforms)
     y = mx.array(tokens).astype(mx.uint32)  # (A,), the dtype mx.random.categorical returns
