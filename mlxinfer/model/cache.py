@@ -126,13 +126,17 @@ def fork(cache: list, rows: int, positions: int | None = None, shared: bool = Fa
     if shared and rows > 1 and positions is not None and all(type(c) is KVCache and c.kv is not None for c in cache):
         return [_prefixed(c, rows, positions) for c in cache]
     if positions is not None:
-        cache = [_cut(c, -(-positions // 16) * 16) for c in cache]
+        cache = [_cut(c, _rounded(positions)) for c in cache]
     return _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
+
+
+def _rounded(positions: int) -> int:
+    return -(-positions // 16) * 16  # a forked buffer's room, in steps of 16 positions
 
 
 def _prefixed(c: KVCache, rows: int, positions: int) -> PrefixedCache:
     _, _, K, _, E = c.kv.shape
-    room = -(-max(positions - c.offset, 1) // 16) * 16
+    room = _rounded(max(positions - c.offset, 1))
     return PrefixedCache(mx.contiguous(c.kv[..., : c.offset, :]), mx.zeros((rows, 2, K, room, E), c.kv.dtype), c.offset)
 
 
