@@ -103,6 +103,41 @@ inline void finish(const Ctx& c, int64_t m, int64_t n, __m256 acc) {
   c.y[m * c.ldy + n] = hsum8(acc) + bt;
 }
 
+constexpr int64_t kColTile = 16;  // columns unpacked at a time (~36-100 KB of float32: L1/L2)
+
+// The bias terms of eight columns for one row (lane j: column j), bias_dot's arithmetic in every lane: vector l
+// here is lane l of bias_dot's sums, taking the same FMAs in the same order, then hsum8's tree and the tail. The
+// same bits as bias_dot, without a horizontal sum and a scalar tail per output. bt: the columns' biases in float32,
+// group-major (bt[g * 8 + j] is column j's bias of group g).
+inline __m256 bias_dot8(const float* bt, const float* xs, int64_t G) {
+  __m256 v[8];
+  for (int l = 0; l < 8; ++l) v[l] = _mm256_setzero_ps();
+  int64_t g = 0;
+  for (; g + 8 <= G; g += 8) {
+#pragma GCC unroll 8
+    for (int l = 0; l < 8; ++l) v[l] = _mm256_fmadd_ps(_mm256_load_ps(bt + (g + l) * 8), _mm256_broadcast_ss(xs + g + l), v[l]);
+  }
+  const __m256 s0 = _mm256_add_ps(v[0], v[4]), s1 = _mm256_add_ps(v[1], v[5]);  // hsum8: fold8,
+  const __m256 s2 = _mm256_add_ps(v[2], v[6]), s3 = _mm256_add_ps(v[3], v[7]);
+  __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));  // then (0 + 2) + (1 + 3)
+  for (; g < G; ++g) t = _mm256_fmadd_ps(_mm256_load_ps(bt + g * 8), _mm256_broadcast_ss(xs + g), t);
+  return t;
+}
+
+// A column tile's bias terms for every row: bt[m * stride + j] = bias_dot of row m and column t0 + j. gt: 8 * G
+// floats, eight columns' biases in float32 group-major; wb: 8 * Gp floats, the same by column.
+template <class S>
+void tile_bias_terms(const Ctx& c, int64_t t0, int64_t t1, float* gt, float* wb, int64_t Gp, float* bt, int64_t stride) {
+  using T = typename S::T;
+  for (int64_t h = t0; h < t1; h += 8) {
+    for (int64_t j = 0; j < 8; ++j) {  // widened a column at a time (vector conversions), then transposed
+      const float* b = h + j < t1 ? widen_row(S{}, static_cast<const T*>(c.b) + (h + j) * c.G, wb + j * Gp, c.G) : nullptr;
+      for (int64_t g = 0; g < c.G; ++g) gt[g * 8 + j] = b ? b[g] : 0.0f;
+    }
+    for (int64_t m = 0; m < c.M; ++m) _mm256_storeu_ps(bt + m * stride + (h - t0), bias_dot8(gt, c.xsum + m * c.G, c.G));
+  }
+}
+
 template <int F, int V, class Fn>
 inline void each_field(Fn&& fn) {
   if constexpr (F < V) {
@@ -183,8 +218,9 @@ void unpack_cols(const Ctx& c, int64_t n0, int64_t ncols, float* wf, bool pairs 
 // R rows x NC columns on unpacked weights, with row_tile's arithmetic for each (m, n): the same
 // values in the same order, so a row's bits do not depend on the batch. The running sums acc live in
 // memory (touched once a group), which leaves the registers to the R * NC lane sums p.
+// bt: the tile's bias terms (tile_bias_terms), row m's at bt + m * kColTile.
 template <int BITS, int GS, class S, int R, int NC>
-void rows_tile(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const float* const* sf) {
+void rows_tile(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const float* const* sf, const float* bt) {
   constexpr int V = 32 / BITS, BV = 8 * V, WG = GS * BITS / 32;
   constexpr int64_t BPG = WG >= 8 ? WG / 8 : 1;
   const int64_t nblk = c.K / BV;
@@ -229,8 +265,15 @@ void rows_tile(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const floa
   }
 #pragma GCC unroll 4
   for (int r = 0; r < R; ++r) {
+    const float* b = bt + (m0 + r) * kColTile;
+    float* y = c.y + (m0 + r) * c.ldy + n0;
+    if constexpr (NC == 4) {  // hsum8 of four columns at once, in its order
+      const __m128 h = hsum8x4(_mm256_load_ps(acc[r][0]), _mm256_load_ps(acc[r][1]), _mm256_load_ps(acc[r][2]), _mm256_load_ps(acc[r][3]));
+      _mm_storeu_ps(y, _mm_add_ps(h, _mm_loadu_ps(b)));
+    } else {
 #pragma GCC unroll 4
-    for (int j = 0; j < NC; ++j) finish<S>(c, m0 + r, n0 + j, _mm256_load_ps(acc[r][j]));
+      for (int j = 0; j < NC; ++j) y[j] = hsum8(_mm256_load_ps(acc[r][j])) + b[j];
+    }
   }
 }
 
@@ -243,10 +286,10 @@ void row_tiles(const Ctx& c, int64_t m, int64_t n0, int64_t n1) {
 
 // columns t0 .. t1 of rows m0 .. m0 + R - 1, tiles of NCMAX columns then the rest one at a time
 template <int BITS, int GS, class S, int R, int NCMAX>
-void rows_tiles(const Ctx& c, int64_t m0, int64_t t0, int64_t t1, const float* wf, const float* const* sf) {
+void rows_tiles(const Ctx& c, int64_t m0, int64_t t0, int64_t t1, const float* wf, const float* const* sf, const float* bt) {
   int64_t n = t0;
-  for (; n + NCMAX <= t1; n += NCMAX) rows_tile<BITS, GS, S, R, NCMAX>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0));
-  for (; n < t1; ++n) rows_tile<BITS, GS, S, R, 1>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0));
+  for (; n + NCMAX <= t1; n += NCMAX) rows_tile<BITS, GS, S, R, NCMAX>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0), bt + (n - t0));
+  for (; n < t1; ++n) rows_tile<BITS, GS, S, R, 1>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0), bt + (n - t0));
 }
 
 // Uninitialised 32-byte aligned floats (aligned AVX loads; every element is written before it is read)
@@ -259,8 +302,6 @@ struct Floats {
   Floats(const Floats&) = delete;
   Floats& operator=(const Floats&) = delete;
 };
-
-constexpr int64_t kColTile = 16;  // columns unpacked at a time (~36-100 KB of float32: L1/L2)
 
 // The rows x columns of a tile: as many lane sums as the registers hold beside their operands (R x NC
 // sums, R rows of x, one column of weights). AVX-512VL's 32 vector registers take 4 x 4, AVX2's 16

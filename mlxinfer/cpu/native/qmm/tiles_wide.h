@@ -20,7 +20,7 @@ namespace mlxinfer::tiles {
 
 // R rows x 4 columns (two pairs, pair q at wf + 2 q K) with rows_tile's arithmetic for each (m, n)
 template <int BITS, int GS, class S, int R>
-void rows_tile_wide(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const float* const* sf) {
+void rows_tile_wide(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const float* const* sf, const float* bt) {
   constexpr int V = 32 / BITS, BV = 8 * V, WG = GS * BITS / 32;
   constexpr int64_t BPG = WG >= 8 ? WG / 8 : 1;
   const int64_t nblk = c.K / BV;
@@ -56,17 +56,18 @@ void rows_tile_wide(const Ctx& c, int64_t m0, int64_t n0, const float* wf, const
     for (int q = 0; q < 2; ++q) {
       alignas(64) float a[16];
       _mm512_store_ps(a, acc[r][q]);
-      finish<S>(c, m0 + r, n0 + 2 * q, _mm256_load_ps(a));
-      finish<S>(c, m0 + r, n0 + 2 * q + 1, _mm256_load_ps(a + 8));
+      const float* b = bt + (m0 + r) * kColTile + 2 * q;
+      c.y[(m0 + r) * c.ldy + n0 + 2 * q] = hsum8(_mm256_load_ps(a)) + b[0];
+      c.y[(m0 + r) * c.ldy + n0 + 2 * q + 1] = hsum8(_mm256_load_ps(a + 8)) + b[1];
     }
   }
 }
 
 // every row over columns t0 .. t1 (a multiple of 4) unpacked as pairs
 template <int BITS, int GS, class S>
-void wide_rows(const Ctx& c, int64_t t0, int64_t t1, const float* wf, const float* const* sf) {
+void wide_rows(const Ctx& c, int64_t t0, int64_t t1, const float* wf, const float* const* sf, const float* bt) {
   auto cols = [&]<int R>(int64_t m) {
-    for (int64_t n = t0; n < t1; n += 4) rows_tile_wide<BITS, GS, S, R>(c, m, n, wf + (n - t0) * c.K, sf + (n - t0));
+    for (int64_t n = t0; n < t1; n += 4) rows_tile_wide<BITS, GS, S, R>(c, m, n, wf + (n - t0) * c.K, sf + (n - t0), bt + (n - t0));
   };
   row_tiles_of<4>(c.M, cols);
 }
@@ -80,7 +81,7 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   }
   // several rows: each column tile is unpacked once, then kTileRows x kTileCols tiles run every row over it
   const int64_t Gp = (c.G + 7) / 8 * 8;
-  Floats wf(kColTile * c.K), sbuf(kColTile * Gp);
+  Floats wf(kColTile * c.K), sbuf(kColTile * Gp), gt(8 * c.G), wb(8 * Gp), bt(c.M * kColTile);
   const bool wide = wide_tiles();  // false where the build has no 512-bit tiles
   const float* sf[kColTile];
   for (int64_t t0 = n0; t0 < n1; t0 += kColTile) {
@@ -91,13 +92,14 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
     for (int64_t j = 0; j < t1 - t0; ++j) {
       sf[j] = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, sbuf.p + j * Gp, c.G);
     }
+    tile_bias_terms<S>(c, t0, t1, gt.p, wb.p, Gp, bt.p, kColTile);
 #ifdef MLXINFER_QMM_WIDE
     if (pairs) {
-      wide_rows<BITS, GS, S>(c, t0, t1, wf.p, sf);
+      wide_rows<BITS, GS, S>(c, t0, t1, wf.p, sf, bt.p);
       continue;
     }
 #endif
-    auto rows = [&]<int R>(int64_t m) { rows_tiles<BITS, GS, S, R, kTileCols>(c, m, t0, t1, wf.p, sf); };
+    auto rows = [&]<int R>(int64_t m) { rows_tiles<BITS, GS, S, R, kTileCols>(c, m, t0, t1, wf.p, sf, bt.p); };
     row_tiles_of<kTileRows>(c.M, rows);
   }
 }
