@@ -95,6 +95,13 @@ class StopStrings:
         return out
 
 
+def _shallow(obj):
+    """copy.copy of a plain object (attributes in its __dict__), without copy's protocol: ~0.5 us, not ~2."""
+    twin = object.__new__(type(obj))
+    twin.__dict__.update(obj.__dict__)
+    return twin
+
+
 class Row:
     """One continuation in flight: its sampler, its stop rules, its text so far, and its KV cache
     (`cache`, a one-row cache of its own) or its place in a `group`."""
@@ -126,12 +133,12 @@ class Row:
         a grammar mask (which its tokens advance) cannot be cloned."""
         if self.spec.mask is not None:
             raise ValueError("a row with a grammar mask cannot be cloned: its mask advances with it")
-        twin = copy.copy(self)
-        twin.detok = copy.copy(self.detok)
+        twin = _shallow(self)
+        twin.detok = _shallow(self.detok)
         for name, value in vars(self.detok).items():  # its token lists (not a shared token map)
             if isinstance(value, list) and name != "tokenmap":
                 setattr(twin.detok, name, list(value))
-        twin.stops = copy.copy(self.stops)
+        twin.stops = _shallow(self.stops)
         r = self.result
         twin.result = RowResult(r.text, list(r.tokens), list(r.steps), r.finish_reason, r.stop_token)
         return twin
