@@ -403,3 +403,14 @@ def test_sweep_exact_records_and_cells(words, tmp_path):
     )
     assert plain.cells[0].exact is None
     assert all("exact_prob" not in json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()[1:])
+
+
+def test_scores_that_turn_nan_on_a_path_end_the_walk_in_one_line(tmp_path):
+    """A forward pass on a path (not the prompt, which prefill checks) that gives NaN: the walk's own check."""
+    model, tok = mlxinfer.load(checkpoints.write_word_checkpoint(tmp_path / "words"), compute_dtype="float32")
+    poisoned = tok.encode(" thyme", add_special_tokens=False)
+    assert len(poisoned) == 1 and poisoned[0] not in tok.encode(PROMPT, add_special_tokens=False)
+    table = model.model.embed_tokens.weight
+    model.model.embed_tokens.weight = mx.where(mx.arange(table.shape[0])[:, None] == poisoned[0], mx.nan, table)
+    with pytest.raises(mlxinfer.MlxinferError, match="scores became NaN or inf on an answer's path"):
+        mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, chat=False)

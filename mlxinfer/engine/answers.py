@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import defaults
 from ..errors import MlxinferError
+from ..model.finite import all_finite
 from ..sampler import kept_probabilities
 from ..settings import SamplerSettings, resolve_settings, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
@@ -298,7 +299,7 @@ class AnswerWalk:
         self.kv_bytes = own[0].nbytes
         self.nodes += B
         self.passes += 1
-        if not mx.all(mx.isfinite(logits)).item():
+        if not all_finite(logits):
             raise MlxinferError(
                 "the model's scores became NaN or inf on an answer's path; the walk was ended", "source"
             )
