@@ -64,6 +64,29 @@ def test_a_hand_edited_results_line_is_one_error_and_the_file_stays(sweep_file, 
     assert out.read_bytes() == before  # nothing appended, nothing cut
 
 
+def test_a_record_whose_text_or_ending_is_not_what_its_tokens_give_is_refused(sweep_file, tmp_path):
+    """Was: a line with its text changed to "Banana" (its tokens kept), its tokens emptied, or its first_token
+    changed resumed with exit 0, and the tally counted the edited answer as drawn."""
+    path, args, whole = sweep_file
+    lines = whole.decode().splitlines(keepends=True)
+    record = json.loads(lines[2])
+    assert record["tokens"], "the check needs a record that drew tokens"
+    cases = [
+        ({"text": "Banana"}, "is not what its tokens give"),
+        ({"tokens": []}, "is not what its tokens give"),
+        ({"finish_reason": "stop" if record["finish_reason"] == "length" else "length"}, "is not what its tokens give"),
+        ({"first_token": (record["tokens"][0] + 1) % 384}, f"its first_token is {(record['tokens'][0] + 1) % 384}"),
+    ]
+    for change, fragment in cases:
+        edited = lines[:2] + [json.dumps({**record, **change}) + "\n"] + lines[3:-1]
+        out = tmp_path / "edited.jsonl"
+        out.write_bytes("".join(edited).encode())
+        before = out.read_bytes()
+        result = invoke_cli(*args, "--out", str(out), "--resume")
+        assert_one_line_error(result, "--out", fragment)
+        assert out.read_bytes() == before
+
+
 def test_a_good_results_file_passes_the_check_record_by_record(sweep_file):
     _, _, whole = sweep_file
     header, *records = [json.loads(line) for line in whole.decode().splitlines()]

@@ -33,7 +33,7 @@ from ..model.finite import all_finite
 from ..sampler import kept_probabilities
 from ..settings import SamplerSettings, resolve_settings, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
-from .core import Row, RowSpec
+from .core import Row, replay
 from .decode import check_progress, prefill
 from .grouping import check_group, keyer
 from .path_cache import PathRows, at_position
@@ -396,14 +396,7 @@ class AnswerWalk:
         """The path through a row of the row core, as `sample` would run it: its text and whether it ended."""
         request = self.request
         mask = request.compiled.mask(request.vocab_size) if request.compiled is not None else None
-        spec = RowSpec(None, SamplerSettings(), request.max_tokens, mask, request.stop)
-        row = Row(spec, _NO_HISTORY, self.tokenizer, self.stop_ids, 0)
-        for token in path:
-            reason = row.decide(token)
-            row.take(token, 0.0, [], reason)
-            if row.ended:
-                break
-        return row
+        return replay(self.tokenizer, path, request.max_tokens, self.stop_ids, request.stop or (), mask)
 
     def _leaf(self, parent: _Node, token: int, probs: np.ndarray, row: Row) -> None:
         self.leaves += 1
@@ -468,4 +461,3 @@ def _first_token(found: _Found) -> Optional[int]:
     return parent.path[0] if parent.path else token
 
 
-_NO_HISTORY = mx.array([], dtype=mx.int32)

@@ -211,6 +211,20 @@ class Row:
         return finish(self.spec.mask, r.text, r.tokens, r.finish_reason)
 
 
+_NO_HISTORY = mx.array([], dtype=mx.int32)
+
+
+def replay(tokenizer, tokens, max_tokens: int, stop_ids: set[int], stop=(), mask=None) -> Row:
+    """A row taken through `tokens` by the rules a draw follows (no sampling): its text so far, and whether
+    and why it ended. The exact answers' walk reads paths this way; a resumed sweep checks its records."""
+    row = Row(RowSpec(None, SamplerSettings(), max_tokens, mask, tuple(stop)), _NO_HISTORY, tokenizer, stop_ids, 0)
+    for token in tokens:
+        row.take(token, 0.0, [], row.decide(token))
+        if row.ended:
+            break
+    return row
+
+
 class Group:
     """Rows from one prefill that share a B-row KV cache (their lengths are equal)."""
 

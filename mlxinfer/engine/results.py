@@ -68,6 +68,8 @@ def record_problem(record, header: dict) -> str | None:
         return f"its prompt is not prompt {p} of the header"
     if record["settings"] != settings[s]:
         return f"its settings are not settings {s} of the header"
+    if tokens and record["first_token"] != tokens[0]:
+        return f"its first_token is {record['first_token']}, not its first token {tokens[0]}"
     return None
 
 
@@ -94,7 +96,7 @@ class ResultsFile:
         if exists and not resume:
             raise MlxinferError(
                 f"{param} {self.path} already holds results; pass resume to continue that sweep, "
-                f"or choose another {param}",
+                "or write to another file",
                 param,
                 "resume",
             )
@@ -113,12 +115,12 @@ class ResultsFile:
         except (ValueError, RecursionError):
             stored = None
         if not isinstance(stored, dict) or stored.get("format") != FORMAT:
-            raise MlxinferError(f"{param} {self.path} is not a sweep results file; choose another {param}", param)
+            raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
         differs = [k for k in self.header if k != "seeds" and stored.get(k) != self.header[k]]
         if differs:
             raise MlxinferError(
-                f"{param} {self.path} holds another sweep (its {differs[0]} differs); "
-                f"choose another {param} or the same options",
+                f"{param} {self.path} holds another sweep (its {differs[0]!r} field differs); "
+                "write to another file or run with that sweep's options",
                 param,
             )
         done = {}
@@ -170,7 +172,7 @@ class ResultsFile:
                     param,
                 ) from None
             raise MlxinferError(
-                f"{param} {self.path} cannot be written ({e.strerror}); choose another {param}", param
+                f"{param} {self.path} cannot be written ({e.strerror}); write to another file", param
             ) from None
         try:
             before = os.fstat(fd).st_size

@@ -38,7 +38,7 @@ from ..views import SweepRecord, SweepReport
 from . import ranks as rank_group
 from . import results
 from .schema import _one_line
-from .core import RowSpec
+from .core import RowSpec, replay
 from .decode import Prefilled, check_progress, decode, prefill
 from .answers import answers, check_walk
 from .grouping import keyer
@@ -258,6 +258,7 @@ def sweep(
     everyone = rank_group.group()
     split = model.info.sharding is not None  # the model is split across the ranks: all run every seed
     done, part = _resume(plan, out, resume, seed_ranks, everyone, split)
+    _check_resumed(tokenizer, plan, done, out)
     pending = [
         (p, s, seed)
         for p in range(len(plan.ids))
@@ -331,6 +332,25 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     if split:  # rank 0's file decides which seeds are left, for every rank
         done = {results.record_key(r): r for r in rank_group.from_rank0(list(done.values()), everyone, failure)}
     return done, part
+
+
+def _check_resumed(tokenizer, plan: _Plan, done: dict, out) -> None:
+    """Each record read back says what its tokens give under this sweep's rules (its text, its ending):
+    a record edited by hand would otherwise be tallied as if it had been drawn."""
+    stop_ids = set(tokenizer.eos_token_ids)
+    for record in done.values():
+        tokens = record["tokens"]
+        row = replay(tokenizer, tokens, plan.max_tokens, stop_ids, plan.stop)
+        early = row.ended and len(row.result.tokens) < len(tokens)
+        if not row.ended and stop_ids:  # it ended on an end-of-turn token, which a record does not keep
+            row.take(min(stop_ids), 0.0, [], "stop")
+        if early or (row.result.text, row.result.finish_reason) != (record["text"], record["finish_reason"]):
+            key = f"prompt {record['prompt_index']}, settings {record['settings_index']}, seed {record['seed']}"
+            raise MlxinferError(
+                f"out {out}: the record for {key} is not what its tokens give (its text or finish_reason was "
+                "edited by hand): mend or delete that line",
+                "out",
+            )
 
 
 def _draw_pending(model, tokenizer, plan: _Plan, pending, size, part, progress, annotate) -> list[dict]:
