@@ -459,5 +459,3 @@ def _stacked(arrays: list[mx.array]) -> mx.array:
 def _first_token(found: _Found) -> Optional[int]:
     _, parent, token, _ = found.paths[0]
     return parent.path[0] if parent.path else token
-
-
