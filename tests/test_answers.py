@@ -299,6 +299,7 @@ def test_two_thousand_seeds_follow_the_exact_distribution(embedded_quantized, se
         ({"min_mass": float("nan")}, "min_mass must be in (0, 1]"),
         ({"max_nodes": 0}, "max_nodes must be a whole number"),
         ({"max_nodes": 2.5}, "max_nodes must be a whole number"),
+        ({"max_nodes": 10**15}, "paths fit; lower it"),  # was: a walk that could never end at its bound
         ({"settings": []}, "settings must be a non-empty list"),
         ({"settings": {"temperature": 1}}, "settings must be a non-empty list"),
         ({"settings": [{"temperature": -1}]}, "temperature must be"),

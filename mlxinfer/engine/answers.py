@@ -29,6 +29,7 @@ import numpy as np
 
 from .. import defaults
 from ..errors import MlxinferError
+from ..model.dtype_rule import physical_ram_bytes
 from ..model.finite import all_finite
 from ..sampler import kept_probabilities
 from ..settings import SamplerSettings, resolve_settings, settings_list
@@ -159,6 +160,7 @@ class AnswerWalk:
         mx.reset_peak_memory()
         self.prompt = prefill(model, request.ids)
         self.P = len(request.ids)
+        self._check_room(at_position(self.prompt.cache, self.P - 1).nbytes)
         self.rows = PathRows(self.prompt.cache, self.P)
         compiled = request.compiled
         self.stop_ids = set(tokenizer.eos_token_ids) | (set(compiled.table.eos_ids) if compiled is not None else set())
@@ -173,6 +175,18 @@ class AnswerWalk:
         self.root = _Node((), np.ones(S), None)
         self.root.row = self._replay(())
         self._expand_children([self.root], self.prompt.logits)
+
+    def _check_room(self, per_path: int) -> None:
+        """A budget whose paths' keys and values alone could not fit in this machine's memory is refused
+        before the walk starts (it would end in swapping or the OOM killer, not at its bound)."""
+        ram = physical_ram_bytes()
+        if ram is not None and self.max_nodes * per_path > ram:
+            raise MlxinferError(
+                f"max_nodes {self.max_nodes:,} would keep up to {self.max_nodes * per_path / 1e9:,.1f} GB of keys "
+                f"and values ({per_path / 1e3:,.1f} KB a path) and this machine has {ram / 1e9:,.1f} GB: at most "
+                f"{ram // per_path:,} paths fit; lower it",
+                "max_nodes",
+            )
 
     # ------------------------------------------------------------------------- the walk
     def step(self) -> bool:
