@@ -187,3 +187,18 @@ def test_chat_json_prints_one_object_a_line(tmp_path):
     assert command["command"] == "/temp" and command["data"] == {"temperature": 0.5}
     one = run_cli("generate", "-p", FRUIT, "--seed", "7", "--max-tokens", "4")
     assert reply["user"] == FRUIT and reply["text"] == one.stdout.rstrip("\n")
+
+
+def test_a_reply_budget_past_the_context_is_refused_before_the_chat_opens(embedded, tmp_path):
+    """Was: `chat --max-tokens 100000` printed its banner, then an error for every message, and exited 0."""
+    model, tok = embedded
+    one_word = tok.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True)
+    room = model.config.max_position_embeddings - len(one_word)
+    mlxinfer.ChatSession(model, tok, max_tokens=room)  # the largest budget a one-word message leaves
+    with pytest.raises(mlxinfer.MlxinferError, match=f"lower it to at most {room:,}"):
+        mlxinfer.ChatSession(model, tok, max_tokens=room + 1)
+    env = {**os.environ, "MLXINFER_CHAT_HISTORY": str(tmp_path / "history")}
+    proc = subprocess.run([sys.executable, "-m", "mlxinfer", "chat", "--max-tokens", "100000"], input="hello\n",
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --max-tokens 100,000 leaves no room")

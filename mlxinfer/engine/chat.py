@@ -133,6 +133,15 @@ class ChatSession:
         self.messages: list[dict] = []
         self.turns: list[TurnRecord] = []
         self.last_prompt: Optional[list[dict]] = None  # the messages the last reply answered
+        shortest = len(encode_prompt(tokenizer, [{"role": "user", "content": "?"}], system=system, thinking=thinking))
+        limit = model.config.max_position_embeddings
+        if shortest + max_tokens > limit:  # at once: no reply could start, and the banner would promise one
+            raise MlxinferError(
+                f"max_tokens {max_tokens:,} leaves no room in the model's context of {limit:,} tokens for even a "
+                f"one-word message ({shortest:,} tokens with the chat template); lower it to at most "
+                f"{limit - shortest:,}",
+                "max_tokens",
+            )
 
     def reply(self, text: str) -> ChatTurn:
         """Start the reply to `text` (checked and encoded now: a bad prompt or a full context is an
