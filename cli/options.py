@@ -223,6 +223,8 @@ def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:
         return mlxinfer.read_prompt(prompt_file if prompt_file is not None else "-")
     if prompt is None:
         raise mlxinfer.MlxinferError("give a prompt: -p TEXT, -p - (standard input) or --prompt-file PATH")
+    if not prompt.strip():  # as an empty file or standard input is: the one rule, before any model loads
+        raise mlxinfer.MlxinferError("--prompt is empty; give the text to read")
     return prompt
 
 

@@ -41,6 +41,8 @@ def files(tmp_path):
         (["--prompt-file", "{dir}/latin1"], ["--prompt-file", "not UTF-8"]),
         (["--prompt-file", "{dir}/empty"], ["--prompt-file", "is empty"]),
         (["--prompt-file", "{dir}/blank"], ["is empty"]),
+        (["-p", ""], ["--prompt is empty"]),  # was: a table for the chat template alone (an empty file was refused)
+        (["-p", " \n"], ["--prompt is empty"]),
     ],
 )
 def test_bad_prompt_input_is_one_line(files, command, how, fragments):

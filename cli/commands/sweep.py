@@ -46,7 +46,7 @@ def sweep(
         )
     if prompt_file is not None:
         given = [prompt_text(None if not given else given[0], prompt_file)]  # both given: refused there
-    given = [prompt_text(p, None) if p == "-" else p for p in given]
+    given = [prompt_text(p, None) for p in given]
     if bool(given) == bool(prompts_file):
         raise MlxinferError("give prompts with --prompt (repeated), --prompt-file or --prompts FILE, one of them")
     prompts = given or mlxinfer.prompts_from_file(prompts_file)
