@@ -10,7 +10,9 @@ lines after it.
 
 from __future__ import annotations
 
+import errno
 import inspect
+import os
 import sys
 
 import click
@@ -165,11 +167,25 @@ def _options(
 _register()
 
 
+# what writing the output can meet that is the output's place and not the command's fault
+_OUTPUT_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
+
+
 def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
-    app()
+    try:
+        app()
+    except OSError as e:
+        if e.errno != errno.EPIPE and e.errno not in _OUTPUT_FULL:
+            raise
+        # the reader went away (`| head`: quiet, as other tools are) or the output's disk is full (one line);
+        # either way stdout is pointed at /dev/null so that the exit's own flush cannot fail again
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        if e.errno != errno.EPIPE:
+            print(f"error: cannot write the output ({e.strerror}); free space where it goes", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

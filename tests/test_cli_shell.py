@@ -92,3 +92,13 @@ def test_debug_anywhere_on_the_line_prints_the_detail(where, tmp_path):
     assert len(lines) > 1 and all(line.startswith("  ") for line in lines[1:])
     # -p's value is the text "--debug": the prompt, not the flag, so the error stays one line
     assert_one_line_error(invoke_cli("topk", "-m", str(path), "-p", "--debug"), "NaN or inf", "shows more")
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full on this platform")
+@pytest.mark.parametrize("args", [["count"], ["count", "--json"], ["info"]])
+def test_an_output_that_cannot_be_written_is_one_line(args):
+    """Was: `mlxinfer count > /dev/full` a traceback ending in OSError: [Errno 28] No space left on device."""
+    with open("/dev/full", "w") as full:
+        r = subprocess.run([MLXINFER, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: cannot write the output (No space left on device)")
