@@ -81,6 +81,9 @@ def test_temperatures_too_small_for_float32(checkpoint_dir, args, fragment):
     "args,fragment",
     [
         (["topk", "--temps", "1,,2"], "empty item"),  # was: the empty item dropped
+        (["topk", "--temps", "1,1"], "--temps lists 1 more than once"),  # was: two identical columns
+        (["sweep", "--temps", "0.5,1,1.0", "--seeds", "2"], "--temps lists 1 more than once"),  # was: two cells
+        (["sweep", "--min-p", "0.1 0.1", "--seeds", "2"], "--min-p lists 0.1 more than once"),
         (["sample", "--csv", "--json", "--seeds", "2"], "--csv and --json"),  # was: JSON, silently
         (["generate", "--tool", '{"name": "t", "input_schema": {"type": "object"}, "strict": "yes"}'], "strict"),
         (["generate", "--tool", '{"input_schema": {"type": "object"}}'], "needs name and input_schema"),
