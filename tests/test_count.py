@@ -497,3 +497,20 @@ def test_cli_hub_out_of_reach(tmp_path, command):
     logged retries (count) or an HTTP library's traceback (count read the safetensors headers first)."""
     p = mlxinfer_with_hub(tmp_path, [*command, "Qwen/Qwen3-0.6B"], 60, HF_ENDPOINT="http://hub.invalid")
     assert_one_line_error(p, "Qwen/Qwen3-0.6B", "cannot be reached")
+
+
+def test_a_gguf_read_as_float32_reads_four_bytes_a_parameter():
+    """Was: count embedded@float32 said its header was dequantized yet gave the 4-bit bytes read per token
+    (96,576,768) and 'loads exact 4-bit g32' for every quantized type."""
+    stored, wide = count("embedded"), count("embedded@float32")
+    assert wide.total == stored.total == 134_515_008
+    assert wide.operations["weight_bytes_read_per_token"] == 4 * wide.total  # tied: the one table is read once
+    assert stored.operations["weight_bytes_read_per_token"] == stored.quantization["bytes"]
+    loads = {t: d["loads_as"] for t, d in wide.quantization["types"].items()}
+    assert loads == {"Q4_1": "as float32 (dequantized)", "Q8_0": "as float32 (dequantized)", "F32": "as stored"}
+
+
+def test_a_context_past_a_trillion_tokens_is_refused():
+    """Was: --context 99999999999999999999 printed 'about 6912000000000 trillion' operations."""
+    with pytest.raises(MlxinferError, match="from 1 to 1,000,000,000,000"):
+        count("embedded", context=10**20)

@@ -24,6 +24,9 @@ from . import split
 from .quantization import gguf_quant, mlx_quant, quant_setting
 
 
+MAX_TOKENS_COUNTED = 10**12  # a context or an answer of up to a trillion tokens (no model reads one that long)
+
+
 def count(
     source: str | Path | None = None,
     context: int | None = None,
@@ -37,8 +40,10 @@ def count(
     ranks: also the memory each of N ranks holds when the model is split across them (weights, and the
     KV cache at `context` tokens or the model's whole context); see counting/split.py."""
     for name, v in (("context", context), ("answer_tokens", answer_tokens)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
-            raise MlxinferError(f"{name} must be a whole number of tokens, 1 or more; got {v!r}", name)
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS_COUNTED):
+            raise MlxinferError(
+                f"{name} must be a whole number of tokens from 1 to {MAX_TOKENS_COUNTED:,}; got {v!r}", name
+            )
     if answer_tokens is not None and context is None:
         raise MlxinferError("answer_tokens needs context: the prompt's length in tokens", "answer_tokens", "context")
     flops = None if flops is None else parse_rate(flops, "flops")
@@ -64,6 +69,11 @@ def count(
         r.experts = _experts(cfg, weights, r.total)
     if header:
         r.quantization, r.stored = gguf_quant(header), stored_gguf(header, r.total)
+        if sources.resolve(source, weights=False).dequantized:  # @float32: every tensor is read as float32
+            r.quantization["loaded_bytes"] = 4 * r.total
+            for type_name, d in r.quantization["types"].items():
+                d["loads_as"] = "as stored" if type_name == "F32" else "as float32 (dequantized)"
+            notes.append("@float32: every tensor is read as float32 values (4 bytes a parameter)")
         notes.append(
             f"GGUF: the bytes in {cfg.dtype} are what the model would take unquantized; "
             "the tensor table gives the bytes actually stored"
@@ -279,8 +289,11 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
             "total_ops": M * weights_ops + per_token * positions,
         }
     q = r.quantization
-    model_bytes = q["bytes"] if q else r.bytes
-    emb_bytes = q["embedding_bytes"] if q else r.embedding * r.bytes_per_parameter
+    model_bytes = q.get("loaded_bytes", q["bytes"]) if q else r.bytes
+    if q:
+        emb_bytes = 4 * r.embedding if "loaded_bytes" in q else q["embedding_bytes"]
+    else:
+        emb_bytes = r.embedding * r.bytes_per_parameter
     read = model_bytes if cfg.tie_word_embeddings else model_bytes - emb_bytes + emb_bytes // V  # one row
     if r.experts:  # one token reads only its k experts' weights in each layer
         n, k = cfg.num_experts, cfg.num_experts_per_tok
