@@ -72,8 +72,8 @@ class SamplerSettings:
     top_k: int = option(
         0,
         int,
-        lambda v: _int(v) and v >= 0,
-        "a whole number >= 0 (0 = off; e.g. 20)",
+        lambda v: _int(v) and 0 <= v < 2**31,  # past any vocabulary; the native cut takes a 32-bit k
+        "a whole number from 0 to 2,147,483,647 (0 = off; e.g. 20)",
         "Keep the k most likely tokens (0 = off).",
         flags="--top-k",
         grid=3,
@@ -115,7 +115,9 @@ class SamplerSettings:
         from_config=True,
     )
     # no cut keeps fewer (mlx-lm order: only min-p honours it)
-    min_tokens_to_keep: int = option(1, int, lambda v: _int(v) and v >= 1, "a whole number >= 1")
+    min_tokens_to_keep: int = option(
+        1, int, lambda v: _int(v) and 1 <= v < 2**31, "a whole number from 1 to 2,147,483,647"
+    )
     # HF/mlx-lm: seen tokens' scores / p if > 0, * p if < 0
     repetition_penalty: float = option(
         1.0,

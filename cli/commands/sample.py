@@ -89,7 +89,7 @@ def render(report) -> None:
         t.add_column("95% interval", justify="right")
         t.add_column("exact p", justify="right")
     for row in report.tally:
-        cells = [repr(row.answer), str(row.count), f"{row.share:.1%}" if exact else f"{row.share:.0%}"]
+        cells = [repr(row.answer), str(row.count), f"{row.share:.1%}"]
         if exact:
             cells += [f"{row.share_low:.1%}-{row.share_high:.1%}", f"{row.exact:.2%}"]
         t.add_row(*cells)
