@@ -299,7 +299,7 @@ def test_two_thousand_seeds_follow_the_exact_distribution(embedded_quantized, se
         ({"min_mass": float("nan")}, "min_mass must be in (0, 1]"),
         ({"max_nodes": 0}, "max_nodes must be a whole number"),
         ({"max_nodes": 2.5}, "max_nodes must be a whole number"),
-        ({"max_nodes": 10**15}, "paths fit; lower it"),  # was: a walk that could never end at its bound
+        ({"max_nodes": 10**15}, "paths fit; lower it, or bound"),  # was: a walk that could never end at its bound
         ({"settings": []}, "settings must be a non-empty list"),
         ({"settings": {"temperature": 1}}, "settings must be a non-empty list"),
         ({"settings": [{"temperature": -1}]}, "temperature must be"),
@@ -404,6 +404,14 @@ def test_sweep_exact_records_and_cells(words, tmp_path):
     )
     assert plain.cells[0].exact is None
     assert all("exact_prob" not in json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()[1:])
+
+
+def test_a_walk_bounded_by_time_may_name_any_number_of_paths(words):
+    """max_nodes past the machine's memory is refused only where nothing else bounds the walk."""
+    model, tok = words
+    report = mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, chat=False,
+                              max_nodes=10**15, max_seconds=0.2)  # fmt: skip
+    assert report.stopped in ("max_seconds", "complete", "min_mass")
 
 
 def test_scores_that_turn_nan_on_a_path_end_the_walk_in_one_line(tmp_path):

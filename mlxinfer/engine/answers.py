@@ -177,15 +177,17 @@ class AnswerWalk:
         self._expand_children([self.root], self.prompt.logits)
 
     def _check_room(self, per_path: int) -> None:
-        """A budget whose paths' keys and values alone could not fit in this machine's memory is refused
-        before the walk starts (it would end in swapping or the OOM killer, not at its bound)."""
+        """A walk bounded by nothing it can reach (no max_seconds, and more paths than this machine's memory
+        holds the keys and values of) is refused before it starts: it would end in swapping or the OOM
+        killer, not at its bound. With max_seconds the time bounds it, and a huge max_nodes means "no limit"."""
         ram = physical_ram_bytes()
-        if ram is not None and self.max_nodes * per_path > ram:
+        if self.max_seconds is None and ram is not None and self.max_nodes * per_path > ram:
             raise MlxinferError(
                 f"max_nodes {self.max_nodes:,} would keep up to {self.max_nodes * per_path / 1e9:,.1f} GB of keys "
                 f"and values ({per_path / 1e3:,.1f} KB a path) and this machine has {ram / 1e9:,.1f} GB: at most "
-                f"{ram // per_path:,} paths fit; lower it",
+                f"{ram // per_path:,} paths fit; lower it, or bound the walk's time with max_seconds",
                 "max_nodes",
+                "max_seconds",
             )
 
     # ------------------------------------------------------------------------- the walk
