@@ -248,7 +248,7 @@ def test_sample_prints_each_seed_then_the_tally(checkpoint_dir):
     assert lines[first : first + 6] == [f"seed {c['seed']:>4}: {c['text']!r}" for c in data["completions"]]
     assert any(line.strip() == "6 draws" for line in lines)
     rows = [[c.strip() for c in line.strip("│").split("│")] for line in lines if line.startswith("│")]
-    assert rows == [[repr(t["answer"]), str(t["count"]), f"{t['share']:.0%}"] for t in data["tally"]]
+    assert rows == [[repr(t["answer"]), str(t["count"]), f"{t['share']:.1%}"] for t in data["tally"]]
 
 
 @pytest.mark.slow
