@@ -49,7 +49,7 @@ def count(
     flops = None if flops is None else parse_rate(flops, "flops")
     bandwidth = None if bandwidth is None else parse_rate(bandwidth, "bandwidth")
 
-    name, kind, cfg, files, header, notes = _open(source)
+    src, kind, cfg, files, header, notes = _open(source)
     if files and not cfg.tie_word_embeddings_given:
         stored = {stacked_name(t["name"]) for f in files for t in f["tensors"]}
         cfg = replace(cfg, tie_word_embeddings="lm_head.weight" not in stored)
@@ -64,13 +64,13 @@ def count(
         notes.insert(
             0, no_formula(cfg.model_type) + ": counted from the safetensors headers (quantized weights unpacked)"
         )
-    r = _parameter_table(name, kind, cfg, weights, notes)
+    r = _parameter_table(src.name, kind, cfg, weights, notes)
     if cfg.num_experts:
         r.experts = _experts(cfg, weights, r.total)
     if header:
         r.quantization, r.stored = gguf_quant(header), stored_gguf(header, r.total)
-        if sources.resolve(source, weights=False).dequantized:  # @float32: every tensor is read as float32
-            r.quantization["loaded_bytes"] = 4 * r.total
+        if src.dequantized:  # @float32: every tensor is read as float32
+            r.quantization.update(loaded_bytes=4 * r.total, loaded_embedding_bytes=4 * r.embedding)
             for type_name, d in r.quantization["types"].items():
                 d["loads_as"] = "as stored" if type_name == "F32" else "as float32 (dequantized)"
             notes.append("@float32: every tensor is read as float32 values (4 bytes a parameter)")
@@ -124,20 +124,21 @@ def _stored_bytes(cfg: ModelConfig, w: Weight) -> int:
     return w.params * bits // 8 + w.params // group * (2 * fb if mode == "affine" else 1)
 
 
-def _open(source) -> tuple[str, str, ModelConfig, list[dict] | None, gguf.GGUFHeader | None, list[str]]:
-    """-> (name, kind: config | gguf | hub, config, safetensors tables or None, GGUF header or None, notes)."""
+def _open(source) -> tuple[sources.ModelSource, str, ModelConfig, list[dict] | None, gguf.GGUFHeader | None, list[str]]:
+    """-> (the source resolved, kind: config | gguf | hub, config, safetensors tables or None, GGUF header or None,
+    notes)."""
     src = sources.resolve(source, weights=False)
     if src.kind == "gguf":
         h = gguf.read_header(src.path, tokenizer=False)
-        return src.name, "gguf", gguf.config_from_header(h), None, h, []
+        return src, "gguf", gguf.config_from_header(h), None, h, []
     if src.kind == "hub":
         cfg = ModelConfig.from_file(sources.hub_config(src.name), undescribed=True)  # first: a hub out of reach says so
         files, notes = sources.hub_headers(src.name)
-        return src.name, "hub", cfg, files, None, notes
+        return src, "hub", cfg, files, None, notes
     if src.kind == "config":  # a config file alone: nothing stored to compare with
-        return src.name, "config", ModelConfig.from_file(src.path, undescribed=True), None, None, []
+        return src, "config", ModelConfig.from_file(src.path, undescribed=True), None, None, []
     cfg = ModelConfig.from_file(src.path, undescribed=True)
-    return src.name, "config", cfg, safetensors.local_files(src.path), None, []
+    return src, "config", cfg, safetensors.local_files(src.path), None, []
 
 
 def _parameter_table(name: str, kind: str, cfg: ModelConfig, weights: list[Weight], notes: list[str]) -> CountReport:
@@ -290,10 +291,7 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
         }
     q = r.quantization
     model_bytes = q.get("loaded_bytes", q["bytes"]) if q else r.bytes
-    if q:
-        emb_bytes = 4 * r.embedding if "loaded_bytes" in q else q["embedding_bytes"]
-    else:
-        emb_bytes = r.embedding * r.bytes_per_parameter
+    emb_bytes = q.get("loaded_embedding_bytes", q["embedding_bytes"]) if q else r.embedding * r.bytes_per_parameter
     read = model_bytes if cfg.tie_word_embeddings else model_bytes - emb_bytes + emb_bytes // V  # one row
     if r.experts:  # one token reads only its k experts' weights in each layer
         n, k = cfg.num_experts, cfg.num_experts_per_tok
