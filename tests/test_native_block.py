@@ -38,13 +38,18 @@ def normal(*shape) -> mx.array:
     return mx.array(RNG.standard_normal(shape).astype(np.float32))
 
 
+def side_by_side(x, ws, scales, biases, group_size, bits) -> mx.array:
+    """x times several weights in one node: a chain of one stage, no prologue."""
+    return K.linear_chain(x, [("", None, 0.0, ws, scales, biases, group_size, bits)])
+
+
 @pytest.mark.parametrize("bits,group_size", [(4, 32), (8, 64), (4, 128)])
 def test_one_call_over_several_weights_equals_separate_calls(bits, group_size):
     weights = [mx.quantize(normal(n, 256), group_size=group_size, bits=bits) for n in (96, 32, 40)]
     for rows in (1, 3, 8):
         x = normal(rows, 256)
         alone = [K.quantized_matmul(x, w, s, b, group_size, bits) for w, s, b in weights]
-        cat = K.quantized_matmul_cat(x, *[[q[i] for q in weights] for i in range(3)], group_size, bits)
+        cat = side_by_side(x, *[[q[i] for q in weights] for i in range(3)], group_size, bits)
         assert cat.shape == (rows, 168)
         assert mx.array_equal(cat, mx.concatenate(alone, axis=-1)).item(), rows
 
@@ -54,7 +59,8 @@ def test_one_call_over_several_weights_equals_separate_calls(bits, group_size):
 )
 def test_a_chain_of_stages_equals_its_ops_one_node_each(bits, group_size, scale_dtype):
     """norm, then two weights side by side, SwiGLU on the halves, down, + residual: the MLP of a layer
-    as one node has the bits of rms_norm, quantized_matmul_cat, swiglu_halves, quantized_matmul, add."""
+    as one node has the bits of rms_norm, the two matmuls side by side, swiglu on the halves,
+    quantized_matmul, add."""
 
     def q(n, k):
         w, s, b = mx.quantize(normal(n, k), group_size=group_size, bits=bits)
@@ -69,13 +75,14 @@ def test_a_chain_of_stages_equals_its_ops_one_node_each(bits, group_size, scale_
             ("swiglu_halves", None, 0.0, [down[0]], [down[1]], [down[2]], group_size, bits),
         ]
         chain = K.linear_chain(h, stages, h)
-        gate_up = K.quantized_matmul_cat(
-            K.rms_norm(h, norm, 1e-5), *[[m[i] for m in (gate, up)] for i in range(3)], group_size, bits
+        gate_up = mx.concatenate(
+            [K.quantized_matmul(K.rms_norm(h, norm, 1e-5), *m, group_size, bits) for m in (gate, up)], axis=-1
         )
-        ops = h + K.quantized_matmul(K.swiglu_halves(gate_up), *down, group_size, bits)
+        swiglu = K.swiglu(gate_up[..., :384], gate_up[..., 384:])
+        ops = h + K.quantized_matmul(swiglu, *down, group_size, bits)
         assert chain.shape == (rows, 1, 256)
         assert mx.array_equal(chain, ops).item(), rows
-        one = K.linear_chain(h, stages[:1])  # one stage, no residual: the cat call itself
+        one = K.linear_chain(h, stages[:1])  # one stage, no residual: the two matmuls of the norm
         assert mx.array_equal(one, gate_up).item()
 
 
@@ -111,11 +118,6 @@ def test_dequantized_rows_equal_mx_dequantize_of_the_gathered_rows(bits, group_s
     assert mx.isnan(outside[:2]).all().item() and mx.array_equal(outside[2], want[0, 2]).item()
     with pytest.raises(ValueError, match="ids must be integers"):
         K.dequantize_rows(mx.array([1.0]), w, s, b, group_size, bits)
-
-
-def test_swiglu_on_halves_equals_swiglu_on_two_arrays():
-    gu = normal(2, 3, 2 * 100)
-    assert mx.array_equal(K.swiglu_halves(gu), K.swiglu(gu[..., :100], gu[..., 100:])).item()
 
 
 @np.errstate(invalid="ignore")  # -inf - -inf where the mask is: those entries are checked apart

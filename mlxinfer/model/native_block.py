@@ -12,7 +12,7 @@ block) is three:
   two halves, down, plus the residual) as one: the attention node runs linear_chain's stages after
   it (`then`).
 
-Each chained stage runs the row function its separate op runs (rms_norm, swiglu_halves, the kernel,
+Each chained stage runs the row function its separate op runs (rms_norm, swiglu on the halves, the kernel,
 an add), so the bits are those of the ops one node each. Qwen3's q/k head norms run inside the
 attention nodes. `install(model)` puts this where the layout allows; anything else, and any call
 the nodes do not take (another cache, an array mask, a long chunk, a replaced projection), keeps

@@ -30,18 +30,6 @@ NB_MODULE(_mlxinfer_qmm, m) {
       "stream"_a = nb::none(),
       "x @ dequantize(w, scales, biases).T with float32 arithmetic (MLX's affine layout, transpose=True)");
   m.def(
-      "quantized_matmul_cat",
-      &mlxinfer::quantized_matmul_cat,
-      "x"_a,
-      "ws"_a,
-      "scales"_a,
-      "biases"_a,
-      "group_size"_a,
-      "bits"_a,
-      nb::kw_only(),
-      "stream"_a = nb::none(),
-      "quantized_matmul for several weights at once: their outputs side by side on the last axis");
-  m.def(
       "linear_chain",
       &mlxinfer::linear_chain,
       "x"_a,
@@ -54,8 +42,6 @@ NB_MODULE(_mlxinfer_qmm, m) {
   m.def("dequantize_rows", &mlxinfer::dequantize_rows, "ids"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a,
         "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
         "the rows ids of a quantized table dequantized in float32 (an embedding lookup): (..., K)");
-  m.def("swiglu_halves", &mlxinfer::swiglu_halves, "gate_up"_a, nb::kw_only(), "stream"_a = nb::none(),
-        "silu(gate) * up where gate_up's last axis holds gate, then up");
   m.def("write_cache", &mlxinfer::write_cache, "kv"_a, "qkv"_a, "cos"_a, "sin"_a, "offset"_a, "n_heads"_a,
         "n_kv_heads"_a, "first"_a = 0, "norm"_a = nb::none(), "eps"_a = 0.0f, nb::kw_only(), "base"_a = 0,
         "stream"_a = nb::none(),

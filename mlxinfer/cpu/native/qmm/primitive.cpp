@@ -135,17 +135,6 @@ mx::array linear_chain(
       inputs);
 }
 
-mx::array quantized_matmul_cat(
-    const mx::array& x,
-    const std::vector<mx::array>& ws,
-    const std::vector<mx::array>& scales,
-    const std::vector<mx::array>& biases,
-    int group_size,
-    int bits,
-    mx::StreamOrDevice s) {
-  return linear_chain(x, {StageArgs{"", std::nullopt, 0.0f, ws, scales, biases, group_size, bits}}, std::nullopt, s);
-}
-
 mx::array quantized_matmul(
     const mx::array& x,
     const mx::array& w,
@@ -154,7 +143,7 @@ mx::array quantized_matmul(
     int group_size,
     int bits,
     mx::StreamOrDevice s) {
-  return quantized_matmul_cat(x, {w}, {scales}, {biases}, group_size, bits, s);
+  return linear_chain(x, {StageArgs{"", std::nullopt, 0.0f, {w}, {scales}, {biases}, group_size, bits}}, std::nullopt, s);
 }
 
 void check_stage_layout(const std::vector<mx::array>& inputs, size_t at, const std::vector<Stage>& stages) {

@@ -19,7 +19,7 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 13;
+constexpr int QMM_ABI = 14;
 
 // y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
 // for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
@@ -30,18 +30,6 @@ mx::array quantized_matmul(
     const mx::array& w,
     const mx::array& scales,
     const mx::array& biases,
-    int group_size,
-    int bits,
-    mx::StreamOrDevice s = {});
-
-// The same for several weights that take the same x (q, k and v; gate and up), in one node: their
-// outputs side by side along the last axis, each column's bits as in a call of its own. Every weight
-// has the same bits, group size and scale dtype.
-mx::array quantized_matmul_cat(
-    const mx::array& x,
-    const std::vector<mx::array>& ws,
-    const std::vector<mx::array>& scales,
-    const std::vector<mx::array>& biases,
     int group_size,
     int bits,
     mx::StreamOrDevice s = {});
@@ -61,8 +49,9 @@ struct Stage {
 };
 
 // A chain of matmuls as one node: stage i's output is stage i + 1's input; the last one's output, plus
-// `residual` when given (one add per element), is the node's. Each stage's bits equal the separate ops
-// (rms_norm, swiglu_halves, quantized_matmul_cat, add): they run the same row functions. A decoder
+// `residual` when given (one add per element), is the node's. A stage's weights run side by side (q, k and v;
+// gate and up), each output column's bits as in a quantized_matmul of its own; the prologues have the bits of
+// the separate ops (rms_norm; swiglu on the input's halves, gate then up): they run the same row functions. A decoder
 // layer's "norm, then q/k/v" and "norm, gate/up, SwiGLU, down, + h" are one node each (model/native_block.py).
 // A stage: (prologue "" | "rms_norm" | "swiglu_halves", the norm's weight or None, eps, ws, scales,
 // biases, group_size, bits).

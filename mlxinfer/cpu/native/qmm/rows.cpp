@@ -202,46 +202,34 @@ mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice 
       gate.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::swiglu, 0.0f), {f32(gate, stream), f32(up, stream)});
 }
 
-mx::array swiglu_halves(const mx::array& gate_up, mx::StreamOrDevice s) {
-  auto stream = cpu_stream(s);
-  if (gate_up.ndim() < 1 || gate_up.shape(-1) % 2) {
-    throw std::invalid_argument("[mlxinfer.swiglu_halves] gate_up's last dimension must be even (gate, then up)");
-  }
-  auto shape = gate_up.shape();
-  shape.back() /= 2;
-  return mx::array(shape, mx::float32, std::make_shared<RowOp>(stream, RowKind::swiglu_halves, 0.0f), {f32(gate_up, stream)});
-}
-
-mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
-  auto stream = cpu_stream(s);
-  if (x.ndim() < 1) throw std::invalid_argument("[mlxinfer.log_softmax] x needs at least one dimension");
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::log_softmax, 0.0f), {f32(x, stream)});
-}
-
 namespace {
 
-// A sampler cut's node (top_p, typical_p): x's shape, p in (0, 1] and the floor of kept tokens checked.
-mx::array cut_node(const char* name, RowKind kind, const mx::array& x, float p, int keep, mx::StreamOrDevice s) {
+// A node of one row op on x alone (..., V), `ok` its other arguments checked (`needs` says what they must be).
+mx::array one_input(const char* name, RowKind kind, const mx::array& x, bool ok, const char* needs, float eps,
+                    int offset, mx::StreamOrDevice s) {
   auto stream = cpu_stream(s);
-  if (x.ndim() < 1 || !(p > 0.0f && p <= 1.0f) || keep < 0) {
-    throw std::invalid_argument(std::string("[mlxinfer.") + name +
-                                "] x needs at least one dimension, p in (0, 1], min_tokens_to_keep >= 0");
-  }
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, kind, p, keep), {f32(x, stream)});
+  if (x.ndim() < 1 || !ok) throw std::invalid_argument(std::string("[mlxinfer.") + name + "] x needs " + needs);
+  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, kind, eps, offset), {f32(x, stream)});
+}
+
+// A sampler cut's node (top_p, typical_p): p in (0, 1] and the floor of kept tokens checked.
+mx::array cut_node(const char* name, RowKind kind, const mx::array& x, float p, int keep, mx::StreamOrDevice s) {
+  return one_input(name, kind, x, p > 0.0f && p <= 1.0f && keep >= 0,
+                   "at least one dimension, p in (0, 1], min_tokens_to_keep >= 0", p, keep, s);
 }
 
 }  // namespace
 
+mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
+  return one_input("log_softmax", RowKind::log_softmax, x, true, "at least one dimension", 0.0f, 0, s);
+}
+
 mx::array softmax(const mx::array& x, mx::StreamOrDevice s) {
-  auto stream = cpu_stream(s);
-  if (x.ndim() < 1) throw std::invalid_argument("[mlxinfer.softmax] x needs at least one dimension");
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::softmax, 0.0f), {f32(x, stream)});
+  return one_input("softmax", RowKind::softmax, x, true, "at least one dimension", 0.0f, 0, s);
 }
 
 mx::array top_k(const mx::array& x, int k, mx::StreamOrDevice s) {
-  auto stream = cpu_stream(s);
-  if (x.ndim() < 1 || k < 1) throw std::invalid_argument("[mlxinfer.top_k] x needs at least one dimension, k >= 1");
-  return mx::array(x.shape(), mx::float32, std::make_shared<RowOp>(stream, RowKind::top_k, 0.0f, k), {f32(x, stream)});
+  return one_input("top_k", RowKind::top_k, x, k >= 1, "at least one dimension, k >= 1", 0.0f, k, s);
 }
 
 mx::array top_p(const mx::array& x, float p, int min_tokens_to_keep, mx::StreamOrDevice s) {
@@ -283,19 +271,18 @@ void RowOp::eval_cpu(const std::vector<mx::array>& inputs, mx::array& out) {
     std::vector<const float*> p;
     for (size_t i = 0; i < in.size(); ++i) p.push_back(dense(in[i], copies[i]));
     float* y = out.data<float>();
-    const int64_t n = out.ndim() ? out.shape(-1) : 1, w = in[0].ndim() ? in[0].shape(-1) : 1;  // w: n or 2n
+    const int64_t n = out.ndim() ? out.shape(-1) : 1;
     const int64_t rows = n ? static_cast<int64_t>(out.size()) / n : 0;
     if (kind == RowKind::rope) {
       return rope_rows(p[0], p[1], p[2], y, rows, in[0].shape(-2), n, offset);
     }
     for_rows(rows, kind == RowKind::rms_norm ? n : 8 * n, [&](int64_t r0, int64_t r1) {  // an exp: ~8 plain ops
       for (int64_t r = r0; r < r1; ++r) {
-        const float* x = p[0] + r * w;
+        const float* x = p[0] + r * n;
         float* yr = y + r * n;
         switch (kind) {
           case RowKind::rms_norm: rms_norm_row(x, p[1], yr, n, eps); break;
           case RowKind::swiglu: swiglu_row(x, p[1] + r * n, yr, n); break;
-          case RowKind::swiglu_halves: swiglu_row(x, x + n, yr, n); break;  // gate, then up
           case RowKind::log_softmax: log_softmax_row(x, yr, n); break;
           case RowKind::softmax: softmax_row(x, yr, n); break;
           case RowKind::top_k: top_k_row(x, yr, n, offset); break;

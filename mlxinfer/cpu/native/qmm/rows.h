@@ -73,15 +73,12 @@ inline void rotate(const float* x, const float* c, const float* s, float* y, int
   }
 }
 
-enum class RowKind { rms_norm, swiglu, swiglu_halves, rope, log_softmax, softmax, top_k, top_p, typical_p };
+enum class RowKind { rms_norm, swiglu, rope, log_softmax, softmax, top_k, top_p, typical_p };
 
 // x * rsqrt(mean(x^2) + eps) * weight over the last axis, in float32.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps, mx::StreamOrDevice s = {});
 // silu(gate) * up = gate / (1 + exp(-gate)) * up, exp by Cody-Waite reduction and a degree-7 polynomial.
 mx::array swiglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
-// The same on one array (..., 2F) whose first half is the gate and second half up (the output of one
-// matmul over gate_proj and up_proj side by side): (..., F).
-mx::array swiglu_halves(const mx::array& gate_up, mx::StreamOrDevice s = {});
 
 // x - logsumexp(x) over the last axis (log-probabilities from scores), float32, exp as swiglu's.
 mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s = {});
@@ -126,9 +123,7 @@ class RowOp : public CpuPrimitive {
   }
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    auto shape = inputs[0].shape();
-    if (kind_ == RowKind::swiglu_halves) shape.back() /= 2;
-    return {shape};
+    return {inputs[0].shape()};
   }
 
  private:
