@@ -86,3 +86,19 @@ def test_bench_cli_json_and_bad_input(checkpoint_dir):
     assert {r["engine"] for r in data["rows"]} == {"mlx-lm", "mlxinfer"}
     assert data["bandwidth_source"] == "given" and data["bandwidth_gb_s"] == 5.0
     assert_one_line_error(invoke_cli("bench", "-m", path, "--gen-tokens", "1"), "gen-tokens")
+
+
+def test_a_llama_cpp_that_does_not_import_is_one_line_not_a_traceback(tmp_path, monkeypatch):
+    """llama-cpp-python installed without its dependencies (pip install --no-deps): found, but its import
+    fails. bench says so and how to go on, where it used to end in the import's traceback."""
+    from mlxinfer.engine.bench import llama_cpp_loop
+    from mlxinfer.errors import MlxinferError
+
+    package = tmp_path / "llama_cpp"
+    package.mkdir()
+    (package / "__init__.py").write_text("import diskcache_that_is_not_installed\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "llama_cpp", raising=False)
+    with pytest.raises(MlxinferError, match="llama_cpp is installed but does not import .*--no-llama-cpp") as e:
+        llama_cpp_loop(str(tmp_path / "model.gguf"), 64)
+    assert "diskcache_that_is_not_installed" in str(e.value) and "\n" not in str(e.value)

@@ -171,7 +171,14 @@ def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int],
 
     if not str(path).endswith(".gguf") or importlib.util.find_spec("llama_cpp") is None:
         return None
-    from llama_cpp import Llama
+    try:
+        from llama_cpp import Llama
+    except Exception as e:  # installed, but its import fails (a missing dependency, a library built for another CPU)
+        raise MlxinferError(
+            f"llama_cpp is installed but does not import ({type(e).__name__}: {e}); repair it (pip install "
+            "llama-cpp-python with its dependencies) or leave it out with --no-llama-cpp",
+            "llama_cpp",
+        ) from None
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
     llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
