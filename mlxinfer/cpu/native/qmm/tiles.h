@@ -83,11 +83,27 @@ inline const float* widen_row(S, const typename S::T* s, float* buf, int64_t G) 
 
 // Field f of the words v as q * 2^(f * BITS) in float32 (exact; lane_order scaled x to match). The top
 // field is shifted down, as its bit 31 would read as a sign.
+// The masks are read from memory, as an operand of the and: built with set1, the compiler made each from
+// general registers (three instructions) inside the one-row tile's loop, where AVX2's 16 vector registers
+// could not hold all eight.
+template <int BITS>
+struct FieldMasks {
+  alignas(32) uint32_t m[32 / BITS][8];
+  constexpr FieldMasks() : m{} {
+    for (int f = 0; f < 32 / BITS; ++f) {
+      for (int l = 0; l < 8; ++l) m[f][l] = ((1u << BITS) - 1u) << (f * BITS);
+    }
+  }
+};
+template <int BITS>
+inline FieldMasks<BITS> kFieldMasks{};  // not const: a constant's loads would be folded back into set1's
+
 template <int BITS, int f>
 inline __m256 field(__m256i v) {
   constexpr int V = 32 / BITS;
   if constexpr (f == V - 1) return _mm256_cvtepi32_ps(_mm256_srli_epi32(v, f * BITS));
-  return _mm256_cvtepi32_ps(_mm256_and_si256(v, _mm256_set1_epi32(((1 << BITS) - 1) << (f * BITS))));
+  const __m256i mask = _mm256_load_si256(reinterpret_cast<const __m256i*>(kFieldMasks<BITS>.m[f]));
+  return _mm256_cvtepi32_ps(_mm256_and_si256(v, mask));
 }
 
 // The scale of each lane at one step (a group; for 4-bit groups of 32 a block holds two, four lanes each).
