@@ -81,11 +81,9 @@ inline const float* widen_row(S, const typename S::T* s, float* buf, int64_t G) 
   return buf;
 }
 
-// Field f of the words v as q * 2^(f * BITS) in float32 (exact; lane_order scaled x to match). The top
-// field is shifted down, as its bit 31 would read as a sign.
-// The masks are read from memory, as an operand of the and: built with set1, the compiler made each from
-// general registers (three instructions) inside the one-row tile's loop, where AVX2's 16 vector registers
-// could not hold all eight.
+// The fields' masks, read from memory: built with set1, the compiler made each from general registers
+// (three instructions) inside the one-row tile's loop, where AVX2's 16 vector registers could not hold all
+// eight.
 template <int BITS>
 struct FieldMasks {
   alignas(32) uint32_t m[32 / BITS][8];
@@ -98,6 +96,8 @@ struct FieldMasks {
 template <int BITS>
 inline FieldMasks<BITS> kFieldMasks{};  // not const: a constant's loads would be folded back into set1's
 
+// Field f of the words v as q * 2^(f * BITS) in float32 (exact; lane_order scaled x to match). The top
+// field is shifted down, as its bit 31 would read as a sign.
 template <int BITS, int f>
 inline __m256 field(__m256i v) {
   constexpr int V = 32 / BITS;
