@@ -171,7 +171,42 @@ _register()
 _OUTPUT_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
+def _standard_streams() -> bool:
+    """A standard stream that was closed (`<&-`, `>&-`, `2>&-`) is opened on /dev/null, so that no file the
+    command opens takes its number and the command reads nothing (stdin) or says nothing (stderr) instead of
+    failing in the middle. Returns False where stdout was closed: the output has nowhere to go."""
+    usable = True
+    for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
+        try:
+            os.fstat(fd)
+            continue
+        except OSError:
+            pass
+        opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself, as the lower ones are open
+        if opened != fd:
+            os.dup2(opened, fd)
+            os.close(opened)
+        setattr(sys, name, open(fd, mode, encoding="utf-8", errors="backslashreplace", closefd=False))
+        usable = usable and name != "stdout"
+    return usable
+
+
+def _current_directory() -> None:
+    """Deleted under a running shell, the current directory breaks imports that resolve relative paths."""
+    try:
+        os.getcwd()
+    except FileNotFoundError:
+        print("error: the current directory no longer exists; cd to one that does and run it again", file=sys.stderr)
+        sys.exit(2)
+
+
 def main() -> None:
+    if not _standard_streams():
+        print(
+            "error: cannot write the output: standard output is closed; point it at a file or a pipe", file=sys.stderr
+        )
+        sys.exit(1)
+    _current_directory()
     for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -102,3 +103,42 @@ def test_an_output_that_cannot_be_written_is_one_line(args):
         r = subprocess.run([MLXINFER, *args], stdout=full, stderr=subprocess.PIPE, text=True, timeout=120)
     assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
     assert r.stderr.startswith("error: cannot write the output (No space left on device)")
+
+
+def closed(fd: int):
+    return lambda: os.close(fd)  # run in the child before exec: the stream is closed, as `<&-` leaves it
+
+
+@pytest.mark.parametrize("args", [["count"], ["count", "--json"], ["info", "--json"], ["--help"]])
+def test_a_closed_stdout_is_one_line(args):
+    """Was: `mlxinfer count --json >&-` a traceback ending in AttributeError ('NoneType' has no 'write'), and
+    `mlxinfer count >&-` exit 0 with the output lost."""
+    r = subprocess.run([MLXINFER, *args], stderr=subprocess.PIPE, text=True, timeout=120, preexec_fn=closed(1))
+    assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+    assert r.stderr.startswith("error: cannot write the output: standard output is closed")
+
+
+def test_a_closed_stdin_reads_as_empty_and_a_closed_stderr_keeps_stdout_clean(tmp_path):
+    """Was: `-p - <&-` an AttributeError traceback ('NoneType' has no 'buffer'); with `2>&-` the stats line
+    that goes to stderr was printed into stdout."""
+    r = subprocess.run([MLXINFER, "topk", "-p", "-"], capture_output=True, text=True, timeout=120, preexec_fn=closed(0))
+    assert r.returncode == 2 and r.stdout == "", r.stderr
+    assert_one_line_error(r, "standard input (-p -) is empty")
+    out = tmp_path / "out.json"
+    with open(out, "w") as f:
+        r = subprocess.run([MLXINFER, "count", "--json"], stdout=f, timeout=120, preexec_fn=closed(2))
+    assert r.returncode == 0
+    assert json.loads(out.read_text())["model"].startswith("SmolLM2")  # stdout holds the JSON alone
+
+
+def test_a_deleted_current_directory_is_one_line(tmp_path):
+    """Was: `serve`, `bench` and `quality` run from a directory deleted under the shell ended in a
+    FileNotFoundError traceback from an import that resolves relative paths."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    r = subprocess.run(
+        ["bash", "-c", f"cd {gone} && rmdir {gone} && exec {MLXINFER} serve --port 0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 2 and r.stdout == ""
+    assert_one_line_error(r, "the current directory no longer exists")
