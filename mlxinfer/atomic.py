@@ -16,6 +16,7 @@ it into place, remove it on any failure. No mlx here: the native builds use it t
 
 from __future__ import annotations
 
+import errno
 import os
 import re
 import shutil
@@ -74,8 +75,15 @@ def _swap_in(tmp: Path, final: Path) -> None:
 @contextmanager
 def staged_file(final: Path, mode: int | None = None, suffix: str = "") -> Iterator[Path]:
     """`staged_dir` for one file: a new empty file beside `final` (whose folder must exist) for the block to
-    write; then it takes `mode` (default: a new file's under the umask) and replaces `final`."""
+    write; then it takes `mode` (default: a new file's under the umask) and replaces `final`. A `final` that
+    is a symbolic link is written through: the file it names is replaced, the link stays. One that is not a
+    regular file (a device, a pipe, a socket) is an OSError (EINVAL) before anything is written: a rename
+    would replace it, and as root that replaces /dev/null."""
     final = Path(final)
+    if final.is_symlink():
+        final = Path(os.path.realpath(final))
+    if final.exists() and not final.is_file():
+        raise OSError(errno.EINVAL, "it is a device, a pipe or a socket, not a regular file", str(final))
     with cleanup_on_signals():
         remove_stale(final)
         fd, name = tempfile.mkstemp(prefix=prefix(final), suffix=suffix, dir=final.parent)

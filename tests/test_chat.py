@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import subprocess
 import sys
 
@@ -112,6 +113,24 @@ def test_save_writes_the_conversation_as_json(embedded, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json"]  # no temporary file left
     refused = session.command(f"/save {tmp_path / 'missing' / 'chat.json'}")
     assert refused.kind == "error" and "pick a writable path" in refused.message
+
+
+def test_save_writes_through_a_link_and_never_replaces_a_device_or_a_pipe(embedded, tmp_path):
+    """Was: `/save /dev/full` (run as root) replaced the device with a JSON file, and a symbolic link was
+    replaced by a file, its target left as it was. A pipe stands in for the device (no root needed)."""
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=2, seed=1)
+    list(session.reply(FRUIT))
+    pipe = tmp_path / "pipe"
+    os.mkfifo(pipe)
+    refused = session.command(f"/save {pipe}")
+    assert refused.kind == "error" and "a device, a pipe or a socket, not a regular file" in refused.message
+    assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
+    target, link = tmp_path / "target.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target)
+    assert session.command(f"/save {link}").kind == "saved"
+    assert link.is_symlink() and json.loads(target.read_text())["messages"] == session.messages
 
 
 @pytest.mark.slow
