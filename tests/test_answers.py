@@ -406,6 +406,37 @@ def test_sweep_exact_records_and_cells(words, tmp_path):
     assert all("exact_prob" not in json.loads(line) for line in (tmp_path / "p.jsonl").read_text().splitlines()[1:])
 
 
+def test_ctrl_c_in_the_walk_of_sample_sweep_and_answers_stops_the_command(words, tmp_path, monkeypatch):
+    """Was: Ctrl-C during `sample --exact` / `sweep --exact` was taken by the walk (its Ctrl-C returns what it
+    found), the seeds were drawn anyway and every record kept a cut-short walk's probabilities (most 0.0), exit
+    0; `answers` at Ctrl-C exited 0 too. Now the interrupt stops sample and sweep (no file), and `answers`
+    prints what it found and exits 130."""
+    from mlxinfer.engine import answers as walk_module
+
+    real, calls = walk_module.AnswerWalk.step, [0]
+
+    def interrupted(self):
+        calls[0] += 1
+        if calls[0] == 2:
+            raise KeyboardInterrupt
+        return real(self)
+
+    monkeypatch.setattr(walk_module.AnswerWalk, "step", interrupted)
+    model, tok = words
+    common = dict(settings={"temperature": 1.0}, max_tokens=3, chat=False, exact=True, min_mass=1.0)
+    with pytest.raises(KeyboardInterrupt):
+        mlxinfer.sample(model, tok, PROMPT, seeds=20, **common)
+    calls[0], out = 0, tmp_path / "r.jsonl"
+    with pytest.raises(KeyboardInterrupt):
+        mlxinfer.sweep(model, tok, [PROMPT], seeds=20, out=out, **{**common, "settings": [common["settings"]]})
+    assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing drawn, nothing written
+    calls[0] = 0
+    args = ["answers", "-m", str(model.info.name), "-p", PROMPT, "--no-chat", "--max-tokens", "3", "--min-mass", "1",
+            "--compute-dtype", "float32", "--batch-size", "2"]  # fmt: skip
+    shown = invoke_cli(*args)
+    assert shown.returncode == 130 and "stopped: interrupted" in shown.stdout, (shown.returncode, shown.stderr)
+
+
 def test_a_walk_bounded_by_time_may_name_any_number_of_paths(words):
     """max_nodes past the machine's memory is refused only where nothing else bounds the walk."""
     model, tok = words

@@ -66,6 +66,8 @@ def answers(
         print_json(report.to_dict())
     else:
         render(report)
+    if report.stopped == "interrupted":  # what was found is shown, with its bound; a script still sees Ctrl-C
+        raise typer.Exit(130)
 
 
 def _progress(enabled: bool):

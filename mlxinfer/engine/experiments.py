@@ -156,5 +156,7 @@ def sample(
             json_schema=json_schema,
             tool=tool, **options,
         )  # fmt: skip
+        if walk.stopped == "interrupted":  # Ctrl-C stops the command, as during the draws: no partial figures
+            raise KeyboardInterrupt
         check_against_exact(report, walk)
     return report

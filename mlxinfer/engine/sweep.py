@@ -271,12 +271,11 @@ def sweep(
         options = dict(max_tokens=plan.max_tokens, stop=plan.stop or None, min_mass=min_mass, max_nodes=max_nodes,
                        max_seconds=max_seconds)  # fmt: skip
         with results.stop_cleanly_on_sigterm(), _discarded_if_unused(part):  # as the draws: a failure leaves no file
-            walks = {
-                (p, s): answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]], batch_size=batch_size,
-                                group=group, **options)
-                for p in range(len(plan.ids))
-                for s in range(len(plan.settings))
-            }  # fmt: skip
+            for p, s in itertools.product(range(len(plan.ids)), range(len(plan.settings))):
+                walks[p, s] = answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]],
+                                      batch_size=batch_size, group=group, **options)  # fmt: skip
+                if walks[p, s].stopped == "interrupted":  # Ctrl-C stops the sweep: no record with a partial walk's
+                    raise KeyboardInterrupt  # probabilities is written
 
     def annotate(record: dict) -> dict:
         walk = walks.get((record["prompt_index"], record["settings_index"]))
