@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import math
 import sys
 from typing import Any
@@ -41,6 +42,26 @@ def _finite(obj: Any):
     if hasattr(obj, "to_dict"):
         return _finite(obj.to_dict())
     return obj
+
+
+MIN_WIDTH = 60  # a table of a command's output needs this many columns for its cells to show
+
+
+def stdout_console(width: int | None = None):
+    """rich's Console for a command's output on stdout. A COLUMNS that is no use (0, or narrower than
+    MIN_WIDTH: a table's cells would print blank or as "…") is raised to MIN_WIDTH; not at a terminal, a
+    line of text is printed whole, never wrapped (a pipe or a file gets one line per seed, step or row)."""
+    from rich.console import Console
+
+    if width is None:
+        try:
+            columns = int(os.environ.get("COLUMNS", ""))
+        except ValueError:
+            columns = None
+        width = MIN_WIDTH if columns is not None and columns < MIN_WIDTH else None
+    out = Console(width=width)
+    out.soft_wrap = not out.is_terminal
+    return out
 
 
 def progress_bar(total: int, description: str, enabled: bool = True):

@@ -142,3 +142,22 @@ def test_a_deleted_current_directory_is_one_line(tmp_path):
     )  # fmt: skip
     assert r.returncode == 2 and r.stdout == ""
     assert_one_line_error(r, "the current directory no longer exists")
+
+
+@pytest.mark.parametrize("columns", ["0", "20"])
+def test_an_unusable_terminal_width_still_shows_the_table(columns, monkeypatch):
+    """Was: COLUMNS=0 printed nothing at all, exit 0; COLUMNS=20 printed a table of blank cells."""
+    monkeypatch.setenv("COLUMNS", columns)
+    r = invoke_cli("topk", "-p", "Name a herb for tomato soup.", "-n", "2")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
+    assert len(rows) >= 2 and all("'" in row for row in rows[:2]), r.stdout  # each token row shows its token
+
+
+def test_lines_are_not_wrapped_where_the_output_is_not_a_terminal():
+    """Was: piped into a file, `sample`'s completions were wrapped at 80 columns, one seed over several lines."""
+    r = invoke_cli("sample", "-p", "Name a herb for tomato soup.", "--seeds", "4", "--max-tokens", "40")
+    assert r.returncode == 0, r.stderr
+    seeds = [line for line in r.stdout.splitlines() if line.startswith("seed ")]
+    assert len(seeds) == 4 and max(map(len, seeds)) > 80, r.stdout  # whole lines, one a seed
+    assert all(line.endswith(("'", '"')) for line in seeds), seeds  # each ends with its completion's closing quote

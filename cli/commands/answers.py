@@ -8,7 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import counted, load_model, print_json
+from mlxinfer_cli.common import stdout_console, counted, load_model, print_json
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, parse_numbers, settings, stop, takes
 
 SHOWN = 20  # answers in the table
@@ -92,10 +92,9 @@ def _progress(enabled: bool):
 
 
 def render(report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = stdout_console()
     console.print(
         f"[bold]{report.model}[/bold] on {report.definition}  prompt: {counted(len(report.prompt_ids), 'token')}"
     )

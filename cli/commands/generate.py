@@ -11,7 +11,7 @@ import typer
 from mlxinfer import defaults
 
 from mlxinfer_cli import flags
-from mlxinfer_cli.common import counted, load_model, other_rank, print_json, sharding_line
+from mlxinfer_cli.common import stdout_console, counted, load_model, other_rank, print_json, sharding_line
 from mlxinfer_cli.options import chat_kwargs, max_tokens_option, settings, stop, takes
 
 
@@ -92,12 +92,11 @@ def stats_line(stats) -> str:
 
 
 def render_mask(rows: list[dict]) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = stdout_console()
     if not console.is_terminal:
-        console = Console(width=120)
+        console = stdout_console(width=120)
     t = Table(title="grammar mask: what each step allowed (scores before the mask and the temperature)")
     t.add_column("step", justify="right")
     t.add_column("written so far", no_wrap=True)
@@ -120,7 +119,6 @@ def render_mask(rows: list[dict]) -> None:
 
 
 def render_logprobs(steps) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title="logprobs")
@@ -131,4 +129,4 @@ def render_logprobs(steps) -> None:
     for s in steps:
         alts = "  ".join(f"{a.text!r} {a.logprob:.3f}" for a in s.alternatives)
         t.add_row(repr(s.text), f"{s.logprob:.3f}", f"{math.exp(s.logprob):.3f}", alts)
-    Console().print(t)
+    stdout_console().print(t)

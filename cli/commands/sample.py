@@ -8,7 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import counted, load_model, other_rank, print_json, progress_bar, sharding_line
+from mlxinfer_cli.common import stdout_console, counted, load_model, other_rank, print_json, progress_bar, sharding_line
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, seeds, settings, stop, takes
 
 
@@ -66,10 +66,9 @@ def sample(
 
 
 def render(report) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = stdout_console()
     console.print(
         f"[bold]{report.model}[/bold] on {report.definition}  prompt: {counted(len(report.prompt_ids), 'token')}",
         highlight=False,

@@ -9,7 +9,7 @@ import typer
 from mlxinfer import defaults
 
 from mlxinfer_cli import flags
-from mlxinfer_cli.common import counted, load_model, other_rank, print_json, sharding_line
+from mlxinfer_cli.common import stdout_console, counted, load_model, other_rank, print_json, sharding_line
 from mlxinfer_cli.options import chat_kwargs, parse_numbers, settings, takes
 
 
@@ -64,10 +64,9 @@ def topk(
 
 
 def render(table) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = stdout_console()
     console.print(f"[bold]{table.model}[/bold]  prompt: {counted(len(table.prompt_ids), 'token')}", highlight=False)
     console.print(f"scores in one pass of {table.definition}: {table.n_scores:,}", highlight=False)
     if table.sharding:
