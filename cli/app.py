@@ -210,6 +210,10 @@ def main() -> None:
     for stream in (sys.stdout, sys.stderr):  # a path that is not UTF-8 is shown escaped, not a crash
         if hasattr(stream, "reconfigure"):
             stream.reconfigure(errors="backslashreplace")
+    if hasattr(sys.stdin, "reconfigure"):  # text piped in is UTF-8 (as -p - reads it), whatever PYTHONIOENCODING
+        # says; bytes that are not reach the commands' own "not valid UTF-8" check instead of a traceback
+        interactive = sys.stdin.isatty()
+        sys.stdin.reconfigure(**({} if interactive else {"encoding": "utf-8"}), errors="surrogateescape")
     try:
         app()
     except OSError as e:

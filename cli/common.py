@@ -27,9 +27,20 @@ def print_json(data: Any, *, one_line: bool = False) -> None:
     """Strict JSON: a number that is not finite (a masked token's log-probability, -inf) is null, and
     json.dumps refuses anything else that JSON cannot hold rather than print a bare NaN. one_line: JSON
     Lines, for a command that prints one object per event (chat's replies)."""
-    text = json.dumps(_finite(data), indent=None if one_line else 2, ensure_ascii=False, allow_nan=False)
+    text = json.dumps(_finite(data), indent=None if one_line else 2, ensure_ascii=not utf8_stdout(), allow_nan=False)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
+
+
+def utf8_stdout() -> bool:
+    """Whether stdout writes UTF-8. Where it does not (PYTHONIOENCODING=ascii, a Latin-1 locale), JSON escapes
+    every non-ASCII character (\\u00fc): escaped by the stream instead (\\xfc), the JSON would not parse."""
+    import codecs
+
+    try:
+        return codecs.lookup(getattr(sys.stdout, "encoding", None) or "ascii").name in ("utf-8", "utf-8-sig")
+    except LookupError:
+        return False
 
 
 def _finite(obj: Any):

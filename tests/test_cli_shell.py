@@ -161,3 +161,19 @@ def test_lines_are_not_wrapped_where_the_output_is_not_a_terminal():
     seeds = [line for line in r.stdout.splitlines() if line.startswith("seed ")]
     assert len(seeds) == 4 and max(map(len, seeds)) > 80, r.stdout  # whole lines, one a seed
     assert all(line.endswith(("'", '"')) for line in seeds), seeds  # each ends with its completion's closing quote
+
+
+def test_json_stays_json_and_piped_text_is_read_where_stdout_and_stdin_are_not_utf8():
+    """Was, under PYTHONIOENCODING=ascii: every --json output held `\\xfc` escapes (not JSON), and `chat` read
+    a piped 'Grüß' into a UnicodeDecodeError traceback."""
+    env = {**os.environ, "PYTHONIOENCODING": "ascii"}
+    prompt = "Nenne ein Kraut für Tomatensuppe."
+    r = subprocess.run([MLXINFER, "topk", "-p", prompt, "-n", "2", "--json"], capture_output=True, env=env, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.isascii() and json.loads(r.stdout)["prompt"] == prompt
+    r = subprocess.run(
+        [MLXINFER, "chat", "--json", "--max-tokens", "2", "--seed", "1"],
+        input="Grüß\n".encode(), capture_output=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["user"] == "Grüß"

@@ -10,7 +10,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import JsonOption
+from mlxinfer_cli.common import JsonOption, utf8_stdout
 from mlxinfer_cli.options import takes
 
 
@@ -71,5 +71,5 @@ def serve(
 def _announce(info: dict) -> None:
     """--json: where it serves, as one line of JSON on stdout, flushed (a script reading the pipe
     reads one line while the server runs on)."""
-    sys.stdout.write(json.dumps(info, ensure_ascii=False) + "\n")
+    sys.stdout.write(json.dumps(info, ensure_ascii=not utf8_stdout()) + "\n")
     sys.stdout.flush()
