@@ -60,7 +60,7 @@ class _Commands(TyperGroup):
             if _debug["on"]:
                 for line in e.detail:
                     typer.echo(f"  {line}", err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(e.exit_code) from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:

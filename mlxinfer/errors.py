@@ -8,6 +8,8 @@ bug and keeps its traceback.
 
 from __future__ import annotations
 
+import errno
+
 
 class MlxinferError(Exception):
     """A problem with the user's input: the message names it and the fix.
@@ -16,10 +18,25 @@ class MlxinferError(Exception):
     that a front end can name its own options instead.
     """
 
+    exit_code = 2  # the CLI's: the input is at fault
+
     def __init__(self, message: str, *params: str):
         super().__init__(message)
         self.params = params
         self.detail: list[str] = []  # more lines for whoever asks (the CLI's --debug)
+
+
+class OutputError(MlxinferError):
+    """The place an output goes could not take it (a full disk, a file-size limit, an I/O error): not the
+    input's fault, so the CLI's exit code is 1, as for a stdout that cannot be written."""
+
+    exit_code = 1
+    ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO})
+
+    @classmethod
+    def of(cls, e: OSError) -> type[MlxinferError]:
+        """OutputError where the OSError says the place is full or failing, else MlxinferError."""
+        return cls if e.errno in cls.ERRNOS else MlxinferError
 
 
 def check_whole(value, name: str, least: int, what: str) -> None:

@@ -20,7 +20,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from .. import atomic
-from ..errors import MlxinferError
+from ..errors import MlxinferError, OutputError
 from ..views import SweepRecord
 
 FORMAT = "mlxinfer-sweep/1"
@@ -171,7 +171,7 @@ class ResultsFile:
                     f"{param} {self.path}: the folder {folder} does not exist; create it first or write elsewhere",
                     param,
                 ) from None
-            raise MlxinferError(
+            raise OutputError.of(e)(
                 f"{param} {self.path} cannot be written ({e.strerror}); write to another file", param
             ) from None
         try:
@@ -189,7 +189,7 @@ class ResultsFile:
                     if self.done
                     else "write elsewhere"
                 )
-                raise MlxinferError(
+                raise OutputError.of(e)(
                     f"{param} {self.path} cannot be written ({e.strerror}); {then}", param, "resume"
                 ) from None
         finally:
