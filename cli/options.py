@@ -201,7 +201,10 @@ def takes(*groups: str) -> Callable:
         @functools.wraps(fn)
         def command(**kwargs):
             if "prompt" in groups:  # -p TEXT, -p - or --prompt-file PATH: the command sees the text
-                kwargs["prompt"] = prompt_text(kwargs["prompt"], kwargs.pop("prompt_file"))
+                given, path = kwargs["prompt"], kwargs.pop("prompt_file")
+                kwargs["prompt"] = prompt_text(given, path)
+                if path is not None or given == "-":  # an error about the prompt names where it came from
+                    flags.use(prompt=f"--prompt-file {path}" if path is not None else "standard input (-p -)")
             return fn(**kwargs)
 
         command.__signature__ = inspect.Signature(params)

@@ -62,7 +62,7 @@ class SamplerSettings:
         1.0,
         float,
         lambda v: _num(v) and (v == 0 or v >= TINY),
-        ">= 0 (0 = greedy, else at least 1e-06; e.g. 0.7)",
+        ">= 0 (0 = greedy, else at least 1e-06, and finite; e.g. 0.7)",
         "The sampler's temperature (one value): divide scores by T before softmax; 0 = greedy.",
         flags="--temp --temperature",
         grid=1,

@@ -177,3 +177,12 @@ def test_json_stays_json_and_piped_text_is_read_where_stdout_and_stdin_are_not_u
     )  # fmt: skip
     assert r.returncode == 0 and b"Traceback" not in r.stderr, r.stderr
     assert json.loads(r.stdout.splitlines()[0])["user"] == "Grüß"
+
+
+def test_a_chat_line_that_is_not_utf8_is_named_as_the_line():
+    """Was: "--prompt is not valid UTF-8 text" (chat has no --prompt); the chat goes on to the next line."""
+    r = subprocess.run(
+        [MLXINFER, "chat", "--max-tokens", "1", "--seed", "1"], input=b"hi \xff\n", capture_output=True, timeout=120
+    )
+    assert r.returncode == 0, r.stderr
+    assert b"error: this line is not valid UTF-8 text" in r.stderr and b"--prompt" not in r.stderr

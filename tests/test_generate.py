@@ -163,7 +163,7 @@ def test_sample_cli_json_and_csv(checkpoint_dir):
         (["topk", "-k", "0"], ["error: -k must be between"]),
         (["topk", "--temps", "-0.5"], ["error: --temps must be >= 0"]),
         (["topk", "--temps", "nan"], ["error: --temps must be >= 0", "nan"]),
-        (["topk", "--temps", "inf"], ["error: --temps must be >= 0", "inf"]),
+        (["topk", "--temps", "inf"], ["error: --temps must be >= 0", "and finite", "inf"]),  # was: ">= 0, got inf"
         (["topk", "--temps", "a,b"], ["--temps takes numbers"]),
     ],
 )

@@ -126,3 +126,15 @@ def test_a_prompts_file_numbers_its_lines_as_an_editor_does(tmp_path):
     prompts = mlxinfer.prompts_from_file(path)
     assert prompts == [line.strip() for line in text.splitlines() if line.strip()] == ["a", "b", "c", "d"]
     assert prompts.lines == [1, 3, 3, 5]
+
+
+def test_a_prompt_past_the_context_is_named_by_where_it_came_from(checkpoint_dir, tmp_path):
+    """Was: "the --prompt is N tokens" for a prompt read from --prompt-file or standard input."""
+    model = str(checkpoint_dir("llama"))
+    long = tmp_path / "long.txt"
+    long.write_text("word " * 2000)
+    by_file = invoke_cli("topk", "-m", model, "--prompt-file", str(long))
+    assert_one_line_error(by_file, f"the --prompt-file {long} is", "context is 512")
+    by_stdin = invoke_cli("topk", "-m", model, "-p", "-", input=long.read_bytes())
+    assert_one_line_error(by_stdin, "the standard input (-p -) is", "context is 512")
+    assert "--prompt " not in by_file.stderr + by_stdin.stderr

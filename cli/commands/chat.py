@@ -42,6 +42,7 @@ def chat(
         m, tok, settings=sampling, seed=seed, system=system, max_tokens=max_tokens, thinking=thinking
     )
     json_out = options["json_out"]
+    flags.use(prompt="this line")  # a message's errors name what was typed, not a --prompt chat does not have
     interactive = sys.stdin.isatty()
     if interactive:
         _readline()
