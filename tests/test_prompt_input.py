@@ -41,6 +41,7 @@ def files(tmp_path):
         (["--prompt-file", "{dir}/latin1"], ["--prompt-file", "not UTF-8"]),
         (["--prompt-file", "{dir}/empty"], ["--prompt-file", "is empty"]),
         (["--prompt-file", "{dir}/blank"], ["is empty"]),
+        (["--prompt-file", ""], ["--prompt-file is empty", "path"]),  # was: "--prompt-file . is a directory"
         (["-p", ""], ["--prompt is empty"]),  # was: a table for the chat template alone (an empty file was refused)
         (["-p", " \n"], ["--prompt is empty"]),
     ],
