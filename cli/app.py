@@ -179,15 +179,17 @@ def _standard_streams() -> bool:
     for fd, name, mode in ((0, "stdin", "r"), (1, "stdout", "w"), (2, "stderr", "w")):
         try:
             os.fstat(fd)
-            continue
         except OSError:
-            pass
-        opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself, as the lower ones are open
-        if opened != fd:
-            os.dup2(opened, fd)
-            os.close(opened)
+            opened = os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd itself, as the lower ones are open
+            if opened != fd:
+                os.dup2(opened, fd)
+                os.close(opened)
+            os.set_inheritable(fd, True)  # a child (the native build, bench's runs) gets it open too
+            usable = usable and name != "stdout"
+        else:
+            if getattr(sys, name) is not None:
+                continue
         setattr(sys, name, open(fd, mode, encoding="utf-8", errors="backslashreplace", closefd=False))
-        usable = usable and name != "stdout"
     return usable
 
 
@@ -200,8 +202,16 @@ def _current_directory() -> None:
         sys.exit(2)
 
 
+_SILENT = {"serve", "explore"}  # commands whose stdout is used only with --json: run as daemons with `>&-`
+
+
+def _writes_stdout(args: list[str]) -> bool:
+    command = next((a for a in args if not a.startswith("-")), None)
+    return command not in _SILENT or "--json" in args
+
+
 def main() -> None:
-    if not _standard_streams():
+    if not _standard_streams() and _writes_stdout(sys.argv[1:]):
         print(
             "error: cannot write the output: standard output is closed; point it at a file or a pipe", file=sys.stderr
         )

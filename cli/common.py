@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import math
 import sys
 from typing import Any
@@ -59,18 +58,14 @@ MIN_WIDTH = 60  # a table of a command's output needs this many columns for its 
 
 
 def stdout_console(width: int | None = None):
-    """rich's Console for a command's output on stdout. A COLUMNS that is no use (0, or narrower than
+    """rich's Console for a command's output on stdout. A width that is no use (COLUMNS=0, or narrower than
     MIN_WIDTH: a table's cells would print blank or as "…") is raised to MIN_WIDTH; not at a terminal, a
     line of text is printed whole, never wrapped (a pipe or a file gets one line per seed, step or row)."""
     from rich.console import Console
 
-    if width is None:
-        try:
-            columns = int(os.environ.get("COLUMNS", ""))
-        except ValueError:
-            columns = None
-        width = MIN_WIDTH if columns is not None and columns < MIN_WIDTH else None
     out = Console(width=width)
+    if width is None and out.width < MIN_WIDTH:  # COLUMNS=0 or 20, or a narrow terminal pane
+        out = Console(width=MIN_WIDTH)
     out.soft_wrap = not out.is_terminal
     return out
 

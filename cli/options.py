@@ -222,7 +222,7 @@ def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:
         raise mlxinfer.MlxinferError(
             "give the prompt with -p TEXT (-p - reads standard input) or --prompt-file PATH, not both"
         )
-    if prompt_file is not None and not prompt_file.strip():  # was: ". is a directory" (the empty path's reading)
+    if prompt_file == "":  # was: ". is a directory" (the empty path's reading)
         raise mlxinfer.MlxinferError("--prompt-file is empty; give the path of a UTF-8 text file")
     if prompt_file is not None or prompt == "-":
         return mlxinfer.read_prompt(prompt_file if prompt_file is not None else "-")

@@ -82,6 +82,8 @@ def staged_file(final: Path, mode: int | None = None, suffix: str = "") -> Itera
     final = Path(final)
     if final.is_symlink():
         final = Path(os.path.realpath(final))
+    if final.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "it is a directory; give a file name", str(final))
     if final.exists() and not final.is_file():
         raise OSError(errno.EINVAL, "it is a device, a pipe or a socket, not a regular file", str(final))
     with cleanup_on_signals():

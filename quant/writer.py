@@ -23,7 +23,7 @@ import mlx.core as mx
 
 from mlxinfer import defaults
 from mlxinfer import atomic
-from mlxinfer.errors import MlxinferError, check_bool
+from mlxinfer.errors import MlxinferError, OutputError, check_bool
 
 TOKENIZER_FILES = (
     "tokenizer.json",
@@ -107,7 +107,7 @@ def _cannot_write(out: Path, e: OSError) -> MlxinferError:
         why = f"{blocker} is a file, not a directory"
     else:
         why = f"{e.strerror or e}" + (f" ({e.filename})" if e.filename and str(e.filename) != str(out) else "")
-    return MlxinferError(f"cannot write out {out}: {why}; choose a place you can write to", "out")
+    return OutputError.of(e)(f"cannot write out {out}: {why}; choose a place you can write to", "out")
 
 
 def save_weights(

@@ -430,6 +430,16 @@ def test_ctrl_c_in_the_walk_of_sample_sweep_and_answers_stops_the_command(words,
     with pytest.raises(KeyboardInterrupt):
         mlxinfer.sweep(model, tok, [PROMPT], seeds=20, out=out, **{**common, "settings": [common["settings"]]})
     assert not out.exists() and list(tmp_path.iterdir()) == []  # nothing drawn, nothing written
+    from mlxinfer.engine.results import Terminated
+
+    def terminated(self):  # SIGTERM under sweep's handler: the command's exit code (143) comes through the walk
+        raise Terminated(143)
+
+    monkeypatch.setattr(walk_module.AnswerWalk, "step", terminated)
+    with pytest.raises(Terminated) as e:
+        mlxinfer.sweep(model, tok, [PROMPT], seeds=20, out=out, **{**common, "settings": [common["settings"]]})
+    assert e.value.exit_code == 143 and not out.exists()
+    monkeypatch.setattr(walk_module.AnswerWalk, "step", interrupted)
     calls[0] = 0
     args = ["answers", "-m", str(model.info.name), "-p", PROMPT, "--no-chat", "--max-tokens", "3", "--min-mass", "1",
             "--compute-dtype", "float32", "--batch-size", "2"]  # fmt: skip

@@ -186,3 +186,25 @@ def test_a_chat_line_that_is_not_utf8_is_named_as_the_line():
     )
     assert r.returncode == 0, r.stderr
     assert b"error: this line is not valid UTF-8 text" in r.stderr and b"--prompt" not in r.stderr
+
+
+def test_a_reopened_stream_reaches_child_processes_and_serve_may_run_without_stdout():
+    """A closed fd 0 is opened on /dev/null inheritable, so that a child (the native build, bench's runs) does
+    not start with it closed; serve and explore write stdout only with --json, so `serve >&-` may run."""
+    from mlxinfer_cli.app import _writes_stdout
+
+    child = (
+        "import os, subprocess, sys; print(subprocess.run([sys.executable, '-c', 'import os; os.fstat(0)']).returncode)"
+    )
+    probe = f"from mlxinfer_cli.app import _standard_streams; _standard_streams(); exec({child!r})"
+    r = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, preexec_fn=closed(0))
+    assert r.stdout.strip() == "0", r.stderr
+    assert not _writes_stdout(["serve", "--port", "0"]) and not _writes_stdout(["--debug", "explore"])
+    assert _writes_stdout(["serve", "--json"]) and _writes_stdout(["count"]) and _writes_stdout(["--help"])
+
+
+def test_a_conversation_past_the_context_is_named_as_the_conversation(checkpoint_dir):
+    """chat names what overflows: the whole conversation through the template, not a --prompt it has not got."""
+    r = invoke_cli("chat", "-m", str(checkpoint_dir("llama")), "--max-tokens", "2", input="word " * 2000 + "\n")
+    assert r.returncode == 0, r.stderr
+    assert "error: the conversation is" in r.stderr and "context is 512" in r.stderr and "--prompt" not in r.stderr

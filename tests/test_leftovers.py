@@ -183,3 +183,12 @@ def test_bench_errors_are_exactly_one_line(checkpoint_dir, args, message):
     """Was: range errors began with a blank line; --prompt-tokens a,b asked for numbers like 0.5."""
     result = invoke_cli("bench", "-m", str(checkpoint_dir("llama")), *args)
     assert (result.returncode, result.stdout, result.stderr) == (2, "", message)
+
+
+def test_a_staged_file_refuses_a_directory_by_name(tmp_path):
+    """Was, after the device check: a directory was refused as 'a device, a pipe or a socket'."""
+    from mlxinfer import atomic
+
+    with pytest.raises(IsADirectoryError, match="it is a directory"):
+        with atomic.staged_file(tmp_path):
+            pass

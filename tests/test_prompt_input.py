@@ -138,4 +138,6 @@ def test_a_prompt_past_the_context_is_named_by_where_it_came_from(checkpoint_dir
     assert_one_line_error(by_file, f"the --prompt-file {long} is", "context is 512")
     by_stdin = invoke_cli("topk", "-m", model, "-p", "-", input=long.read_bytes())
     assert_one_line_error(by_stdin, "the standard input (-p -) is", "context is 512")
-    assert "--prompt " not in by_file.stderr + by_stdin.stderr
+    swept = invoke_cli("sweep", "-m", model, "--prompt-file", str(long), "--seeds", "2", "--max-tokens", "2")
+    assert_one_line_error(swept, f"the --prompt-file {long} is", "context is 512")
+    assert "--prompt " not in by_file.stderr + by_stdin.stderr + swept.stderr

@@ -42,7 +42,7 @@ def chat(
         m, tok, settings=sampling, seed=seed, system=system, max_tokens=max_tokens, thinking=thinking
     )
     json_out = options["json_out"]
-    flags.use(prompt="this line")  # a message's errors name what was typed, not a --prompt chat does not have
+    flags.use(prompt="conversation")  # what the model reads: every message so far, through the template
     interactive = sys.stdin.isatty()
     if interactive:
         _readline()
@@ -74,6 +74,11 @@ def _turn(session, line: str, json_out: bool) -> None:
     from mlxinfer import MlxinferError
 
     turn = None
+    try:
+        line.encode("utf-8")
+    except UnicodeEncodeError:  # bytes that are not UTF-8, kept by stdin's surrogateescape
+        print("error: this line is not valid UTF-8 text; type or pipe UTF-8", file=sys.stderr)
+        return
     try:
         turn = session.reply(line)
         if not json_out:

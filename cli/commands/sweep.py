@@ -44,6 +44,8 @@ def sweep(
             f"-p - is given {given.count('-')} times, but standard input can be read once; give -p - once "
             "(the other prompts as -p TEXT)"
         )
+    if prompt_file is not None or given == ["-"]:  # an error about the prompt names where it came from
+        flags.use(prompt=f"--prompt-file {prompt_file}" if prompt_file is not None else "standard input (-p -)")
     if prompt_file is not None:
         given = [prompt_text(None if not given else given[0], prompt_file)]  # both given: refused there
     given = [prompt_text(p, None) for p in given]

@@ -39,6 +39,7 @@ from .decode import check_progress, prefill
 from .grouping import check_group, keyer
 from .path_cache import PathRows, at_position
 from .request import check_batch_size, prepare
+from .results import Terminated
 
 BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
 WAIT = 4  # taken paths that may wait for a pass of their length, in batches
@@ -119,6 +120,8 @@ def answers(
     try:
         while walk.step():
             pass
+    except Terminated:  # SIGTERM under a sweep's handler: the command ends (exit 143), not only the walk
+        raise
     except KeyboardInterrupt:
         walk.stopped = "interrupted"
     return walk.report(prompt)

@@ -175,7 +175,8 @@ def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int],
         from llama_cpp import Llama
     except Exception as e:  # installed, but its import fails (a missing dependency, a library built for another CPU)
         raise MlxinferError(
-            f"llama_cpp is installed but does not import ({type(e).__name__}: {e}); repair it (pip install "
+            f"llama_cpp is installed but does not import ({type(e).__name__}: {' '.join(str(e).split())}); "
+            "repair it (pip install "
             "llama-cpp-python with its dependencies) or leave it out with --no-llama-cpp",
             "llama_cpp",
         ) from None
