@@ -82,15 +82,12 @@ inline const float* widen_row(S, const typename S::T* s, float* buf, int64_t G) 
 }
 
 // The fields' masks, read from memory: built with set1, the compiler made each from general registers
-// (three instructions) inside the one-row tile's loop, where AVX2's 16 vector registers could not hold all
-// eight.
+// inside the one-row loop, where AVX2's 16 vector registers could not hold all eight.
 template <int BITS>
 struct FieldMasks {
-  alignas(32) uint32_t m[32 / BITS][8];
-  constexpr FieldMasks() : m{} {
-    for (int f = 0; f < 32 / BITS; ++f) {
-      for (int l = 0; l < 8; ++l) m[f][l] = ((1u << BITS) - 1u) << (f * BITS);
-    }
+  alignas(32) uint32_t m[32 / BITS][8] = {};
+  constexpr FieldMasks() {
+    for (int f = 0; f < 32 / BITS; ++f) std::fill(m[f], m[f] + 8, ((1u << BITS) - 1u) << (f * BITS));
   }
 };
 template <int BITS>
