@@ -2,7 +2,8 @@
 
 On a shared machine a kernel change of 5% drowns in the noise between runs (decode medians moved from 97
 to 125 tok/s within ten minutes on a 2-core VM). Loaded into one process and called turn about, the two
-builds see the same noise, and the ratio of each pair keeps only their difference.
+builds see the same drift, and the ratio of each pair keeps only their difference. Run it on an otherwise
+idle machine: beside a parallel test run, two builds with the same compiled loop read 0.75x.
 
     git stash; python -m mlxinfer.cpu.qmm        # builds the old sources: note the folder it names
     git stash pop; python -m mlxinfer.cpu.qmm    # the new ones
