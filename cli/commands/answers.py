@@ -8,7 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import stdout_console, counted, load_model, print_json
+from mlxinfer_cli.common import counted, load_model, print_json, stdout_console
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, parse_numbers, settings, stop, takes
 
 SHOWN = 20  # answers in the table

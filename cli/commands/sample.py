@@ -8,7 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import stdout_console, counted, load_model, other_rank, print_json, progress_bar, sharding_line
+from mlxinfer_cli.common import counted, load_model, other_rank, print_json, progress_bar, sharding_line, stdout_console
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, seeds, settings, stop, takes
 
 

@@ -11,7 +11,7 @@ import typer
 from mlxinfer import GRID_FIELDS, defaults
 
 from mlxinfer_cli import flags
-from mlxinfer_cli.common import stdout_console, load_model, other_rank, print_json, progress_bar, sharding_line
+from mlxinfer_cli.common import load_model, other_rank, print_json, progress_bar, sharding_line, stdout_console
 from mlxinfer_cli.commands.sample import exact_line
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, grid, max_tokens_option, prompt_text, seeds, stop, takes
 

@@ -9,7 +9,7 @@ import typer
 from mlxinfer import defaults
 
 from mlxinfer_cli import flags
-from mlxinfer_cli.common import stdout_console, counted, load_model, other_rank, print_json, sharding_line
+from mlxinfer_cli.common import counted, load_model, other_rank, print_json, sharding_line, stdout_console
 from mlxinfer_cli.options import chat_kwargs, parse_numbers, settings, takes
 
 
