@@ -20,7 +20,7 @@ import typer
 from typer.core import TyperGroup
 
 from mlxinfer_cli import completion, flags
-from mlxinfer import MlxinferError
+from mlxinfer import MlxinferError, OutputError
 
 
 _debug = {"on": False}
@@ -168,7 +168,6 @@ _register()
 
 
 # what writing the output can meet that is the output's place and not the command's fault
-_OUTPUT_FULL = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 def _standard_streams() -> bool:
@@ -227,7 +226,7 @@ def main() -> None:
     try:
         app()
     except OSError as e:
-        if e.errno != errno.EPIPE and e.errno not in _OUTPUT_FULL:
+        if e.errno != errno.EPIPE and e.errno not in OutputError.ERRNOS:
             raise
         # the reader went away (`| head`: quiet, as other tools are) or the output's disk is full (one line);
         # either way stdout is pointed at /dev/null so that the exit's own flush cannot fail again

@@ -203,8 +203,7 @@ def takes(*groups: str) -> Callable:
             if "prompt" in groups:  # -p TEXT, -p - or --prompt-file PATH: the command sees the text
                 given, path = kwargs["prompt"], kwargs.pop("prompt_file")
                 kwargs["prompt"] = prompt_text(given, path)
-                if path is not None or given == "-":  # an error about the prompt names where it came from
-                    flags.use(prompt=f"--prompt-file {path}" if path is not None else "standard input (-p -)")
+                name_prompt_source(given, path)
             return fn(**kwargs)
 
         command.__signature__ = inspect.Signature(params)
@@ -212,6 +211,12 @@ def takes(*groups: str) -> Callable:
         return command
 
     return wrap
+
+
+def name_prompt_source(prompt: Optional[str], prompt_file: Optional[str]) -> None:
+    """An error about the prompt names where it came from: --prompt-file PATH or standard input."""
+    if prompt_file is not None or prompt == "-":
+        flags.use(prompt=f"--prompt-file {prompt_file}" if prompt_file is not None else "standard input (-p -)")
 
 
 def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:

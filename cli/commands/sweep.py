@@ -13,7 +13,17 @@ from mlxinfer import GRID_FIELDS, defaults
 from mlxinfer_cli import flags
 from mlxinfer_cli.common import load_model, other_rank, print_json, progress_bar, sharding_line, stdout_console
 from mlxinfer_cli.commands.sample import exact_line
-from mlxinfer_cli.options import chat_kwargs, exact_kwargs, grid, max_tokens_option, prompt_text, seeds, stop, takes
+from mlxinfer_cli.options import (
+    chat_kwargs,
+    exact_kwargs,
+    grid,
+    max_tokens_option,
+    name_prompt_source,
+    prompt_text,
+    seeds,
+    stop,
+    takes,
+)
 
 SHOWN = 12  # answers per cell in the table
 
@@ -44,8 +54,8 @@ def sweep(
             f"-p - is given {given.count('-')} times, but standard input can be read once; give -p - once "
             "(the other prompts as -p TEXT)"
         )
-    if prompt_file is not None or given == ["-"]:  # an error about the prompt names where it came from
-        flags.use(prompt=f"--prompt-file {prompt_file}" if prompt_file is not None else "standard input (-p -)")
+    if len(given) <= 1:  # one prompt: an error about it names where it came from
+        name_prompt_source(given[0] if given else None, prompt_file)
     if prompt_file is not None:
         given = [prompt_text(None if not given else given[0], prompt_file)]  # both given: refused there
     given = [prompt_text(p, None) for p in given]
