@@ -56,7 +56,7 @@ SOURCES += (
     "bindings.cpp",
 )
 MODULE = "_mlxinfer_qmm"
-ABI = 14  # QMM_ABI in qmm.h
+ABI = 15  # QMM_ABI in qmm.h
 BITS = (4, 8)
 GROUP_SIZES = (32, 64, 128)
 

@@ -13,22 +13,19 @@
 #include "wide.h"
 
 namespace nb = nanobind;
+namespace mx = mlx::core;
+using mlxinfer::linear_chain, mlxinfer::StageArgs;
 using namespace nb::literals;
 
 NB_MODULE(_mlxinfer_qmm, m) {
   m.doc() = "mlxinfer's batch-invariant CPU quantized matmul (float32 activations)";
-  m.def(
-      "quantized_matmul",
-      &mlxinfer::quantized_matmul,
-      "x"_a,
-      "w"_a,
-      "scales"_a,
-      "biases"_a,
-      "group_size"_a,
-      "bits"_a,
-      nb::kw_only(),
-      "stream"_a = nb::none(),
-      "x @ dequantize(w, scales, biases).T with float32 arithmetic (MLX's affine layout, transpose=True)");
+  // y = x @ dequantize(w, scales, biases).T as mx.quantized_matmul(..., transpose=True) computes it, x (..., K) in
+  // float32 (other float dtypes are cast), scales and biases in float32, float16 or bfloat16: a one-stage chain.
+  m.def("quantized_matmul", [](const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases,
+                               int group_size, int bits, mx::StreamOrDevice s) {
+    return linear_chain(x, {StageArgs{"", std::nullopt, 0.0f, {w}, {scales}, {biases}, group_size, bits}}, {}, s);
+  }, "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, nb::kw_only(), "stream"_a = nb::none(),
+        "x @ dequantize(w, scales, biases).T with float32 arithmetic (MLX's affine layout, transpose=True)");
   m.def(
       "linear_chain",
       &mlxinfer::linear_chain,

@@ -135,17 +135,6 @@ mx::array linear_chain(
       inputs);
 }
 
-mx::array quantized_matmul(
-    const mx::array& x,
-    const mx::array& w,
-    const mx::array& scales,
-    const mx::array& biases,
-    int group_size,
-    int bits,
-    mx::StreamOrDevice s) {
-  return linear_chain(x, {StageArgs{"", std::nullopt, 0.0f, {w}, {scales}, {biases}, group_size, bits}}, std::nullopt, s);
-}
-
 void check_stage_layout(const std::vector<mx::array>& inputs, size_t at, const std::vector<Stage>& stages) {
   for (const Stage& st : stages) {
     at += st.prologue == Prologue::rms_norm;

@@ -19,20 +19,7 @@ namespace mlxinfer {
 namespace mx = mlx::core;
 
 // Bumped whenever the kernel's arithmetic or interface changes (qmm.py checks it).
-constexpr int QMM_ABI = 14;
-
-// y = x @ dequantize(w, scales, biases).T, as mx.quantized_matmul(..., transpose=True) computes it,
-// for x (..., K) in float32 (other float dtypes are cast), w (N, K * bits / 32) uint32, scales and
-// biases (N, K / group_size) in float32, float16 or bfloat16 (read as stored, widened exactly; other
-// dtypes are cast to float32). CPU streams only.
-mx::array quantized_matmul(
-    const mx::array& x,
-    const mx::array& w,
-    const mx::array& scales,
-    const mx::array& biases,
-    int group_size,
-    int bits,
-    mx::StreamOrDevice s = {});
+constexpr int QMM_ABI = 15;
 
 // What a stage of a chain does to its input before its matmul.
 enum class Prologue { none, rms_norm, swiglu_halves };
