@@ -136,6 +136,8 @@ def test_what_openai_refuses_is_refused(tiny):
         ({"temperature": 1e308}, "temperature", "less than or equal to 2"),
         ({"temperature": 2.5}, "temperature", "less than or equal to 2"),
         ({"temperature": -0.5}, "temperature", "greater than or equal to 0"),
+        ({"temperature": float("nan")}, "temperature", "finite number (got nan)"),  # JSON's NaN, as Python writes it
+        ({"temperature": float("-inf")}, "temperature", "finite number (got -inf)"),
     ]  # fmt: skip
     for fields, param, fragment in cases:
         error = _error(post(url, CHAT, _chat(url, **fields)))

@@ -28,7 +28,7 @@ class StreamOptions(BaseModel):
 # temperature, top_p and penalties, and the toolkit's extras (vLLM and llama.cpp's server take top_k, min_p,
 # repetition_penalty under these names). logit_bias is OpenAI's shape (string keys), declared below.
 SAMPLER_FIELDS = [o.name for o in SamplerSettings.options() if o.served and o.kind is not dict]
-OPENAI_RANGES = {"temperature": {"ge": 0, "le": 2}}  # OpenAI's own bounds, narrower than the library's
+OPENAI_RANGES = {"temperature": {"ge": 0, "le": 2, "allow_inf_nan": False}}  # OpenAI's bounds, narrower than ours
 _Sampler = create_model(
     "_Sampler",
     __config__=_STRICT,
