@@ -315,3 +315,30 @@ def test_a_seed_listed_twice_is_refused(tiny, tmp_path):
     with pytest.raises(mlxinfer.MlxinferError, match="seeds lists 3 more than once") as e:
         mlxinfer.sweep(model, tok, "hi", settings=[{"temperature": 1.0}], seeds=[1, 3, 2, 3], max_tokens=2, out=out)
     assert e.value.params == ("seeds",) and not out.exists()
+
+
+def test_rank_0s_failure_reaches_every_rank_as_its_own_kind(monkeypatch):
+    """A split model's rank 0 fails to open the results file; every other rank raises the same error, of
+    the same class, so every rank exits alike (a full disk: 1, bad input: 2)."""
+    from mlxinfer.engine import ranks
+
+    class Rank:
+        def __init__(self, rank):
+            self.r = rank
+
+        def size(self):
+            return 2
+
+        def rank(self):
+            return self.r
+
+    for failure in (mlxinfer.OutputError("results.jsonl: no space left on the disk", "out"),
+                    mlxinfer.MlxinferError("results.jsonl holds another experiment", "out")):  # fmt: skip
+        sent = []
+        monkeypatch.setattr(ranks, "gather", lambda rows, group, sent=sent: sent.extend(rows) or list(sent))
+        with pytest.raises(mlxinfer.MlxinferError) as on_rank0:
+            ranks.from_rank0([], Rank(0), failure)
+        with pytest.raises(mlxinfer.MlxinferError) as on_rank1:
+            ranks.from_rank0([], Rank(1))
+        assert type(on_rank1.value) is type(failure) and on_rank1.value.exit_code == failure.exit_code
+        assert str(on_rank1.value) == str(on_rank0.value) and on_rank1.value.params == failure.params

@@ -38,14 +38,19 @@ def seed_group(model):
 
 def from_rank0(rows: list, group, failure: Exception | None = None) -> list:
     """Rank 0's JSON-able rows, on every rank. If rank 0 failed (`failure`, an MlxinferError), every
-    rank raises its message, so that none waits for a rank that stopped."""
-    from ..errors import MlxinferError
+    rank raises its message as the same class (so the same exit code: a full disk is 1 on every rank),
+    so that none waits for a rank that stopped."""
+    from ..errors import MlxinferError, OutputError
 
     if group.size() > 1:
-        mine = {"rows": rows, "error": None if failure is None else [str(failure), *failure.params]}
-        sent = gather([mine] if group.rank() == 0 else [], group)[0]
+        kinds = {"input": MlxinferError, "output": OutputError}
+        error = None
+        if failure is not None:
+            error = ["output" if isinstance(failure, OutputError) else "input", str(failure), *failure.params]
+        sent = gather([{"rows": rows, "error": error}] if group.rank() == 0 else [], group)[0]
         if sent["error"] is not None and failure is None:
-            failure = MlxinferError(*sent["error"])
+            kind, *args = sent["error"]
+            failure = kinds[kind](*args)
         rows = sent["rows"]
     if failure is not None:
         raise failure
