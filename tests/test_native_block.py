@@ -442,6 +442,42 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
     assert all(c[0].offset == len(p) + 1 for c, p in zip(written, prompts))
 
 
+def test_a_decode_groups_own_cache_is_written_inside_the_attention_node(embedded_quantized):
+    """A decode group's cache (a fork: buffers of its own, KVCache.owned) takes each step's keys and values
+    inside the attention node: one node a layer fewer, the same scores bit for bit, and the same cache
+    contents as the write node's, also across a buffer that grows (reserve) and rows that leave."""
+    from mlxinfer.model.cache import fork, keep_rows
+
+    model, tok = embedded_quantized
+    ids = tok.encode("The quick brown fox jumps over the lazy dog")
+    prompt = model.make_cache()
+    mx.eval(model(mx.array([ids[:-1]]), prompt), [c.state for c in prompt])
+
+    def steps(owned: bool):
+        cache = fork(prompt, 3, len(ids) + 2)  # room for 2 steps: the rest grows the buffer
+        for c in cache:
+            c.owned = owned
+        tokens, scores = mx.array([[ids[-1]]] * 3), []
+        for step in range(6):
+            if step == 3:  # a row leaves the group
+                cache, tokens = keep_rows(cache, [0, 2]), tokens[mx.array([0, 2])]
+            logits = model(tokens, cache)[:, -1, :]
+            mx.eval(logits)
+            scores.append(logits)
+            tokens = mx.argmax(logits, axis=-1)[:, None]
+        dot = io.StringIO()
+        mx.export_to_dot(dot, model(tokens, cache))
+        return scores, cache, len(re.findall(r'label ="?([A-Za-z_0-9]+)', dot.getvalue()))
+
+    (written, cache_a, nodes_a), (in_node, cache_b, nodes_b) = steps(False), steps(True)
+    assert nodes_a - nodes_b == len(model.layers), (nodes_a, nodes_b)
+    assert all(mx.array_equal(a, b).item() for a, b in zip(written, in_node))
+    for a, b in zip(cache_a, cache_b):
+        assert a.offset == b.offset == len(ids) + 6  # with the step the node count built
+        mx.eval(a.kv, b.kv)
+        assert mx.array_equal(a.kv[..., : a.offset - 1, :], b.kv[..., : b.offset - 1, :]).item()
+
+
 def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded_quantized):
     """Every prompt position is computed alone (the kernel's rows, attention per query), so prefill
     gives the last position the bits that feeding the prompt one token at a time gives it."""

@@ -33,7 +33,7 @@ from typing import Any, Optional
 import mlx.core as mx
 
 from ..model import ragged
-from ..model.cache import fork, keep_rows
+from ..model.cache import KVCache, fork, keep_rows
 from ..model.native_block import shares_prefixes
 from ..sampler import RowSampler, draw_batch
 from ..settings import SamplerSettings
@@ -276,7 +276,11 @@ class Batch:
                 row.cache = fork(prefilled.cache, 1)
         else:
             room = len(prefilled.ids) + max((s.max_tokens for s in specs), default=0)  # positions the rows can fill
-            group = Group(fork(prefilled.cache, len(rows), room, self.shared), list(rows))
+            cache = fork(prefilled.cache, len(rows), room, self.shared)
+            for c in cache:  # new buffers that only this group's steps read: written in place (cache.KVCache.owned)
+                if isinstance(c, KVCache):
+                    c.owned = True
+            group = Group(cache, list(rows))
             for row in rows:
                 row.group = group
         return rows

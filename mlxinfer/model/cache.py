@@ -22,6 +22,9 @@ class KVCache:
 
     step = 256
     base = 0  # positions held elsewhere, before the buffer's first slot (PrefixedCache)
+    # the buffer is held by nothing that must keep its old contents (a decode group's fork, engine/core.py):
+    # the attention node may write the new keys and values into it itself (model/native_block.py)
+    owned = False
 
     def __init__(self):
         self.kv: mx.array | None = None  # (B, 2, K, capacity, E): [:, 0] keys, [:, 1] values
