@@ -442,7 +442,8 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
     assert all(c[0].offset == len(p) + 1 for c, p in zip(written, prompts))
 
 
-def test_a_decode_groups_own_cache_is_written_inside_the_attention_node(embedded_quantized):
+@pytest.mark.parametrize("shared", [False, True])  # True: the rows' prompt held once (PrefixedCache), as sample's
+def test_a_decode_groups_own_cache_is_written_inside_the_attention_node(embedded_quantized, shared):
     """A decode group's cache (a fork: buffers of its own, KVCache.owned) takes each step's keys and values
     inside the attention node: one node a layer fewer, the same scores bit for bit, and the same cache
     contents as the write node's, also across a buffer that grows (reserve) and rows that leave."""
@@ -454,11 +455,12 @@ def test_a_decode_groups_own_cache_is_written_inside_the_attention_node(embedded
     mx.eval(model(mx.array([ids[:-1]]), prompt), [c.state for c in prompt])
 
     def steps(owned: bool):
-        cache = fork(prompt, 3, len(ids) + 2)  # room for 2 steps: the rest grows the buffer
+        cache = fork(prompt, 3, len(ids) + 2, shared)  # room rounded up to 16 positions: 20 steps grow it
+        assert all(type(c).__name__ == ("PrefixedCache" if shared else "KVCache") for c in cache)
         for c in cache:
             c.owned = owned
         tokens, scores = mx.array([[ids[-1]]] * 3), []
-        for step in range(6):
+        for step in range(20):
             if step == 3:  # a row leaves the group
                 cache, tokens = keep_rows(cache, [0, 2]), tokens[mx.array([0, 2])]
             logits = model(tokens, cache)[:, -1, :]
@@ -473,9 +475,11 @@ def test_a_decode_groups_own_cache_is_written_inside_the_attention_node(embedded
     assert nodes_a - nodes_b == len(model.layers), (nodes_a, nodes_b)
     assert all(mx.array_equal(a, b).item() for a, b in zip(written, in_node))
     for a, b in zip(cache_a, cache_b):
-        assert a.offset == b.offset == len(ids) + 6  # with the step the node count built
+        assert a.offset == b.offset == len(ids) + 20  # with the step the node count built
+        assert a.kv.shape[3] > 16 and b.kv.shape == a.kv.shape  # the buffer grew (reserve)
         mx.eval(a.kv, b.kv)
-        assert mx.array_equal(a.kv[..., : a.offset - 1, :], b.kv[..., : b.offset - 1, :]).item()
+        filled = a.offset - a.base - 1
+        assert mx.array_equal(a.kv[..., :filled, :], b.kv[..., :filled, :]).item()
 
 
 def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded_quantized):
