@@ -267,3 +267,16 @@ def test_generate_streams_the_text_then_one_stats_line(embedded_fast):
         r"peak memory \d+ MB \| finish: stop",
         stats,
     ), stats
+
+
+def test_seeds_read_a_count_as_python_reads_a_whole_number():
+    """--seeds N reads N as the other whole-number options do (Python's int: '1_000'), and A:B as before;
+    what int() refuses, or a digit outside ASCII, is the one-line message."""
+    from mlxinfer.engine.request import seed_list
+
+    for text in ("1_000", " 12 ", "+4", "7"):
+        assert seed_list(text) == list(range(int(text)))
+    assert seed_list("3:1_0") == list(range(3, 10))
+    for text in ("1__0", "1e3", "\u00b2", "12 seeds"):
+        with pytest.raises(MlxinferError, match="seeds takes N or A:B"):
+            seed_list(text)

@@ -136,8 +136,11 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
         seeds = seeds.tolist()  # np.arange(10): the seeds themselves
     if isinstance(seeds, (bool, float, bytes, Mapping)) or seeds is None or not isinstance(seeds, (int, str, Iterable)):
         raise MlxinferError(f"seeds must be a count, 'A:B' or a list of seeds, got {seeds!r:.60}", "seeds")
-    if isinstance(seeds, str) and ":" not in seeds and seeds.strip().isascii() and seeds.strip().isdigit():
-        seeds = int(seeds)
+    if isinstance(seeds, str) and ":" not in seeds and seeds.isascii():
+        try:
+            seeds = int(seeds)  # Python's int(), as the whole-number options and A:B read theirs ("1_000")
+        except ValueError:
+            pass  # not a count: the message below
     if isinstance(seeds, int):
         if not 1 <= seeds <= most:
             raise MlxinferError(f"seeds must be at least 1 and at most {most:,}, got {seeds}", "seeds")
