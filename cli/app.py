@@ -167,9 +167,6 @@ def _options(
 _register()
 
 
-# what writing the output can meet that is the output's place and not the command's fault
-
-
 def _standard_streams() -> bool:
     """A standard stream that was closed (`<&-`, `>&-`, `2>&-`) is opened on /dev/null, so that no file the
     command opens takes its number and the command reads nothing (stdin) or says nothing (stderr) instead of
