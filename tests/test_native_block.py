@@ -425,20 +425,20 @@ def test_other_layouts_fuse_where_they_can_and_match_the_composed_pass(tmp_path,
         mx.eval(model(mx.array([p[:-1]]), cache), [c.state for c in cache])
         caches.append(cache)
         alone.append(model(mx.array([p]), model.make_cache())[0, -1])
-    written = [[KVCache() for _ in c] for c in caches]  # the same caches, for owned=True
+    written = [[KVCache() for _ in c] for c in caches]  # the same caches, owned
     for mine, theirs in zip(written, caches):
         for a, b in zip(mine, theirs):
-            a.kv, a.offset = mx.array(b.kv), b.offset  # a copy of its own, as cache.fork makes
+            a.kv, a.offset, a.owned = mx.array(b.kv), b.offset, True  # a copy of its own, as cache.fork makes
     tokens = mx.array([p[-1] for p in prompts])
     together = ragged.step(model, tokens, caches)
-    in_place = ragged.step(model, tokens, written, owned=True)  # the writes inside the attention node
+    in_place = ragged.step(model, tokens, written)  # the writes inside the attention node
     for r in range(len(prompts)):
         assert mx.array_equal(together[r], alone[r]).item(), r
         assert mx.array_equal(in_place[r], alone[r]).item(), r
         for a, b in zip(written[r], caches[r]):
             assert a.offset == b.offset and mx.array_equal(a.kv, b.kv).item()
     # the next position, written into the same buffers, against the write node's
-    assert mx.array_equal(ragged.step(model, tokens, written, owned=True), ragged.step(model, tokens, caches)).item()
+    assert mx.array_equal(ragged.step(model, tokens, written), ragged.step(model, tokens, caches)).item()
     assert all(c[0].offset == len(p) + 1 for c, p in zip(written, prompts))
 
 

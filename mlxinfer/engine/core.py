@@ -33,7 +33,7 @@ from typing import Any, Optional
 import mlx.core as mx
 
 from ..model import ragged
-from ..model.cache import KVCache, fork, keep_rows
+from ..model.cache import fork, keep_rows
 from ..model.native_block import shares_prefixes
 from ..sampler import RowSampler, draw_batch
 from ..settings import SamplerSettings
@@ -276,10 +276,7 @@ class Batch:
                 row.cache = fork(prefilled.cache, 1)
         else:
             room = len(prefilled.ids) + max((s.max_tokens for s in specs), default=0)  # positions the rows can fill
-            cache = fork(prefilled.cache, len(rows), room, self.shared)
-            for c in cache:  # new buffers that only this group's steps read: written in place (cache.KVCache.owned)
-                if isinstance(c, KVCache):
-                    c.owned = True
+            cache = fork(prefilled.cache, len(rows), room, self.shared)  # written in place (KVCache.owned)
             group = Group(cache, list(rows))
             for row in rows:
                 row.group = group
@@ -290,7 +287,7 @@ class Batch:
         A group's rows are contiguous in `rows`, in the group's order."""
         if self.own:
             # each row's cache is its own copy (cache.fork, KVCache.reserve), held by its Row alone
-            return ragged.step(self.model, tokens, [r.cache for r in rows], owned=True)
+            return ragged.step(self.model, tokens, [r.cache for r in rows])
         out, at = [], 0
         for group in _groups(rows):
             n = len(group.members)

@@ -22,8 +22,8 @@ class KVCache:
 
     step = 256
     base = 0  # positions held elsewhere, before the buffer's first slot (PrefixedCache)
-    # the buffer is held by nothing that must keep its old contents (a decode group's fork, engine/core.py):
-    # the attention node may write the new keys and values into it itself (model/native_block.py)
+    # the buffer is held by nothing that must keep its old contents (a copy that fork made): the
+    # attention node may write the new keys and values into it itself (model/native_block.py)
     owned = False
 
     def __init__(self):
@@ -95,12 +95,13 @@ class PrefixedCache(KVCache):
 
 class RaggedCache:
     """One layer's caches for rows of different lengths (model/ragged.py): row r's own one-row cache
-    rows[r], at offsets[r]. owned: each row's buffers are held by nothing else that must keep their old
-    contents (cache.fork's copies); roomy: every row has room for one more position (checked once a
-    step). The native blocks then write the new keys and values inside their attention node."""
+    rows[r], at offsets[r]. owned: every row's buffer is its own (KVCache.owned); roomy: every row has
+    room for one more position (checked once a step). The native blocks then write the new keys and
+    values inside their attention node."""
 
-    def __init__(self, rows: list[KVCache], owned: bool = False, roomy: bool = False):
-        self.rows, self.offsets, self.owned, self.roomy = rows, [c.offset for c in rows], owned, roomy
+    def __init__(self, rows: list[KVCache], roomy: bool = False):
+        self.rows, self.offsets, self.roomy = rows, [c.offset for c in rows], roomy
+        self.owned = all(c.owned for c in rows)
 
 
 def _map_rows(cache: list, fn) -> list:
@@ -120,17 +121,22 @@ def _map_rows(cache: list, fn) -> list:
 
 def fork(cache: list, rows: int, positions: int | None = None, shared: bool = False) -> list:
     """`rows` independent continuations of a one-row cache: (1, ...) -> (rows, ...), in new buffers
-    (mx.array copies): the server's rows write theirs in place (model/ragged.py). Copies of whole rows
+    (mx.array copies), each KVCache marked `owned`: the attention node writes each step into it. Copies of whole rows
     (concatenate), not mx.repeat, whose CPU copy of a 32-row, 256-position cache took ~5x longer.
     positions: room the rows will use at most (the prompt and the tokens still to come); our caches'
     buffers are cut to it (rounded up to 16), so that this copy and each keep_rows copy only that.
     shared (a model whose attention reads prefixes in place: native_block.shares_prefixes): several rows'
     caches become PrefixedCaches, the prompt held once for all of them and each row's buffer empty room."""
     if shared and rows > 1 and positions is not None and all(type(c) is KVCache and c.kv is not None for c in cache):
-        return [_prefixed(c, rows, positions) for c in cache]
-    if positions is not None:
-        cache = [_cut(c, _rounded(positions)) for c in cache]
-    return _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
+        out = [_prefixed(c, rows, positions) for c in cache]
+    else:
+        if positions is not None:
+            cache = [_cut(c, _rounded(positions)) for c in cache]
+        out = _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
+    for c in out:
+        if isinstance(c, KVCache):
+            c.owned = True
+    return out
 
 
 def _rounded(positions: int) -> int:

@@ -8,7 +8,7 @@ block) is three:
   side by side, each column's arithmetic its own, so the bits are those of three calls);
 * RoPE and the KV cache update as one primitive (keys and values share one buffer: model/cache.py;
   native/qmm/attention.cpp), or inside the attention node where the cache's buffer is the decode's own
-  (`KVCache.owned`, `RaggedCache.owned`): two nodes a layer (~3% of a decode step on a 2-core CPU);
+  (`KVCache.owned`: the copies cache.fork makes): two nodes a layer (~3% of a decode step on a 2-core CPU);
 * attention, o_proj and the residual, then the MLP (its norm, gate and up as one call, SwiGLU on the
   two halves, down, plus the residual) as one: the attention node runs linear_chain's stages after
   it (`then`).

@@ -38,19 +38,17 @@ def supports(model) -> bool:
 EVAL_EVERY = 10  # layers built before they start to run: a one-row step's graph takes ~2 ms of its ~8 to build
 
 
-def step(model: Model, tokens: mx.array, caches: list[list[KVCache]], owned: bool = False) -> mx.array:
+def step(model: Model, tokens: mx.array, caches: list[list[KVCache]]) -> mx.array:
     """Scores (A, V) for the next token of each row: `tokens` (A,) are the tokens just drawn and
-    caches[r] is row r's one-row cache (a list over layers), updated in place.
-
-    owned: each row's cache arrays are held by nothing else that must keep their old contents (the
-    server's rows, each forked into a copy of its own: cache.fork); the native blocks then write the
-    new keys and values inside their attention node, into those buffers."""
+    caches[r] is row r's one-row cache (a list over layers), updated in place. Where every row's
+    buffers are its own (KVCache.owned: the copies cache.fork makes), the native blocks write the new
+    keys and values inside their attention node, into those buffers."""
     A = tokens.shape[0]
     h = model.embed(tokens.reshape(A, 1))  # (A, 1, D)
     # a row's layers are written together, so layer 0 tells each row's room for all
     roomy = all(c[0].has_room(1) for c in caches)
     for i, layer in enumerate(model.layers):
-        h = layer(h, None, RaggedCache([c[i] for c in caches], owned, roomy))
+        h = layer(h, None, RaggedCache([c[i] for c in caches], roomy))
         if i % EVAL_EVERY == EVAL_EVERY - 1 and i + 1 < len(model.layers):
             mx.async_eval(h)  # MLX runs these layers while the next ones are built (the same graph, the same bits)
     return model.logits_from_hidden(h)[:, -1, :]
