@@ -414,6 +414,21 @@ def test_typical_p_in_both_orders_and_with_min_tokens_to_keep():
         SamplerSettings(typical_p=0.0).validate()
 
 
+@pytest.mark.parametrize("fast", [False, True])
+@pytest.mark.parametrize("p", [1e-300, 1e-46, 1e-30])
+def test_a_p_below_float32s_range_keeps_the_first_token(p, fast):
+    """A p in (0, 1] too small for float32 (1e-300 read as 0 there) keeps what any p at most the first
+    token's probability keeps: top-p the most likely token, typical-p the most typical (token 1, above).
+    It was a ValueError from the native cut and an index past the row in the composed one."""
+    from mlxinfer.sampler.stages import apply_top_p, apply_typical_p
+
+    scores = mx.log(mx.array([TYPICAL_PROBS]))
+    top = apply_top_p(scores, p, fast=fast)
+    typical = apply_typical_p(scores, p, fast=fast)
+    assert np.isfinite(np.array(top[0])).tolist() == [True, False, False, False]
+    assert np.isfinite(np.array(typical[0])).tolist() == [False, True, False, False]
+
+
 # ----------------------------------------------------------------------------- settings
 def test_generation_config_defaults_and_overrides():
     cfg = L.QWEN3_GENERATION_CONFIG

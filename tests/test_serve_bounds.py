@@ -182,6 +182,8 @@ def test_unknown_fields_are_named_in_a_header(tiny):
     assert "mlxinfer-ignored-fields" not in post(url, CHAT, _chat(url, user="me")).headers
     r = post(url, CHAT, _chat(url, temprature=0.5, n=0))  # an error response says it too
     assert r.status_code == 400 and r.headers["mlxinfer-ignored-fields"] == "temprature"
+    r = post(url, CHAT, _chat(url, **{"a\r\nb": 1, "\x00c\u00e9": 2}))  # was no response (h11 refused the header)
+    assert r.status_code == 200 and r.headers["mlxinfer-ignored-fields"] == "a\\r\\nb, \\x00c\\xe9"
 
 
 def test_http_errors_are_openai_shaped(tiny):

@@ -223,7 +223,8 @@ def test_an_error_mid_stream_is_an_error_event_then_done(tmp_path):
 
 def test_error_types_and_codes_are_openais(checkpoint_dir):
     model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
-    with running(mlxinfer.create_app(model, tok, api_key="sesame", max_body_bytes=1000)) as url:
+    page = "http://localhost:3000"  # a page on another origin, allowed by CORS
+    with running(mlxinfer.create_app(model, tok, api_key="sesame", max_body_bytes=1000, cors=[page])) as url:
         key = {"authorization": "Bearer sesame"}
         name = client(url, "sesame").models.list().data[0].id
         chat = {"model": name, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
@@ -241,3 +242,20 @@ def test_error_types_and_codes_are_openais(checkpoint_dir):
             error = r.json()["error"]
             assert (r.status_code, error["type"], error["code"]) == (status, kind, code), r.text
         assert cases[0][0].headers["www-authenticate"] == "Bearer"
+        # a browser's preflight carries no key: CORS answers it before the key is asked (it was a 401),
+        # and the guard's own errors carry the CORS headers, so the page can read them
+        ask = {"origin": page, "access-control-request-method": "POST"}
+        ask["access-control-request-headers"] = "authorization"
+        preflight = httpx.options(f"{url}/v1/chat/completions", headers=ask)
+        assert preflight.status_code == 200 and preflight.headers["access-control-allow-origin"] == page
+        other = httpx.options(f"{url}/v1/chat/completions", headers={**ask, "origin": "http://evil.example"})
+        assert "access-control-allow-origin" not in other.headers
+        for r in (
+            post(url, "/v1/chat/completions", chat, headers={"origin": page}),
+            post(url, "/v1/chat/completions", {**chat, "x": "y" * 2000}, headers={**key, "origin": page}),
+        ):
+            assert r.status_code in (401, 413) and r.headers["access-control-allow-origin"] == page
+        for scheme in ("bearer", "BEARER"):  # the scheme is case-insensitive (RFC 9110); the key is not
+            ok = post(url, "/v1/chat/completions", chat, headers={"authorization": f"{scheme} sesame"})
+            assert ok.status_code == 200, ok.text
+        assert post(url, "/v1/chat/completions", chat, headers={"authorization": "Bearer SESAME"}).status_code == 401

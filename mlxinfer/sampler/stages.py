@@ -28,6 +28,9 @@ from ..errors import MlxinferError
 from ..settings import SamplerSettings
 
 NEG_INF = -float("inf")
+# the least p the cuts compare in float32: a smaller one (1e-300) read as 0 there and kept nothing; every
+# p at most the top token's probability keeps the same tokens, so the floor changes no cut
+LEAST_P = float(np.finfo(np.float32).tiny)
 
 
 # ----------------------------------------------------------------------------- adjustments
@@ -164,6 +167,7 @@ def apply_top_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1, fast:
     A token survives when the mass of the tokens above it is below p (of the row's total
     mass, so a row that was cut before counts as rescaled); mlx-lm's formulation, plus
     min_tokens_to_keep."""
+    p = max(p, LEAST_P)
     native = kernels.top_p(logprobs, p, min_tokens_to_keep) if fast else None
     if native is not None:  # the same rule from a partial sort, its sums in float64
         return native
@@ -193,6 +197,7 @@ def apply_typical_p(logprobs: mx.array, p: float, min_tokens_to_keep: int = 1, f
     """Locally typical sampling (Meister et al., 2023; transformers' TypicalLogitsWarper): order the tokens
     by how far their surprise -log p is from the distribution's entropy, nearest first, and keep the
     fewest whose probabilities add up to at least p (the token that crosses p is kept)."""
+    p = max(p, LEAST_P)
     native = kernels.typical_p(logprobs, p, min_tokens_to_keep) if fast else None
     if native is not None:  # the same rule from a partial sort, in float64
         return native

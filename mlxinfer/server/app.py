@@ -3,8 +3,10 @@
     app = create_app(model, tokenizer)          # Starlette; run it with uvicorn, or in-process
 
 create_app checks the options (ServerOptions), starts the engine (engine/batcher.py) and routes each
-path to a method of handlers.Endpoints; _Guard, in front, keeps the body limit and the API key, and
-metrics.Counted, in front of it, counts every response for /metrics.
+path to a method of handlers.Endpoints; _Guard, in front, keeps the body limit and the API key; CORS,
+where allowed, is in front of the guard (a browser's preflight carries no key, and a 401 or 413 must
+carry the CORS headers for the page to read it); metrics.Counted, in front of all, counts every
+response for /metrics.
 """
 
 from __future__ import annotations
@@ -48,8 +50,9 @@ class _Guard:
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope.get("headers", [])}
         if self.key is not None and scope["path"].startswith(GUARDED):
-            given = headers.get(b"authorization", b"").decode("latin-1")
-            if not hmac.compare_digest(given.encode(), f"Bearer {self.key}".encode()):
+            scheme, _, given = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+            # the scheme is case-insensitive (RFC 9110, 11.1); the key is compared in constant time
+            if scheme.lower() != "bearer" or not hmac.compare_digest(given.lstrip(" ").encode(), self.key.encode()):
                 e = ApiError(401, "a valid API key is required: Authorization: Bearer KEY", None)
                 return await _send(send, e.status, e.body(), {"www-authenticate": "Bearer"})
         length = headers.get(b"content-length")
@@ -159,11 +162,12 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
     ]
     metrics.routes = routes
     app = Starlette(routes=routes, lifespan=endpoints.lifespan, exception_handlers={404: _not_found, 405: _not_allowed})
+    guarded = _Guard(app, o.max_body_bytes, o.api_key)
     if o.cors:
         from starlette.middleware.cors import CORSMiddleware
 
-        app.add_middleware(CORSMiddleware, allow_origins=list(o.cors), allow_methods=["*"], allow_headers=["*"])
-    counted = Counted(_Guard(app, o.max_body_bytes, o.api_key), metrics)
+        guarded = CORSMiddleware(guarded, allow_origins=list(o.cors), allow_methods=["*"], allow_headers=["*"])
+    counted = Counted(guarded, metrics)
     counted.engine = endpoints  # for tests and embedding: the model, the batcher, the served id, the metrics
     return counted
 

@@ -193,7 +193,9 @@ def _noted(response, body):
     unknown = unknown_fields(body) if body is not None else []
     if unknown:
         shown = ", ".join(unknown[:10]) + (f", and {len(unknown) - 10} more" if len(unknown) > 10 else "")
-        response.headers[IGNORED_HEADER] = shown.encode("ascii", "backslashreplace").decode("ascii")[:1000]
+        # escaped: a header holds printable ASCII only (a name with a line break was no response at all)
+        shown = shown.encode("unicode_escape").decode("ascii")
+        response.headers[IGNORED_HEADER] = shown[:1000]
         log.warning("a request's fields were ignored: %s", shown)
     return response
 
