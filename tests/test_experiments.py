@@ -88,6 +88,22 @@ def test_rows_that_finish_early_leave_the_batch_without_changing_the_others(load
     assert len(lengths) > 1, lengths  # rows did finish at different steps
 
 
+def test_a_seeds_first_token_is_the_same_alone_and_batched_on_the_kernels_path(embedded_quantized):
+    """The first token of every seed comes from the one prefill's scores, so whatever the forward pass
+    does, seed s must draw the same token in a batch of 2,000 as in a batch of one, and as generate
+    (which reads the token's logprob). The batched draw used to read the scores unnormalised and the
+    lone one normalised: seeds 11 and 316 of these drew a neighbouring token (9120 for 9121)."""
+    model, tokenizer = embedded_quantized
+    args = dict(seeds=2000, settings={"temperature": 1.5}, max_tokens=1)
+    batched = mlxinfer.sample(model, tokenizer, HERB, **args)
+    alone = mlxinfer.sample(model, tokenizer, HERB, batch_size=1, **args)
+    differ = [b.seed for b, a in zip(batched.completions, alone.completions) if b.tokens != a.tokens]
+    assert not differ, differ
+    for c in batched.completions[:3]:
+        one = mlxinfer.generate(model, tokenizer, HERB, seed=c.seed, max_tokens=1, settings={"temperature": 1.5})
+        assert one.tokens == c.tokens
+
+
 @pytest.mark.slow
 def test_float32_path_batched_against_one_at_a_time(embedded_fast):
     """On the float32 BLAS path a batch is sgemm and one row sgemv: last bits differ, so a near tie can

@@ -71,6 +71,12 @@ def _kept(logprobs: mx.array, settings: SamplerSettings, fast: bool) -> mx.array
     return logprobs if settings.greedy else cut_tail(logprobs, settings, fast)
 
 
+def _draws_raw(row: RowSampler, fast: bool) -> bool:
+    """Whether the row draws from its scores as they are (draw_batch): on the CPU paths, with nothing
+    to adjust and no cut."""
+    return fast and not row.processors and not row.settings.cuts_tail
+
+
 def _stacked(rows: list[mx.array]) -> mx.array:
     return rows[0] if len(rows) == 1 else mx.concatenate(rows)  # one row: no copy of its V scores
 
@@ -91,29 +97,33 @@ def draw_batch(
     normalised and cut in one op over (A, V): the same bits per row as one row at a time
     (checked by the tests), fewer dispatches. Each row draws with its own key; on a CPU all seeded
     rows are drawn in one call (draw.draw_rows), the tokens mx.random.categorical gives each.
-    On the float32 CPU path (`fast`), when no one reads the tokens' logprobs (an experiment's rows),
-    the normalisation is skipped: a draw does not depend on a shift of its row, and MLX's CPU exp
-    over 49k scores a row was a sixth of a 64-row step. The draw's bits then differ from mlx-lm's in
-    the last place, as the float32 path's scores already do.
+    On the CPU paths (`fast`) a row with nothing to adjust and no cut draws from its scores as they
+    are (`_draws_raw`): a draw does not depend on a shift of its row, and MLX's CPU exp over 49k
+    scores a row was a sixth of a 64-row step. Such a row does so alone or batched, whether or not
+    its logprobs are read, so a seed draws the same token in `generate`, `sample` and the server (a
+    draw from the normalised row differs at a near tie: 2 seeds in 200 at T = 1.5). The draw's bits
+    then differ from mlx-lm's in the last place, as these paths' scores already do.
     host_draw: the caller reads each step's tokens on the host before the next (the server's
     engine), so the native draw serves from one seeded row on: it has no lazy draw to lose.
     """
-    settings = rows[0].settings
-    if len(rows) > 1 and all(not r.processors and r.key is not None and r.settings == settings for r in rows):
-        if fast and not step_logprobs and not settings.cuts_tail:
+    settings, A = rows[0].settings, len(rows)
+    if A > 1 and all(not r.processors and r.key is not None and r.settings == settings for r in rows):
+        raw = _draws_raw(rows[0], fast)
+        if raw and not step_logprobs:
             logprobs = logits
         elif fast:
             logprobs = kernels.log_softmax(logits)
         else:
             logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # (A, V), or (1, V) shared
-        logprobs = mx.broadcast_to(logprobs, (len(rows), logprobs.shape[-1]))
-        kept = _kept(logprobs, settings, fast)
+        logprobs = mx.broadcast_to(logprobs, (A, logprobs.shape[-1]))
+        kept = mx.broadcast_to(logits, logprobs.shape) if raw else _kept(logprobs, settings, fast)
     else:
-        rows_logprobs = [
-            row.scores(logits if logits.shape[0] == 1 else logits[i : i + 1], fed[i], fast)
-            for i, row in enumerate(rows)
-        ]
-        kept = _stacked([_kept(lp, row.settings, fast) for lp, row in zip(rows_logprobs, rows)])
+        row_logits = [logits if logits.shape[0] == 1 else logits[i : i + 1] for i in range(A)]
+        rows_logprobs = [row.scores(row_logits[i], fed[i], fast) for i, row in enumerate(rows)]
+        kept = _stacked([
+            x if _draws_raw(row, fast) else _kept(lp, row.settings, fast)
+            for x, lp, row in zip(row_logits, rows_logprobs, rows)
+        ])  # fmt: skip
         logprobs = _stacked(rows_logprobs)
     temperatures, keys = [row.settings.temperature for row in rows], _split_keys(rows)
     y = draw_rows(kept, temperatures, keys, min_rows=1 if host_draw else BATCH_DRAW_ROWS)
