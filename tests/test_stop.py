@@ -97,7 +97,7 @@ def test_sweep_records_cut_at_the_stop_string(embedded, free, tmp_path):
         )  # fmt: skip
 
 
-def test_cli_stop_and_its_bad_values(free):
+def test_cli_stop_and_its_bad_values(free, tmp_path):
     whole = free.completions[1]
     stop = _stops_for(whole.text)[0]
     args = ["generate", "-p", HERB, "--temp", "1", "--seed", "1", "--max-tokens", "12", "--compute-dtype", "bfloat16"]
@@ -107,6 +107,11 @@ def test_cli_stop_and_its_bad_values(free):
     assert (got["text"], got["finish_reason"]) == (_cut(whole.text, [stop]), "stop")
     for bad in ("", "x" * 300):
         assert_one_line_error(invoke_cli(*args, "--stop", bad), "--stop must be")
+    # bytes a shell passes that are not UTF-8 arrive as a surrogate: was a traceback from sweep's writer
+    out = tmp_path / "r.jsonl"
+    sweep = ["sweep", "-p", HERB, "--seeds", "2", "--max-tokens", "2", "--stop", "\udcff", "--out", str(out)]
+    assert_one_line_error(invoke_cli(*sweep), "--stop", "not valid UTF-8")
+    assert not out.exists() and not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("stop", [[""], "x" * 257, [1], ["a"] * 17, {"a": 1}, b"a"])

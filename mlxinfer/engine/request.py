@@ -112,6 +112,11 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
             f"characters, got {stop!r:.80}",
             "stop",
         )
+    for s in stops:
+        try:
+            s.encode("utf-8")
+        except UnicodeEncodeError:  # a surrogate (bytes a shell passed that are not UTF-8): no token holds it
+            raise MlxinferError(f"stop {s!r:.80} is not valid UTF-8 text; pass it as UTF-8", "stop") from None
     return tuple(stops)
 
 
