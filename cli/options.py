@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import functools
 import inspect
+import os
+import stat
+import sys
 from dataclasses import dataclass
 from typing import Any, Callable, List, Optional, get_type_hints
 
@@ -51,7 +54,14 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
         ("compute_dtype", str, "auto", "--compute-dtype", COMPUTE_HELP),
     ],
     "prompt": [
-        ("prompt", _Str, None, "--prompt -p", "The text the model reads; - reads it from standard input."),
+        (
+            "prompt",
+            _Str,
+            None,
+            "--prompt -p",
+            "The text the model reads; - reads it from standard input (read too where none is given and text is "
+            "piped in).",
+        ),
         ("prompt_file", _Str, None, "--prompt-file", "Read the prompt from this UTF-8 file instead."),
     ],
     "chat": [
@@ -202,6 +212,7 @@ def takes(*groups: str) -> Callable:
         def command(**kwargs):
             if "prompt" in groups:  # -p TEXT, -p - or --prompt-file PATH: the command sees the text
                 given, path = kwargs["prompt"], kwargs.pop("prompt_file")
+                given = "-" if given is None and path is None and piped_stdin() else given
                 kwargs["prompt"] = prompt_text(given, path)
                 name_prompt_source(given, path)
             return fn(**kwargs)
@@ -211,6 +222,16 @@ def takes(*groups: str) -> Callable:
         return command
 
     return wrap
+
+
+def piped_stdin() -> bool:
+    """Whether standard input is a pipe or a file (`echo TEXT | mlxinfer topk`, `< prompt.txt`): a
+    command given no prompt then reads it, as -p - would. A terminal, /dev/null or none: not."""
+    try:
+        mode = os.fstat(sys.stdin.fileno()).st_mode
+    except (OSError, ValueError, AttributeError):  # no descriptor (an embedding, a test runner's stream)
+        return False
+    return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
 
 
 def name_prompt_source(prompt: Optional[str], prompt_file: Optional[str]) -> None:

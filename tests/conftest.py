@@ -200,6 +200,7 @@ def run_cli(*args: str, env: dict | None = None, timeout: int = 300) -> subproce
         [sys.executable, "-m", "mlxinfer", *args],
         cwd=ROOT,
         env=full_env,
+        stdin=subprocess.DEVNULL,  # not the runner's own: a command given no prompt reads a piped stdin
         capture_output=True,
         text=True,
         timeout=timeout,

@@ -61,6 +61,27 @@ def test_no_prompt_at_all_says_how_to_give_one():
     assert_one_line_error(invoke_cli("topk"), "-p TEXT", "--prompt-file")
 
 
+@pytest.mark.parametrize("command", ["topk", "generate", "sweep"])
+def test_text_piped_in_is_the_prompt_when_none_is_named(command):
+    """`echo TEXT | mlxinfer generate`, as `-p -`: read where standard input is a pipe or a file and no prompt
+    is named; with a terminal or /dev/null there, the one line that says how to give one."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    run = [sys.executable, "-m", "mlxinfer", command, *COMMANDS[command], "--json"]
+    piped = subprocess.run(run, input=FRUIT + "\n", capture_output=True, text=True, cwd=ROOT, timeout=300)
+    named = invoke_cli(command, "-p", FRUIT, *COMMANDS[command], "--json")
+    assert piped.returncode == 0 and named.returncode == 0, piped.stderr + named.stderr
+    if command == "sweep":
+        assert [c["prompt"] for c in json.loads(piped.stdout)["cells"]] == [FRUIT]
+    else:
+        assert _ids(piped) == _ids(named)
+    nothing = subprocess.run(run, stdin=subprocess.DEVNULL, capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert_one_line_error(nothing, "give a prompt" if command != "sweep" else "give prompts")
+
+
 def _ids(result) -> list[int]:
     assert result.returncode == 0, result.stderr
     return json.loads(result.stdout)["prompt_ids"]

@@ -19,6 +19,7 @@ from mlxinfer_cli.options import (
     grid,
     max_tokens_option,
     name_prompt_source,
+    piped_stdin,
     prompt_text,
     seeds,
     stop,
@@ -49,6 +50,8 @@ def sweep(
     flags.use(temperature="--temps")  # a grid value's error names the grid's flag
     seed_ids = seeds(options)
     given = list(prompt or [])
+    if not (given or prompt_file or prompts_file) and piped_stdin():
+        given = ["-"]  # text piped in and no prompt named: read as -p - reads it
     if given.count("-") > 1:  # the second read would find it empty: say why, not "standard input is empty"
         raise MlxinferError(
             f"-p - is given {given.count('-')} times, but standard input can be read once; give -p - once "
