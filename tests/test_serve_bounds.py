@@ -330,7 +330,7 @@ def test_a_job_whose_client_left_costs_no_more_prefill(checkpoint_dir, monkeypat
     model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
     chunks, real = [], batcher_module.prefill
 
-    def prefill(model, ids, progress=None):
+    def prefill(model, ids, step_size=None, progress=None):
         def counted(done, total):
             chunks.append(done)
             jobs[0].cancel()  # its client leaves while the first chunk runs
@@ -349,6 +349,43 @@ def test_a_job_whose_client_left_costs_no_more_prefill(checkpoint_dir, monkeypat
     assert engine._prompts.status()["prompts"] == 0  # a part-prefilled prompt is not kept
     engine._pending.extend([types.SimpleNamespace(cancelled=True), types.SimpleNamespace(cancelled=False)])
     assert engine.status()["queued"] == 1
+
+
+def test_a_long_prompt_holds_the_others_for_a_chunk_not_its_whole_prefill(checkpoint_dir):
+    """Was: the engine prefilled a prompt whole before the next step, so a 4,096-token prompt held every
+    stream (and every request queued behind it) for its whole prefill. Now, between two chunks of
+    `prefill_budget` tokens, the rows in flight take a step and a queued prompt that fits in a chunk is
+    admitted; every row still draws what it draws alone."""
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    never_ends = {"temperature": 1.0, "logit_bias": {e: -100 for e in tok.eos_token_ids}}  # the stream runs on
+    told: list = []  # (name, token or None), in the order the engine told them
+
+    def job(name, prompt, max_tokens, seed, settings):
+        request = prepare(model, tok, prompt, chat=False, max_tokens=max_tokens, settings=settings)
+        tell = lambda kind, i, step: kind == "step" and told.append((name, step.token))  # noqa: E731
+        return Job(request, [seed], tell), (prompt, [seed], settings, max_tokens)
+
+    engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
+    engine.close()  # its thread parks: the jobs are admitted on this thread alone
+    (stream, s_args), (short, _) = job("stream", "The cat", 40, 1, never_ends), job("short", "A dog", 3, 2, {})
+    (long, l_args) = job("long", "The cat sat on the mat. " * 12, 2, 3, {"temperature": 1.0})
+    chunks = -(-len(long.request.ids) // 16)
+    assert chunks >= 5
+    engine._admit(stream)
+    engine._pending.append(short)
+    steps = engine.steps
+    engine._admit(long)
+    assert engine.steps - steps == chunks - 1  # a step for the rows in flight between every two chunks
+    first = [name for name, _ in told].index("long")
+    assert "short" in [name for name, _ in told[:first]]  # admitted between two chunks, before the long one's token
+    assert sum(name == "stream" for name, _ in told[:first]) >= chunks  # the stream went on meanwhile
+    while engine._live:
+        engine._step()
+        engine._deliver()
+    for name, (prompt, seeds, settings, max_tokens) in (("stream", s_args), ("long", l_args)):
+        (alone,) = mlxinfer.sample(model, tok, prompt, seeds=seeds, settings=settings, max_tokens=max_tokens,
+                                   chat=False).completions  # fmt: skip
+        assert [t for n, t in told if n == name and t is not None] == alone.tokens, name
 
 
 def test_the_bounds_are_what_the_docs_say():

@@ -3,7 +3,10 @@
 Each loop of the engine thread admits the queued requests that fit (their prompts prefilled, or
 forked from the prompt cache, their first tokens drawn from the prefill's scores, exactly as
 decode.decode draws them), then decodes one token for every row in flight, and drops the rows that
-finished or whose client went away. Which rows go on is decided as soon as a step's tokens are
+finished or whose client went away. A prompt is prefilled `prefill_budget` tokens at a time, and
+between two chunks the rows in flight take a step and queued prompts that fit in one chunk are
+admitted: a long prompt delays the others by a chunk, not by its whole prefill (chunks of any size
+give a prompt the same bits on our paths). Which rows go on is decided as soon as a step's tokens are
 drawn; the tokens reach their clients (detokenized, told) while the next step's forward runs.
 On our own definitions (model/ragged.py) every row has a one-row KV cache of its own and one forward
 pass serves all rows; mlx-lm's classes run one forward per request over that request's rows.
@@ -176,14 +179,14 @@ class Batcher:
             if future.set_running_or_notify_cancel():
                 future.set_exception(QueueFull("the engine is shutting down"))
 
-    def _next_jobs(self) -> list[Job]:
+    def _next_jobs(self, reserved: int = 0, within_budget: bool = False) -> list[Job]:
         """The queued jobs to prefill before the next step, first come first served: those that fit
-        beside the rows in flight, up to `prefill_budget` prompt tokens (at least one job). Several at
-        once shorten the ramp when many requests arrive together; the budget bounds how long the rows
-        in flight wait for their next token. A prompt the prompt cache holds, or one already taken
-        this time, costs nothing (a fork): an experiment's requests on one prompt join in one step.
-        Cancelled jobs are dropped."""
-        jobs, rows, tokens, taken = [], len(self._live), 0, set()
+        beside the rows in flight (and `reserved` rows more), up to `prefill_budget` prompt tokens (at
+        least one job, unless `within_budget`). Several at once shorten the ramp when many requests
+        arrive together; the budget bounds how long the rows in flight wait for their next token. A
+        prompt the prompt cache holds, or one already taken this time, costs nothing (a fork): an
+        experiment's requests on one prompt join in one step. Cancelled jobs are dropped."""
+        jobs, rows, tokens, taken = [], len(self._live) + reserved, 0, set()
         while self._pending:
             job = self._pending[0]
             if job.cancelled:
@@ -191,20 +194,28 @@ class Batcher:
                 continue
             ids = tuple(job.request.ids)
             n = 0 if ids in taken or self._prompts.holds(ids) else len(ids)
-            if rows + len(job.seeds) > self.max_rows or (jobs and tokens + n > self.prefill_budget):
+            over = tokens + n > self.prefill_budget and (jobs or within_budget)
+            if rows + len(job.seeds) > self.max_rows or over:
                 break
             jobs.append(self._pending.popleft())
             rows, tokens = rows + len(job.seeds), tokens + n
             taken.add(ids)
         return jobs
 
-    def _admit(self, job: Job) -> None:
-        """Prefill the job's prompt once and draw each row's first token from its scores."""
+    def _admit(self, job: Job, between_chunks: bool = True) -> None:
+        """Prefill the job's prompt once and draw each row's first token from its scores; between two
+        chunks of the prefill, the others' turn (`_between_chunks`)."""
         request = job.request
+
+        def progress(done: int, total: int) -> None:
+            _stop_if_left(job)
+            if between_chunks and done < total:
+                self._between_chunks(len(job.seeds))
+
         try:
             _stop_if_left(job)  # it may have left while the jobs taken before it were prefilled
             prefilled = self._prompts.get(request.ids) or self._prompts.put(
-                prefill(self.model, request.ids, progress=lambda done, total: _stop_if_left(job))
+                prefill(self.model, request.ids, step_size=self.prefill_budget, progress=progress)
             )
             rows = self.batch.admit(prefilled, [request.row(seed) for seed in job.seeds])
             for row in rows:
@@ -223,6 +234,18 @@ class Batcher:
             self._fail(job, 500, f"internal error during prefill ({type(e).__name__})")
             return
         self._live.extend(self._decide(rows, drawn))
+        self._deliver()
+
+    def _between_chunks(self, reserved: int) -> None:
+        """While a long prompt is prefilled: queued prompts that fit in one chunk are admitted (beside
+        the `reserved` rows the long one will need), then the rows in flight take one step."""
+        with self._cv:
+            jobs = self._next_jobs(reserved, within_budget=True)
+        for job in jobs:
+            self._admit(job, between_chunks=False)
+        self._drop_finished()
+        if self._live:
+            self._step()
         self._deliver()
 
     def _step(self) -> None:
