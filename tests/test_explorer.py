@@ -144,6 +144,8 @@ def test_next_token_beside_a_running_stream(tiny):
         ({"prompt": PROMPT, "min_p": 1.0}, "min_p"),
         ({"prompt": PROMPT, "temperature": "1"}, "temperature"),
         ({"prompt": 3}, "prompt"),
+        ({"prompt": ""}, "prompt"),  # was a table for the chat template alone, where the CLI refuses -p ''
+        ({"prompt": PROMPT, "temperatures": [1.0, 0.5, 1.0]}, "temperatures"),  # as the CLI refuses --temps 1,1
         ({}, "prompt"),
         ({"prompt": PROMPT, "temprature": 1.0}, "temprature"),  # a misspelled field is refused, not ignored
         ({"prompt": PROMPT, "chat": False, "system": "Be brief."}, "system"),

@@ -460,6 +460,9 @@ def test_hostile_requests_get_their_status_and_the_server_goes_on(tiny):
         ({**chat, "seed": -1}, 400, "seed"),
         ({**chat, "max_tokens": 10**12}, 400, "max_tokens"),
         ({**chat, "logit_bias": {"x": 1}}, 400, "logit_bias"),
+        ({**chat, "logit_bias": {" 1": 1}}, 400, "logit_bias"),  # these three were read by int(): 1, 10, 1
+        ({**chat, "logit_bias": {"1_0": 1}}, 400, "logit_bias"),
+        ({**chat, "logit_bias": {"\u0661": 1}}, 400, "logit_bias"),
         ({**chat, "logit_bias": {str(model.config.vocab_size): 1}}, 400, "logit_bias"),  # past the vocabulary
         ({**chat, "stream": True, "logit_bias": {"99999999": 5}}, 400, "logit_bias"),  # before any event
         ("[" * 1000 + "]" * 1000, 400, None),  # json.loads recurses

@@ -173,6 +173,8 @@ def test_a_stream_decodes_between_the_walks_steps(tiny, monkeypatch):
         ({"chat": False, "system": "Be brief."}, "system"),
         ({"temps": [1.0]}, "temps"),  # a misspelled field is refused, not ignored
         ({"prompt": 3}, "prompt"),
+        ({"prompt": " \n"}, "prompt"),  # was answered (the chat template alone), where the CLI refuses -p ''
+        ({"temperatures": [1.0, 1.0]}, "temperatures"),  # was two equal columns, where the CLI refuses --temps 1,1
         ({"prompt": "x " * 5000}, "prompt"),  # past the tiny model's context
     ],
 )

@@ -60,12 +60,10 @@ class Sampling(_Sampler):
 
         out = {k: getattr(self, k) for k in SAMPLER_FIELDS if getattr(self, k) is not None}
         if self.logit_bias:
-            try:
-                out["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
-            except ValueError:
-                raise ApiError(
-                    400, "logit_bias maps token ids (as strings of digits) to biases", "logit_bias"
-                ) from None
+            # ASCII digits only: int() also reads " 1", "1_0" (as 10) and other scripts' digits
+            if not all(t.isascii() and t.isdigit() for t in self.logit_bias):
+                raise ApiError(400, "logit_bias maps token ids (as strings of digits) to biases", "logit_bias")
+            out["logit_bias"] = {int(t): b for t, b in self.logit_bias.items()}
         return out
 
 
