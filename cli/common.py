@@ -70,6 +70,17 @@ def stdout_console(width: int | None = None):
     return out
 
 
+def folding_table(*args, **kwargs):
+    """rich's Table whose columns fold a cell onto more lines where the width is short: never cut to
+    "…" (an interval "6.1%-79.2%" showed as "6.1%-79…" at 60 columns)."""
+    from rich.table import Table
+
+    table = Table(*args, **kwargs)
+    add_column = table.add_column
+    table.add_column = lambda *a, overflow="fold", **k: add_column(*a, overflow=overflow, **k)
+    return table
+
+
 def progress_bar(total: int, description: str, enabled: bool = True):
     """A rich progress bar on stderr, as a (done, total) callback and a context manager."""
     from rich.console import Console

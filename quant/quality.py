@@ -117,7 +117,9 @@ def evaluate(
     if not candidates:
         raise MlxinferError("candidates is empty; give at least one model to compare with the reference", "candidates")
     check_quality_options(max_tokens, window)
-    path = Path(text).expanduser() if text else TEXT
+    if text is not None and not str(text).strip():  # was: the shipped text, silently
+        raise MlxinferError("text is empty; give the path of a UTF-8 text file (or none: the shipped one)", "text")
+    path = Path(text).expanduser() if text is not None else TEXT
     content = read_text_file(path, "text", MAX_TEXT_BYTES)
     sources = [reference, *candidates]
     if names is not None and len(names) != len(sources):

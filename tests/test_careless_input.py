@@ -161,6 +161,7 @@ def test_quality_checks_every_argument_before_the_reference_runs(monkeypatch, tm
         (["embedded", str(tmp_path / "empty")], "no config.json in"),
         (["embedded", "embedded", "--text", "/dev/zero"], "--text /dev/zero is a device, not a file"),
         (["embedded", "embedded", "--text", str(tmp_path)], "is a directory"),
+        (["embedded", "embedded", "--text", ""], "--text is empty"),  # was: the shipped text, silently
         (["embedded", "embedded", "--window", "1"], "--window must be 2 tokens or more"),
     ]
     for args, fragment in cases:

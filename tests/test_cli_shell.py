@@ -154,6 +154,17 @@ def test_an_unusable_terminal_width_still_shows_the_table(columns, monkeypatch):
     assert len(rows) >= 2 and all("'" in row for row in rows[:2]), r.stdout  # each token row shows its token
 
 
+def test_no_cell_is_cut_at_the_least_width(monkeypatch):
+    """Was: at 60 columns sweep's intervals showed as "6.1%-79…" (and topk's tokens as 'Welco…'); a cell
+    too wide for its column now folds onto a second line, so every character still shows."""
+    monkeypatch.setenv("COLUMNS", "60")
+    r = invoke_cli("sweep", "-p", "Name one fruit.", "--seeds", "3", "--max-tokens", "2")
+    assert r.returncode == 0, r.stderr
+    rows = [line for line in r.stdout.splitlines() if line.startswith("│ ")]
+    assert rows and "…" not in r.stdout, r.stdout
+    assert any("%" in row for row in rows), r.stdout
+
+
 def test_lines_are_not_wrapped_where_the_output_is_not_a_terminal():
     """Was: piped into a file, `sample`'s completions were wrapped at 80 columns, one seed over several lines."""
     r = invoke_cli("sample", "-p", "Name a herb for tomato soup.", "--seeds", "4", "--max-tokens", "40")

@@ -358,6 +358,8 @@ def test_cli_cut_gives_length_and_a_warning(checkpoint_dir, json_out):
         ("--json-schema", '{"type": object}', "not valid JSON"),
         ("--json-schema", "no-such-file.json", "neither a file nor inline JSON"),
         ("--json-schema", str(EXAMPLES), "examples is a directory"),  # was: "neither a file nor inline JSON"
+        ("--json-schema", "", "--json-schema is empty"),  # was: "--json-schema . is a directory"
+        ("--tool", " ", "--tool is empty"),
         ("--json-schema", json.dumps({"type": "object", "properties": {"a": {"pattern": "[a-"}}}), "not a valid"),
         ("--json-schema", "[1, 2]", "must be a JSON object"),
         ("--json-schema", '{"type": "string"}', '"type": "object"'),

@@ -46,6 +46,9 @@ def test_convert_takes_model(tmp_path):
         (["convert", "-m", "embedded"], "GGUF OUT, or --model GGUF OUT"),
         (["quality", "-m", "embedded"], "at least one model to compare"),
         (["quality"], "give the model"),
+        (["convert", "", "out"], "GGUF is blank"),  # was: "--model is blank", a flag not given
+        (["convert", "-m", "", "out"], "--model is blank"),
+        (["quality", "embedded", ""], "a model (REFERENCE or CANDIDATE) is blank"),
     ],
 )
 def test_a_missing_or_doubled_model_is_one_line(args, fragment):

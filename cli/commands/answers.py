@@ -92,7 +92,7 @@ def _progress(enabled: bool):
 
 
 def render(report) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     console = stdout_console()
     console.print(

@@ -39,7 +39,7 @@ def convert_command(
 
     from mlxinfer import MlxinferError
 
-    flags.use(out="OUT")
+    flags.use(source="GGUF", out="OUT")  # --model where it is given as that
     gguf, rest = model_or_first(model, [gguf, out], "mlxinfer convert MODEL.gguf OUT, or --model MODEL.gguf OUT")
     if len(rest) != 1:
         raise MlxinferError("give the file and the directory to write: GGUF OUT, or --model GGUF OUT (not both)")

@@ -92,7 +92,7 @@ def stats_line(stats) -> str:
 
 
 def render_mask(rows: list[dict]) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     console = stdout_console()
     if not console.is_terminal:
@@ -119,7 +119,7 @@ def render_mask(rows: list[dict]) -> None:
 
 
 def render_logprobs(steps) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     t = Table(title="logprobs")
     t.add_column("token")

@@ -8,6 +8,7 @@ import typer
 
 from mlxinfer import defaults
 
+from mlxinfer_cli import flags
 from mlxinfer_cli.common import JsonOption, print_json
 from mlxinfer_cli.options import model_or_first
 
@@ -33,6 +34,7 @@ def quality_command(
     from mlxinfer import MlxinferError
     from mlxinfer_quant import evaluate
 
+    flags.use(source="a model (REFERENCE or CANDIDATE)")  # --model where the reference is given as that
     usage = "mlxinfer quality REFERENCE CANDIDATE..., or --model REFERENCE CANDIDATE..."
     reference, candidates = model_or_first(model, [reference, *(candidates or [])], usage)
     if not candidates:

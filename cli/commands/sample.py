@@ -66,7 +66,7 @@ def sample(
 
 
 def render(report) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     console = stdout_console()
     console.print(

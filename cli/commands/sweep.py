@@ -106,7 +106,7 @@ def sweep(
 
 
 def render(report) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     console = stdout_console()
     where = f" -> {report.out}" if report.out else ""

@@ -64,7 +64,7 @@ def topk(
 
 
 def render(table) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     console = stdout_console()
     console.print(f"[bold]{table.model}[/bold]  prompt: {counted(len(table.prompt_ids), 'token')}", highlight=False)
@@ -88,7 +88,7 @@ def render(table) -> None:
 
 
 def render_routing(console, routing) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     t = Table(title="experts the last token chose (router weight)")
     t.add_column("layer", justify="right")
@@ -99,7 +99,7 @@ def render_routing(console, routing) -> None:
 
 
 def render_explain(console, ex, note: str) -> None:
-    from rich.table import Table
+    from mlxinfer_cli.common import folding_table as Table
 
     console.print(f"[dim]{note}[/dim]", highlight=False)
     s = ex.settings

@@ -44,6 +44,8 @@ def _read_json(value: Any, param: str) -> Any:
     if not isinstance(value, (str, Path)):
         return value
     text, where = str(value), param
+    if not text.strip():  # was read as the path '.': "is a directory"
+        raise MlxinferError(f"{param} is empty; pass a .json file or inline JSON {{...}}", param)
     if not text.lstrip().startswith(("{", "[")):
         path = Path(text).expanduser()
         if not path.exists() and not path.is_symlink():
