@@ -497,6 +497,11 @@ def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded
     whole = last([ids])
     assert mx.array_equal(whole, last([[t] for t in ids])).item()
     assert mx.array_equal(whole, last([ids[:7], ids[7:]])).item()
+    # past 256 tokens in one pass too (those chunks went through MLX's attention, other bits, ~14x slower)
+    long = (ids * 40)[:600]
+    whole = last([long])
+    assert mx.array_equal(whole, last([long[:300], long[300:]])).item()
+    assert mx.array_equal(whole, last([long[:597], *[[t] for t in long[597:]]])).item()
 
 
 def test_rows_forked_with_little_room_decode_the_same_bits_and_grow_past_it(embedded_quantized):
