@@ -388,6 +388,22 @@ def test_a_long_prompt_holds_the_others_for_a_chunk_not_its_whole_prefill(checkp
         assert [t for n, t in told if n == name and t is not None] == alone.tokens, name
 
 
+def test_the_queue_bound_counts_requests_and_calls_alike(checkpoint_dir):
+    """Was: submit counted only queued requests, call counted both, so with the explorer's walks waiting
+    the queue held up to twice --max-queue."""
+    from concurrent.futures import Future
+
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    engine = Batcher(model, tok, max_rows=2, max_queue=2)
+    engine.close()  # its thread parks: nothing below runs
+    request = prepare(model, tok, "The cat", chat=False, max_tokens=2)
+    engine._calls.extend([(lambda: None, Future())] * 2)
+    with pytest.raises(batcher_module.QueueFull, match="2 requests are already waiting"):
+        engine._closed = False  # a live engine's bound, not its shutdown
+        engine.submit(Job(request, [0], lambda *e: None))
+    engine._closed = True
+
+
 def test_the_bounds_are_what_the_docs_say():
     """docs/bad_input.md states each bound by its name; a change of one must change the page."""
     from conftest import ROOT

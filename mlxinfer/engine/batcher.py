@@ -103,8 +103,9 @@ class Batcher:
         with self._cv:
             if self._closed:
                 raise QueueFull("the engine is shutting down")
-            if len(self._pending) >= self.max_queue:
-                raise QueueFull(f"{len(self._pending)} requests are already waiting")
+            waiting = len(self._pending) + len(self._calls)  # the explorer's calls wait in the same queue
+            if waiting >= self.max_queue:
+                raise QueueFull(f"{waiting} requests are already waiting")
             self._pending.append(job)
             self._cv.notify()
         return job

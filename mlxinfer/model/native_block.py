@@ -31,6 +31,7 @@ import mlx.core as mx
 from ..cpu import qlinear, qmm
 from .cache import KVCache, PrefixedCache, RaggedCache
 
+
 def _same_layout(mods) -> bool:
     return (
         all(isinstance(m, qlinear.QuantizedLinearF32) for m in mods)
