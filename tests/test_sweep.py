@@ -217,6 +217,14 @@ def test_resume_needs_out_and_an_empty_out_starts_afresh(tiny, tmp_path):
     r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--out", str(out), "--json")
     assert r.returncode == 0, r.stderr
     assert len(out.read_text().splitlines()) == 3  # the header and two completions
+    # fewer seeds than the file holds: the report is the seeds asked for (it was every record in the file),
+    # and the file keeps the others
+    r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "1", "--max-tokens", "2", "--out", str(out),
+                   "--resume", "--json")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    report = json.loads(r.stdout)
+    assert (report["completions"], report["new_completions"], report["resumed"]) == (1, 0, 1)
+    assert report["cells"][0]["draws"] == 1 and len(out.read_text().splitlines()) == 3
     missing = tmp_path / "no" / "such" / "out.jsonl"
     r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--out", str(missing))
     assert_one_line_error(r, f"the folder {missing.parent} does not exist; create it first")  # was: "(No such file...)"

@@ -288,6 +288,8 @@ def sweep(
     new = _draw_pending(model, tokenizer, plan, pending, size, part, progress, annotate)
     seconds = time.perf_counter() - start
     merged = _gather(plan, list(done.values()) + new, out, part, seed_ranks)
+    asked = set(plan.seeds)  # a resumed file may hold more seeds than this run asks for: they stay in the file
+    merged = [r for r in merged if r["seed"] in asked]
     counts = [len(new), sum(len(r["tokens"]) for r in new)]
     if ranks > 1:  # the whole experiment's figures: sums over ranks, the slowest rank's time
         counts = [int(c) for c in mx.distributed.all_sum(mx.array(counts), group=seed_ranks).tolist()]
