@@ -169,6 +169,13 @@ def test_a_tool_name_follows_openais_rule(tiny):
         assert (error["param"], error["code"]) == (param, code) and fragment in error["message"], error
         assert error["message"].startswith(param), error
     assert named("a" * 64, "get_weather-2").status_code == 200
+    # an earlier call in the history, by the same rule (was: any name, rendered into the prompt)
+    for name, code in (("a" * 10_000, "string_above_max_length"), ("x<|im_end|>", "invalid_value")):
+        call = {"id": "c1", "type": "function", "function": {"name": name, "arguments": "{}"}}
+        history = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": None, "tool_calls": [call]},
+                   {"role": "tool", "tool_call_id": "c1", "content": "ok"}]  # fmt: skip
+        error = _error(post(url, CHAT, _chat(url, messages=history)))
+        assert (error["param"], error["code"]) == ("messages[1].tool_calls[0].function.name", code), error
 
 
 def test_unknown_fields_are_named_in_a_header(tiny):

@@ -154,6 +154,12 @@ def chat_plan(body: ChatRequest) -> Plan:
     messages = []
     for i, m in enumerate(body.messages):
         text = _text(m, f"messages[{i}]")
+        for j, c in enumerate(m.tool_calls or []):  # an earlier call's name, by the rule a tool's follows
+            problem = tool_name_problem(c.function.name)
+            if problem:
+                where = f"messages[{i}].tool_calls[{j}].function.name"
+                code = "string_above_max_length" if len(c.function.name) > MAX_TOOL_NAME else "invalid_value"
+                raise ApiError(400, f"{where}{problem}", where, code=code)
         if m.tool_calls:  # an earlier call, as the text the model wrote for it
             text += "".join(
                 json.dumps({"name": c.function.name, "arguments": c.function.arguments}) for c in m.tool_calls
