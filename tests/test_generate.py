@@ -267,6 +267,9 @@ def test_generate_streams_the_text_then_one_stats_line(embedded_fast):
         r"peak memory \d+ MB \| finish: stop",
         stats,
     ), stats
+    # one token: it came with the prefill, no decode step was timed (was "generated 1 token at 0.0 tok/s")
+    one = invoke_cli("generate", "-p", FRUIT, "--temp", "0", "--max-tokens", "1", "--compute-dtype", "float32")
+    assert one.returncode == 0 and "| generated 1 token with the prefill |" in one.stderr, one.stderr
 
 
 def test_seeds_read_a_count_as_python_reads_a_whole_number():

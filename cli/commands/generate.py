@@ -84,9 +84,11 @@ def generate(
 
 
 def stats_line(stats) -> str:
+    # the first token is drawn from the prefill's scores: with no other, no decode step ran to time
+    rate = f"at {stats.decode_tokens_per_s:.1f} tok/s" if stats.generated_tokens > 1 else "with the prefill"
     return (
         f"prompt {counted(stats.prompt_tokens, 'token')} at {stats.prefill_tokens_per_s:.1f} tok/s | "
-        f"generated {counted(stats.generated_tokens, 'token')} at {stats.decode_tokens_per_s:.1f} tok/s | "
+        f"generated {counted(stats.generated_tokens, 'token')} {rate} | "
         f"peak memory {stats.peak_memory_bytes / 1e6:.0f} MB | finish: {stats.finish_reason}"
     )
 
