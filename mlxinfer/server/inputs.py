@@ -155,11 +155,7 @@ def chat_plan(body: ChatRequest) -> Plan:
     for i, m in enumerate(body.messages):
         text = _text(m, f"messages[{i}]")
         for j, c in enumerate(m.tool_calls or []):  # an earlier call's name, by the rule a tool's follows
-            problem = tool_name_problem(c.function.name)
-            if problem:
-                where = f"messages[{i}].tool_calls[{j}].function.name"
-                code = "string_above_max_length" if len(c.function.name) > MAX_TOOL_NAME else "invalid_value"
-                raise ApiError(400, f"{where}{problem}", where, code=code)
+            _check_tool_name(c.function.name, f"messages[{i}].tool_calls[{j}].function.name")
         if m.tool_calls:  # an earlier call, as the text the model wrote for it
             text += "".join(
                 json.dumps({"name": c.function.name, "arguments": c.function.arguments}) for c in m.tool_calls
@@ -169,6 +165,14 @@ def chat_plan(body: ChatRequest) -> Plan:
     plan = Plan(messages, None, True)  # a system message the tool adds goes first, if there is none
     _constraint(body, plan)
     return plan
+
+
+def _check_tool_name(name: str, where: str) -> None:
+    """A function's name by OpenAI's rule (engine/schema.py's TOOL_NAME), or a 400 naming `where`."""
+    problem = tool_name_problem(name)
+    if problem:
+        code = "string_above_max_length" if len(name) > MAX_TOOL_NAME else "invalid_value"
+        raise ApiError(400, f"{where}{problem}", where, code=code)
 
 
 def _constraint(body: ChatRequest, plan: Plan) -> None:
@@ -182,11 +186,7 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
             400, f"tools: at most {MAX_TOOLS} functions, got {len(tools):,}", "tools", code="array_above_max_length"
         )
     for i, t in enumerate(tools):  # every one, used or not, as OpenAI checks them, before any is compiled
-        problem = tool_name_problem(t.function.name)
-        if problem:
-            where = f"tools[{i}].function.name"
-            code = "string_above_max_length" if len(t.function.name) > MAX_TOOL_NAME else "invalid_value"
-            raise ApiError(400, f"{where}{problem}", where, code=code)
+        _check_tool_name(t.function.name, f"tools[{i}].function.name")
     answer = _response_schema(body.response_format)
     if not tools or choice == "none":
         plan.json_schema = answer
