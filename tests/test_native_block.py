@@ -26,6 +26,7 @@ import numpy as np
 import pytest
 
 from mlxinfer.cpu import qmm
+from mlxinfer.engine.decode import prefill
 
 if not qmm.available():
     pytest.skip(f"the quantized matmul kernel is not available here: {qmm.status()['reason']}", allow_module_level=True)
@@ -502,6 +503,17 @@ def test_a_prompt_scores_alike_in_one_pass_in_chunks_and_token_by_token(embedded
     whole = last([long])
     assert mx.array_equal(whole, last([long[:300], long[300:]])).item()
     assert mx.array_equal(whole, last([long[:597], *[[t] for t in long[597:]]])).item()
+
+
+def test_prefill_takes_short_chunks_on_the_native_path_and_scores_alike(embedded_quantized):
+    """prefill's default chunk on this path is 512 tokens (a chunk is one evaluation Ctrl-C cannot
+    break into), and its scores are the bits of one 2048-token chunk."""
+    model, tok = embedded_quantized
+    ids = (tok.encode("The quick brown fox jumps over the lazy dog because it was late for dinner") * 40)[:600]
+    seen = []
+    short = prefill(model, ids, progress=lambda done, total: seen.append(done))
+    assert seen == [512, 600]
+    assert mx.array_equal(short.logits, prefill(model, ids, step_size=2048).logits).item()
 
 
 def test_rows_forked_with_little_room_decode_the_same_bits_and_grow_past_it(embedded_quantized):

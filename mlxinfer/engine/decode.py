@@ -24,6 +24,7 @@ from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
 
+from .. import defaults
 from ..errors import MlxinferError
 from ..model.finite import check_scores
 from ..views import Stats, Step
@@ -76,15 +77,20 @@ def check_context(model, n_prompt: int, extra: int = 0) -> None:
 
 
 def prefill(
-    model, ids: list[int], step_size: int = 2048, progress: Optional[Callable[[int, int], None]] = None
+    model, ids: list[int], step_size: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None
 ) -> Prefilled:
-    """Run the prompt through the model in chunks of `step_size`, filling a new one-row cache."""
+    """Run the prompt through the model in chunks of `step_size`, filling a new one-row cache. By
+    default the chunk is mlx-lm's 2048 tokens, and 512 on the native kernels' paths, whose scores do not
+    depend on the chunk: a chunk is one uninterrupted evaluation, so Ctrl-C is heard between two."""
     ids = check_ids(model, ids)
+    last_in_chunk = model.info.compute_dtype in ("float32", "quantized", "int8") and hasattr(model, "run_layers")
+    if step_size is None:
+        invariant = model.info.compute_dtype in ("quantized", "int8") and hasattr(model, "run_layers")
+        step_size = defaults.PREFILL_CHUNK_CPU if invariant else defaults.PREFILL_CHUNK
     if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size < 1:
         raise MlxinferError(f"step_size must be a whole number, at least 1, got {step_size!r}", "step_size")
     check_progress(progress)
     cache = model.make_cache()
-    last_in_chunk = model.info.compute_dtype in ("float32", "quantized", "int8") and hasattr(model, "run_layers")
     head = ids if last_in_chunk else ids[:-1]
     logits, done = None, 0
     while done < len(head):
