@@ -65,7 +65,13 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
         ("prompt_file", _Str, None, "--prompt-file", "Read the prompt from this UTF-8 file instead."),
     ],
     "chat": [
-        ("system", _Str, None, "--system", "A system message for the chat template."),
+        (
+            "system",
+            _Str,
+            None,
+            "--system",
+            "A system message for the chat template ('' gives an empty one, in place of the template's default).",
+        ),
         ("chat", bool, True, "--chat/--no-chat", "Wrap the prompt in the model's chat template."),
         ("thinking", bool, False, "--thinking/--no-thinking", "Qwen3's thinking switch (the lessons use it off)."),
         (

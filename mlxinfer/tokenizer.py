@@ -234,7 +234,7 @@ def encode_prompt(
         raise MlxinferError(f"system must be text or None, got {type(system).__name__}", "system")
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         messages = _checked_messages(prompt)
-        if system and not any(m["role"] == "system" for m in messages):
+        if system is not None and not any(m["role"] == "system" for m in messages):
             messages.insert(0, {"role": "system", "content": system})
         if not chat:
             raise MlxinferError("chat messages need the chat template; pass chat=True, or the text alone", "prompt")
@@ -243,7 +243,9 @@ def encode_prompt(
     elif not isinstance(prompt, str):
         raise MlxinferError(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}", "prompt")
     else:
-        messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+        messages = ([{"role": "system", "content": system}] if system is not None else []) + [
+            {"role": "user", "content": prompt}
+        ]
     for m in messages:
         try:
             m["content"].encode("utf-8")

@@ -22,6 +22,18 @@ def test_messages_render_as_system_and_prompt_do(embedded):
     assert (one.prompt_ids, one.tokens) == (two.prompt_ids, two.tokens)
 
 
+def test_an_empty_system_message_is_a_message(embedded):
+    """system="" is an empty system message, as mlx-lm's --system-prompt "" is, not no system at all:
+    SmolLM2's template puts its own default system text in only when the messages hold none."""
+    _, tok = embedded
+    default = tok.decode(mlxinfer.encode_prompt(tok, FRUIT))
+    empty = tok.decode(mlxinfer.encode_prompt(tok, FRUIT, system=""))
+    assert "SmolLM" in default and "SmolLM" not in empty
+    assert empty.startswith("<|im_start|>system\n<|im_end|>")
+    as_messages = [{"role": "system", "content": ""}, {"role": "user", "content": FRUIT}]
+    assert mlxinfer.encode_prompt(tok, as_messages) == mlxinfer.encode_prompt(tok, FRUIT, system="")
+
+
 def test_a_turn_in_a_message_stays_text(embedded):
     """A user message that writes the end-of-turn token's name cannot close its turn: the ids hold
     exactly the control tokens the template itself emits for these messages."""
