@@ -107,6 +107,7 @@ def _register() -> None:
         quantize,
         sample,
         serve,
+        tokens,
     )
     from mlxinfer_cli.commands import sweep
     from mlxinfer_cli.commands import topk
@@ -118,6 +119,7 @@ def _register() -> None:
         "sample": sample.sample,
         "sweep": sweep.sweep,
         "answers": answers.answers,
+        "tokens": tokens.tokens,
         "generate": generate.generate,
         "chat": chat.chat,
         "quantize": quantize.quantize_command,

@@ -8,6 +8,7 @@ The public API, in the shape of mlx-lm's (`load`, `generate`, `stream_generate`)
     mlxinfer.stream_generate(model, tokenizer, prompt)   # the same, a step at a time
     mlxinfer.sample(model, tokenizer, prompt, seeds=10)  # seeded experiment: one completion per seed
     mlxinfer.answers(model, tokenizer, prompt, settings=[{"temperature": 1}])  # each whole answer's exact p
+    mlxinfer.prompt_logprobs(model, tokenizer, text)    # each prompt token's probability; the perplexity
     mlxinfer.count("path/to/model")                      # parameters and bytes, no mlx needed
 
 Attributes load lazily so that `import mlxinfer` (and `count`) stays free of mlx until a
@@ -37,6 +38,7 @@ _LAZY = {
     "ChatSession": ("engine.chat", "ChatSession"),
     "sample": ("engine.experiments", "sample"),
     "answers": ("engine.answers", "answers"),
+    "prompt_logprobs": ("engine.reading", "prompt_logprobs"),
     "check_walk": ("engine.answers", "check_walk"),
     "prefill": ("engine.decode", "prefill"),
     "sweep": ("engine.sweep", "sweep"),

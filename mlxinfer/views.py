@@ -118,6 +118,33 @@ class Alternative(View):
 
 
 @dataclass
+class PromptToken(View):
+    """One token of a prompt as the model read it (prompt_logprobs): None where nothing came before."""
+
+    position: int
+    id: int
+    text: str
+    logprob: float | None  # given the tokens before it, at temperature 1
+    prob: float | None
+    rank: int | None  # 1: the model's first guess at this position
+    alternatives: list[Alternative]  # the model's best guesses here, by score
+
+
+@dataclass
+class PromptReading(View):
+    """A prompt's tokens, each with the probability the model gave it, and the perplexity over them."""
+
+    model: str
+    definition: str
+    prompt: str
+    tokens: list[PromptToken]
+    scored: int  # tokens with a probability: all but the first
+    logprob: float  # their sum: the log-probability of the prompt after its first token
+    perplexity: float | None  # exp(-logprob / scored); None for a one-token prompt
+    first_guesses: int  # tokens that were the model's first guess
+
+
+@dataclass
 class Step(View):
     """One generated token, or (token None) the end of the run: text held back until then and the
     finish reason."""

@@ -13,6 +13,7 @@ COMMANDS = {  # each command that takes a prompt, with what else it needs to run
     "generate": ["--max-tokens", "2"],
     "sample": ["--seeds", "2", "--max-tokens", "2"],
     "answers": ["--max-nodes", "4"],
+    "tokens": [],
     "sweep": ["--seeds", "2", "--max-tokens", "2"],
 }
 

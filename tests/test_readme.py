@@ -20,7 +20,7 @@ PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 # written beside the README by others: a link may arrive before its page does
 PARALLEL = {ROOT / "docs" / "explorer.md", ROOT / "docs" / "chat.md"}
 # run where a README line shows them on the embedded model: a forward pass or a few dozen tokens each
-CHEAP = {"count", "topk", "sample", "answers", "generate", "info"}
+CHEAP = {"count", "topk", "tokens", "sample", "answers", "generate", "info"}
 NUMBER = re.compile(r"\d{1,3}(?:,\d{3})+")
 
 
