@@ -156,7 +156,10 @@ class SamplerSettings:
     logit_bias: dict[int, float] | None = option(None, dict, _bias, "a map of token ids >= 0 to biases in [-100, 100]")
     # penalties look at the last N tokens; None = all given
     penalty_window: int | None = option(
-        None, int, lambda v: v is None or _int(v) and v >= 1, "None (all) or a whole number >= 1"
+        None,
+        int,
+        lambda v: v is None or _int(v) and 1 <= v < 2**31,  # the history is sliced with 32-bit indices
+        "None (all) or a whole number from 1 to 2,147,483,647",
     )
     # or "mlx-lm": cut the untempered distribution, temper in the draw
     order: str = option(

@@ -5,6 +5,7 @@ TypeError from deep inside, a silent wrong result or an argument ignored."""
 from __future__ import annotations
 
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -111,6 +112,32 @@ def test_a_wrong_argument_is_one_error_naming_it(embedded, function, change, fra
         getattr(mlxinfer, function)(model, tok, first, **args)
 
 
+def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded):
+    """Was: generate((model, tokenizer), tokenizer, ...) an AttributeError on 'tuple'; a tokenizer of None
+    'this model has no chat template; pass chat=False' (following it: another AttributeError)."""
+    model, tok = embedded
+    calls = {
+        "generate": lambda m, t: mlxinfer.generate(m, t, PROMPT, max_tokens=1),
+        "sample": lambda m, t: mlxinfer.sample(m, t, PROMPT, seeds=1, max_tokens=1),
+        "answers": lambda m, t: mlxinfer.answers(m, t, PROMPT, settings=[{}], max_nodes=1),
+        "sweep": lambda m, t: mlxinfer.sweep(m, t, [PROMPT], settings=[{}], seeds=1, max_tokens=1),
+        "next_token_table": lambda m, t: mlxinfer.next_token_table(m, t, PROMPT),
+        "prompt_logprobs": lambda m, t: mlxinfer.prompt_logprobs(m, t, PROMPT),
+        "ChatSession": lambda m, t: mlxinfer.ChatSession(m, t),
+    }
+    wrong = [
+        ((model, tok), tok, "model must be the model load() returns, got tuple"),
+        (tok, model, "model must be"),
+        (model, None, "tokenizer must be the tokenizer"),
+    ]
+    for call in calls.values():
+        for m, t, fragment in wrong:
+            with pytest.raises(mlxinfer.MlxinferError, match=re.escape(fragment)):
+                call(m, t)
+    with pytest.raises(TypeError, match=re.escape("settings={'temperature': ...}")):
+        mlxinfer.generate(model, tok, PROMPT, temp=0)  # mlx-lm's old keyword: was blamed on stream_generate()
+
+
 def test_a_switch_that_is_not_a_bool_is_refused_where_it_is_given(embedded):
     """Was: ChatSession(thinking="no") kept it and failed (or not) at a reply; next_token_table and
     encode_prompt read "no" as true. False itself still means off."""
@@ -149,12 +176,16 @@ def test_tables_from_scores_take_numpy_and_lists_and_refuse_nan(embedded):
     got = mlxinfer.table_from_scores(np.array(scores))
     assert [r.id for r in got.rows] == [r.id for r in want.rows] and got.rows[0].probs == want.rows[0].probs
     assert [r.id for r in mlxinfer.table_from_scores([0.0, 2.0, 1.0], k=3).rows] == [1, 2, 0]
+    assert [r.id for r in mlxinfer.table_from_scores(scores[None]).rows] == [r.id for r in want.rows]  # (1, V)
     as_dict = mlxinfer.explain(scores, {"temperature": 1.0, "top_k": 3})
     assert as_dict.n_kept == 3 == mlxinfer.explain(scores, mlxinfer.SamplerSettings(top_k=3)).n_kept
     for call, fragment in [
         (lambda: mlxinfer.table_from_scores([float("nan"), 1.0]), "NaN"),
         (lambda: mlxinfer.table_from_scores([]), "empty"),
         (lambda: mlxinfer.explain(scores, mlxinfer.GREEDY, k=-1), "k must be"),
+        # was: a model's whole output (1, L, V) flattened into one row of L x V "tokens"
+        (lambda: mlxinfer.table_from_scores(mx.stack([scores, scores])[None]), r"shape \(1, 2, 49152\)"),
+        (lambda: mlxinfer.explain(mx.stack([scores, scores]), mlxinfer.GREEDY), "pass one row"),
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             call()

@@ -38,6 +38,31 @@ def test_the_second_turn_reads_the_first(embedded):
     assert [t.seed for t in session.turns] == [3, 3]
 
 
+def test_one_reply_open_at_a_time_and_a_reply_left_part_way_is_kept(embedded):
+    """A second reply while one is being written is refused (it would answer a conversation that lacks
+    the first); a loop left part-way keeps what was written, as stop() does; an ended reply is not
+    iterated again; a reply never read is dropped by the next."""
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=8, seed=3)
+    unread = session.reply(FRUIT)
+    first = session.reply(FRUIT)
+    with pytest.raises(mlxinfer.MlxinferError, match="dropped unread"):
+        list(unread)
+    pieces = iter(first)
+    piece = next(pieces)
+    with pytest.raises(mlxinfer.MlxinferError, match="still being written"):
+        session.reply(MORE)
+    pieces.close()  # what leaving a for loop with break does, once the iterator is let go
+    assert (first.record.text, first.record.finish_reason) == (piece, "interrupted")
+    assert session.messages == [{"role": "user", "content": FRUIT}, {"role": "assistant", "content": piece}]
+    with pytest.raises(mlxinfer.MlxinferError, match="has ended"):
+        list(first)
+    whole = "".join(session.reply(MORE))
+    assert [m["content"] for m in session.messages] == [FRUIT, piece, MORE, whole]
+    with pytest.raises(mlxinfer.MlxinferError, match="model must be the model load"):
+        mlxinfer.ChatSession((model, tok), tok)
+
+
 def test_a_seeded_reply_is_generate_with_that_seed(embedded):
     model, tok = embedded
     session = mlxinfer.ChatSession(model, tok, max_tokens=8, settings={"temperature": 1.0})

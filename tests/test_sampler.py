@@ -467,6 +467,8 @@ BAD = [
     ("logit_bias", {-1: 1.0}),
     ("logit_bias", {5: 1000.0}),
     ("penalty_window", 0),
+    ("penalty_window", 2**40),  # past the 32-bit slice of the history: was a raw ValueError mid-run
+    ("top_k", 2**31),
     ("order", "hf"),
 ]
 

@@ -26,7 +26,7 @@ from ..errors import MlxinferError, check_bool
 from ..settings import user_settings
 from ..tokenizer import encode_prompt
 from .generate import stream_generate
-from .request import check_max_tokens, check_seed
+from .request import check_max_tokens, check_pair, check_seed
 from .tables import next_token_table
 
 FRESH_SEEDS = 2**32  # a fresh seed is drawn below this: short enough to type back with /seed
@@ -85,16 +85,23 @@ class ChatTurn:
         self.session, self.messages, self.seed, self.stream = session, messages, seed, stream
         self.record = TurnRecord(user, "", seed, len(stream.request.ids), settings=dict(session.settings))
         self._pieces: list[str] = []
-        self._done = False
+        self._done = self._started = self._dropped = False
 
     def __iter__(self) -> Iterator[str]:
-        for step in self.stream:
-            self.record.generated_tokens += step.token is not None  # the last step (token None) ends the run
-            if step.text:
-                self._pieces.append(step.text)
-                yield step.text
-        result = self.stream.result
-        self._finish(result.text, result.finish_reason)
+        if self._done:
+            why = "was dropped unread when the next reply started" if self._dropped else "has ended"
+            raise MlxinferError(f"this reply {why}; its text is in .record.text, session.reply(...) starts another")
+        self._started = True
+        try:
+            for step in self.stream:
+                self.record.generated_tokens += step.token is not None  # the last step (token None) ends the run
+                if step.text:
+                    self._pieces.append(step.text)
+                    yield step.text
+            result = self.stream.result
+            self._finish(result.text, result.finish_reason)
+        finally:  # a loop left with break, or an exception (Ctrl-C in a notebook): kept as stopped part-way
+            self.stop()
 
     def stop(self) -> None:
         """End the turn part-way: the text written so far is kept, finish_reason 'interrupted'."""
@@ -124,6 +131,7 @@ class ChatSession:
         max_tokens: int = defaults.MAX_TOKENS_GENERATE,
         thinking: bool = False,
     ):
+        check_pair(model, tokenizer)
         check_seed(seed)
         check_max_tokens(max_tokens)
         check_bool(thinking, "thinking")  # at once, not at the first reply
@@ -133,6 +141,7 @@ class ChatSession:
         self.messages: list[dict] = []
         self.turns: list[TurnRecord] = []
         self.last_prompt: Optional[list[dict]] = None  # the messages the last reply answered
+        self._open: Optional[ChatTurn] = None  # the reply being written: one at a time
         shortest = len(encode_prompt(tokenizer, [{"role": "user", "content": "?"}], system=system, thinking=thinking))
         limit = model.config.max_position_embeddings
         if shortest + max_tokens > limit:  # at once: no reply could start, and the banner would promise one
@@ -150,6 +159,13 @@ class ChatSession:
             raise MlxinferError(f"the message must be text, got {type(text).__name__}", "prompt")
         if not text.strip():
             raise MlxinferError("say something: the message is empty", "prompt")
+        if self._open is not None and not self._open._done:
+            if self._open._started:
+                raise MlxinferError(
+                    "the last reply is still being written: iterate it to its end or call its stop(), then reply again",
+                    "prompt",
+                )
+            self._open._done = self._open._dropped = True  # never read: it does not join the conversation
         messages = [*self.messages, {"role": "user", "content": text}]
         seed = self.seed if self.seed is not None else secrets.randbelow(FRESH_SEEDS)
         stream = stream_generate(
@@ -162,7 +178,8 @@ class ChatSession:
             system=self.system,
             thinking=self.thinking,
         )
-        return ChatTurn(self, text, messages, seed, stream)
+        self._open = ChatTurn(self, text, messages, seed, stream)
+        return self._open
 
     def _add(self, turn: ChatTurn) -> None:
         self.messages = [*turn.messages, {"role": "assistant", "content": turn.record.text}]
@@ -280,6 +297,8 @@ class ChatSession:
         return Outcome(name, "saved", f"saved {len(self.messages)} messages to {path}", str(path))
 
     def _reset(self, name: str, arg: str) -> Outcome:
+        if self._open is not None:
+            self._open.stop()  # an open reply would otherwise join the new conversation when it ends
         self.messages, self.turns, self.last_prompt = [], [], None
         return Outcome(name, "reset", "the conversation is forgotten; settings stay", None)
 

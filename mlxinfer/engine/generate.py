@@ -9,6 +9,8 @@ the result says whether it came out complete (`valid`) and what it parsed to.
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .. import defaults
@@ -16,7 +18,7 @@ from ..errors import MlxinferError
 from ..settings import SamplerSettings
 from ..views import Generation, Stats, Step
 from .decode import prefill_and_decode
-from .request import Request, check_seed, prepare
+from .request import Request, check_pair, check_seed, prepare
 
 
 class GenerationStream:
@@ -110,6 +112,7 @@ def stream_generate(
     stop: a string or strings where the text ends (returned up to the first, finish_reason "stop"; a
     stream holds text back only while it could still be the start of one).
     """
+    check_pair(model, tokenizer)
     if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
         raise MlxinferError(f"logprobs must be a whole number >= 0, got {logprobs!r}", "logprobs")
     check_seed(seed)
@@ -138,7 +141,16 @@ def stream_generate(
 def generate(model, tokenizer, prompt: str | list[int], **kwargs) -> Generation:
     """The whole generation at once: text, tokens, steps, stats, finish reason, and with json_schema
     or tool the parsed JSON and whether it is valid. Takes stream_generate's keywords."""
+    for name in kwargs:
+        if name not in _KEYWORDS:
+            field = "temperature" if name == "temp" else name  # mlx-lm's old spelling
+            hint = f"; a sampler setting goes in settings={{{field!r}: ...}}" if field in _SETTING_NAMES else ""
+            raise TypeError(f"generate() got an unexpected keyword argument {name!r}{hint}")
     stream = stream_generate(model, tokenizer, prompt, **kwargs)
     for _ in stream:
         pass
     return stream.result
+
+
+_KEYWORDS = frozenset(inspect.signature(stream_generate).parameters) - {"model", "tokenizer", "prompt"}
+_SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(SamplerSettings))

@@ -20,6 +20,7 @@ from ..sampler import log_softmax
 from ..tokenizer import encode_prompt
 from ..views import Alternative, PromptReading, PromptToken
 from .decode import check_ids
+from .request import check_pair
 
 CHUNK = 256  # positions scored per pass: their (CHUNK, V) scores are held at once (50 MB for V = 49,152)
 MOST_ALTERNATIVES = 20  # best guesses listed per position at most (OpenAI's top_logprobs limit)
@@ -40,6 +41,7 @@ def prompt_logprobs(
     its rank by score, and the model's `top` best guesses at its position (0 for none); the first
     token has nothing before it and no probability. Scores are computed CHUNK positions at a time
     through the KV cache, so a long prompt holds one chunk's scores, not all of them."""
+    check_pair(model, tokenizer)
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MOST_ALTERNATIVES:
         raise MlxinferError(f"top must be a whole number from 0 to {MOST_ALTERNATIVES}, got {top!r}", "top")
     ids = encode_prompt(

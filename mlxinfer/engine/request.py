@@ -45,6 +45,18 @@ class Request:
         return RowSpec(seed, settings or self.settings, self.max_tokens, mask, self.stop)
 
 
+def check_pair(model, tokenizer) -> None:
+    """model and tokenizer are what load() returns: a (model, tokenizer) pair passed whole, None, or the
+    two swapped are named here, not met later as an AttributeError deep inside."""
+    pair = " (load() returns a pair: model, tokenizer = mlxinfer.load())"
+    if not (hasattr(model, "info") and hasattr(model, "config") and hasattr(model, "make_cache")):
+        got = type(model).__name__
+        raise MlxinferError(f"model must be the model load() returns, got {got}{pair}", "model")
+    if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode") and hasattr(tokenizer, "eos_token_ids")):
+        got = type(tokenizer).__name__
+        raise MlxinferError(f"tokenizer must be the tokenizer load() returns, got {got}{pair}", "tokenizer")
+
+
 def prepare(
     model,
     tokenizer,
@@ -67,6 +79,7 @@ def prepare(
     that prompt + max_tokens fit the context. or_text: plain text is an answer too, besides the
     JSON (OpenAI's tool_choice "auto"; the text cannot start with "{"). stop: a string or strings
     where a row's text ends (returned up to the first one, finish_reason "stop")."""
+    check_pair(model, tokenizer)
     switches = dict(chat=chat, thinking=thinking, raw_special_tokens=raw_special_tokens, explain_mask=explain_mask)
     for name, value in {**switches, "or_text": or_text}.items():  # before any is read as true or false
         check_bool(value, name)

@@ -20,6 +20,7 @@ from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import ExpertChoice, ExplainRow, Explanation, NextTokenTable, TokenRow
 from .decode import check_ids
+from .request import check_pair
 
 
 def next_token_scores(model, ids: list[int]) -> mx.array:
@@ -74,9 +75,12 @@ def table_from_scores(
 def _score_row(scores) -> mx.array:
     """scores (an mx or numpy array, or a list of numbers) as one float32 row (V,): not empty, no NaN or +inf."""
     try:
-        x = (scores if isinstance(scores, mx.array) else mx.array(scores)).reshape(-1).astype(mx.float32)
+        x = scores if isinstance(scores, mx.array) else mx.array(scores)
     except (TypeError, ValueError):
         raise MlxinferError(f"scores must be an array of numbers, got {type(scores).__name__}", "scores") from None
+    if x.ndim > 1 and x.size != x.shape[-1]:  # a model's whole output (B, L, V): which row was meant?
+        raise MlxinferError(f"scores has shape {tuple(x.shape)}; pass one row, e.g. logits[0, -1]", "scores")
+    x = x.reshape(-1).astype(mx.float32)
     if x.size == 0:
         raise MlxinferError("scores is empty; give one score per token", "scores")
     if mx.any(mx.isnan(x) | (x == mx.inf)).item():
@@ -135,6 +139,7 @@ def next_token_table(
     model's generation_config.json) or `explain_sampler=True`, the table also explains one step
     of the sampler: which tokens survive its cut. raw_special_tokens: see encode_prompt.
     """
+    check_pair(model, tokenizer)
     check_bool(explain_sampler, "explain_sampler")
     temperatures = check_table_args(temperatures, k, model.config.vocab_size)
     resolved = None
