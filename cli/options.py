@@ -288,7 +288,7 @@ def settings(options: dict) -> dict:
 
 def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
     """'0.5,1.0 1.5' or a repeated option -> (0.5, 1.0, 1.5); kind=int for whole numbers."""
-    from mlxinfer import MlxinferError
+    from mlxinfer import MlxinferError, check_listed_once
 
     out = []
     for value in values:
@@ -300,9 +300,7 @@ def parse_numbers(values: list[str], option: str, kind=float) -> tuple:
             except ValueError:
                 example = "numbers like 0.5,1.0,1.5" if kind is float else "whole numbers like 32,64,128"
                 raise MlxinferError(f"{option} takes {example}; got '{part}'") from None
-    twice = next((v for i, v in enumerate(out) if v in out[:i]), None)  # 1 and 1.0 are one value
-    if twice is not None:  # a second column, cell or run identical to the first
-        raise MlxinferError(f"{option} lists {twice:g} more than once; list each value once")
+    check_listed_once(out, option)  # before the model loads
     return tuple(out)
 
 

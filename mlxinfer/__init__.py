@@ -21,7 +21,7 @@ from .cpu import blas as _blas
 
 _blas.preload()  # a fast BLAS (MKL or OpenBLAS) must be loaded before anything imports mlx; see cpu/blas.py
 
-from .errors import MlxinferError, OutputError  # noqa: E402
+from .errors import MlxinferError, OutputError, check_listed_once  # noqa: E402
 from .settings import GREEDY, GRID_FIELDS, SamplerSettings  # noqa: E402
 
 _LAZY = {
@@ -71,7 +71,7 @@ _LAZY = {
     "ModelConfig": ("formats.config", "ModelConfig"),
 }
 
-__all__ = ["MlxinferError", "OutputError", "SamplerSettings", "GREEDY", "GRID_FIELDS", *_LAZY]
+__all__ = ["MlxinferError", "OutputError", "check_listed_once", "SamplerSettings", "GREEDY", "GRID_FIELDS", *_LAZY]
 
 
 def __getattr__(name):

@@ -45,6 +45,14 @@ def check_whole(value, name: str, least: int, what: str) -> None:
         raise MlxinferError(f"{name} must be {what}, got {value!r}", name)
 
 
+def check_listed_once(values, name: str) -> None:
+    """A list of numbers with no value twice (1 and 1.0 are one value): a second column, cell or run
+    equal to the first is refused rather than computed twice."""
+    twice = next((v for i, v in enumerate(values) if v in values[:i]), None)
+    if twice is not None:
+        raise MlxinferError(f"{name} lists {twice:g} more than once; list each value once", name)
+
+
 def check_bool(value, param: str) -> bool:
     """A switch is True or False: `chat="no"` or `exact=0` would otherwise pass `if value:` as the
     opposite of, or more than, what was meant."""

@@ -258,6 +258,20 @@ def settings_list(settings, example: str = "[{'temperature': 0.7}]") -> list:
     return entries
 
 
+def resolve_each(settings: list, generation_config: dict | None) -> list[SamplerSettings]:
+    """Each entry of a settings list resolved over generation_config.json; two entries that resolve to
+    the same sampler are refused (a second column or cell equal to the first)."""
+    resolved = [resolve_settings(s, generation_config)[0] for s in settings]
+    twice = next((i for i, r in enumerate(resolved) if r in resolved[:i]), None)
+    if twice is not None:
+        first = resolved.index(resolved[twice])
+        raise MlxinferError(
+            f"settings #{first + 1} and #{twice + 1} are the same sampler ({settings[twice]!r:.60}); list each once",
+            "settings",
+        )
+    return resolved
+
+
 def user_settings(settings: Mapping[str, Any] | None) -> dict:
     """The fields a mapping of SamplerSettings fields sets (None values: not set), checked."""
     if settings is None:

@@ -242,6 +242,8 @@ def encode_prompt(
         return _checked_ids(tokenizer, prompt)
     elif not isinstance(prompt, str):
         raise MlxinferError(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}", "prompt")
+    elif not prompt:  # with the template, a table or a reply for the template alone
+        raise MlxinferError("prompt is empty; give some text", "prompt")
     else:
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": prompt}

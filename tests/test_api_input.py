@@ -75,6 +75,7 @@ BAD = [
     ("sweep", dict(prompts=[[{"role": "user", "content": "hi"}]]), "chat messages"),
     ("sweep", dict(settings=None), "settings must be"),
     ("sweep", dict(settings=[]), "it is empty"),
+    ("sweep", dict(settings=[{"temperature": 1}, {"temperature": 1.0}]), "are the same sampler"),  # was: two cells
     ("sample", dict(seeds=None), "seeds must be"),
     ("sample", dict(seeds=2.0), "seeds must be"),
     ("sample", dict(seeds="\u00b2"), "seeds takes"),  # '²'.isdigit() is True, int('²') fails
@@ -134,6 +135,13 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded):
         for m, t, fragment in wrong:
             with pytest.raises(mlxinfer.MlxinferError, match=re.escape(fragment)):
                 call(m, t)
+    for call, fragment in [  # each value once, as the CLI's --temps 1,1 and the server's answers say
+        (lambda: mlxinfer.next_token_table(model, tok, PROMPT, temperatures=[1, 1.0]), "temperatures lists 1 more"),
+        (lambda: mlxinfer.answers(model, tok, PROMPT, settings=[{}, {"top_k": 0}]), "#1 and #2 are the same"),
+        (lambda: mlxinfer.settings_grid([0.5, 1], top_p=[0.9, 0.9]), "top_p lists 0.9 more"),
+    ]:
+        with pytest.raises(mlxinfer.MlxinferError, match=fragment):
+            call()
     with pytest.raises(TypeError, match=re.escape("settings={'temperature': ...}")):
         mlxinfer.generate(model, tok, PROMPT, temp=0)  # mlx-lm's old keyword: was blamed on stream_generate()
 
@@ -201,6 +209,7 @@ def test_tables_from_scores_take_numpy_and_lists_and_refuse_nan(embedded):
         ({"repeats": 2.0}, "repeats"),
         ({"prompt_tokens": (32, 1.5)}, "prompt_tokens"),
         ({"prompt_tokens": "64"}, "prompt_tokens"),
+        ({"prompt_tokens": (32, 32)}, "prompt_tokens"),  # was: the same run twice
         ({"bandwidth_gb_s": True}, "bandwidth_gb_s"),
     ],
 )

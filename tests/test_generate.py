@@ -185,6 +185,10 @@ def test_bad_sampling_input(checkpoint_dir, args, fragments):
         (lambda m, t: mlxinfer.generate(m, t, "hi", seed=-3), "seed must be a whole number >= 0"),
         (lambda m, t: mlxinfer.generate(m, t, [1, 10**9]), "prompt token ids must be whole numbers in 0.."),
         (lambda m, t: mlxinfer.generate(m, t, "", chat=False), "prompt is empty"),
+        (lambda m, t: mlxinfer.generate(m, t, ""), "prompt is empty"),  # was: a reply to the template alone
+        (lambda m, t: mlxinfer.next_token_table(m, t, ""), "prompt is empty"),
+        (lambda m, t: mlxinfer.generate(m, t, [1] * 512, max_tokens=1), "leaving no room"),  # was: "lower
+        # max_tokens to at most 0"; the tiny checkpoint's context is 512
         (lambda m, t: mlxinfer.sample(m, t, "hi", seeds="5:2"), "seeds 5:2 is empty or reversed"),
         (lambda m, t: mlxinfer.sample(m, t, "hi", seeds=3, batch_size=0), "batch_size must be a whole number"),
         (lambda m, t: mlxinfer.next_token_table(m, t, "hi", k=0), "k must be between 1 and"),

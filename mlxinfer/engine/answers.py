@@ -32,7 +32,7 @@ from ..errors import MlxinferError
 from ..model.dtype_rule import physical_ram_bytes
 from ..model.finite import all_finite
 from ..sampler import kept_probabilities
-from ..settings import SamplerSettings, resolve_settings, settings_list
+from ..settings import SamplerSettings, resolve_each, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
 from .core import Row, replay
 from .decode import check_progress, prefill
@@ -115,7 +115,7 @@ def answers(
         model, tokenizer, prompt, max_tokens=max_tokens, json_schema=json_schema, tool=tool, chat=chat,
         system=system, thinking=thinking, raw_special_tokens=raw_special_tokens, stop=stop,
     )  # fmt: skip
-    resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
+    resolved = resolve_each(settings, model.info.generation_config)
     walk = AnswerWalk(model, tokenizer, request, resolved, min_mass, max_nodes, size, group, progress, max_seconds)
     try:
         while walk.step():

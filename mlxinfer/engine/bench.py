@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Optional
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError, check_bool, check_whole
+from ..errors import MlxinferError, check_bool, check_listed_once, check_whole
 
 TEXT = (
     "Priya owns the cooking assistant in Cookvale, a recipe app. She downloads an open model and asks "
@@ -218,6 +218,7 @@ def run_bench(
         )
     for n in lengths:
         check_whole(n, "prompt_tokens", 2, "lengths of 2 tokens or more")
+    check_listed_once(list(lengths), "prompt_tokens")
     check_whole(gen_tokens, "gen_tokens", 2, "at least 2")
     check_whole(repeats, "repeats", 1, "at least 1")
     if bandwidth_gb_s is not None and not (

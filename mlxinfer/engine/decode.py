@@ -68,6 +68,12 @@ def check_context(model, n_prompt: int, extra: int = 0) -> None:
         raise MlxinferError(
             f"the prompt is {n_prompt:,} tokens but the model's context is {limit:,}; shorten the prompt", "prompt"
         )
+    if n_prompt + extra > limit and n_prompt >= limit:  # no room for even one new token
+        raise MlxinferError(
+            f"the prompt is {n_prompt:,} tokens and the model's context is {limit:,}, leaving no room for a new "
+            f"token; shorten the prompt to at most {limit - 1:,} tokens",
+            "prompt",
+        )
     if n_prompt + extra > limit:
         raise MlxinferError(
             f"the prompt is {n_prompt:,} tokens and the model's context is {limit:,}: lower "

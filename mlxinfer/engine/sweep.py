@@ -30,10 +30,10 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError, check_bool
+from ..errors import MlxinferError, check_bool, check_listed_once
 from ..formats.paths import read_text_file
 from ..sampler import kept_probabilities
-from ..settings import GRID_FIELDS, SamplerSettings, resolve_settings, settings_list
+from ..settings import GRID_FIELDS, SamplerSettings, resolve_each, settings_list
 from ..views import SweepRecord, SweepReport
 from . import ranks as rank_group
 from . import results
@@ -69,7 +69,9 @@ def _axis(name: str, values) -> list:
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         param = {"temperature": "temperatures"}.get(name, name)
         raise MlxinferError(f"{param} must be a list of values (e.g. [0.5, 1.0]), got {values!r:.60}", param)
-    return list(values)
+    values = list(values)
+    check_listed_once(values, {"temperature": "temperatures"}.get(name, name))
+    return values
 
 
 MAX_PROMPTS_FILE_BYTES = 16 << 20
@@ -168,7 +170,7 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
             head = _one_line(p, 43) if isinstance(p, str) else "token ids"
             # after the message: a front end swaps the first mention of a parameter for its flag
             raise MlxinferError(f"{e} (#{n} of the {len(prompts)} prompts: {head!r})", *e.params) from None
-    resolved = [resolve_settings(s, model.info.generation_config)[0] for s in settings]
+    resolved = resolve_each(settings, model.info.generation_config)
     texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]
     header = {

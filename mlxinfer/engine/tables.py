@@ -13,7 +13,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 
 import mlx.core as mx
 
-from ..errors import MlxinferError, check_bool
+from ..errors import MlxinferError, check_bool, check_listed_once
 from ..model.finite import check_scores
 from ..sampler import kept_probabilities, log_softmax, probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
@@ -47,6 +47,7 @@ def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[
     temperatures = [check_temperature(t, "temperatures") for t in temperatures]
     if not temperatures:
         raise MlxinferError("temperatures is empty; give at least one", "temperatures")
+    check_listed_once(temperatures, "temperatures")
     if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
         raise MlxinferError(f"k must be between 1 and the vocabulary size {vocab:,}, got {k!r}", "k")
     return temperatures

@@ -22,7 +22,7 @@ from starlette.requests import Request as HttpRequest
 
 from .. import defaults
 from ..engine.answers import AnswerWalk, check_walk
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_listed_once
 from ..settings import check_temperature, resolve_settings
 from .engine_call import on_engine
 from .errors import ApiError, from_library
@@ -62,20 +62,16 @@ def check_prompt_text(prompt: str) -> None:
         raise ApiError(400, "prompt is empty; give the text to read", "prompt")
 
 
-def check_listed_once(temperatures: list[float]) -> None:
-    """A temperature listed twice would be a second, equal column: refused, as the CLI's --temps 1,1 is."""
-    twice = next((t for i, t in enumerate(temperatures) if t in temperatures[:i]), None)
-    if twice is not None:
-        raise ApiError(400, f"temperatures lists {twice:g} more than once; list each value once", "temperatures")
-
-
 def checked_settings(body: AnswersBody, generation_config, max_temperatures: int) -> list:
     """The body's bounds and settings checked, before anything runs: one SamplerSettings per temperature."""
     temperatures = body.temperatures
     check_prompt_text(body.prompt)
     if not temperatures:
         raise ApiError(400, "temperatures is empty; give at least one, e.g. [0.5, 1, 1.5]", "temperatures")
-    check_listed_once(temperatures)
+    try:
+        check_listed_once(temperatures, "temperatures")
+    except MlxinferError as e:
+        raise from_library(e) from None
     if len(temperatures) > max_temperatures:
         raise ApiError(400, f"temperatures takes at most {max_temperatures}, got {len(temperatures)}", "temperatures")
     if not 1 <= body.max_tokens <= MAX_TOKENS:

@@ -175,7 +175,6 @@ def routes(state, read_body) -> list[Route]:
 
 def _checked_table(body: NextTokenBody, vocab: int) -> list[float]:
     answers.check_prompt_text(body.prompt)
-    answers.check_listed_once(body.temperatures)
     if isinstance(body.k, int) and not 1 <= body.k <= MAX_ROWS_SHOWN:
         raise ApiError(400, f"k must be from 1 to {MAX_ROWS_SHOWN} (rows shown), got {body.k}", "k")
     if len(body.temperatures) > MAX_TEMPERATURES:
