@@ -26,6 +26,7 @@ from pathlib import Path
 from . import defaults
 from .errors import MlxinferError, check_bool
 from .formats.gguf import GGUFHeader
+from .formats.paths import check_side_files
 
 # llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
 _GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
@@ -63,6 +64,7 @@ def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
 
     if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise MlxinferError(f"no tokenizer files in {directory}; add tokenizer.json (and tokenizer_config.json)")
+    check_side_files(directory)
     try:
         return mlx_lm_load_tokenizer(directory, {"trust_remote_code": False}, eos_token_ids=eos_token_ids)
     except Exception as e:  # transformers/tokenizers parsing the checkpoint's files: their problem, one line

@@ -142,6 +142,9 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded):
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             call()
+    with pytest.raises(mlxinfer.MlxinferError, match="compute_dtype must be"):
+        mlxinfer.apply_compute_dtype(model, "fp8")  # was: nothing converted, the model relabelled bfloat16
+    assert model.info.compute_dtype == "bfloat16"
     with pytest.raises(TypeError, match=re.escape("settings={'temperature': ...}")):
         mlxinfer.generate(model, tok, PROMPT, temp=0)  # mlx-lm's old keyword: was blamed on stream_generate()
 
@@ -217,3 +220,11 @@ def test_benchmarks_arguments_are_checked_before_it_loads(kw, param):
     with pytest.raises(mlxinfer.MlxinferError) as e:
         mlxinfer.benchmark("/nonexistent/model", **kw)  # the argument is refused before the path is read
     assert e.value.params == (param,) and "\n" not in str(e.value)
+
+
+def test_a_min_mass_below_float_epsilon_still_walks(embedded):
+    """Was: min_mass=1e-17 rounded 1 - min_mass to 1, so the walk ended before its first pass with
+    nothing found (and sample --exact gave each drawn answer probability 0)."""
+    model, tok = embedded
+    report = mlxinfer.answers(model, tok, PROMPT, settings=[{}], min_mass=1e-17, max_nodes=8, max_tokens=2)
+    assert report.stopped == "min_mass" and report.answers and report.answers[0].probs[0] > 0

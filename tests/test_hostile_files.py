@@ -5,6 +5,7 @@ config.json is checked against the file before anything is built from it. Each c
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import struct
 
@@ -195,6 +196,35 @@ def test_unreadable_config(checkpoint_dir, tmp_path, write, fragment):
     shutil.copytree(checkpoint_dir("llama"), bad)
     write(bad)
     assert_one_line_error(invoke_cli("count", str(bad)), fragment)
+
+
+def _replace(path, make):
+    path.unlink(missing_ok=True)
+    make(path)
+
+
+@pytest.mark.parametrize(
+    "name, make, fragment",
+    [
+        ("generation_config.json", lambda p: p.symlink_to("/dev/zero"), "is a device"),  # was: MemoryError
+        ("generation_config.json", lambda p: os.mkfifo(p), "is a pipe"),  # was: a hang
+        ("tokenizer.json", lambda p: p.symlink_to("/dev/zero"), "is a device"),  # was: 3 GB read, then a traceback
+        ("tokenizer_config.json", lambda p: os.mkfifo(p), "is a pipe"),
+        ("config.json", lambda p: p.write_text('{"junk": [' + "[]," * 2_000_000 + "[]]}"), "over 4,194,304 bytes"),
+    ],  # the last: parsed, a 6 MB config.json of empty lists took ~400 MB (a 99 MB one, 5.7 GB)
+    ids=[
+        "generation-config-dev-zero",
+        "generation-config-fifo",
+        "tokenizer-dev-zero",
+        "tokenizer-config-fifo",
+        "config-too-large",
+    ],  # fmt: skip
+)
+def test_side_files_that_never_end_or_are_too_large(checkpoint_dir, tmp_path, name, make, fragment):
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    _replace(bad / name, make)
+    assert_one_line_error(run_cli("topk", "-m", str(bad), "-p", "hi", timeout=120), name, fragment)
 
 
 # ---------------------------------------------------------------------------------------------- GGUF headers

@@ -198,7 +198,8 @@ class AnswerWalk:
         """One batch of the heaviest open paths through the model; False once the walk has ended."""
         if self.stopped is not None:
             return False
-        if self.min_mass < 1 and (self._unresolved() <= 1.0 - self.min_mass).all():
+        if self.min_mass < 1 and (1.0 - self._unresolved() >= self.min_mass).all():  # not <= 1 - min_mass: a
+            # min_mass under float64's epsilon (1e-17) would round that to 1 and end the walk before it began
             self.stopped = "min_mass"
         elif self.nodes >= self.max_nodes:
             self.stopped = "max_nodes"
@@ -254,7 +255,7 @@ class AnswerWalk:
         while max(map(len, waiting.values()), default=0) < size and taken < WAIT * size and idle < len(self.settings):
             s = next(turns)
             left = self.open[s] + self.lost[s]
-            item = self._pop(s) if left > 1.0 - self.min_mass or not taken else None
+            item = self._pop(s) if 1.0 - left < self.min_mass or not taken else None
             if item is None:
                 idle += 1
                 continue

@@ -7,7 +7,6 @@ No mlx import here: `count` reads configs without loading a framework.
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -15,6 +14,7 @@ from typing import Any
 
 from ..errors import MlxinferError
 from .architectures import ARCHITECTURES, Architecture
+from .paths import read_json_file
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
 KNOWN_DTYPES = {"bfloat16": 2, "float16": 2, "float32": 4}
@@ -197,12 +197,7 @@ class ModelConfig:
             path = path / "config.json"
         if not path.exists():
             raise MlxinferError(f"no config.json at {path.parent}; point at a model directory that has one")
-        try:
-            data = json.loads(path.read_text())
-        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-            raise MlxinferError(f"{path} is not valid JSON ({e.__class__.__name__}: {e}); re-download it") from None
-        except OSError as e:
-            raise MlxinferError(f"{path} cannot be read ({e.strerror or e}); check the path") from None
+        data = read_json_file(path, "config.json")
         return cls.from_dict(data, where=str(path), undescribed=undescribed)
 
 

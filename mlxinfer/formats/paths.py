@@ -40,6 +40,8 @@ def what_it_is(path: Path) -> str:
 def read_text_file(path: str | os.PathLike, param: str, limit: int, what: str = "a UTF-8 text file") -> str:
     """The UTF-8 text of a regular file of at most `limit` bytes; else one MlxinferError naming `param`,
     the path and what it is instead."""
+    if not isinstance(path, (str, os.PathLike)) or not str(path).strip():  # '' would be the folder '.'
+        raise MlxinferError(f"{param} must be a file's name, got {path!r:.60}; pass {what}", param)
     path = Path(path).expanduser()
     if not path.is_file():
         raise MlxinferError(f"{param} {path} {what_it_is(path)}; pass {what}", param)
@@ -59,6 +61,34 @@ def read_text_file(path: str | os.PathLike, param: str, limit: int, what: str = 
 
 
 MAX_PROMPT_BYTES = 16 << 20
+MAX_CONFIG_BYTES = 4 << 20  # config.json, generation_config.json: a few KB in practice; parsed JSON costs ~60x
+MAX_TOKENIZER_BYTES = 256 << 20  # a tokenizer file (the largest in use, Gemma's tokenizer.json, is ~35 MB)
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "vocab.json", "merges.txt",
+                   "tokenizer.model", "added_tokens.json", "chat_template.jinja", "chat_template.json")  # fmt: skip
+
+
+def check_side_files(directory: Path, names=TOKENIZER_FILES, limit: int = MAX_TOKENIZER_BYTES) -> None:
+    """Files another library will read whole (transformers' tokenizer files): each present one is a
+    regular file of at most `limit` bytes, so a link to /dev/zero or a pipe cannot fill the memory or hang."""
+    for name in names:
+        path = directory / name
+        if not (path.exists() or path.is_symlink()):
+            continue
+        if not path.is_file():
+            raise MlxinferError(f"{path} {what_it_is(path)}; put the model's {name} there")
+        if path.stat().st_size > limit:
+            raise MlxinferError(f"{path} is over {limit:,} bytes, more than any {name} in use; re-download it")
+
+
+def read_json_file(path: Path, what: str, limit: int = MAX_CONFIG_BYTES):
+    """A model's JSON side file (config.json, generation_config.json, an index), read within `limit` bytes."""
+    import json
+
+    text = read_text_file(path, what, limit, f"the model's {path.name}")
+    try:
+        return json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise MlxinferError(f"{path} is not valid JSON ({e.__class__.__name__}: {e}); fix or re-download it") from None
 
 
 def read_prompt(source: str | os.PathLike, stdin=None) -> str:

@@ -13,7 +13,7 @@ import struct
 from pathlib import Path
 
 from ..errors import MlxinferError
-from .paths import what_it_is
+from .paths import MAX_TOKENIZER_BYTES, read_json_file, what_it_is
 
 # safetensors dtype -> bytes per value
 DTYPES = {
@@ -53,7 +53,7 @@ def shard_names(folder: Path) -> list[str]:
                 raise MlxinferError(f"{p} {what_it_is(p)}; put the model's safetensors weights file there")
         return [p.name for p in found]
     try:
-        weight_map = json.loads(index.read_text())["weight_map"]
+        weight_map = read_json_file(index, "model.safetensors.index.json", MAX_TOKENIZER_BYTES)["weight_map"]
         names = sorted(set(weight_map.values()))
     except (ValueError, KeyError, TypeError, AttributeError, RecursionError, OSError):
         raise MlxinferError(f"{index} is not a valid index (no 'weight_map'); re-download it") from None

@@ -157,6 +157,12 @@ def apply(model, dtype: str):
     """Apply a choose_compute_dtype result in place: float32 and quantized convert, bfloat16 leaves the
     weights as loaded (on the CPU, bf16 stacked experts excepted: see experts_to_float32_on_cpu).
     "quantized" where the kernel is unavailable: one warning line, then what `auto` picks without it."""
+    if dtype not in ("quantized", "int8", "float32", "bfloat16"):  # was: any other word relabelled it bfloat16
+        raise MlxinferError(
+            f"compute_dtype must be quantized, int8, float32 or bfloat16 here, got {dtype!r:.40} (load(..., "
+            "compute_dtype='auto') chooses one)",
+            "compute_dtype",
+        )
     if dtype in ("quantized", "int8"):
         from ..cpu import qmm
         from .dtype_rule import auto_rule, current_facts

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import mlx.core as mx
@@ -11,6 +10,7 @@ from ..cpu import heap
 from ..errors import MlxinferError
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig
+from ..formats.paths import read_json_file
 from ..tokenizer import load_tokenizer, tokenizer_from_gguf
 from . import convert, distributed, dtype_rule, mlx_lm_models, params
 from .info import ModelInfo
@@ -97,10 +97,7 @@ def read_generation_config(directory: Path) -> dict | None:
     path = directory / "generation_config.json"
     if not path.exists():
         return None
-    try:
-        data = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as e:
-        raise MlxinferError(f"{path} is not valid JSON ({e}); fix or delete it") from None
+    data = read_json_file(path, "generation_config.json")
     return data if isinstance(data, dict) else None
 
 
