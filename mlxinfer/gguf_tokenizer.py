@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import copy
 import functools
-import json
 import sys
-from datetime import datetime
 from typing import Any, Callable
+
+from .chat_template import render, route_transformers
 
 # named special tokens in transformers' order (SPECIAL_TOKENS_ATTRIBUTES); a GGUF names four of them
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -71,6 +71,7 @@ class GGUFTokenizer:
     def _wrapper(self):
         if self._compat is None:
             self._compat = self._compat_factory()
+            route_transformers()  # its templates render in the bounded sandbox too
         return self._compat
 
     @property
@@ -192,9 +193,9 @@ class GGUFTokenizer:
             return self._wrapper().apply_chat_template(
                 conversation, *args, tokenize=tokenize, add_generation_prompt=add_generation_prompt, **kwargs
             )
-        template = compile_chat_template(self.chat_template)
-        text = template.render(
-            messages=[dict(m) for m in conversation],
+        text = render(
+            self.chat_template,
+            [dict(m) for m in conversation],
             tools=None,
             documents=None,
             add_generation_prompt=add_generation_prompt,
@@ -303,79 +304,3 @@ class BPEStreamingDetokenizer:
         current_text = bytearray(byte_decoder[c] for c in self._unflushed).decode("utf-8", "replace")
         self.text += self._maybe_trim_space(current_text)
         self._unflushed = ""
-
-
-# ---------------------------------------------------------------------------------- chat templates
-@functools.lru_cache(maxsize=16)
-def compile_chat_template(template: str):
-    """The template compiled in Jinja's ImmutableSandboxedEnvironment with what transformers gives a
-    chat template (trim_blocks, lstrip_blocks, loop controls, the {% generation %} tag, tojson
-    without HTML escaping, raise_exception, strftime_now, and dict/namespace that refuse dunders)."""
-    import jinja2
-    import jinja2.ext
-    import jinja2.nodes
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    if tuple(int(p) if p.isdigit() else 0 for p in jinja2.__version__.split(".")[:3]) < (3, 1, 6):
-        raise ImportError(  # older versions have known sandbox escapes; templates are untrusted code
-            f"apply_chat_template requires jinja2>=3.1.6 to be installed. Your version is {jinja2.__version__}."
-        )
-
-    class Generation(jinja2.ext.Extension):
-        """{% generation %}...{% endgeneration %}: transformers marks the assistant's tokens; the text is as is."""
-
-        tags = {"generation"}
-
-        def parse(self, parser):
-            lineno = next(parser.stream).lineno
-            body = parser.parse_statements(["name:endgeneration"], drop_needle=True)
-            return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-        def _render(self, caller):
-            return caller()
-
-    def raise_exception(message):
-        raise jinja2.exceptions.TemplateError(message)
-
-    def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False):
-        return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-    def strftime_now(format):
-        return datetime.now().strftime(format)
-
-    class TemplateDict:
-        def __call__(self, *args, **kwargs):
-            return dict(*args, **kwargs)
-
-        def fromkeys(self, *args, **kwargs):
-            return dict.fromkeys(*args, **kwargs)
-
-    class TemplateNamespace(jinja2.utils.Namespace):
-        def __init__(*args, **kwargs):
-            self, args = args[0], args[1:]
-            attrs = dict(*args, **kwargs)
-            for name in attrs:
-                TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__init__(self, attrs)
-
-        def __setitem__(self, name, value):
-            TemplateNamespace._check_name(name)
-            jinja2.utils.Namespace.__setitem__(self, name, value)
-
-        @staticmethod
-        def _check_name(name):
-            if isinstance(name, str) and name.startswith("_"):
-                raise jinja2.exceptions.SecurityError(
-                    f"Chat templates cannot store underscore-prefixed attributes on a namespace, but got {name!r}. "
-                    "Please rename the attribute."
-                )
-
-    env = ImmutableSandboxedEnvironment(
-        trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols]
-    )
-    env.filters["tojson"] = tojson
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = strftime_now
-    env.globals["dict"] = TemplateDict()
-    env.globals["namespace"] = TemplateNamespace
-    return env.from_string(template)

@@ -26,6 +26,7 @@ from pathlib import Path
 from . import defaults
 from .errors import MlxinferError, check_bool
 from .formats.gguf import GGUFHeader
+from .chat_template import TemplateTooLarge, budget, route_transformers
 from .formats.paths import check_side_files
 
 # llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
@@ -65,6 +66,7 @@ def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
     if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
         raise MlxinferError(f"no tokenizer files in {directory}; add tokenizer.json (and tokenizer_config.json)")
     check_side_files(directory)
+    route_transformers()  # the checkpoint's chat template renders in the bounded sandbox (chat_template.py)
     try:
         return mlx_lm_load_tokenizer(directory, {"trust_remote_code": False}, eos_token_ids=eos_token_ids)
     except Exception as e:  # transformers/tokenizers parsing the checkpoint's files: their problem, one line
@@ -336,10 +338,16 @@ def _deadline(seconds: float):
 
 def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
     try:
-        with _deadline(defaults.TEMPLATE_SECONDS):
+        with _deadline(defaults.TEMPLATE_SECONDS), budget(messages):
             text = tokenizer.apply_chat_template(
                 messages, tokenize=False, add_generation_prompt=True, enable_thinking=thinking
             )
+    except TemplateTooLarge as e:
+        raise MlxinferError(
+            f"the model's chat template builds {e} (text multiplied without end?); fix the template, or pass "
+            "chat=False",
+            "chat=False",
+        ) from None
     except _TemplateTimeout:
         raise MlxinferError(
             f"the model's chat template did not finish rendering within {defaults.TEMPLATE_SECONDS:g} s of CPU time "

@@ -73,3 +73,55 @@ def test_a_template_that_loops_without_end_is_refused(embedded, monkeypatch):
         mlxinfer.generate(model, tok, "hi", max_tokens=2)
     monkeypatch.undo()
     assert mlxinfer.generate(model, tok, FRUIT, settings={"temperature": 0.0}, max_tokens=2).tokens  # still answers
+
+
+HUGE = [  # each one line of a template that asks for gigabytes (was: memory to the limit, then the process killed)
+    "{{ 'x' * 10**10 }}",
+    "{{ 'x' | center(10**10) }}",
+    "{{ 'x'.rjust(10**10) }}",
+    "{{ '%999999999s' % 'x' }}",
+    "{{ '{:>999999999}'.format(1) }}",
+    "{{ ('x' * 100000) | replace('x', 'y' * 100000) }}",
+    "{{ ('x' * 100000).replace('x', 'y' * 100000) }}",
+    "{{ (['y' * 900000] * 1000) | join }}",
+    "{{ ('x' * 100000) | replace('', 'y' * 100000) }}",
+    "{{ strftime_now('%999999999Y') }}",
+    "{% for i in range(100000) %}{{ 'x' * 900000 }}{% endfor %}",  # each piece within bounds, their sum not
+    "{{ 7 ** 1000000000 }}",
+]
+
+
+@pytest.mark.parametrize("template", HUGE)
+def test_a_template_that_builds_gigabytes_is_refused_before_it_does(embedded, monkeypatch, template):
+    model, tok = embedded
+    monkeypatch.setattr(tok, "chat_template", template)
+    with pytest.raises(MlxinferError, match="chat template builds "):
+        mlxinfer.encode_prompt(tok, "hi")
+
+
+def test_a_folders_template_renders_in_the_same_bounds(checkpoint_dir, tmp_path):
+    """An HF folder's template renders through transformers, routed to the bounded sandbox: the same
+    refusal, and an ordinary template renders as transformers' own environment renders it."""
+    import json
+    import shutil
+
+    from transformers.utils.chat_template_utils import _cached_compile_jinja_template
+
+    folder = tmp_path / "m"
+    shutil.copytree(checkpoint_dir("llama"), folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    ordinary = config.get("chat_template")
+    assert isinstance(ordinary, str)
+    _, tok = mlxinfer.load(str(folder))
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": FRUIT}]
+    theirs = _cached_compile_jinja_template(ordinary).render(
+        messages=messages, add_generation_prompt=True, enable_thinking=False, tools=None, documents=None,
+        **tok.special_tokens_map,
+    )  # fmt: skip
+    assert tok.decode(mlxinfer.encode_prompt(tok, messages)) == tok.decode(tok.encode(theirs, add_special_tokens=False))
+    config["chat_template"] = HUGE[0]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    _, tok = mlxinfer.load(str(folder))
+    with pytest.raises(MlxinferError, match="chat template builds"):
+        mlxinfer.encode_prompt(tok, "hi")
