@@ -198,6 +198,26 @@ def test_unreadable_config(checkpoint_dir, tmp_path, write, fragment):
     assert_one_line_error(invoke_cli("count", str(bad)), fragment)
 
 
+@pytest.mark.parametrize(
+    "change, fragment",
+    [
+        ({"num_hidden_layers": 10**9}, "num_hidden_layers must be a whole number from 1 to 4,096"),  # was: memory out
+        ({"hidden_size": 2**40}, "hidden_size must be"),  # was: an OverflowError traceback
+        ({"vocab_size": 4e9}, "vocab_size must be"),
+        ({"num_attention_heads": 0}, "num_attention_heads must be"),  # was: a ZeroDivisionError traceback
+        ({"num_hidden_layers": 40}, "the config says 40 layers but the weights hold"),
+    ],
+    ids=["layers-1e9", "hidden-2**40", "vocab-float", "heads-0", "more-layers-than-weights"],
+)
+def test_a_config_for_mlx_lms_class_is_checked_before_the_class_is_built(mlx_lm_dir, tmp_path, change, fragment):
+    """olmo2 runs on mlx-lm's class (no definition of ours): its sizes get the described configs' bounds."""
+    bad = tmp_path / "bad"
+    shutil.copytree(mlx_lm_dir("olmo2"), bad)
+    config = json.loads((bad / "config.json").read_text())
+    (bad / "config.json").write_text(json.dumps({**config, **change}))
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), fragment)
+
+
 def _replace(path, make):
     path.unlink(missing_ok=True)
     make(path)

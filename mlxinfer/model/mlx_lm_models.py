@@ -21,8 +21,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from ..errors import MlxinferError
-from ..formats.config import ModelConfig
-from .weights import fill, quantize_like
+from ..formats.config import LIMITS, ModelConfig
+from .weights import fill, layers_present, quantize_like
 
 _MODULE = re.compile(r"^[a-z][a-z0-9_]*$")
 
@@ -75,10 +75,11 @@ def build(module: ModuleType, cfg: ModelConfig, weights: dict[str, mx.array], wh
     """(mlx-lm's model holding `weights`, evaluated unless `evaluate` is False (a model to be split
     across ranks stays lazy until each rank has cut its share), and the config it runs with)."""
     name = module.__name__.rpartition(".")[2]
+    _check_sizes(cfg, weights, where)
     try:
         args = module.ModelArgs.from_dict(cfg.raw)
         model = module.Model(args)
-    except (TypeError, ValueError, KeyError, AttributeError, AssertionError) as e:
+    except (TypeError, ValueError, KeyError, AttributeError, AssertionError, ArithmeticError) as e:
         raise MlxinferError(
             f"{where}: mlx-lm's {name} class cannot be built from this config.json ({_first(e)}); "
             "the config is incomplete or not one mlx-lm reads",
@@ -103,6 +104,26 @@ def build(module: ModuleType, cfg: ModelConfig, weights: dict[str, mx.array], wh
     fill(model, weights, where, evaluate=evaluate)
     model.eval()
     return model, _served_config(cfg, args, model)
+
+
+def _check_sizes(cfg: ModelConfig, weights: dict, where: str) -> None:
+    """The sizes mlx-lm's class builds from, checked as a described config's are (formats/config.LIMITS), and
+    the layer count against the layers the weights hold: a config of 10**9 layers would build 10**9 modules."""
+    for d in (cfg.raw, cfg.raw.get("text_config") if isinstance(cfg.raw.get("text_config"), dict) else {}):
+        for key, most in LIMITS.items():
+            v, least = d.get(key), 1 if key in ("hidden_size", "num_attention_heads", "num_hidden_layers") else 0
+            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and least <= v <= most):
+                raise MlxinferError(
+                    f"{where}: {key} must be a whole number from {least} to {most:,}, got {v!r:.40}; fix config.json",
+                    "source",
+                )
+    present = layers_present(weights)
+    if present and cfg.num_hidden_layers > max(present) + 1:
+        raise MlxinferError(
+            f"{where}: the config says {cfg.num_hidden_layers:,} layers but the weights hold {max(present) + 1:,}; "
+            "the weights are incomplete or belong to another model",
+            "source",
+        )
 
 
 def serve(model: nn.Module, cfg: ModelConfig, info) -> nn.Module:

@@ -131,9 +131,14 @@ def _not_theirs(where: str) -> str:
     return "the config and weights do not belong together: use the config.json that came with these weights"
 
 
+def layers_present(weights: dict) -> set[int]:
+    """The layer numbers the tensor names hold (model.layers.3.*, h.3.*, blocks.3.*)."""
+    return {int(m.group(1)) for name in weights if (m := _LAYER.search(name))}
+
+
 def check_layers(cfg: ModelConfig, weights: dict, where: str) -> None:
     """The config's layer count against the layers the weights hold, before a layer is built."""
-    present = {int(m.group(1)) for name in weights if (m := _LAYER.search(name))}
+    present = layers_present(weights)
     n = cfg.num_hidden_layers
     if n > len(present) or any(i not in present for i in range(n)):
         raise MlxinferError(
