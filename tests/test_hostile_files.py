@@ -296,10 +296,20 @@ def test_gguf_header_is_checked_against_the_file(spec, tmp_path, change, fragmen
     assert_one_line_error(invoke_cli("count", path), fragment)
 
 
+def _rope_freqs(s):
+    heads, width = s.meta("llama.attention.head_count"), s.meta("llama.embedding_length")
+    s.tensors.append(hostile.tensor("rope_freqs.weight", np.ones(width // heads // 2, np.float32), "F32"))
+    return s
+
+
 @pytest.mark.parametrize(
     "change,fragment",
     [
         (lambda s: s.set_meta("llama.block_count", hostile.STRING, "30"), "'llama.block_count'"),
+        # with Llama 3.1's rope_freqs.weight, read before the config's checks: was a TypeError traceback
+        (lambda s: _rope_freqs(s).set_meta("llama.rope.freq_base", hostile.STRING, "x"), "'llama.rope.freq_base'"),
+        (lambda s: _rope_freqs(s).set_meta("llama.rope.freq_base", hostile.F32, -1.0), "'llama.rope.freq_base'"),
+        (lambda s: _rope_freqs(s).set_meta("llama.attention.key_length", hostile.STRING, "x"), "key_length"),
         (
             lambda s: s.set_meta("llama.attention.layer_norm_rms_epsilon", hostile.STRING, "x"),
             "'llama.attention.layer_norm_rms_epsilon'",
@@ -439,6 +449,20 @@ def test_safetensors_header_is_checked(checkpoint_dir, tmp_path, edit, fragment)
         result = invoke_cli(*args)
         assert_one_line_error(result, fragment)
         assert result.stderr.strip().endswith("; re-download it"), result.stderr  # the fix too (was: overlap, entry)
+
+
+def test_weights_stored_as_integers_are_refused(checkpoint_dir, tmp_path):
+    """A bf16 weight's bytes labelled I16 (the same shape and size): was an AssertionError traceback on the
+    default path, garbage scores with exit 0 as stored, and quantize wrote the integers quantized."""
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    header, data = hostile.read_safetensors(bad / "model.safetensors")
+    header["model.layers.0.self_attn.q_proj.weight"]["dtype"] = "I16"
+    hostile.write_safetensors(bad / "model.safetensors", header, data)
+    for args in (["topk", "-m", str(bad), "-p", "hi"], ["topk", "-m", str(bad), "-p", "hi", "--compute-dtype",
+                 "bfloat16"], ["quantize", str(bad), str(tmp_path / "q")]):  # fmt: skip
+        assert_one_line_error(invoke_cli(*args), "q_proj.weight' is stored as int16", "floating-point")
+    assert not (tmp_path / "q").exists()
 
 
 def test_a_cut_or_float64_safetensors_file_says_what_to_do(checkpoint_dir, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import math
 import re
 import struct
 from dataclasses import dataclass, field
@@ -325,9 +326,11 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     if missing:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks {', '.join(missing)}; the file is incomplete")
     if isinstance(d["hidden_size"], int) and isinstance(heads, int) and heads > 0:
-        scaling = rope_scaling(header, arch, d.get("head_dim") or d["hidden_size"] // heads, d["rope_theta"])
-        if scaling:
-            d["rope_scaling"] = scaling
+        head_dim, base = d.get("head_dim") or d["hidden_size"] // heads, d["rope_theta"]
+        if _whole(head_dim) and head_dim > 0 and _number(base) and base > 0:  # else from_dict names the key
+            scaling = rope_scaling(header, arch, head_dim, base)
+            if scaling:
+                d["rope_scaling"] = scaling
     check_blocks(header, d["num_hidden_layers"], f"{arch}.block_count")
     try:
         return ModelConfig.from_dict(d, where=str(header.path), fix=METADATA_FIX)
@@ -337,6 +340,14 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
         told = said[len(head) :].replace("add an explicit head_dim", METADATA_FIX)
         told = _FIELD.sub(lambda f: f"{arch}.{GGUF_KEYS[f.group(0)]}", told)
         raise MlxinferError(head + told, *e.params) from None
+
+
+def _whole(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
 def check_blocks(header: GGUFHeader, n_layers, key: str) -> None:

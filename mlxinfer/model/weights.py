@@ -220,13 +220,23 @@ def fill(model: nn.Module, weights: dict[str, mx.array], where: str, evaluate: b
     extra = sorted(set(weights) - set(expected))
     if extra:
         raise MlxinferError(
-            f"{where} has tensor(s) the config does not describe, e.g. '{extra[0]}'; check config.json", "source"
+            f"{where} has tensor(s) the model's config does not describe, e.g. '{extra[0]}'; "
+            + ("check the file's metadata" if str(where).endswith(".gguf") else "check config.json"),
+            "source",
         )
     for name, param in expected.items():
         if weights[name].shape != param.shape:
             raise MlxinferError(
-                f"{where}: tensor '{name}' has shape {tuple(weights[name].shape)} but config.json implies "
+                f"{where}: tensor '{name}' has shape {tuple(weights[name].shape)} but the model's config implies "
                 f"{tuple(param.shape)}; {_not_theirs(where)}",
+                "source",
+            )
+        got, floating = weights[name].dtype, mx.issubdtype(param.dtype, mx.floating)
+        if floating != mx.issubdtype(got, mx.floating) or (not floating and got != param.dtype):
+            kind = "floating-point numbers" if floating else f"packed codes ({_dtype_name(param.dtype)})"
+            raise MlxinferError(  # was: integers read as weights (garbage scores), or an assertion mid-conversion
+                f"{where}: tensor '{name}' is stored as {_dtype_name(got)}, where the model reads {kind}; "
+                f"{_not_theirs(where)}",
                 "source",
             )
     model.load_weights(list(weights.items()), strict=True)
@@ -244,3 +254,7 @@ def untie(cfg: ModelConfig, weights: dict[str, mx.array]) -> ModelConfig:
     elif "lm_head.weight" not in weights and not cfg.tie_word_embeddings_given:
         cfg = replace(cfg, tie_word_embeddings=True)  # config.json was silent and there is no output table
     return cfg
+
+
+def _dtype_name(dtype) -> str:
+    return str(dtype).rpartition(".")[2]  # mlx.core.int16 -> int16
