@@ -109,6 +109,7 @@ def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
     )
     if broken:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks a usable {broken}; use a GGUF file with its tokenizer")
+    _check_gguf_tokenizer_fields(header, m, tokens, types)
     pairs = [tuple(line.split(" ", 1)) for line in merges]
 
     def build(how):
@@ -123,6 +124,24 @@ def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
     # imports it (llguidance's table for constrained decoding), keeps its PyTorch advice to itself
     os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
     return build(lambda *args: _gguf_tokenizer_fast(*args, compat=lambda: build(_gguf_tokenizer)))
+
+
+def _check_gguf_tokenizer_fields(header, m: dict, tokens: list, types: list) -> None:
+    """What the metadata says beside the vocabulary, each as a one-line error where it is wrong: a type
+    per token (a short list split later specials into characters), the named ids within the vocabulary
+    (an EOS past it stopped nothing, and convert copied it on), add_bos_token a true boolean."""
+    wrong = None
+    if len(types) != len(tokens):
+        wrong = f"tokenizer.ggml.token_type holds {len(types):,} types for {len(tokens):,} tokens"
+    for name in ("bos", "eos", "eot", "unknown", "padding"):
+        i = m.get(f"tokenizer.ggml.{name}_token_id")
+        if wrong is None and i is not None and not _token_id(i, len(tokens)):
+            wrong = f"tokenizer.ggml.{name}_token_id {i!r:.40} is not an id of its {len(tokens):,} tokens"
+    add_bos = m.get("tokenizer.ggml.add_bos_token")
+    if wrong is None and add_bos is not None and not isinstance(add_bos, bool):
+        wrong = f"tokenizer.ggml.add_bos_token is {str(add_bos)[:40]!r}, not true or false"
+    if wrong:
+        raise MlxinferError(f"{header.path}: {wrong}; the file's tokenizer metadata is corrupt, re-download it")
 
 
 def _gguf_backend(tokens: list, types: list, merges: list, pre: str):

@@ -333,6 +333,11 @@ def test_gguf_metadata_values_are_checked(spec, tmp_path, change, fragment):
         (lambda s: s.set_meta("tokenizer.ggml.merges", hostile.ARRAY, (hostile.STRING, ["ab"])), "merges"),
         (lambda s: s.set_meta("tokenizer.ggml.pre", hostile.ARRAY, (hostile.U8, [1])), "pre-tokenizer"),
         (lambda s: s.set_meta("tokenizer.chat_template", hostile.U32, 7), "chat_template"),
+        # was: accepted, and wrong: specials past the short list split into characters; no stop at the
+        # end of a turn (and convert wrote the id into generation_config.json); "false" read as true
+        (lambda s: s.set_meta("tokenizer.ggml.token_type", hostile.ARRAY, (hostile.I32, [3])), "1 types for"),
+        (lambda s: s.set_meta("tokenizer.ggml.eos_token_id", hostile.U32, 4_000_000_000), "eos_token_id 4000000000"),
+        (lambda s: s.set_meta("tokenizer.ggml.add_bos_token", hostile.STRING, "false"), "add_bos_token is 'false'"),
     ],
 )
 def test_gguf_tokenizer_metadata(spec, tmp_path, change, fragment):
