@@ -13,7 +13,7 @@ FRUIT := Name one fruit. Answer with one word.
 
 .PHONY: setup qmm browser run test check plots bench clean
 
-setup: $(STAMP) $(DRAW) qmm browser
+setup: $(STAMP) $(DRAW) qmm
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -48,7 +48,7 @@ run: setup
 	$(BIN)/mlxinfer topk --prompt "$(HERB)"
 	$(BIN)/mlxinfer topk --prompt "$(FRUIT)"
 
-test: setup
+test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -q -n auto --dist loadfile --ignore=tests/test_notebooks.py

@@ -32,6 +32,19 @@ def _set_debug(ctx, param, value) -> None:
         _debug["on"] = True
 
 
+def _argument_help(command) -> None:
+    """Each positional argument's help, as its typer.Argument gives it: Typer sets TyperArgument.help before
+    calling click's __init__, which from click 8.5 (Argument takes help now) sets it back to None."""
+    try:
+        given = inspect.signature(command.callback).parameters
+    except (TypeError, ValueError):
+        return
+    for p in command.params:
+        info = getattr(given.get(p.name), "default", None)
+        if isinstance(p, click.Argument) and not p.help and isinstance(getattr(info, "help", None), str):
+            p.help = info.help
+
+
 class _Commands(TyperGroup):
     def get_command(self, ctx, name):
         """Each command also takes --debug (anywhere on its line, as a flag of its own: never a value)."""
@@ -40,6 +53,7 @@ class _Commands(TyperGroup):
             command.params.append(
                 click.Option(["--debug"], is_flag=True, expose_value=False, callback=_set_debug, help=DEBUG_HELP)
             )
+            _argument_help(command)
         return command
 
     def get_params(self, ctx):

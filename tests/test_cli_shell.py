@@ -219,3 +219,22 @@ def test_a_conversation_past_the_context_is_named_as_the_conversation(checkpoint
     r = invoke_cli("chat", "-m", str(checkpoint_dir("llama")), "--max-tokens", "2", input="word " * 2000 + "\n")
     assert r.returncode == 0, r.stderr
     assert "error: the conversation is" in r.stderr and "context is 512" in r.stderr and "--prompt" not in r.stderr
+
+
+def test_serve_json_keeps_stdout_to_its_one_line():
+    """`serve --port 0 --json` prints where it listens as one JSON line; its log (uvicorn's access lines
+    among it, which uvicorn writes to stdout) goes to stderr, so a script reading stdout reads JSON only."""
+    import httpx
+
+    with subprocess.Popen(
+        [MLXINFER, "serve", "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as p:
+        try:
+            where = json.loads(p.stdout.readline())
+            url = where.get("url") or f"http://{where['host']}:{where['port']}"
+            assert httpx.get(f"{url.removesuffix('/v1')}/health", timeout=60).status_code == 200
+        finally:
+            p.terminate()
+        out, err = p.communicate(timeout=60)
+    assert out == "", out  # nothing after the JSON line: the access log went to stderr
+    assert "GET /health" in err

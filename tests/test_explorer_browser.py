@@ -267,6 +267,7 @@ def test_whole_answers_match_answers_and_show_each_path(browser, server, shots, 
     command = page.text_content("#ans-cli")
     assert "--temps 0.5,1" in command and "--max-tokens 2" in command and "--max-nodes 40" in command
     assert f"--max-seconds {MAX_SECONDS:g}" in command  # the server's time budget travels too
+    assert "--batch-size 32" in command  # and its paths a pass (the CLI's default is 64): the same walk
     assert "--temp " not in command  # the sampler's T is not a column: the cut alone applies to both
     report = run_copied(command)
     assert report["stopped"] == "max_nodes" and report["nodes"] == 40

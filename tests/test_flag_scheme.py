@@ -81,3 +81,10 @@ def test_list_and_one_value_flags_say_which_in_their_first_words():
     assert topk["-k"].hidden
     bench = {p.opts[0]: p for p in commands["bench"].params}
     assert "GB/s" in bench["--bandwidth"].help and bench["--bandwidth"].type.name == "text"
+
+
+def test_positional_arguments_show_their_help():
+    """click 8.5 resets the help Typer gives a positional argument; the commands put it back."""
+    shown = " ".join(invoke_cli("convert", "--help").stdout.split())
+    assert "A .gguf file" in shown and "The directory to write" in shown
+    assert "a local directory" in " ".join(invoke_cli("count", "--help").stdout.split())

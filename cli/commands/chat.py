@@ -24,7 +24,11 @@ def chat(
     seed: Optional[int] = typer.Option(
         None, "--seed", help="Seed every reply with this (default: a fresh seed per reply, shown before it)."
     ),
-    system: Optional[str] = typer.Option(None, "--system", help="A system message for the chat template."),
+    system: Optional[str] = typer.Option(
+        None,
+        "--system",
+        help="A system message for the chat template ('' gives an empty one, in place of its default).",
+    ),
     thinking: bool = typer.Option(False, "--thinking/--no-thinking", help="Qwen3's thinking switch."),
     **options,
 ):

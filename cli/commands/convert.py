@@ -16,7 +16,8 @@ from mlxinfer_cli.options import model_or_first
 def convert_command(
     gguf: Optional[str] = typer.Argument(
         None,
-        help="A .gguf file (F32/F16/BF16/Q4_0/Q4_1/Q8_0 tensors), or 'embedded'. Or give it as --model.",
+        help="A .gguf file (F32/F16/BF16, Q4_0 to Q8_0, the K-quants and i-quants), or 'embedded'. Or give it as "
+        "--model.",
         show_default=False,
     ),
     out: Optional[str] = typer.Argument(
@@ -33,7 +34,8 @@ def convert_command(
     ),
     json_out: bool = JsonOption,
 ):
-    """Convert a GGUF file to safetensors, keeping Q4_0/Q4_1/Q8_0 exactly as MLX affine weights (group 32)."""
+    """Convert a GGUF file to safetensors as MLX affine weights (group 32): Q4_0/Q4_1/Q5/Q8_0, Q4_K/Q5_K and
+    IQ4 exactly; Q6_K, Q3_K, Q2_K and the other i-quants re-fit at 8 bits (docs/commands.md lists each type)."""
     from mlxinfer_cli.commands.quantize import render_summary
     from mlxinfer_quant import convert_gguf
 

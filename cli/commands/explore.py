@@ -11,7 +11,6 @@ from urllib.parse import quote
 
 import typer
 
-from mlxinfer_cli.common import JsonOption
 from mlxinfer_cli.options import takes
 
 
@@ -23,7 +22,9 @@ def explore(
     ),
     open_page: bool = typer.Option(True, "--open/--no-open", help="Open the page in the default web browser."),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn's log level (see `mlxinfer serve`)."),
-    json_out: bool = JsonOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print the page's address as one JSON line on stdout (the log goes to stderr)."
+    ),
     **options,
 ):
     """Explore the model in the browser: the next-token table, the sampler's cut, seeded draws, generation.

@@ -10,7 +10,7 @@ import typer
 
 from mlxinfer import defaults
 
-from mlxinfer_cli.common import JsonOption, utf8_stdout
+from mlxinfer_cli.common import utf8_stdout
 from mlxinfer_cli.options import takes
 
 
@@ -19,7 +19,10 @@ def serve(
     host: str = typer.Option(defaults.SERVE_HOST, "--host", help="Address to bind; beyond loopback, set --api-key."),
     port: int = typer.Option(defaults.SERVE_PORT, "--port", help="TCP port."),
     api_key: Optional[str] = typer.Option(
-        None, "--api-key", envvar="MLXINFER_API_KEY", help="Require 'Authorization: Bearer KEY' on /v1."
+        None,
+        "--api-key",
+        envvar="MLXINFER_API_KEY",
+        help="Require 'Authorization: Bearer KEY' on /v1, /metrics and the explorer's JSON (/health stays open).",
     ),
     max_rows: int = typer.Option(defaults.SERVE_MAX_ROWS, "--max-rows", help="Rows (seeds) decoded together at most."),
     max_queue: int = typer.Option(
@@ -44,7 +47,9 @@ def serve(
     log_level: str = typer.Option(
         "info", "--log-level", help="uvicorn's log level: critical, error, warning, info, debug, trace."
     ),
-    json_out: bool = JsonOption,
+    json_out: bool = typer.Option(
+        False, "--json", help="Print where it listens as one JSON line on stdout (the log goes to stderr)."
+    ),
     **options,
 ):
     """Serve the model over OpenAI's HTTP API: every request's seed is its own random stream."""

@@ -102,7 +102,7 @@ async def answers_route(state, read_body, fields: dict, max_temperatures: int, h
     )
     budget = MAX_SECONDS if body.max_seconds is None else body.max_seconds
     # passes of the sampling batch's size, not the library walk's larger default: the decode steps of other
-    # requests wait while a pass runs
+    # requests wait while a pass runs (the explorer's copied command says --batch-size, so it walks alike)
     walk = await on_engine(
         batcher,
         lambda: AnswerWalk(

@@ -221,6 +221,7 @@ def model_card(state) -> dict:
             "max_top_logprobs": 20,
             "max_answer_nodes": answers.MAX_NODES,
             "max_answer_seconds": answers.MAX_SECONDS,
+            "answer_batch_size": defaults.BATCH_SIZE,  # paths a pass: smaller than the CLI's (server/answers.py)
             "max_answer_tokens": answers.MAX_TOKENS,
         },
         "defaults": {

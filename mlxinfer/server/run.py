@@ -57,11 +57,19 @@ def address_text(host: str, port: int) -> str:
 
 def uvicorn_config(app, **options):
     """uvicorn's Config for `app`, as serve runs it: the h11 protocol whose own 400s are OpenAI's shape
-    (protocol.py), a graceful shutdown of 5 s. options: the rest of uvicorn.Config's (host, port, ...)."""
+    (protocol.py), a graceful shutdown of 5 s, and every log line on stderr (uvicorn writes its access
+    log to stdout, where `serve --json` prints the one line a script reads). options: the rest of
+    uvicorn.Config's (host, port, ...)."""
+    import copy
+
     import uvicorn
+    from uvicorn.config import LOGGING_CONFIG
 
     from .protocol import OpenAIShapedH11
 
+    logging = copy.deepcopy(LOGGING_CONFIG)
+    logging["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    options.setdefault("log_config", logging)
     return uvicorn.Config(app, http=OpenAIShapedH11, timeout_graceful_shutdown=5, **options)
 
 

@@ -59,6 +59,7 @@ export function mount(ctx) {
       const { temps, max, nodes, mass, group } = inputs();
       const flags = ["--temps", temps.map(String).join(","), "--max-tokens", max, "--min-mass", mass, "--max-nodes", nodes];
       flags.push("--max-seconds", String(server.max_answer_seconds));  // the server's time budget, as here
+      flags.push("--batch-size", String(server.answer_batch_size));  // its paths a pass: the same walk, step by step
       if (group !== defaults.group) flags.push("--group", group);
       $("ans-cli").textContent = commandLine(ctx, "answers", flags, { temperature: false });
     } catch {
