@@ -228,3 +228,16 @@ def test_a_min_mass_below_float_epsilon_still_walks(embedded):
     model, tok = embedded
     report = mlxinfer.answers(model, tok, PROMPT, settings=[{}], min_mass=1e-17, max_nodes=8, max_tokens=2)
     assert report.stopped == "min_mass" and report.answers and report.answers[0].probs[0] > 0
+
+
+@pytest.mark.parametrize(
+    "source, fragment",
+    [
+        ("embedded@bfloat16", "'@bfloat16' is no way of reading a model"),  # was: "no model at embedded@bfloat16"
+        ("@float32", "'@float32' follows a model"),  # was: the embedded model, silently
+        (5, "source must be a path or a hub repo id, got int"),  # was: "no model at 5"
+    ],
+)
+def test_a_source_that_names_no_model_says_why(source, fragment):
+    with pytest.raises(mlxinfer.MlxinferError, match=re.escape(fragment)):
+        mlxinfer.load(source)

@@ -181,3 +181,12 @@ def test_count_of_a_cached_repo_with_the_hub_out_of_reach(tmp_path, checkpoint_d
     report = json.loads(result.stdout)
     assert report["source"] == "hub" and report["total"] > 0
     assert any("headers not read" in n for n in report["notes"])
+
+
+def test_a_model_larger_than_the_memory_is_refused_before_it_is_read(checkpoint_dir, monkeypatch):
+    """Was: a model past the memory read until MLX failed mid-read (a traceback) or the process was killed."""
+    from mlxinfer.model import dtype_rule
+
+    monkeypatch.setattr(dtype_rule, "physical_ram_bytes", lambda: 100_000)  # the tiny llama holds ~2 MB
+    with pytest.raises(mlxinfer.MlxinferError, match=r"weights take [\d.]+ MB but this machine has 0\.1 MB"):
+        mlxinfer.load(checkpoint_dir("llama"))

@@ -81,9 +81,20 @@ def is_embedded(source) -> bool:
 
 def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelSource:
     """Turn what the user typed into local files, downloading from the hub if `weights`."""
+    if source is not None and not isinstance(source, (str, os.PathLike)):
+        raise MlxinferError(f"source must be a path or a hub repo id, got {type(source).__name__}", "source")
     text = "" if source is None else str(source)
+    suffix = text.rpartition("@")[2]
+    if "@" in text and not Path(text).expanduser().exists() and "/" not in suffix and suffix != DEQUANTIZED[1:]:
+        raise MlxinferError(  # was: "no model at embedded@bfloat16"
+            f"{text}: '@{suffix}' is no way of reading a model; '{DEQUANTIZED}' (a GGUF's tensors dequantized) is "
+            "the one suffix, and compute_dtype (--compute-dtype) chooses the path",
+            "source",
+        )
     if text.endswith(DEQUANTIZED) and not Path(text).expanduser().exists():
-        src = resolve(text[: -len(DEQUANTIZED)] or None, weights=weights)
+        if text == DEQUANTIZED:
+            raise MlxinferError(f"'{DEQUANTIZED}' follows a model: embedded{DEQUANTIZED} or model.gguf{DEQUANTIZED}")
+        src = resolve(text[: -len(DEQUANTIZED)], weights=weights)
         if src.kind != "gguf":
             raise MlxinferError(
                 f"{text}: '{DEQUANTIZED}' names a GGUF file's tensors dequantized to float32, and "

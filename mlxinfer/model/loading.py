@@ -68,6 +68,8 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
             foreign = mlx_lm_models.class_module(cfg, str(src.path / "config.json"))
         weights = read_safetensors(src.path)
         generation_config = read_generation_config(src.path)
+    if not sharded:  # a rank holds its share only: distributed.preflight checked the split
+        check_fits(weights, src.name)
     if foreign is None:
         if cfg.num_experts:
             weights = stack_experts(weights, cfg)
@@ -91,6 +93,22 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     nbytes = params.float32_nbytes(model)
     convert.apply(model, dtype_rule.choose_compute_dtype(compute_dtype, nbytes, convert.quantizable(model)))
     return model, tokenizer
+
+
+def check_fits(weights: dict, name: str) -> None:
+    """The weights (lazy until filled: their sizes come from the file headers) against the machine's
+    memory, before a byte is read: past it, the load would end in swapping or the process killed."""
+    need, ram = sum(w.nbytes for w in weights.values()), dtype_rule.physical_ram_bytes()
+    if ram is not None and need > ram:
+        raise MlxinferError(
+            f"{name}'s weights take {_amount(need)} but this machine has {_amount(ram)} of memory; use a "
+            "smaller or more quantized model, or split it across machines (mlx.launch; docs/commands.md)",
+            "source",
+        )
+
+
+def _amount(n: int) -> str:
+    return f"{n / 1e9:,.1f} GB" if n >= 1e9 else f"{n / 1e6:,.1f} MB"
 
 
 def read_generation_config(directory: Path) -> dict | None:
