@@ -296,6 +296,10 @@ def encode_prompt(
             "this model has no chat template; pass chat=False to feed the prompt as plain text", "chat=False"
         )
     text = _render(tokenizer, messages, thinking)
+    if not text.strip():  # was: "--prompt is empty", about a prompt that was not
+        raise MlxinferError(
+            "the model's chat template rendered nothing for these messages; pass chat=False", "chat=False"
+        )
     if thinking and text == _render(tokenizer, messages, False):
         raise MlxinferError(
             "thinking does nothing here: this model's chat template renders the same with and without it "

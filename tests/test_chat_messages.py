@@ -91,6 +91,13 @@ HUGE = [  # each one line of a template that asks for gigabytes (was: memory to 
 ]
 
 
+def test_a_template_that_renders_nothing_is_named(embedded, monkeypatch):
+    _, tok = embedded
+    monkeypatch.setattr(tok, "chat_template", "{% if false %}x{% endif %}")
+    with pytest.raises(MlxinferError, match="chat template rendered nothing"):  # was: "prompt is empty"
+        mlxinfer.encode_prompt(tok, "hi")
+
+
 @pytest.mark.parametrize("template", HUGE)
 def test_a_template_that_builds_gigabytes_is_refused_before_it_does(embedded, monkeypatch, template):
     model, tok = embedded

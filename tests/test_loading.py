@@ -190,3 +190,18 @@ def test_a_model_larger_than_the_memory_is_refused_before_it_is_read(checkpoint_
     monkeypatch.setattr(dtype_rule, "physical_ram_bytes", lambda: 100_000)  # the tiny llama holds ~2 MB
     with pytest.raises(mlxinfer.MlxinferError, match=r"weights take [\d.]+ MB but this machine has 0\.1 MB"):
         mlxinfer.load(checkpoint_dir("llama"))
+
+
+def test_a_folder_of_ggufs_or_a_gguf_beside_a_config_says_which_to_load(checkpoint_dir, tmp_path):
+    """Was: 'no config.json in' a folder of two .gguf files; 'download the model's weights' beside a .gguf."""
+    embedded = mlxinfer.embedded_model_path()
+    two = tmp_path / "two"
+    two.mkdir()
+    for name in ("a.gguf", "b.gguf"):
+        (two / name).symlink_to(embedded)
+    assert_one_line_error(invoke_cli("count", str(two)), "holds 2 .gguf files (a.gguf, b.gguf)", "name the one")
+    beside = tmp_path / "beside"
+    beside.mkdir()
+    shutil.copy(checkpoint_dir("llama") / "config.json", beside)
+    (beside / "model.gguf").symlink_to(embedded)
+    assert_one_line_error(invoke_cli("topk", "-m", str(beside), "-p", "hi"), "no *.safetensors", "model.gguf itself")

@@ -125,6 +125,9 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
         ggufs = sorted(path.glob("*.gguf"))
         if len(ggufs) == 1:
             return ModelSource("gguf", ggufs[0], text)
+        if len(ggufs) > 1:  # was: "no config.json in" the folder
+            names = ", ".join(g.name for g in ggufs[:3]) + (", ..." if len(ggufs) > 3 else "")
+            raise MlxinferError(f"{path} holds {len(ggufs)} .gguf files ({names}); name the one to load", "source")
         if (path / "config.json").exists() or (path / "config.json").is_symlink():
             config = path / "config.json"
             raise MlxinferError(f"{config} {what_it_is(config)}; put the model's config.json there", "source")

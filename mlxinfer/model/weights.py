@@ -63,7 +63,9 @@ def gguf_to_hf(name: str) -> str:
 def read_safetensors(directory: Path) -> dict[str, mx.array]:
     files = safetensors.shard_names(directory)
     if not files:
-        raise MlxinferError(f"no *.safetensors weights in {directory}; download the model's weights", "source")
+        ggufs = sorted(Path(directory).glob("*.gguf"))
+        hint = f", or load {ggufs[0]} itself (a .gguf names its own config)" if ggufs else ""
+        raise MlxinferError(f"no *.safetensors weights in {directory}; download the model's weights{hint}", "source")
     weights = {}
     for name in files:
         path = directory / name
