@@ -241,3 +241,20 @@ def test_a_min_mass_below_float_epsilon_still_walks(embedded):
 def test_a_source_that_names_no_model_says_why(source, fragment):
     with pytest.raises(mlxinfer.MlxinferError, match=re.escape(fragment)):
         mlxinfer.load(source)
+
+
+def test_smaller_entries_name_a_wrong_argument(embedded):
+    """Was: fork_cache('x', 2) returned ['x'] and rows=2**40 a MemoryError; parse_rate's kind a KeyError;
+    sweep(out=5) and load(group='x') a TypeError or AttributeError from deep inside."""
+    model, tok = embedded
+    cache = mlxinfer.prefill(model, tok.encode(PROMPT)).cache
+    assert len(mlxinfer.fork_cache(cache, 2)) == len(cache)
+    for call, fragment in [
+        (lambda: mlxinfer.fork_cache("x", 2), "cache must be a model's cache"),
+        (lambda: mlxinfer.fork_cache(cache, 2**40), "rows must be a whole number from 1 to"),
+        (lambda: mlxinfer.parse_rate("5T", "bogus"), "kind must be one of 'flops', 'bandwidth'"),
+        (lambda: mlxinfer.sweep(model, tok, [PROMPT], settings=[{}], seeds=1, out=5), "out must be a file's path"),
+        (lambda: mlxinfer.load(None, group="x"), "group must be an mx.distributed group"),
+    ]:
+        with pytest.raises(mlxinfer.MlxinferError, match=re.escape(fragment)):
+            call()

@@ -343,6 +343,8 @@ _RATE = re.compile(r"\s*((?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?)\s*(Ki|Mi|Gi|Ti|[k
 def parse_rate(value: float | int | str, kind: str) -> float:
     """'989T', '989 TFLOP/s', '3.35TB/s', '400GB/s', '1.2e12' or a plain number -> per second.
     Prefixes are decimal (T = 10^12), Ki/Mi/Gi/Ti binary; bandwidth is in bytes per second."""
+    if kind not in _UNITS:
+        raise MlxinferError(f"kind must be one of {', '.join(map(repr, _UNITS))}, got {kind!r:.40}", "kind")
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         x = float(value)
     else:

@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import collections
 import hashlib
 import itertools
+import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -247,6 +248,8 @@ def sweep(
     key_of = keyer(group, lambda t: tokenizer.decode([t]))
     if resume and out is None:
         raise MlxinferError("resume needs out, the results file to continue", "resume", "out")
+    if out is not None and not isinstance(out, (str, os.PathLike)):
+        raise MlxinferError(f"out must be a file's path, got {type(out).__name__}; give a .jsonl path", "out")
     if out is not None and not str(out).strip():
         raise MlxinferError("out is empty; give a .jsonl path", "out")
     plan = _plan(

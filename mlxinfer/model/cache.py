@@ -15,6 +15,9 @@ import copy
 
 import mlx.core as mx
 
+from .. import defaults
+from ..errors import MlxinferError
+
 
 class KVCache:
     """One layer's cache: keys and values in one buffer, kv (B, 2, K, capacity, E), so that the
@@ -127,6 +130,10 @@ def fork(cache: list, rows: int, positions: int | None = None, shared: bool = Fa
     buffers are cut to it (rounded up to 16), so that this copy and each keep_rows copy only that.
     shared (a model whose attention reads prefixes in place: native_block.shares_prefixes): several rows'
     caches become PrefixedCaches, the prompt held once for all of them and each row's buffer empty room."""
+    if not isinstance(cache, list) or not all(hasattr(c, "state") for c in cache):
+        raise MlxinferError("cache must be a model's cache (a list of layer caches: prefill(...).cache)", "cache")
+    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= defaults.MAX_SEEDS:
+        raise MlxinferError(f"rows must be a whole number from 1 to {defaults.MAX_SEEDS:,}, got {rows!r:.40}", "rows")
     if shared and rows > 1 and positions is not None and all(type(c) is KVCache and c.kv is not None for c in cache):
         out = [_prefixed(c, rows, positions) for c in cache]
     else:
