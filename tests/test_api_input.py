@@ -53,6 +53,8 @@ def test_a_stream_is_read_once(embedded):
     """Was: a second pass decoded again into the same stats (4 tokens became 8), or failed inside the grammar."""
     model, tok = embedded
     stream = mlxinfer.stream_generate(model, tok, PROMPT, max_tokens=4, seed=0)
+    with pytest.raises(mlxinfer.MlxinferError, match="no result yet: iterate it"):  # was: None, then AttributeError
+        _ = stream.result
     text = "".join(step.text for step in stream)
     with pytest.raises(mlxinfer.MlxinferError, match="already iterated"):
         list(stream)

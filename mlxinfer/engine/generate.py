@@ -30,8 +30,16 @@ class GenerationStream:
         self.spec = request.row(seed)
         self.note = request.note
         self.stats = Stats()
-        self.result: Optional[Generation] = None
+        self._result: Optional[Generation] = None
         self.started = False
+
+    @property
+    def result(self) -> Generation:
+        """The whole Generation, once the iteration has ended (was: None, then an AttributeError on it)."""
+        if self._result is None:
+            how = "iterate it to its end first" if not self.started else "it stopped before its end"
+            raise MlxinferError(f"this stream has no result yet: {how} (generate() does it in one call)", "stream")
+        return self._result
 
     def __iter__(self) -> Iterator[Step]:
         if self.started:  # a second pass would decode again into the same stats and grammar state
@@ -65,7 +73,7 @@ class GenerationStream:
             if request.constraint is not None:
                 self._check_json(result, live)
                 step.finish_reason = self.stats.finish_reason = result.finish_reason
-            self.result = result
+            self._result = result
             yield step
 
     def _check_json(self, result: Generation, row) -> None:
