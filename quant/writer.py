@@ -12,6 +12,7 @@ directory is removed on an error, Ctrl-C, SIGTERM or SIGHUP, and by the next run
 
 from __future__ import annotations
 
+import errno
 import json
 import re
 import shutil
@@ -131,7 +132,12 @@ def save_weights(
         try:
             mx.save_safetensors(str(directory / fname), shard, metadata={"format": "mlx"})
         except (RuntimeError, ValueError) as e:  # mlx's way of saying the file could not be written
-            raise OSError(0, str(e).splitlines()[0] if str(e) else "write failed", str(directory / fname)) from None
+            need = sum(v.nbytes for v in shard.values())
+            if shutil.disk_usage(directory).free < need:  # its message says neither why nor the fix
+                raise OSError(errno.ENOSPC, "No space left on device", str(directory / fname)) from None
+            raise OSError(
+                errno.EIO, str(e).splitlines()[0] if str(e) else "write failed", str(directory / fname)
+            ) from None
         weight_map.update({k: fname for k in shard})
     if n > 1:
         index = {

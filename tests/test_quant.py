@@ -468,3 +468,27 @@ def test_failure_leaves_nothing_half_written(checkpoint_dir, tmp_path, monkeypat
         quantize(checkpoint_dir("llama"), existing, force=True)
     assert [p.name for p in existing.iterdir()] == ["keep.txt"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]
+
+
+def test_weights_that_cannot_be_written_are_an_output_error_and_leave_nothing(checkpoint_dir, tmp_path):
+    """MLX says only '[write] Unable to write N bytes'; a write refused (here a file-size limit, EFBIG) is
+    the place's fault, not the input's: exit 1, one line, no OUT left. (On a full disk it says so.)"""
+    import resource
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    def small_files():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # past the limit a write fails instead of a kill
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, 4096))
+
+    out = tmp_path / "q"
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "quantize", str(checkpoint_dir("llama")), str(out), "--bits", "4"],
+        cwd=ROOT, capture_output=True, text=True, preexec_fn=small_files, timeout=300,
+    )  # fmt: skip
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
+    assert not out.exists()
