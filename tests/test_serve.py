@@ -110,6 +110,33 @@ def test_completions_greedy_with_logprobs(smol, embedded):
     assert lp.text_offset[0] == 0 and all(choice.text[o:].startswith(t) for o, t in zip(lp.text_offset, starts))
 
 
+def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(smol, embedded):
+    """echo with logprobs, as lm-evaluation-harness asks to score a continuation (max_tokens 1, logprobs 1,
+    temperature 0): the text is the prompt and the completion; each prompt token has its log-probability
+    given those before it, mlx-lm's own for the same weights (the first: none); then the completion's."""
+    url, _ = smol
+    model, tok = embedded
+    prompt = "The capital of France is Paris. The capital of Italy is"
+    r = client(url).completions.create(
+        model=model_id(url), prompt=prompt, max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    choice, ids = r.choices[0], tok.encode(prompt)
+    lp = choice.logprobs
+    assert choice.text.startswith(prompt) and len(lp.tokens) == len(ids) + 1
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    logits = mlxinfer.mlx_lm_twin(model)(mx.array(ids)[None])[0].astype(mx.float32)
+    theirs = (logits - mx.logsumexp(logits, axis=-1, keepdims=True)).tolist()
+    for i in range(1, len(ids)):
+        assert lp.token_logprobs[i] == pytest.approx(theirs[i - 1][ids[i]], abs=2e-3), (i, lp.tokens[i])
+        assert len(lp.top_logprobs[i]) == 1
+    assert lp.text_offset[: len(ids)] == sorted(lp.text_offset[: len(ids)]) and lp.text_offset[len(ids)] >= len(prompt)
+    assert choice.text[lp.text_offset[-1] :].strip() == lp.tokens[-1].strip()  # the completion's token, after it
+    plain = client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=1, temperature=0, echo=True)
+    assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
+    with pytest.raises(openai.BadRequestError, match="echo is answered whole"):
+        client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=1, echo=True, stream=True)
+
+
 def test_chat_logprobs(smol):
     url, _ = smol
     r = client(url).chat.completions.create(

@@ -165,11 +165,11 @@ class Endpoints:
             exchange = await self.start(
                 http, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
             )
-        except ApiError as e:
+            return _noted(await completion_response(exchange), body)
+        except ApiError as e:  # an echo's prompt log-probabilities are computed once the rows have ended
             return _noted(_error(e), body)
         except ClientGone:
             return _gone()
-        return _noted(await completion_response(exchange), body)
 
     @asynccontextmanager
     async def lifespan(self, app):

@@ -288,9 +288,11 @@ def completion_plan(body: CompletionRequest) -> Plan:
         if len(prompt) != 1:
             raise ApiError(400, "prompt: send one prompt per request (a list of one is fine)", "prompt")
         prompt = prompt[0]
-    if body.echo or body.suffix is not None or (body.best_of or 1) != 1:
-        field = "echo" if body.echo else "suffix" if body.suffix is not None else "best_of"
+    if body.suffix is not None or (body.best_of or 1) != 1:
+        field = "suffix" if body.suffix is not None else "best_of"
         raise ApiError(400, f"{field} is not supported by this server", field)
+    if body.echo and body.stream:
+        raise ApiError(400, "echo is answered whole: set stream to false (or leave echo out)", "echo")
     return Plan(prompt, None, False)
 
 

@@ -18,9 +18,11 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 
 from ..engine.batcher import Job
+from ..engine.reading import prompt_logprobs
 from ..engine.request import Request
 
 from . import outputs
+from .engine_call import on_engine
 from .errors import error_body
 from .inputs import Plan
 
@@ -267,12 +269,15 @@ async def completion_response(ex: Exchange):
     head = ex.head("cmpl", "text_completion")
     if not body.stream:
         failed = await ex.whole(choices, False)
+        if failed:
+            return failed
+        prompt, read = await _echoed(ex) if body.echo else ("", None)
         out = [
-            {"text": "".join(c.text), "index": c.index, "logprobs": c.completion_logprobs(),
-             "finish_reason": c.finish_reason or "stop"}
+            {"text": prompt + "".join(c.text), "index": c.index,
+             "logprobs": _after(read, c.completion_logprobs(), len(prompt)), "finish_reason": c.finish_reason or "stop"}
             for c in choices
         ]  # fmt: skip
-        return failed or JSONResponse({**head, "choices": out, "usage": ex.usage(choices)})
+        return JSONResponse({**head, "choices": out, "usage": ex.usage(choices)})
 
     async def pieces():
         rows = [_StreamedRow(c) for c in choices]
@@ -285,3 +290,39 @@ async def completion_response(ex: Exchange):
                 yield _sse({**data, "usage": None} if ex.include_usage else data)
 
     return ex.stream(pieces(), lambda: {**head, "choices": [], "usage": ex.usage(choices)})
+
+
+async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
+    """echo: the prompt's text, and with logprobs each prompt token's log-probability given those before
+    it (the first has none: null), as OpenAI's legacy completions and vLLM return them; what
+    lm-evaluation-harness reads to score a continuation. One forward pass over the prompt, on the engine."""
+    e = ex.endpoints
+    text = ex.plan.prompt if isinstance(ex.plan.prompt, str) else e.tokenizer.decode(ex.request.ids)
+    if ex.body.logprobs is None:
+        return text, None
+    top = ex.body.logprobs
+    read = await on_engine(e.batcher, lambda: prompt_logprobs(e.model, e.tokenizer, ex.request.ids, top=top))
+    offsets, at = [], 0
+    for t in read.tokens:
+        offsets.append(at)
+        at += len(t.text)
+    return text, {
+        "tokens": [t.text for t in read.tokens],
+        "token_logprobs": [t.logprob for t in read.tokens],
+        "top_logprobs": [
+            None if t.logprob is None else {a.text: a.logprob for a in t.alternatives} for t in read.tokens
+        ],
+        "text_offset": offsets,
+    }
+
+
+def _after(prompt: Optional[dict], completion: Optional[dict], shift: int) -> Optional[dict]:
+    """The prompt's log-probabilities, then the completion's (its text offsets moved past the prompt)."""
+    if prompt is None or completion is None:
+        return completion
+    return {
+        "tokens": prompt["tokens"] + completion["tokens"],
+        "token_logprobs": prompt["token_logprobs"] + completion["token_logprobs"],
+        "top_logprobs": prompt["top_logprobs"] + completion["top_logprobs"],
+        "text_offset": prompt["text_offset"] + [o + shift for o in completion["text_offset"]],
+    }
