@@ -70,9 +70,10 @@ def quantize(
     mx.eval(tensors)
     block = config_block(settings, (policy.group_size, policy.bits)) if policy.quantized else None
     config = _hf_config(model, affine.dtype_name(dtype), block)
+    before = source_bytes(model)  # before OUT is written: OUT may be the folder a relative source is read from
     parameters, files = _write(model, tokenizer, out, tensors, config, force, max_shard_bytes)
     return _summary(
-        "quantize", model, out, config, tensors, parameters, files, policy.describe(cfg.tie_word_embeddings)
+        "quantize", model, out, config, tensors, parameters, files, policy.describe(cfg.tie_word_embeddings), before
     )
 
 
@@ -100,9 +101,10 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
     dtype = str((scales or floats)[0]).split(".")[-1]
     config = _hf_config(model, dtype, config_block(settings))
     _check_finite(tensors)
+    before = source_bytes(model)  # before OUT is written: was re-read after, and OUT '.' replaced the folder
     parameters, files = _write(model, tokenizer, out, tensors, config, force, max_shard_bytes)
     policy = ", ".join(f"{k} {ggml_types.loads_as(k)}" for k in kinds)
-    return _summary("convert", model, out, config, tensors, parameters, files, policy)
+    return _summary("convert", model, out, config, tensors, parameters, files, policy, before)
 
 
 # ---- pieces --------------------------------------------------------------------------------------------
@@ -235,10 +237,10 @@ def source_bytes(model) -> int:
 
 
 def _summary(
-    kind: str, model, out: Path, config: dict, tensors: dict, parameters: int, files: list[dict], policy: str
-) -> dict:
+    kind: str, model, out: Path, config: dict, tensors: dict, parameters: int, files: list[dict], policy: str,
+    before: int,
+) -> dict:  # fmt: skip
     tensor_bytes = sum(v.nbytes for v in tensors.values())
-    before = source_bytes(model)
     return {
         "command": kind,
         "source": model.info.source.name,

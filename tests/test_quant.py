@@ -492,3 +492,22 @@ def test_weights_that_cannot_be_written_are_an_output_error_and_leave_nothing(ch
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("error: "), proc.stderr
     assert not out.exists()
+
+
+def test_convert_into_the_current_folder_from_a_relative_source(tmp_path):
+    """`cd empty; mlxinfer convert ../m.gguf .` wrote OUT, then failed ('no GGUF file at ../m.gguf', exit 2):
+    OUT replaced the folder the relative path was read from, and the summary read the source's size after."""
+    import subprocess
+    import sys
+
+    (tmp_path / "m.gguf").symlink_to(mlxinfer.embedded_model_path())
+    here = tmp_path / "empty"
+    here.mkdir()
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "convert", "../m.gguf", ".", "--json"],
+        cwd=here, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert Path(summary["out"]).resolve() == here.resolve() and summary["source_bytes"] > 0
+    assert (here / "model.safetensors").is_file()
