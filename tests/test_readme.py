@@ -167,4 +167,5 @@ def test_the_python_section_runs_as_written():
     assert "The fruit I'm referring to is the fruit of the blackcurrant" in out  # llama.cpp's greedy answer
     assert '{"items":[{"name":"Basil","quantity":1,"unit":"g"}]} True' in out  # the lesson's tool, schema-valid
     assert re.search(r"^134,515,008 parameters", out, flags=re.M), out
+    assert re.search(r"^\[\('The', None\), \(' capital', [\d.e-]+\).*\] perplexity \d", out, flags=re.M), out
     assert re.search(r"^0\.5 \[\('", out, flags=re.M) and re.search(r"^1\.0 \[\('", out, flags=re.M), out  # sweep
