@@ -20,38 +20,80 @@ import re
 from datetime import datetime
 
 BUDGET_FLOOR = 1 << 20  # characters a render may build beyond four times the messages' own text
-_budget: contextvars.ContextVar[int] = contextvars.ContextVar("template_budget", default=BUDGET_FLOOR)
-_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d*)(?:\.(\d*))?")  # %-format: width, precision
-_BRACES = re.compile(r"\{[^{}]*?:[^{}\d]*(\d*)(?:\.(\d*))?")  # str.format: width, precision
+_budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("template_budget", default=None)
+_PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d*|\*)(?:\.(\d*|\*))?")  # %-format: width, precision
+_BRACES = re.compile(r"\{[^{}]*?:(?:.?[<>=^])?[-+ ]?#?0?(\d*)[,_]?(?:\.(\d*))?")  # str.format: width, precision
+_GROWTH = 512 << 20  # bytes a render may add to the process's memory, whatever built them
 
 
-class TemplateTooLarge(Exception):
-    """A chat template asked to build more text than its render's budget."""
+class TemplateTooLarge(BaseException):
+    """A chat template asked to build more text than its render's budget. A BaseException, so that Jinja's
+    own `except Exception` (its compile-time constant folding tries filters and gives up quietly) cannot
+    swallow it."""
 
 
 def _check(size: int) -> None:
-    if size > _budget.get():
-        raise TemplateTooLarge(f"{size:,} characters, over the {_budget.get():,} this render allows")
+    most = _budget.get()
+    if most is None:
+        most = BUDGET_FLOOR  # compile_chat_template's template rendered outside budget(): the floor alone
+    if size > most:
+        raise TemplateTooLarge(f"{size:,} characters, over the {most:,} this render allows")
 
 
-def _widths(fmt, pattern=_PERCENT) -> None:
-    """The widths and precisions a format string asks for, each checked (a 1-character spec can ask for 1 GB)."""
-    if isinstance(fmt, str):
-        for numbers in pattern.findall(fmt):
-            for n in numbers:
-                if len(n) >= 20:
-                    raise TemplateTooLarge("a format width of 20 digits or more")
-                _check(int(n or 0))
+def _widths(fmt, args=(), pattern=_PERCENT) -> None:
+    """What a format string may build: the widths and precisions it asks for (a 1-character spec can ask
+    for 1 GB), and each placeholder filled with the largest argument; a width given as an argument ('*',
+    '{:{1}}') is an argument, so every whole-number argument is a width too."""
+    if not isinstance(fmt, str):
+        return
+    for numbers in pattern.findall(fmt):
+        for n in numbers:
+            if len(n) >= 20:
+                raise TemplateTooLarge("a format width of 20 digits or more")
+            _check(int(n) if n.isdigit() else 0)
+    values = (
+        list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (list, tuple)) else [args]
+    )
+    _check(max((v for v in values if isinstance(v, int) and not isinstance(v, bool)), default=0))
+    _check(len(fmt) + (fmt.count("%") + fmt.count("{")) * max((_size(v) for v in values), default=0))
 
 
 def _size(value) -> int:
-    return len(value) if isinstance(value, (str, list, tuple)) else 0
+    """Characters a value stands for: a string's length, a list's items' (strings by length, others as one)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, (list, tuple)):
+        return sum(len(v) if isinstance(v, str) else 1 for v in value)
+    return 0
 
 
-def _before_call(obj, args, kwargs) -> None:
-    """The size a str method or a filter is about to build, from its arguments, checked first."""
+def _resident() -> int | None:
+    try:
+        with open("/proc/self/statm") as f:  # Linux; elsewhere the checks above and the deadline alone
+            return int(f.read().split()[1]) * 4096
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+_start: contextvars.ContextVar[int | None] = contextvars.ContextVar("template_start", default=None)
+
+
+def check_growth() -> None:
+    """Called from the render's trace (tokenizer._deadline) every so many lines: the memory a render has added,
+    however it built it (a `~` in a loop, a namespace that grows), against _GROWTH."""
+    start = _start.get()
+    now = _resident() if start is not None else None
+    if now is not None and now - start > _GROWTH:
+        raise TemplateTooLarge(f"{(now - start) >> 20:,} MB of memory while rendering, more than {_GROWTH >> 20:,}")
+
+
+def _before_call(obj, args: tuple, kwargs: dict) -> tuple:
+    """The size a str method or a filter is about to build, from its arguments, checked first; the arguments
+    to call it with (a generator given to join is read here, to be sized)."""
     name = getattr(obj, "__name__", "")
     owner = getattr(obj, "__self__", None)
+    if owner is None:  # the sandbox hands str.format out wrapped (jinja2.sandbox.wrap_str_format)
+        owner = getattr(getattr(obj, "__wrapped__", None), "__self__", None)
     numbers = [a for a in (*args, *kwargs.values()) if isinstance(a, int) and not isinstance(a, bool)]
     if name in ("center", "ljust", "rjust", "zfill", "do_center") and numbers:
         _check(max(numbers))
@@ -70,10 +112,20 @@ def _before_call(obj, args, kwargs) -> None:
         sep = owner if isinstance(owner, str) else args[1] if len(args) > 1 and isinstance(args[1], str) else ""
         if isinstance(items, (list, tuple)):
             _check(sum(len(str(i)) for i in items) + len(sep) * len(items))
+        elif not isinstance(items, (str, dict)):  # a generator (map, select): sized once it is read
+            items = list(items)
+            _check(sum(len(str(i)) for i in items) + len(sep) * len(items))
+            args = (items, *args[1:])
     elif name in ("format", "format_map") and isinstance(owner, str):
-        _widths(owner, _BRACES)
+        _widths(owner, [*args, *kwargs.values()] if name == "format" else (args[0] if args else {}), _BRACES)
     elif name == "do_format" and args:
-        _widths(args[0])
+        _widths(args[0], [*args[1:], *kwargs.values()])
+    elif name == "do_wordwrap" and args and isinstance(args[0], str):
+        wrap = kwargs.get("wrapstring", args[3] if len(args) > 3 else None) or "\n"
+        _check(len(args[0]) * (1 + (len(wrap) if isinstance(wrap, str) else 1)))
+    elif name == "do_sum" and kwargs.get("start", args[2] if len(args) > 2 else 0) not in (0, 0.0):
+        raise TemplateTooLarge("a sum of anything but numbers")  # lists summed in C: no deadline reaches it
+    return args
 
 
 @functools.lru_cache(maxsize=16)
@@ -93,22 +145,24 @@ def compile_chat_template(template: str):
         )
 
     class Bounded(ImmutableSandboxedEnvironment):
-        intercepted_binops = frozenset({"*", "%", "**"})
+        intercepted_binops = frozenset({"*", "+", "%", "**"})
         concat = staticmethod(_concat)
 
         def call_binop(self, context, operator, left, right):
             if operator == "*":
                 n = right if isinstance(right, int) else left if isinstance(left, int) else 0
                 _check(max(_size(left), _size(right)) * n)
+            elif operator == "+":
+                _check(_size(left) + _size(right))
             elif operator == "%":
-                _widths(left)
+                _widths(left, right)
             elif operator == "**" and isinstance(left, (int, float)) and isinstance(right, int):
                 if right > 64 and abs(left) > 1:
                     raise TemplateTooLarge(f"a power of {right:,}")
             return super().call_binop(context, operator, left, right)
 
         def call(__self, __context, __obj, *args, **kwargs):  # noqa: N805 - Jinja's own signature
-            _before_call(__obj, args, kwargs)
+            args = _before_call(__obj, args, kwargs)
             return super().call(__context, __obj, *args, **kwargs)
 
     class Generation(jinja2.ext.Extension):
@@ -140,9 +194,8 @@ def compile_chat_template(template: str):
     def checked(filter_):
         @functools.wraps(filter_)
         def run(*args, **kwargs):
-            given = args[1:] if args and isinstance(args[0], jinja2.nodes.EvalContext) else args
-            _before_call(filter_, given, kwargs)
-            return filter_(*args, **kwargs)
+            lead = args[:1] if args and isinstance(args[0], (jinja2.nodes.EvalContext, jinja2.Environment)) else ()
+            return filter_(*lead, *_before_call(filter_, args[len(lead) :], kwargs), **kwargs)
 
         return run
 
@@ -174,7 +227,7 @@ def compile_chat_template(template: str):
                 )
 
     env = Bounded(trim_blocks=True, lstrip_blocks=True, extensions=[Generation, jinja2.ext.loopcontrols])
-    for name in ("center", "indent", "join", "format", "replace"):
+    for name in ("center", "indent", "join", "format", "replace", "wordwrap", "sum"):
         env.filters[name] = checked(env.filters[name])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
@@ -188,11 +241,12 @@ def compile_chat_template(template: str):
 def budget(messages: list[dict]):
     """Renders in this block may build four times the messages' text and BUDGET_FLOOR characters."""
     own = sum(len(v) for m in messages if isinstance(m, dict) for v in m.values() if isinstance(v, str))
-    token = _budget.set(4 * own + BUDGET_FLOOR)
+    token, started = _budget.set(4 * own + BUDGET_FLOOR), _start.set(_resident())
     try:
         yield
     finally:
         _budget.reset(token)
+        _start.reset(started)
 
 
 def render(template: str, messages: list[dict], **variables) -> str:
@@ -213,11 +267,19 @@ def _concat(pieces) -> str:
 
 
 def route_transformers() -> None:
-    """Have transformers compile chat templates here too, so that an HF tokenizer's template renders in
-    the same bounded sandbox: its render_jinja_template looks _compile_jinja_template up at each call,
-    and everything else it does (kwargs, reasoning fields, named templates) stays its own. Our
-    environment lacks the assistant-token tracker, which only return_assistant_tokens_mask uses."""
+    """Have transformers compile chat templates here while a render of ours is under way (inside budget()),
+    so that an HF tokenizer's template renders in the same bounded sandbox: its render_jinja_template looks
+    _compile_jinja_template up at each call, and everything else it does (kwargs, reasoning fields, named
+    templates) stays its own. Any other render in the process (a caller's own apply_chat_template, an
+    assistant-token mask) gets transformers' own environment, as if this module were not there."""
     from transformers.utils import chat_template_utils
 
-    if getattr(chat_template_utils, "_compile_jinja_template", None) is not compile_chat_template:
-        chat_template_utils._compile_jinja_template = compile_chat_template
+    own = getattr(chat_template_utils, "_compile_jinja_template", None)
+    if own is None or getattr(own, "_mlxinfer", False):
+        return
+
+    def compile_here_when_ours(template):
+        return compile_chat_template(template) if _budget.get() is not None else own(template)
+
+    compile_here_when_ours._mlxinfer = True
+    chat_template_utils._compile_jinja_template = compile_here_when_ours

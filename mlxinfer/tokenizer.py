@@ -15,6 +15,7 @@ is encoded as the characters it is made of, so only the chat template emits cont
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import secrets
@@ -26,7 +27,7 @@ from pathlib import Path
 from . import defaults
 from .errors import MlxinferError, check_bool
 from .formats.gguf import GGUFHeader
-from .chat_template import TemplateTooLarge, budget, route_transformers
+from .chat_template import TemplateTooLarge, budget, check_growth, route_transformers
 from .formats.paths import check_side_files
 
 # llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
@@ -331,8 +332,18 @@ def _checked_messages(messages) -> list[dict]:
     return out
 
 
-class _TemplateTimeout(Exception):
-    pass
+class _TemplateTimeout(BaseException):
+    """Past the render's CPU deadline; a BaseException so that no `except Exception` in Jinja (its
+    compile-time constant folding runs filters and swallows what they raise) can keep the render going."""
+
+
+def _jinja_folder() -> str:
+    import jinja2
+
+    return os.path.dirname(jinja2.__file__) + os.sep
+
+
+_JINJA = _jinja_folder()
 
 
 @contextmanager
@@ -341,15 +352,18 @@ def _deadline(seconds: float):
     Python code (filename '<template>'), so a trace function on those frames alone sees every line they run,
     however they loop, and costs nothing elsewhere. CPU time, not the clock: a template that loops burns it,
     while a busy machine that leaves this thread waiting does not count against it."""
-    end = time.thread_time() + seconds
+    end, lines = time.thread_time() + seconds, itertools.count()
 
     def line(frame, event, arg):
         if time.thread_time() > end:
             raise _TemplateTimeout
+        if next(lines) % 256 == 0:
+            check_growth()  # what the template has built, however it built it
         return line
 
-    def call(frame, event, arg):
-        return line if frame.f_code.co_filename == "<template>" else None
+    def call(frame, event, arg):  # the template's frames, and Jinja's filters and runtime that it calls
+        name = frame.f_code.co_filename
+        return line if name == "<template>" or name.startswith(_JINJA) else None
 
     previous = sys.gettrace()
     sys.settrace(call)

@@ -88,6 +88,17 @@ HUGE = [  # each one line of a template that asks for gigabytes (was: memory to 
     "{{ strftime_now('%999999999Y') }}",
     "{% for i in range(100000) %}{{ 'x' * 900000 }}{% endfor %}",  # each piece within bounds, their sum not
     "{{ 7 ** 1000000000 }}",
+    "{{ '%*s' % (3000000000, 'x') }}",  # a width given as an argument
+    "{{ '{0:{1}}'.format('x', 3000000000) }}",
+    "{{ '{:0>3000000000}'.format('x') }}",  # a fill character that is a digit
+    "{% set s = 'x' * 1000000 %}{{ [s] * 3000 }}",  # a list of long strings repeated
+    "{% set s = 'x' * 1000000 %}{{ ('{0}' * 1000).format(s) }}",  # one argument, many placeholders
+    "{% set s = 'x' * 1000000 %}{{ ('%(a)s' * 1000) % {'a': s} }}",
+    "{% set s = 'x' * 1000000 %}{{ ([s] * 1000) | map('upper') | join }}",  # a generator joined
+    "{% set s = 'x' * 1000000 %}{{ ('x ' * 1000) | wordwrap(1, wrapstring=s) }}",
+    "{% set n = namespace(s='x') %}{% for i in range(40) %}{% set n.s = n.s ~ n.s %}{% endfor %}{{ n.s | length }}",
+    "{% set n = namespace(s='x') %}{% for i in range(40) %}{% set n.s = n.s + n.s %}{% endfor %}{{ n.s | length }}",
+    "{% set l = [0] * 1000000 %}{{ ([l] * 100) | sum(start=[]) }}",  # summed in C, past any deadline
 ]
 
 
@@ -99,10 +110,22 @@ def test_a_template_that_renders_nothing_is_named(embedded, monkeypatch):
 
 
 @pytest.mark.parametrize("template", HUGE)
-def test_a_template_that_builds_gigabytes_is_refused_before_it_does(embedded, monkeypatch, template):
+def test_a_template_that_builds_gigabytes_is_refused(embedded, monkeypatch, template):
+    """Refused by a check before the operation runs, or by the render's memory once it has grown 512 MB (a
+    `~` in a loop): either way one line, and the process well under the gigabytes asked for."""
     model, tok = embedded
     monkeypatch.setattr(tok, "chat_template", template)
     with pytest.raises(MlxinferError, match="chat template builds "):
+        mlxinfer.encode_prompt(tok, "hi")
+
+
+def test_a_filter_that_loops_in_jinja_itself_meets_the_deadline(embedded, monkeypatch):
+    """Was: the deadline traced only the template's own frames, and Jinja's constant folding swallowed it;
+    a slice filter of 10**8 ran past a minute."""
+    _, tok = embedded
+    monkeypatch.setattr(mlxinfer.defaults, "TEMPLATE_SECONDS", 0.5)
+    monkeypatch.setattr(tok, "chat_template", "{{ [1] | slice(100000000) | list | length }}")
+    with pytest.raises(MlxinferError, match="did not finish rendering within 0.5 s"):
         mlxinfer.encode_prompt(tok, "hi")
 
 
@@ -126,6 +149,9 @@ def test_a_folders_template_renders_in_the_same_bounds(checkpoint_dir, tmp_path)
         **tok.special_tokens_map,
     )  # fmt: skip
     assert tok.decode(mlxinfer.encode_prompt(tok, messages)) == tok.decode(tok.encode(theirs, add_special_tokens=False))
+    # a caller's own render, outside ours, keeps transformers' environment (was: a 1 MiB floor, no masks)
+    big = [{"role": "user", "content": "x" * 1_500_000}]
+    assert len(tok.apply_chat_template(big, tokenize=False)) > 1_500_000
     config["chat_template"] = HUGE[0]
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
     (folder / "chat_template.jinja").unlink(missing_ok=True)
