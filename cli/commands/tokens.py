@@ -35,8 +35,8 @@ def render(reading) -> None:
 
     console = stdout_console()
     console.print(
-        f"[bold]{reading.model}[/bold]  prompt: {counted(len(reading.tokens), 'token')}, read in one forward pass "
-        f"of {reading.definition}",
+        f"[bold]{reading.model}[/bold]  prompt: {counted(len(reading.tokens), 'token')}, every position's "
+        f"scores from {reading.definition}",
         highlight=False,
     )
     t = Table()
