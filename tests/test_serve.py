@@ -129,8 +129,16 @@ def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(smol, embedded):
     for i in range(1, len(ids)):
         assert lp.token_logprobs[i] == pytest.approx(theirs[i - 1][ids[i]], abs=2e-3), (i, lp.tokens[i])
         assert len(lp.top_logprobs[i]) == 1
-    assert lp.text_offset[: len(ids)] == sorted(lp.text_offset[: len(ids)]) and lp.text_offset[len(ids)] >= len(prompt)
-    assert choice.text[lp.text_offset[-1] :].strip() == lp.tokens[-1].strip()  # the completion's token, after it
+    for i in range(len(ids)):  # each prompt token's text where its offset says
+        assert choice.text[lp.text_offset[i] :].startswith(lp.tokens[i]), (i, lp.tokens[i], lp.text_offset[i])
+    # the completion continues the prompt as generated: its first token's leading space kept (was "isRome")
+    assert choice.text == prompt + lp.tokens[-1] and lp.tokens[-1].startswith(" ")
+    odd = "Café 東京 🙂 naïve — ok"  # characters split across tokens: offsets stay in the text, in order
+    r = client(url).completions.create(
+        model=model_id(url), prompt=odd, max_tokens=1, temperature=0, logprobs=1, echo=True
+    )
+    offsets = r.choices[0].logprobs.text_offset
+    assert r.choices[0].text.startswith(odd) and offsets == sorted(offsets) and offsets[-2] <= len(odd)
     plain = client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=1, temperature=0, echo=True)
     assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError, match="echo is answered whole"):

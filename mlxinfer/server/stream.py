@@ -9,6 +9,7 @@ a client that goes away cancels the job, and its rows leave the batch at the nex
 from __future__ import annotations
 
 import asyncio
+import copy
 import json
 import time
 from dataclasses import dataclass
@@ -272,11 +273,14 @@ async def completion_response(ex: Exchange):
         if failed:
             return failed
         prompt, read = await _echoed(ex) if body.echo else ("", None)
-        out = [
-            {"text": prompt + "".join(c.text), "index": c.index,
-             "logprobs": _after(read, c.completion_logprobs(), len(prompt)), "finish_reason": c.finish_reason or "stop"}
-            for c in choices
-        ]  # fmt: skip
+        out = []
+        for c in choices:
+            text = "".join(c.text)
+            if body.echo:
+                full = _continued(prompt, ex.endpoints.tokenizer, ex.request.ids + c.ids, text)
+                shift, text = len(prompt) + len(full) - len(text), prompt + full
+            lp = _after(read, c.completion_logprobs(), shift) if body.echo else c.completion_logprobs()
+            out.append({"text": text, "index": c.index, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})
         return JSONResponse({**head, "choices": out, "usage": ex.usage(choices)})
 
     async def pieces():
@@ -295,17 +299,15 @@ async def completion_response(ex: Exchange):
 async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
     """echo: the prompt's text, and with logprobs each prompt token's log-probability given those before
     it (the first has none: null), as OpenAI's legacy completions and vLLM return them; what
-    lm-evaluation-harness reads to score a continuation. One forward pass over the prompt, on the engine."""
+    lm-evaluation-harness reads to score a continuation. One forward pass over the prompt, on the engine.
+    The text and each token's offset come from one streaming detokenizer over the prompt's ids (a running
+    sum of tokens decoded alone drifts: a BOS token the text lacks, a character split across tokens)."""
     e = ex.endpoints
-    text = ex.plan.prompt if isinstance(ex.plan.prompt, str) else e.tokenizer.decode(ex.request.ids)
+    text, offsets = _detokenized(e.tokenizer, ex.request.ids)
     if ex.body.logprobs is None:
         return text, None
     top = ex.body.logprobs
     read = await on_engine(e.batcher, lambda: prompt_logprobs(e.model, e.tokenizer, ex.request.ids, top=top))
-    offsets, at = [], 0
-    for t in read.tokens:
-        offsets.append(at)
-        at += len(t.text)
     return text, {
         "tokens": [t.text for t in read.tokens],
         "token_logprobs": [t.logprob for t in read.tokens],
@@ -314,6 +316,30 @@ async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
         ],
         "text_offset": offsets,
     }
+
+
+def _detokenized(tokenizer, ids: list[int]) -> tuple[str, list[int]]:
+    """The text of `ids` as the engine's rows detokenize, and where each token's text starts in it."""
+    detok = copy.copy(tokenizer.detokenizer)
+    detok.reset()
+    offsets = []
+    for t in ids:
+        offsets.append(len(detok.text))
+        detok.add_token(t)
+    detok.finalize()
+    return detok.text, [min(o, len(detok.text)) for o in offsets]
+
+
+def _continued(prompt: str, tokenizer, ids: list[int], completion: str) -> str:
+    """The completion as it continues the prompt: a row's text drops its first token's leading space (as
+    sample's does), which after the prompt is part of the text ("... is Paris", not "... isParis")."""
+    if not completion or not ids:
+        return completion
+    whole, _ = _detokenized(tokenizer, ids)
+    after = whole[len(prompt) :] if whole.startswith(prompt) else ""
+    return (
+        after[: len(after) - len(after.lstrip())] + completion if after.lstrip().startswith(completion) else completion
+    )
 
 
 def _after(prompt: Optional[dict], completion: Optional[dict], shift: int) -> Optional[dict]:
