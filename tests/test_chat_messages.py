@@ -112,10 +112,11 @@ def test_a_template_that_renders_nothing_is_named(embedded, monkeypatch):
 @pytest.mark.parametrize("template", HUGE)
 def test_a_template_that_builds_gigabytes_is_refused(embedded, monkeypatch, template):
     """Refused by a check before the operation runs, or by the render's memory once it has grown 512 MB (a
-    `~` in a loop): either way one line, and the process well under the gigabytes asked for."""
+    `~` in a loop; on a loaded machine the 2 s deadline may come first): either way one line, and the
+    process well under the gigabytes asked for."""
     model, tok = embedded
     monkeypatch.setattr(tok, "chat_template", template)
-    with pytest.raises(MlxinferError, match="chat template builds "):
+    with pytest.raises(MlxinferError, match="chat template (builds |did not finish rendering)"):
         mlxinfer.encode_prompt(tok, "hi")
 
 

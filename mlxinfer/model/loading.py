@@ -41,7 +41,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     dtype_rule.check_compute_dtype(compute_dtype)  # an unknown choice fails before any file is read
     if mx.default_device() == mx.cpu:  # large arrays reuse freed blocks instead of fresh mmaps (cpu/heap.py)
         heap.keep_large_buffers()
-    if group is not None and not (hasattr(group, "size") and hasattr(group, "rank")):
+    if group is not None and not callable(getattr(group, "size", None)):
         raise MlxinferError(f"group must be an mx.distributed group or None, got {type(group).__name__}", "group")
     sharded = group is not None and group.size() > 1
     if sharded and compute_dtype in ("quantized", "int8"):  # distributed.finish: float32 or as stored
