@@ -16,6 +16,7 @@ import contextlib
 import contextvars
 import functools
 import json
+import os
 import re
 from datetime import datetime
 
@@ -70,7 +71,7 @@ def _size(value) -> int:
 def _resident() -> int | None:
     try:
         with open("/proc/self/statm") as f:  # Linux; elsewhere the checks above and the deadline alone
-            return int(f.read().split()[1]) * 4096
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return None
 
