@@ -131,18 +131,19 @@ def _check_gguf_tokenizer_fields(header, m: dict, tokens: list, types: list) -> 
     """What the metadata says beside the vocabulary, each as a one-line error where it is wrong: a type
     per token (a short list split later specials into characters), the named ids within the vocabulary
     (an EOS past it stopped nothing, and convert copied it on), add_bos_token a true boolean."""
-    wrong = None
+
+    def corrupt(wrong: str) -> MlxinferError:
+        return MlxinferError(f"{header.path}: {wrong}; the file's tokenizer metadata is corrupt, re-download it")
+
     if len(types) != len(tokens):
-        wrong = f"tokenizer.ggml.token_type holds {len(types):,} types for {len(tokens):,} tokens"
+        raise corrupt(f"tokenizer.ggml.token_type holds {len(types):,} types for {len(tokens):,} tokens")
     for name in ("bos", "eos", "eot", "unknown", "padding"):
         i = m.get(f"tokenizer.ggml.{name}_token_id")
-        if wrong is None and i is not None and not _token_id(i, len(tokens)):
-            wrong = f"tokenizer.ggml.{name}_token_id {i!r:.40} is not an id of its {len(tokens):,} tokens"
+        if i is not None and not _token_id(i, len(tokens)):
+            raise corrupt(f"tokenizer.ggml.{name}_token_id {i!r:.40} is not an id of its {len(tokens):,} tokens")
     add_bos = m.get("tokenizer.ggml.add_bos_token")
-    if wrong is None and add_bos is not None and not isinstance(add_bos, bool):
-        wrong = f"tokenizer.ggml.add_bos_token is {str(add_bos)[:40]!r}, not true or false"
-    if wrong:
-        raise MlxinferError(f"{header.path}: {wrong}; the file's tokenizer metadata is corrupt, re-download it")
+    if add_bos is not None and not isinstance(add_bos, bool):
+        raise corrupt(f"tokenizer.ggml.add_bos_token is {str(add_bos)[:40]!r}, not true or false")
 
 
 def _gguf_backend(tokens: list, types: list, merges: list, pre: str):

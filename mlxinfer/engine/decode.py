@@ -68,7 +68,7 @@ def check_context(model, n_prompt: int, extra: int = 0) -> None:
         raise MlxinferError(
             f"the prompt is {n_prompt:,} tokens but the model's context is {limit:,}; shorten the prompt", "prompt"
         )
-    if n_prompt + extra > limit and n_prompt >= limit:  # no room for even one new token
+    if n_prompt == limit and extra:  # no room for even one new token
         raise MlxinferError(
             f"the prompt is {n_prompt:,} tokens and the model's context is {limit:,}, leaving no room for a new "
             f"token; shorten the prompt to at most {limit - 1:,} tokens",
@@ -91,7 +91,7 @@ def prefill(
     ids = check_ids(model, ids)
     last_in_chunk = model.info.compute_dtype in ("float32", "quantized", "int8") and hasattr(model, "run_layers")
     if step_size is None:
-        invariant = model.info.compute_dtype in ("quantized", "int8") and hasattr(model, "run_layers")
+        invariant = last_in_chunk and model.info.compute_dtype != "float32"  # the native kernels' paths
         step_size = defaults.PREFILL_CHUNK_CPU if invariant else defaults.PREFILL_CHUNK
     if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size < 1:
         raise MlxinferError(f"step_size must be a whole number, at least 1, got {step_size!r}", "step_size")
