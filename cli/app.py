@@ -13,13 +13,14 @@ from __future__ import annotations
 import errno
 import inspect
 import os
+import signal
 import sys
 
 import click
 import typer
 from typer.core import TyperGroup
 
-from mlxinfer_cli import completion, flags
+from mlxinfer_cli import _aborted, completion, flags
 from mlxinfer import MlxinferError, OutputError
 
 
@@ -77,6 +78,8 @@ class _Commands(TyperGroup):
             raise typer.Exit(e.exit_code) from None
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if signal.getsignal(signal.SIGINT) is _aborted:  # the commands are built: Ctrl-C is theirs to hear
+            signal.signal(signal.SIGINT, signal.default_int_handler)
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
@@ -238,6 +241,9 @@ def main() -> None:
         sys.stdin.reconfigure(**({} if interactive else {"encoding": "utf-8"}), errors="surrogateescape")
     try:
         app()
+    except KeyboardInterrupt:  # before a command ran (Typer still building the commands): nothing written yet
+        print("aborted", file=sys.stderr)
+        sys.exit(130)
     except OSError as e:
         if e.errno != errno.EPIPE and e.errno not in OutputError.ERRNOS:
             raise

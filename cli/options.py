@@ -347,7 +347,9 @@ def seeds(options: dict):
     import mlxinfer
 
     given = [v for v in (options["seeds"], options["seed_range"]) if v is not None]
-    if len(given) != 1:
+    if len(given) > 1:
+        raise mlxinfer.MlxinferError("--seeds and --seed-range both given; pass one (--seeds A:B is the range)")
+    if not given:
         raise mlxinfer.MlxinferError("give --seeds N (seeds 0..N-1) or --seeds A:B (seeds A..B-1)")
     old = options["seed_range"] is not None
     if old:

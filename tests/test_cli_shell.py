@@ -238,3 +238,84 @@ def test_serve_json_keeps_stdout_to_its_one_line():
         out, err = p.communicate(timeout=60)
     assert out == "", out  # nothing after the JSON line: the access log went to stderr
     assert "GET /health" in err
+
+
+def test_ctrl_c_before_a_command_runs_is_130_without_a_traceback():
+    """Ctrl-C in the first ~0.2 s (Typer building the commands) printed a traceback: the script's entry
+    installs a quiet SIGINT handler (exit 130) until a command is about to run, then hands SIGINT back to
+    Python, so each command's own Ctrl-C handling sees KeyboardInterrupt as before. Timed in a subprocess
+    it would be flaky; here the two halves, and an interrupt raised while Typer builds its commands."""
+    import signal
+
+    import typer.main
+
+    import mlxinfer_cli
+    from mlxinfer_cli import app as cli_app
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, mlxinfer_cli._aborted)
+        assert invoke_cli("count", str(Path(__file__).parent / "fixtures/configs/qwen3-0.6b.json")).returncode == 0
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handed back to the command
+        probe = subprocess.run(
+            [sys.executable, "-c", "import signal, mlxinfer_cli; mlxinfer_cli._aborted(signal.SIGINT, None)"],
+            capture_output=True, text=True, timeout=60,
+        )  # fmt: skip
+        assert (probe.returncode, probe.stderr) == (130, "aborted\n")
+    finally:
+        signal.signal(signal.SIGINT, before)
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    saved, argv = typer.main.get_command, sys.argv
+    typer.main.get_command, sys.argv = interrupted, ["mlxinfer", "topk", "-p", "hi"]
+    try:
+        with pytest.raises(SystemExit) as e:
+            cli_app.main()
+    finally:
+        typer.main.get_command, sys.argv = saved, argv
+    assert e.value.code == 130
+
+
+def test_generate_stopped_by_ctrl_c_ends_its_line_marked():
+    """Ctrl-C during generate left the text without a newline (the shell's prompt then stood on its line):
+    the text so far ends with " [stopped]" and a newline, as chat marks a stopped reply, and exit 130."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxinfer", "generate", "-p", "Tell me a long story.", "--max-tokens", "2000",
+         "--temp", "1", "--seed", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stderr.readline()  # "[SmolLM2-135M-Instruct on ...]": written once the first token is
+        while line and not line.startswith("["):  # (a kernel build's notes may come before it)
+            line = proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, err
+    assert out.endswith(" [stopped]\n") and len(out) > len(" [stopped]\n"), out[-200:]
+    assert "Traceback" not in err
+
+
+def test_chat_reading_a_pipe_ends_on_ctrl_c():
+    """At a terminal Ctrl-C at the prompt drops the line, as a shell does; reading a pipe there is no line
+    to drop, and chat went on waiting, then exited 0. Now 130, as every command's Ctrl-C."""
+    import signal
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "mlxinfer", "chat", "--max-tokens", "4"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        line = proc.stderr.readline()  # "[model] /help lists the commands; ...": reading its input now
+        while line and "/help" not in line:
+            line = proc.stderr.readline()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130 and "Traceback" not in err, err

@@ -66,6 +66,8 @@ def test_seed_range_note_comes_only_when_the_command_succeeds():
     assert [c["seed"] for c in json.loads(ok.stdout)["completions"]] == [0, 1]
     assert notes(ok.stderr) == ["note: --seed-range is now --seeds A:B; --seed-range will go in a later release"]
     assert_one_line_error(invoke_cli("sample", "-p", FRUIT, "--seed-range", "0:2", "--top-p", "5"), "--top-p")
+    both = invoke_cli("sample", "-p", FRUIT, "--seeds", "2", "--seed-range", "0:3")  # was "give --seeds N ..."
+    assert_one_line_error(both, "--seeds and --seed-range both given; pass one")
 
 
 def test_list_and_one_value_flags_say_which_in_their_first_words():

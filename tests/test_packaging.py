@@ -60,4 +60,4 @@ def test_the_wheel_holds_only_the_projects_names(tmp_path):
     } <= set(names)
     assert any(n.startswith("mlxinfer/cpu/native/qmm/") and n.endswith(".cpp") for n in names)
     entry = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "mlxinfer = mlxinfer_cli.app:main" in zipfile.ZipFile(wheel).read(entry).decode()
+    assert "mlxinfer = mlxinfer_cli:main" in zipfile.ZipFile(wheel).read(entry).decode()

@@ -58,6 +58,8 @@ def chat(
         except EOFError:
             break
         except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
+            if not interactive:  # reading a pipe or a file, no line to drop: Ctrl-C ends it, as elsewhere
+                raise
             print(file=sys.stderr if json_out else sys.stdout)  # stdout holds JSON Lines alone
             continue
         if not line.strip():

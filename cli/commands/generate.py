@@ -58,14 +58,22 @@ def generate(
         **chat_kwargs(options),
     )
     json_out = options["json_out"]
-    for i, step in enumerate(stream):
-        if not json_out and not quiet:
-            if i == 0:  # once the prefill has worked: an error before it stays the one line on stderr
-                print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
-                if m.info.sharding:
-                    print(sharding_line(m.info.sharding), file=sys.stderr)
-            sys.stdout.write(step.text)
+    shown = False
+    try:
+        for i, step in enumerate(stream):
+            if not json_out and not quiet:
+                if i == 0:  # once the prefill has worked: an error before it stays the one line on stderr
+                    print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
+                    if m.info.sharding:
+                        print(sharding_line(m.info.sharding), file=sys.stderr)
+                sys.stdout.write(step.text)
+                sys.stdout.flush()
+                shown = True
+    except KeyboardInterrupt:  # the text so far ends its line, marked as chat marks a stopped reply
+        if shown:
+            sys.stdout.write(" [stopped]\n")
             sys.stdout.flush()
+        raise
     result = stream.result
     if quiet:
         raise typer.Exit(1 if result.valid is False else 0)
