@@ -83,9 +83,16 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
     block allows, else re-fit to 8 bits), F32/F16/BF16 as stored (norms in float32); q/k rows llama.cpp permuted
     (`Architecture.gguf_permuted_qk`: llama's) are put back in Hugging Face order, as the loader does."""
     max_shard_bytes = writer.parse_size(max_shard_bytes)
+    _check_gguf_path(path)
     src = resolve(path)
     if src.kind != "gguf":
         raise MlxinferError(f"{src.name} is not a GGUF file; convert reads .gguf files (use quantize for a directory)")
+    if src.dequantized:  # load(src.path) would read the file's own weights, and the summary would say so
+        raise MlxinferError(
+            f"{path}: convert writes a GGUF's weights as the file stores them; drop '@float32' (quantize --bits 16 "
+            "dequantizes the converted folder)",
+            "source",
+        )
     out = _check_out(out, force)
     model, tokenizer = load(src.path)
     _not_the_source(model, out)
@@ -108,6 +115,26 @@ def convert_gguf(path, out, *, force: bool = False, max_shard_bytes: int | str =
 
 
 # ---- pieces --------------------------------------------------------------------------------------------
+def _check_gguf_path(path) -> None:
+    """A local path that is no .gguf file, said as convert's own mistake (the loader's messages point at a
+    model directory, which convert does not read)."""
+    if (
+        not isinstance(path, (str, Path))
+        or not str(path).strip()
+        or is_embedded(path)
+        or str(path).endswith("@float32")
+    ):
+        return  # the loader's own messages: none given, blank, the embedded model
+    p, text = Path(path).expanduser(), str(path)
+    if p.is_dir():
+        raise MlxinferError(f"{text} is a directory; convert reads a .gguf file (quantize reads a model directory)")
+    if p.is_file() and p.suffix != ".gguf":
+        raise MlxinferError(f"{text} is not a .gguf file; convert reads .gguf files (quantize reads a model directory)")
+    repo_like = text.count("/") == 1 and not text.startswith((".", "/", "~"))
+    if not p.exists() and not repo_like:
+        raise MlxinferError(f"no file at {text}; convert reads a .gguf file, or 'embedded' for the embedded model")
+
+
 def _write(model, tokenizer, out, tensors: dict, config: dict, force: bool, max_shard_bytes: int):
     """The model directory (weights, config, tokenizer, generation config): (parameters, files written)."""
     parameters = unpacked_parameter_count(model)

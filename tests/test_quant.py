@@ -446,9 +446,20 @@ def test_force_that_is_not_a_bool_replaces_nothing(checkpoint_dir, tmp_path):
 
 
 def test_convert_needs_a_gguf(checkpoint_dir, tmp_path):
-    result = invoke_cli("convert", str(checkpoint_dir("llama")), str(tmp_path / "out"))
-    assert_one_line_error(result, "not a GGUF file")
-    _no_leftovers(tmp_path, "out")
+    """Each wrong source says that convert reads a .gguf file (the loader's own messages pointed at a model
+    directory); '@float32' was ignored, and the file's 4-bit weights written under a float32 request."""
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "notes.txt").write_text("hi")
+    for source, said in [
+        (str(checkpoint_dir("llama")), "is a directory; convert reads a .gguf file"),
+        (str(tmp_path / "empty"), "is a directory; convert reads a .gguf file"),
+        (str(tmp_path / "notes.txt"), "is not a .gguf file; convert reads .gguf files"),
+        (str(tmp_path / "missing"), "missing; convert reads a .gguf file"),
+        ("embedded@float32", "drop '@float32'"),
+    ]:
+        result = invoke_cli("convert", source, str(tmp_path / "out"))
+        assert_one_line_error(result, said)
+        _no_leftovers(tmp_path, "out")
 
 
 def test_failure_leaves_nothing_half_written(checkpoint_dir, tmp_path, monkeypatch):
