@@ -287,3 +287,41 @@ def test_seeds_read_a_count_as_python_reads_a_whole_number():
     for text in ("1__0", "1e3", "\u00b2", "12 seeds"):
         with pytest.raises(MlxinferError, match="seeds takes N or A:B"):
             seed_list(text)
+
+
+@pytest.mark.slow
+def test_the_table_generate_and_tokens_give_one_probability(embedded_quantized):
+    """topk's table, generate's logprobs and tokens' reading say one log-probability for the same token
+    after the same prompt, on the default path. The oracle: numpy's float64 log-softmax of the model's scores.
+    MLX's CPU softmax and logsumexp were 1.5e-4 off on this row, which set the table and tokens apart from
+    generate (the as-stored path keeps them: its logprobs are mlx-lm's own)."""
+    model, tok = embedded_quantized
+    ids = mlxinfer.encode_prompt(tok, FRUIT)
+    scores = np.asarray(mlxinfer.next_token_scores(model, ids), dtype=np.float64)
+    truth = scores - scores.max() - np.log(np.sum(np.exp(scores - scores.max())))
+    best = mlxinfer.next_token_table(model, tok, FRUIT, temperatures=[1.0], k=3).rows[0]
+    assert best.logprob == pytest.approx(truth[best.id], abs=1e-6)
+    assert best.probs[0] == pytest.approx(np.exp(truth[best.id]), rel=1e-6)
+    step = mlxinfer.generate(model, tok, FRUIT, settings={"temperature": 0.0}, max_tokens=1, logprobs=1).steps[0]
+    assert step.token == best.id and step.logprob == pytest.approx(truth[best.id], abs=2e-5)
+    read = mlxinfer.prompt_logprobs(model, tok, ids + [best.id])
+    assert read.tokens[-1].logprob == pytest.approx(truth[best.id], abs=2e-5)
+
+
+@pytest.mark.slow
+def test_topk_explain_keeps_what_the_sampler_draws_on_int8():
+    """topk's table reads the scores every draw reads (the prompt prefilled into a cache): the tokens
+    --explain keeps and their rescaled probabilities are those of the exact walk over one token, which
+    reads the engine's own prefill. On int8 a pass without the cache had put a fourth token in the cut
+    (scores up to 0.8 apart)."""
+    model, tok = mlxinfer.load(None, compute_dtype="int8")
+    settings = {"temperature": 1.0, "top_p": 0.392, "top_k": 0, "min_p": 0.0}
+    table = mlxinfer.next_token_table(model, tok, FRUIT, settings=settings, k=20)
+    kept = {r.id: r.final_prob for r in table.explanation.rows if r.kept}
+    walk = mlxinfer.answers(model, tok, FRUIT, settings=[settings], max_tokens=1, group="text")
+    assert walk.stopped == "complete"
+    walked = {p.tokens[0]: p.probs[0] for a in walk.answers for p in a.paths}
+    assert set(kept) == set(walked)
+    assert all(kept[t] == pytest.approx(walked[t], abs=1e-6) for t in kept)
+    scores = mlxinfer.next_token_scores(model, mlxinfer.encode_prompt(tok, FRUIT))
+    assert mx.array_equal(scores, mlxinfer.prefill(model, mlxinfer.encode_prompt(tok, FRUIT)).logits[0]).item()

@@ -55,7 +55,7 @@ def prompt_logprobs(
         part = ids[start : min(start + CHUNK, len(ids) - 1)]
         scores = model(mx.array(part)[None], cache=cache)[0].astype(mx.float32)  # (L, V)
         check_scores(model, ids[: start + len(part)], scores)
-        logprobs = log_softmax(scores)  # (L, V)
+        logprobs = log_softmax(scores, model.info.cpu_kernels)  # (L, V): the kernels' exact exp where the path has them
         following = mx.array(ids[start + 1 : start + 1 + len(part)])[:, None]  # (L, 1): the token each guessed
         chosen = mx.take_along_axis(scores, following, axis=-1)  # (L, 1)
         ranks = mx.sum(scores > chosen, axis=-1) + 1  # (L,): ties count in the token's favour
