@@ -102,12 +102,22 @@ def test_completions_greedy_with_logprobs(smol, embedded):
     choice = r.choices[0]
     assert choice.text == ref[0]
     lp = choice.logprobs
-    # the tokens as the vocabulary spells them (the text drops the first one's leading space, as sample does)
-    assert "".join(lp.tokens).lstrip() == ref[0].lstrip() and len(lp.token_logprobs) == 4
+    # the text continues the prompt: the tokens as the vocabulary spells them, the first one's space kept
+    assert "".join(lp.tokens) == choice.text and choice.text.startswith(" ") and len(lp.token_logprobs) == 4
     assert all(len(top) == 2 and lp.tokens[i] in top for i, top in enumerate(lp.top_logprobs))  # greedy: its own best
-    # text_offset: where each token starts in the returned text (the first one's dropped space not counted)
-    starts = [t.lstrip() if i == 0 else t for i, t in enumerate(lp.tokens)]
-    assert lp.text_offset[0] == 0 and all(choice.text[o:].startswith(t) for o, t in zip(lp.text_offset, starts))
+    assert lp.text_offset[0] == 0 and all(choice.text[o:].startswith(t) for o, t in zip(lp.text_offset, lp.tokens))
+    # a stop string with the leading space is met (it never was while the text dropped it), in both modes
+    word = lp.tokens[0]
+    for stream in (False, True):
+        body = {"model": model_id(url), "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+        got = post(url, "/v1/completions", {**body, "stop": word, "stream": stream})
+        if stream:
+            events = [json.loads(x[6:]) for x in got.text.splitlines() if x.startswith("data: {")]
+            text = "".join(c["text"] for e in events for c in e["choices"])
+            reason = [c["finish_reason"] for e in events for c in e["choices"] if c["finish_reason"]][-1]
+        else:
+            text, reason = got.json()["choices"][0]["text"], got.json()["choices"][0]["finish_reason"]
+        assert (text, reason) == ("", "stop"), stream
 
 
 def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(smol, embedded):
@@ -139,6 +149,9 @@ def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(smol, embedded):
     )
     offsets = r.choices[0].logprobs.text_offset
     assert r.choices[0].text.startswith(odd) and offsets == sorted(offsets) and offsets[-2] <= len(odd)
+    for sent in (" leading space", "  "):  # the prompt as sent, its first token's leading space too
+        r = client(url).completions.create(model=model_id(url), prompt=sent, max_tokens=2, temperature=0, echo=True)
+        assert r.choices[0].text.startswith(sent), (sent, r.choices[0].text)
     plain = client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=1, temperature=0, echo=True)
     assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError, match="echo is answered whole"):

@@ -120,3 +120,25 @@ def test_library_refuses_bad_stop_values(embedded, stop):
     with pytest.raises(mlxinfer.MlxinferError, match="stop must be") as e:
         mlxinfer.generate(model, tok, HERB, max_tokens=2, stop=stop)
     assert e.value.params == ("stop",)
+
+
+def test_a_plain_text_completion_continues_the_prompt(embedded):
+    """chat=False (and token ids): the text continues the prompt's, its first token's leading space kept, so
+    prompt + text reads whole and a stop string that begins with that space is met; the oracle is the
+    tokenizer's decode of prompt and completion together. A chat reply begins its own message: no space."""
+    model, tok = embedded
+    prompt = "The capital of France is"
+    run = mlxinfer.generate(model, tok, prompt, chat=False, settings={"temperature": 0.0}, max_tokens=4)
+    ids = tok.encode(prompt)
+    assert prompt + run.text == tok.decode(ids + run.tokens) and run.text.startswith(" ")
+    by_ids = mlxinfer.generate(model, tok, ids, settings={"temperature": 0.0}, max_tokens=4)
+    assert by_ids.text == run.text
+    word = run.text.split()[0]
+    cut = mlxinfer.generate(
+        model, tok, prompt, chat=False, settings={"temperature": 0.0}, max_tokens=4, stop=" " + word
+    )
+    assert (cut.text, cut.finish_reason) == ("", "stop")
+    drawn = mlxinfer.sample(model, tok, prompt, chat=False, seeds=[0], settings={"temperature": 0.0}, max_tokens=4)
+    assert drawn.completions[0].text == run.text
+    reply = mlxinfer.generate(model, tok, prompt, settings={"temperature": 0.0}, max_tokens=4)
+    assert not reply.text.startswith(" ")

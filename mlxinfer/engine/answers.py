@@ -416,7 +416,7 @@ class AnswerWalk:
         """The path through a row of the row core, as `sample` would run it: its text and whether it ended."""
         request = self.request
         mask = request.compiled.mask(request.vocab_size) if request.compiled is not None else None
-        return replay(self.tokenizer, path, request.max_tokens, self.stop_ids, request.stop or (), mask)
+        return replay(self.tokenizer, path, request.max_tokens, self.stop_ids, request.stop or (), mask, request.after)
 
     def _leaf(self, parent: _Node, token: int, probs: np.ndarray, row: Row) -> None:
         self.leaves += 1

@@ -50,6 +50,7 @@ class RowSpec:
     max_tokens: int = 256
     mask: Any = None  # a constrain.GrammarMask for this row, or None
     stop: tuple[str, ...] = ()  # stop strings: the text ends before the first one
+    after: tuple[int, ...] = ()  # a plain text's last tokens, which the row's text continues (continues())
 
 
 @dataclass
@@ -111,6 +112,11 @@ class Row:
         self.sampler = RowSampler(spec.settings, spec.seed, history, spec.mask)
         self.detok = copy.copy(tokenizer.detokenizer)  # a streaming detokenizer of its own
         self.detok.reset()
+        if spec.after:  # its text continues the prompt's: read those tokens first, then only what follows
+            for token in spec.after:
+                self.detok.add_token(token)
+            self.detok.finalize()
+            _ = self.detok.last_segment
         self.stop_ids = stop_ids | (spec.mask.stop_ids if spec.mask is not None else set())
         self.stops = StopStrings(spec.stop)
         self.generated = 0  # tokens decided on (end-of-turn tokens are not counted)
@@ -214,10 +220,21 @@ class Row:
 _NO_HISTORY = mx.array([], dtype=mx.int32)
 
 
-def replay(tokenizer, tokens, max_tokens: int, stop_ids: set[int], stop=(), mask=None) -> Row:
+def continues(prompt, chat: bool, ids: list[int]) -> tuple[int, ...]:
+    """RowSpec.after: the prompt's last tokens where a row's text continues them (plain text or token ids:
+    "The capital of France is" + " Paris", its leading space kept, so that a stop string " Paris" is met
+    and prompt + text reads whole), none for a chat reply, which begins its own message (its leading
+    space dropped, as mlx-lm's detokenizers drop the first one). Four: a character's bytes, and the
+    token before a lone space, which the detokenizers hold back until they see what follows it."""
+    ids_given = isinstance(prompt, (list, tuple)) and not all(isinstance(m, dict) for m in prompt)
+    return tuple(ids[-4:]) if not chat or ids_given else ()
+
+
+def replay(tokenizer, tokens, max_tokens: int, stop_ids: set[int], stop=(), mask=None, after=()) -> Row:
     """A row taken through `tokens` by the rules a draw follows (no sampling): its text so far, and whether
     and why it ended. The exact answers' walk reads paths this way; a resumed sweep checks its records."""
-    row = Row(RowSpec(None, SamplerSettings(), max_tokens, mask, tuple(stop)), _NO_HISTORY, tokenizer, stop_ids, 0)
+    spec = RowSpec(None, SamplerSettings(), max_tokens, mask, tuple(stop), tuple(after))
+    row = Row(spec, _NO_HISTORY, tokenizer, stop_ids, 0)
     for token in tokens:
         row.take(token, 0.0, [], row.decide(token))
         if row.ended:

@@ -19,7 +19,7 @@ from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt
 from .constrain import CompiledSchema, compile_schema
-from .core import RowSpec
+from .core import RowSpec, continues
 from .decode import check_context
 from .schema import Constraint, tool_system
 
@@ -37,12 +37,13 @@ class Request:
     compiled: Optional[CompiledSchema]  # the constraint's grammar for this tokenizer (compiled once)
     vocab_size: int
     stop: tuple[str, ...] = ()  # stop strings: a row's text ends before the first one
+    after: tuple[int, ...] = ()  # the prompt's last tokens where a row's text continues them (core.continues)
 
     def row(self, seed: Optional[int], settings: Optional[SamplerSettings] = None) -> RowSpec:
         """One continuation of the prompt, with its own grammar mask."""
         explain = self.constraint is not None and self.constraint.explain
         mask = self.compiled.mask(self.vocab_size, explain=explain) if self.compiled is not None else None
-        return RowSpec(seed, settings or self.settings, self.max_tokens, mask, self.stop)
+        return RowSpec(seed, settings or self.settings, self.max_tokens, mask, self.stop, self.after)
 
 
 def check_pair(model, tokenizer) -> None:
@@ -105,7 +106,8 @@ def prepare(
     compiled = None
     if constraint is not None:
         compiled = compile_schema(tokenizer, constraint.schema, constraint.where, constraint.param, or_text)
-    return Request(ids, resolved, note, max_tokens, constraint, compiled, model.config.vocab_size, stops)
+    after = continues(prompt, chat, ids)
+    return Request(ids, resolved, note, max_tokens, constraint, compiled, model.config.vocab_size, stops, after)
 
 
 def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:

@@ -24,7 +24,7 @@ import hashlib
 import itertools
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 
@@ -141,6 +141,7 @@ class _Plan:
     max_tokens: int
     header: dict
     stop: tuple[str, ...] = ()
+    after: list[tuple[int, ...]] = field(default_factory=list)  # each prompt's Request.after
 
 
 def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, thinking, raw, stop) -> _Plan:
@@ -158,10 +159,12 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
         )
     stops = stop_strings(stop)
     options = dict(max_tokens=max_tokens, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw)
-    ids = []
+    ids, after = [], []
     for n, p in enumerate(prompts, start=1):
         try:
-            ids.append(prepare(model, tokenizer, p, **options).ids)
+            request = prepare(model, tokenizer, p, **options)
+            ids.append(request.ids)
+            after.append(request.after)
         except MlxinferError as e:  # which of the prompts: a prompts file's line, or the nth of the list
             if lines is not None:  # the file names it; "prompt" would name -p, which gave none of them
                 params = ("prompts_file", *(q for q in e.params if q != "prompt"))
@@ -186,7 +189,7 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     }
     if stops:  # only when given, so that files written before stop strings existed still resume
         header["stop"] = list(stops)
-    return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header, stops)
+    return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header, stops, after)
 
 
 def _prompt_list(prompts) -> list:
@@ -346,7 +349,7 @@ def _check_resumed(tokenizer, plan: _Plan, done: dict, out) -> None:
     stop_ids = set(tokenizer.eos_token_ids)
     for record in done.values():
         tokens = record["tokens"]
-        row = replay(tokenizer, tokens, plan.max_tokens, stop_ids, plan.stop)
+        row = replay(tokenizer, tokens, plan.max_tokens, stop_ids, plan.stop, after=plan.after[record["prompt_index"]])
         early = row.ended and len(row.result.tokens) < len(tokens)
         if not row.ended and stop_ids:  # it ended on an end-of-turn token, which a record does not keep
             row.take(min(stop_ids), 0.0, [], "stop")
@@ -404,7 +407,7 @@ def _gather(plan: _Plan, mine: list[dict], out, part, group) -> list[dict]:
 def _draw_batch(model, tokenizer, prefilled, plan: _Plan, p: int, s: int, seeds, probs) -> list[dict]:
     """One forward pass per step for these seeds; their records, in seed order."""
     settings = plan.settings[s]
-    specs = [RowSpec(seed, settings, plan.max_tokens, stop=plan.stop) for seed in seeds]
+    specs = [RowSpec(seed, settings, plan.max_tokens, stop=plan.stop, after=plan.after[p]) for seed in seeds]
     rows = [None] * len(specs)
     for live, step in decode(model, tokenizer, prefilled, specs, step_logprobs=False):
         if step.token is None:

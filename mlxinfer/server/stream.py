@@ -275,11 +275,8 @@ async def completion_response(ex: Exchange):
         prompt, read = await _echoed(ex) if body.echo else ("", None)
         out = []
         for c in choices:
-            text = "".join(c.text)
-            if body.echo:
-                full = _continued(prompt, ex.endpoints.tokenizer, ex.request.ids + c.ids, text)
-                shift, text = len(prompt) + len(full) - len(text), prompt + full
-            lp = _after(read, c.completion_logprobs(), shift) if body.echo else c.completion_logprobs()
+            text = prompt + "".join(c.text)  # a completion's text continues its prompt's (core.continues)
+            lp = _after(read, c.completion_logprobs(), len(prompt)) if body.echo else c.completion_logprobs()
             out.append({"text": text, "index": c.index, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})
         return JSONResponse({**head, "choices": out, "usage": ex.usage(choices)})
 
@@ -304,6 +301,10 @@ async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
     sum of tokens decoded alone drifts: a BOS token the text lacks, a character split across tokens)."""
     e = ex.endpoints
     text, offsets = _detokenized(e.tokenizer, ex.request.ids)
+    sent = ex.plan.prompt
+    if isinstance(sent, str) and sent != text and sent.endswith(text):  # the first token's leading space
+        lead = len(sent) - len(text)  # (the detokenizer drops it at the start of a text) is the prompt's
+        text, offsets = sent, offsets[:1] + [o + lead for o in offsets[1:]]
     if ex.body.logprobs is None:
         return text, None
     top = ex.body.logprobs
@@ -328,18 +329,6 @@ def _detokenized(tokenizer, ids: list[int]) -> tuple[str, list[int]]:
         detok.add_token(t)
     detok.finalize()
     return detok.text, [min(o, len(detok.text)) for o in offsets]
-
-
-def _continued(prompt: str, tokenizer, ids: list[int], completion: str) -> str:
-    """The completion as it continues the prompt: a row's text drops its first token's leading space (as
-    sample's does), which after the prompt is part of the text ("... is Paris", not "... isParis")."""
-    if not completion or not ids:
-        return completion
-    whole, _ = _detokenized(tokenizer, ids)
-    after = whole[len(prompt) :] if whole.startswith(prompt) else ""
-    return (
-        after[: len(after) - len(after.lstrip())] + completion if after.lstrip().startswith(completion) else completion
-    )
 
 
 def _after(prompt: Optional[dict], completion: Optional[dict], shift: int) -> Optional[dict]:
