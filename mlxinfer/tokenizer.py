@@ -414,6 +414,24 @@ def _inner(tokenizer, name: str):
     return value if value is not None else getattr(getattr(tokenizer, "_tokenizer", None), name, None)
 
 
+def token_bytes(tokenizer, token: int) -> bytes:
+    """The bytes a token stands for: a byte-level token may hold part of a character, which its text
+    decoded alone shows as U+FFFD (OpenAI's logprobs `bytes` exist to rebuild such characters). Read from
+    the detokenizer's map: byte-level BPE's alphabet, SentencePiece's pieces (bytes, with its space
+    mark); else the token's text."""
+    from .gguf_tokenizer import _byte_decoder
+
+    detok = tokenizer.detokenizer
+    pieces = getattr(detok, "tokenmap", None)
+    if pieces is not None and 0 <= token < len(pieces):
+        piece, kind = pieces[token], type(detok).__name__
+        if kind.startswith("BPE") and isinstance(piece, str) and all(c in _byte_decoder() for c in piece):
+            return bytes(_byte_decoder()[c] for c in piece)
+        if kind.startswith("SPM") and isinstance(piece, bytes):
+            return piece.replace("\u2581".encode(), b" ")
+    return tokenizer.decode([token]).encode("utf-8")
+
+
 def _plain(tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     """`text` encoded with every special token's name taken as the characters it is made of."""
     ids = tokenizer.encode(text, add_special_tokens=add_special_tokens, split_special_tokens=True)

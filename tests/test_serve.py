@@ -118,6 +118,12 @@ def test_completions_greedy_with_logprobs(smol, embedded):
         else:
             text, reason = got.json()["choices"][0]["text"], got.json()["choices"][0]["finish_reason"]
         assert (text, reason) == ("", "stop"), stream
+    # null is the default for the fields OpenAI marks nullable (n, stream, echo; chat's logprobs)
+    nulls = {"model": model_id(url), "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}
+    got = post(url, "/v1/completions", {**nulls, "n": None, "stream": None, "echo": None, "logprobs": None})
+    assert got.status_code == 200 and got.json()["choices"][0]["text"] == choice.text
+    chat = {"model": model_id(url), "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert post(url, "/v1/chat/completions", {**chat, "n": None, "stream": None, "logprobs": None}).status_code == 200
 
 
 def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(smol, embedded):
@@ -167,6 +173,16 @@ def test_chat_logprobs(smol):
     content = r.choices[0].logprobs.content
     assert len(content) == 3 and "".join(e.token for e in content) == r.choices[0].message.content
     assert all(e.logprob <= 0 and len(e.top_logprobs) == 3 for e in content)
+    # bytes: the token's own bytes, so that characters split across tokens join whole (an emoji is several
+    # byte-level tokens, each of which decodes alone to U+FFFD); the oracle is the reply's own text
+    r = client(url).chat.completions.create(
+        model=model_id(url), messages=[{"role": "user", "content": "Say 😀 東京"}], max_tokens=12, temperature=0,
+        logprobs=True, top_logprobs=2,
+    )  # fmt: skip
+    content, text = r.choices[0].logprobs.content, r.choices[0].message.content
+    assert any(e.token == "\ufffd" for e in content), "the reply has no split character: pick another prompt"
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", "replace") == text
+    assert all(bytes(t.bytes).decode("utf-8", "replace") == t.token for e in content for t in e.top_logprobs if t.bytes)
 
 
 def test_json_schema_response_is_valid(smol):

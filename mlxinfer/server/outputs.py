@@ -16,6 +16,8 @@ import secrets
 import time
 from typing import Optional
 
+from ..tokenizer import token_bytes
+
 IMPOSSIBLE = -9999.0
 
 
@@ -54,11 +56,12 @@ class Choice:
         token = self.tokenizer.decode([step.token])
         top = [(a.text, _lp(a.logprob)) for a in step.alternatives[: self.top]]
         if self.chat:
+            raw = [token_bytes(self.tokenizer, a.id) for a in step.alternatives[: self.top]]
             return {
                 "token": token,
                 "logprob": _lp(step.logprob),
-                "bytes": list(token.encode("utf-8")),
-                "top_logprobs": [{"token": t, "logprob": v, "bytes": list(t.encode("utf-8"))} for t, v in top],
+                "bytes": list(token_bytes(self.tokenizer, step.token)),
+                "top_logprobs": [{"token": t, "logprob": v, "bytes": list(b)} for (t, v), b in zip(top, raw)],
             }
         # text_offset: where the token's text starts in the returned text (a token decoded alone may
         # carry a leading space that the text, detokenized as a whole, does not)

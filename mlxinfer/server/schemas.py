@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from ..settings import SamplerSettings
 
@@ -52,6 +52,12 @@ class Sampling(_Sampler):
     stream: bool = False
     stream_options: Optional[StreamOptions] = None
     logit_bias: Optional[dict[str, float]] = None
+
+    @field_validator("n", "stream", "logprobs", "echo", mode="before", check_fields=False)
+    @classmethod
+    def _null_is_default(cls, value, info):
+        """null as the field's default: OpenAI marks these nullable, and clients send unset fields so."""
+        return cls.model_fields[info.field_name].default if value is None else value
 
     def settings(self) -> dict:
         """The sampler fields this request set, as SamplerSettings fields; the rest come from the
