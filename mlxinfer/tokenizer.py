@@ -245,6 +245,7 @@ def encode_prompt(
     system: str | None = None,
     thinking: bool = False,
     raw_special_tokens: bool = False,
+    context: int | None = None,
 ) -> list[int]:
     """The token ids the model reads: the prompt wrapped in the chat template, or plain text.
     Token ids (a list of ints) are taken as they are, checked against the vocabulary; a list of chat
@@ -252,7 +253,8 @@ def encode_prompt(
     with `system` first when the messages hold no system message.
 
     A special token's name in the prompt or system text (`<|im_end|>`) is encoded as plain text,
-    so that only the template emits control tokens; raw_special_tokens=True parses it instead."""
+    so that only the template emits control tokens; raw_special_tokens=True parses it instead.
+    context: a text far past it is refused before it is encoded whole (`_check_not_far_over`)."""
     for name, value in (("chat", chat), ("thinking", thinking), ("raw_special_tokens", raw_special_tokens)):
         check_bool(value, name)
     if system is not None and not isinstance(system, str):
@@ -279,6 +281,8 @@ def encode_prompt(
         except UnicodeEncodeError:
             name = "prompt" if m is messages[-1] or m["role"] != "system" else "system"
             raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
+    if context is not None:
+        _check_not_far_over(tokenizer, [m["content"] for m in messages], context)
     if not chat:
         if system:
             raise MlxinferError(
@@ -430,6 +434,26 @@ def token_bytes(tokenizer, token: int) -> bytes:
         if kind.startswith("SPM") and isinstance(piece, bytes):
             return piece.replace("\u2581".encode(), b" ")
     return tokenizer.decode([token]).encode("utf-8")
+
+
+def _check_not_far_over(tokenizer, texts: list[str], context: int) -> None:
+    """Texts whose tokens pass `context` are refused before they are encoded whole (a megabyte took
+    seconds, on the one thread the server encodes prompts on): a long text's prefixes are encoded,
+    4 x context characters first, then twice as many, until their tokens pass the context (less 64
+    for a word the cut splits into more tokens than it has whole) or the next prefix is the text."""
+    total = 0
+    for text in texts:
+        n, counted = 4 * context, 0
+        while n < len(text):
+            counted = max(0, len(_plain(tokenizer, text[:n], False)) - 64)
+            if total + counted > context:
+                raise MlxinferError(
+                    f"the prompt is more than {context:,} tokens in its first {n:,} characters, and the model's "
+                    f"context is {context:,}; shorten the prompt",
+                    "prompt",
+                )
+            n *= 2
+        total += counted
 
 
 def _plain(tokenizer, text: str, add_special_tokens: bool) -> list[int]:

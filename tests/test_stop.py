@@ -142,3 +142,16 @@ def test_a_plain_text_completion_continues_the_prompt(embedded):
     assert drawn.completions[0].text == run.text
     reply = mlxinfer.generate(model, tok, prompt, settings={"temperature": 0.0}, max_tokens=4)
     assert not reply.text.startswith(" ")
+
+
+def test_a_prompt_far_past_the_context_is_refused_before_it_is_encoded_whole(embedded):
+    """A megabyte of digits (one token each) took seconds to encode before its length was refused; its
+    first 4 x context characters already pass the context, and that is said at once."""
+    model, tok = embedded
+    context = model.config.max_position_embeddings
+    with pytest.raises(mlxinfer.MlxinferError, match=f"more than {context:,} tokens in its first {4 * context:,} char"):
+        mlxinfer.generate(model, tok, "1234567890" * 100_000, chat=False, max_tokens=1)
+    with pytest.raises(mlxinfer.MlxinferError, match="more than"):  # inside a chat message too
+        mlxinfer.generate(model, tok, "1234567890" * 100_000, max_tokens=1)
+    with pytest.raises(mlxinfer.MlxinferError, match="the prompt is [0-9,]+ tokens but the model's context is"):
+        mlxinfer.generate(model, tok, "1" * (context + 10), chat=False, max_tokens=1)  # under 4 x: counted whole

@@ -99,9 +99,11 @@ def prepare(
         system = tool_system(constraint.tool)
     resolved, note = resolve_settings(settings, model.info.generation_config)
     check_logit_bias(resolved.logit_bias, model.config.vocab_size)  # here, before a row is queued
+    context = model.config.max_position_embeddings
     ids = encode_prompt(
-        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
-    )
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens,
+        context=context,
+    )  # fmt: skip
     check_context(model, len(ids), max_tokens)
     compiled = None
     if constraint is not None:
