@@ -182,3 +182,16 @@ def test_a_weights_file_that_links_to_a_device_is_named_as_such(checkpoint_dir, 
         assert_one_line_error(invoke_cli(*args), "model.safetensors is a device, not a file (a link to /dev/zero)")
     os.symlink("/dev/zero", tmp_path / "zero.gguf")
     assert_one_line_error(invoke_cli("count", str(tmp_path / "zero.gguf")), "zero.gguf is a device, not a file")
+
+
+def test_blank_lines_in_a_results_file_resume(sweep_file, tmp_path):
+    """A blank line (an editor's, `echo >>`) holds no record: --resume skips it (was: "line 32 is not a
+    completion record ... (it is not JSON)") and draws only what is missing, the same records as a whole run."""
+    path, args, whole = sweep_file
+    lines = whole.decode().splitlines(keepends=True)
+    out = tmp_path / "blank.jsonl"
+    out.write_bytes("".join(lines[:2] + ["\n", "  \n"] + lines[2:-1] + ["\n"]).encode())
+    result = invoke_cli(*args, "--out", str(out), "--resume")
+    assert result.returncode == 0, result.stderr
+    records = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
+    assert sorted(map(json.dumps, records)) == sorted(json.dumps(json.loads(x)) for x in whole.decode().splitlines())

@@ -325,6 +325,25 @@ def test_a_seed_listed_twice_is_refused(tiny, tmp_path):
     assert e.value.params == ("seeds",) and not out.exists()
 
 
+def test_a_prompt_listed_twice_is_refused(tiny, tmp_path):
+    """The same prompt twice (-p twice, a prompts file's repeated line) drew the same cells twice and wrote
+    their records twice: refused as a repeated seed is, naming the file's lines. Nothing is written."""
+    path, _ = tiny
+    model, tok = mlxinfer.load(path)
+    out = tmp_path / "never.jsonl"
+    for prompts in (["hi", "there", "hi"], [[1, 2], [1, 2]]):
+        with pytest.raises(mlxinfer.MlxinferError, match="more than once; list each prompt once") as e:
+            mlxinfer.sweep(model, tok, prompts, settings=[{"temperature": 1.0}], seeds=2, max_tokens=2, out=out)
+        assert e.value.params == ("prompts",) and not out.exists()
+    listed = tmp_path / "prompts.txt"
+    listed.write_text("hi\n\nthere\nhi\n")
+    result = invoke_cli(
+        "sweep", "--model", path, "--prompts", str(listed), "--temps", "1", "--seeds", "2", "--out", str(out)
+    )
+    assert_one_line_error(result, "lines 1 and 4 hold the same prompt")
+    assert not out.exists()
+
+
 def test_rank_0s_failure_reaches_every_rank_as_its_own_kind(monkeypatch):
     """A split model's rank 0 fails to open the results file; every other rank raises the same error, of
     the same class, so every rank exits alike (a full disk: 1, bad input: 2)."""

@@ -125,6 +125,8 @@ class ResultsFile:
             )
         done = {}
         for n, line in enumerate(lines[1:], start=2):  # every line checked before anything is written
+            if not line.strip():  # a blank line (an editor's, or `echo >>`) holds no record
+                continue
             try:
                 record = json.loads(line)
             except (ValueError, RecursionError):

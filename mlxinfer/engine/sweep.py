@@ -148,6 +148,7 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     given = prompts
     prompts = _prompt_list(prompts)
     lines = given.lines if isinstance(given, PromptsFile) and len(given.lines) == len(prompts) else None
+    _check_prompts_once(prompts, lines, given)
     settings = settings_list(settings, "settings_grid([0.5, 1.0])")
     seed_ids = seed_list(seeds)
     repeated = next((s for s, n in collections.Counter(seed_ids).items() if n > 1), None)
@@ -190,6 +191,24 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     if stops:  # only when given, so that files written before stop strings existed still resume
         header["stop"] = list(stops)
     return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header, stops, after)
+
+
+def _check_prompts_once(prompts: list, lines, given) -> None:
+    """No prompt twice: its cells would repeat the first's draws, and the file would hold their records twice."""
+    seen: dict = {}
+    for n, p in enumerate(prompts):
+        key = p if isinstance(p, str) else tuple(p) if isinstance(p, (list, tuple)) else None
+        if key is None or key not in seen:
+            seen.setdefault(key, n)
+            continue
+        if lines is not None:
+            first, again = lines[seen[key]], lines[n]
+            raise MlxinferError(
+                f"prompts_file {given.path} lines {first} and {again} hold the same prompt; list each prompt once",
+                "prompts_file",
+            )
+        shown = _one_line(p, 43) if isinstance(p, str) else "the same token ids"
+        raise MlxinferError(f"prompts lists {shown!r} more than once; list each prompt once", "prompts")
 
 
 def _prompt_list(prompts) -> list:
