@@ -185,11 +185,11 @@ def test_the_lessons_greedy_text_and_the_distance_to_float32(embedded_int8, embe
         assert greedy(model, ids, 12) == greedy(f32, ids, 12), prompt
     ids = tok.encode((ROOT / "quant" / "data" / "eval.txt").read_text())[:384]
     x = mx.array([ids])
-    ref, got = f32(x)[0].astype(mx.float32), model(x)[0]
+    ref, got = f32(x)[0].astype(mx.float32), model(x, cache=model.make_cache())[0]  # as a prefill reads it
     lp_ref, lp = ref - mx.logsumexp(ref, axis=-1, keepdims=True), got - mx.logsumexp(got, axis=-1, keepdims=True)
     kl = (mx.exp(lp_ref) * (lp_ref - lp)).sum(axis=-1).mean().item()
     agree = (mx.argmax(lp_ref, axis=-1) == mx.argmax(lp, axis=-1)).astype(mx.float32).mean().item()
-    assert 1e-5 < kl < 1e-2 and agree >= 0.95, (kl, agree)  # measured here: 2.6e-3 and 96.6%
+    assert 1e-5 < kl < 1e-2 and agree >= 0.95, (kl, agree)  # measured here: 2.6e-3 and 96.9%
 
 
 def test_the_model_scores_a_row_alone_as_in_a_batch(embedded_int8):
