@@ -282,7 +282,7 @@ def encode_prompt(
             name = "prompt" if m is messages[-1] or m["role"] != "system" else "system"
             raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
     if context is not None:
-        _check_not_far_over(tokenizer, [m["content"] for m in messages], context)
+        _check_not_far_over(tokenizer, [m["content"] for m in messages], context, raw_special_tokens)
     if not chat:
         if system:
             raise MlxinferError(
@@ -436,7 +436,7 @@ def token_bytes(tokenizer, token: int) -> bytes:
     return tokenizer.decode([token]).encode("utf-8")
 
 
-def _check_not_far_over(tokenizer, texts: list[str], context: int) -> None:
+def _check_not_far_over(tokenizer, texts: list[str], context: int, raw: bool) -> None:
     """Texts whose tokens pass `context` are refused before they are encoded whole (a megabyte took
     seconds, on the one thread the server encodes prompts on): a long text's prefixes are encoded,
     4 x context characters first, then twice as many, until their tokens pass the context (less 64
@@ -445,7 +445,9 @@ def _check_not_far_over(tokenizer, texts: list[str], context: int) -> None:
     for text in texts:
         n, counted = 4 * context, 0
         while n < len(text):
-            counted = max(0, len(_plain(tokenizer, text[:n], False)) - 64)
+            head = text[:n]  # encoded as the prompt is: a special token's name is one token where raw
+            ids = tokenizer.encode(head, add_special_tokens=False) if raw else _plain(tokenizer, head, False)
+            counted = max(0, len(ids) - 64)
             if total + counted > context:
                 raise MlxinferError(
                     f"the prompt is more than {context:,} tokens in its first {n:,} characters, and the model's "

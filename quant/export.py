@@ -126,7 +126,7 @@ def _check_gguf_path(path) -> None:
     ):
         return  # the loader's own messages: none given, blank, the embedded model
     p, text = Path(path).expanduser(), str(path)
-    if p.is_dir():
+    if p.is_dir() and not any(p.glob("*.gguf")):  # a folder holding .gguf files: the loader picks or says
         raise MlxinferError(f"{text} is a directory; convert reads a .gguf file (quantize reads a model directory)")
     if p.is_file() and p.suffix != ".gguf":
         raise MlxinferError(f"{text} is not a .gguf file; convert reads .gguf files (quantize reads a model directory)")

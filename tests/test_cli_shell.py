@@ -265,6 +265,18 @@ def test_ctrl_c_before_a_command_runs_is_130_without_a_traceback():
     finally:
         signal.signal(signal.SIGINT, before)
 
+    # a process started with SIGINT ignored (a script's background job) keeps it ignored, as before
+    try:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        saved_argv = sys.argv
+        sys.argv = ["mlxinfer", "count", str(Path(__file__).parent / "fixtures/configs/qwen3-0.6b.json")]
+        with pytest.raises(SystemExit) as done:
+            mlxinfer_cli.main()
+        assert done.value.code in (0, None) and signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+    finally:
+        sys.argv = saved_argv
+        signal.signal(signal.SIGINT, before)
+
     def interrupted(*_):
         raise KeyboardInterrupt
 

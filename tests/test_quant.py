@@ -460,6 +460,11 @@ def test_convert_needs_a_gguf(checkpoint_dir, tmp_path):
         result = invoke_cli("convert", source, str(tmp_path / "out"))
         assert_one_line_error(result, said)
         _no_leftovers(tmp_path, "out")
+    from mlxinfer_quant.export import _check_gguf_path  # a folder holding one .gguf is that file, as load reads it
+
+    (tmp_path / "holder").mkdir()
+    (tmp_path / "holder" / "model.gguf").symlink_to(mlxinfer.embedded_model_path())
+    _check_gguf_path(tmp_path / "holder")
 
 
 def test_failure_leaves_nothing_half_written(checkpoint_dir, tmp_path, monkeypatch):

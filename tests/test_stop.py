@@ -155,3 +155,47 @@ def test_a_prompt_far_past_the_context_is_refused_before_it_is_encoded_whole(emb
         mlxinfer.generate(model, tok, "1234567890" * 100_000, max_tokens=1)
     with pytest.raises(mlxinfer.MlxinferError, match="the prompt is [0-9,]+ tokens but the model's context is"):
         mlxinfer.generate(model, tok, "1" * (context + 10), chat=False, max_tokens=1)  # under 4 x: counted whole
+    # counted as the prompt is encoded: with raw_special_tokens a control token's name is one token (counted as
+    # plain text, 3,300 of them had been refused as more than the context)
+    raw = mlxinfer.prepare(model, tok, "<|im_end|>" * 3300, chat=False, raw_special_tokens=True, max_tokens=1)
+    assert len(raw.ids) == 3300
+
+
+def _sentencepiece_checkpoint(out, metaspace: bool):
+    """A tiny llama with a SentencePiece-style tokenizer: mlx-lm detokenizes it with its SPM detokenizer,
+    or (a Metaspace decoder) with its naive one, which decodes its tokens whole."""
+    import checkpoints as C
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    C.write_checkpoint(out, "llama", vocab_size=640)
+    tok = Tokenizer(models.BPE(byte_fallback=True, unk_token="<unk>", fuse_unk=True))
+    if metaspace:
+        tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme="first")
+        tok.decoder = decoders.Metaspace(replacement="\u2581", prepend_scheme="first")
+    else:
+        tok.normalizer = normalizers.Sequence([normalizers.Prepend("\u2581"), normalizers.Replace(" ", "\u2581")])
+        steps = [decoders.Replace("\u2581", " "), decoders.ByteFallback(), decoders.Fuse(), decoders.Strip(" ", 1, 0)]
+        tok.decoder = decoders.Sequence(steps)
+    specials = ["<unk>", "<s>", "</s>"] + [f"<0x{i:02X}>" for i in range(256)] + C.SPECIALS[1:]
+    tok.train_from_iterator(C.CORPUS, trainers.BpeTrainer(vocab_size=380, special_tokens=specials, limit_alphabet=40))
+    tok.save(str(out / "tokenizer.json"))
+    config = {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": "<s>", "eos_token": "</s>",
+              "unk_token": "<unk>", "chat_template": C.CHAT_TEMPLATE, "model_max_length": 512}  # fmt: skip
+    (out / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+@pytest.mark.parametrize("metaspace", [False, True], ids=["spm", "metaspace"])
+def test_a_sentencepiece_completion_continues_the_prompt_too(tmp_path, metaspace):
+    """The continuation rule with mlx-lm's other detokenizers: the naive one decodes its tokens whole, and
+    finalized after the prompt's tokens it decoded the first new one afresh, its space dropped again."""
+    _sentencepiece_checkpoint(tmp_path, metaspace)
+    model, tok = mlxinfer.load(tmp_path, compute_dtype="bfloat16")
+    prompt = "The cat sat on the"
+    pieces = {i: tok.convert_ids_to_tokens(i) for i in range(tok.vocab_size)}
+    word = next(i for i, p in pieces.items() if p.startswith("\u2581") and p[1:].isalpha())  # a word after a space
+    settings = {"temperature": 0.0, "logit_bias": {word: 100.0}}
+    run = mlxinfer.generate(model, tok, prompt, chat=False, settings=settings, max_tokens=2)
+    assert run.tokens[0] == word and run.text.startswith(" "), run.text
+    first = " " + run.text.split()[0]
+    cut = mlxinfer.generate(model, tok, prompt, chat=False, settings=settings, max_tokens=2, stop=first)
+    assert (cut.text, cut.finish_reason) == ("", "stop")

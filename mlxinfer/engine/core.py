@@ -115,7 +115,8 @@ class Row:
         if spec.after:  # its text continues the prompt's: read those tokens first, then only what follows
             for token in spec.after:
                 self.detok.add_token(token)
-            self.detok.finalize()
+            if type(self.detok).__name__ != "NaiveStreamingDetokenizer":  # (it decodes its tokens whole, so
+                self.detok.finalize()  # its text goes on from the prompt's; finalized it decodes afresh)
             _ = self.detok.last_segment
         self.stop_ids = stop_ids | (spec.mask.stop_ids if spec.mask is not None else set())
         self.stops = StopStrings(spec.stop)
