@@ -344,6 +344,33 @@ def test_a_prompt_listed_twice_is_refused(tiny, tmp_path):
     assert not out.exists()
 
 
+def test_a_plain_prompts_file_from_before_texts_continued_resumes_by_its_own_rule(tiny, tmp_path):
+    """A --no-chat results file written before a plain prompt's texts kept their first token's leading space
+    (its header has no "continues") resumed as "edited by hand": every record's text lacked the space the
+    replay now gives. It resumes, and the records it adds follow its rule; a new file says "continues". (With
+    logit_bias in the settings, which no sweep could resume: the header's token ids read back as strings.)"""
+    path, _ = tiny
+    model, tok = mlxinfer.load(path, compute_dtype="bfloat16")
+    out = tmp_path / "plain.jsonl"
+    word = next(i for i in range(300) if tok.decode([i]).startswith(" ") and tok.decode([i]).strip().isalpha())
+    setting = {"temperature": 1.0, "logit_bias": {word: 100.0}}  # each text opens with a space-led word
+    run = dict(settings=[setting], max_tokens=3, chat=False, out=out)
+    mlxinfer.sweep(model, tok, "The cat", seeds=[0, 1], **run)
+    header, *records = [json.loads(x) for x in out.read_text().splitlines()]
+    assert header.pop("continues") is True
+    texts = {r["seed"]: r["text"] for r in records}
+    old = [header] + [{**r, "text": r["text"][1:] if r["text"].startswith(" ") else r["text"]} for r in records]
+    out.write_text("".join(json.dumps(x) + "\n" for x in old))
+    mlxinfer.sweep(model, tok, "The cat", seeds=[0, 1, 2], resume=True, **run)
+    header2, *records2 = [json.loads(x) for x in out.read_text().splitlines()]
+    assert "continues" not in header2 and len(records2) == 3
+    now = mlxinfer.sample(model, tok, "The cat", seeds=[2], chat=False, settings=setting, max_tokens=3)
+    added = next(r for r in records2 if r["seed"] == 2)
+    assert added["tokens"] == now.completions[0].tokens
+    assert added["text"] == now.completions[0].text.removeprefix(" ")  # the file's rule: the first space dropped
+    assert any(t.startswith(" ") for t in texts.values()), texts  # the rule mattered to this file
+
+
 def test_rank_0s_failure_reaches_every_rank_as_its_own_kind(monkeypatch):
     """A split model's rank 0 fails to open the results file; every other rank raises the same error, of
     the same class, so every rank exits alike (a full disk: 1, bad input: 2)."""

@@ -90,6 +90,7 @@ class ResultsFile:
         self.header = {"format": FORMAT, **header}
         self.done: dict[tuple[int, int, int], dict] = {}
         self.created = self.appended = False
+        self.texts_fresh = False  # written before a plain prompt's texts continued it: resume keeps that rule
         exists = self.path.is_file() and self.path.stat().st_size > 0
         if self.path.exists() and not self.path.is_file():
             raise MlxinferError(f"{param} {self.path} is not a file; choose a .jsonl path", param)
@@ -116,7 +117,10 @@ class ResultsFile:
             stored = None
         if not isinstance(stored, dict) or stored.get("format") != FORMAT:
             raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
-        differs = [k for k in self.header if k != "seeds" and stored.get(k) != self.header[k]]
+        self.texts_fresh = "continues" in self.header and "continues" not in stored
+        same_anyway = ("seeds", "continues") if self.texts_fresh else ("seeds",)
+        want = json.loads(json.dumps(self.header))  # as the file holds it: logit_bias's token ids as strings
+        differs = [k for k in want if k not in same_anyway and stored.get(k) != want[k]]
         if differs:
             raise MlxinferError(
                 f"{param} {self.path} holds another sweep (its {differs[0]!r} field differs); "
@@ -131,7 +135,7 @@ class ResultsFile:
                 record = json.loads(line)
             except (ValueError, RecursionError):
                 record = None
-            wrong = "it is not JSON" if record is None else record_problem(record, self.header)
+            wrong = "it is not JSON" if record is None else record_problem(record, want)
             if wrong:
                 raise MlxinferError(
                     f"{param} {self.path}: line {n} is not a completion record of this sweep ({wrong}); the file was "

@@ -190,6 +190,8 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     }
     if stops:  # only when given, so that files written before stop strings existed still resume
         header["stop"] = list(stops)
+    if any(after):  # a plain prompt's texts keep their first space (core.continues); a file without the
+        header["continues"] = True  # field was written before, and a resumed run keeps its texts' rule
     return _Plan(ids, texts, hashes, resolved, seed_ids, max_tokens, header, stops, after)
 
 
@@ -346,13 +348,19 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     rank, ranks = group.rank(), group.size()
     lead = not split or everyone.rank() == 0  # a split model: rank 0 alone keeps the results file
     done: dict = {}
+    opened = []
     if ranks > 1 and out is not None and resume and Path(out).expanduser().is_file():
-        done.update(results.ResultsFile(out, plan.header, resume=True).done)  # what an earlier run merged
+        opened.append(results.ResultsFile(out, plan.header, resume=True))  # what an earlier run merged
+        done.update(opened[-1].done)
     part, failure = None, None
     try:
         if out is not None and lead:
             part = results.ResultsFile(out if ranks == 1 else f"{out}.rank{rank}of{ranks}", plan.header, resume)
+            opened.append(part)
             done.update(part.done)
+        if any(f.texts_fresh for f in opened):  # its texts begin as they did when it was written
+            plan.after[:] = [()] * len(plan.after)
+            plan.header.pop("continues")
     except MlxinferError as e:
         if not split:
             raise
