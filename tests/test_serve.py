@@ -158,6 +158,9 @@ def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(smol, embedded):
     for sent in (" leading space", "  "):  # the prompt as sent, its first token's leading space too
         r = client(url).completions.create(model=model_id(url), prompt=sent, max_tokens=2, temperature=0, echo=True)
         assert r.choices[0].text.startswith(sent), (sent, r.choices[0].text)
+    ids = tok.encode(" leading space")  # token ids: their text as the tokenizer decodes them, the space kept
+    r = client(url).completions.create(model=model_id(url), prompt=ids, max_tokens=2, temperature=0, echo=True)
+    assert r.choices[0].text.startswith(tok.decode(ids)) and tok.decode(ids).startswith(" ")
     plain = client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=1, temperature=0, echo=True)
     assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError, match="echo is answered whole"):

@@ -69,6 +69,8 @@ def _softmax64(x: mx.array, temperature: float, log: bool = False) -> np.ndarray
     """softmax(x / T) (or its log) in float64: MLX's CPU softmax and logsumexp are off by up to ~2e-4 (relative)
     on a 49,152-token row, which showed the table's probabilities apart from generate's and tokens'."""
     xs = np.asarray(x, dtype=np.float64)
+    if not np.isfinite(xs.max()):  # every score -inf: no distribution (NaN, as MLX's softmax gives), quietly
+        return np.full_like(xs, np.nan)
     if temperature == 0:  # all of it on the argmax, as the sampler's
         out = np.zeros_like(xs)
         out[int(np.argmax(xs))] = 1.0

@@ -301,7 +301,7 @@ async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
     sum of tokens decoded alone drifts: a BOS token the text lacks, a character split across tokens)."""
     e = ex.endpoints
     text, offsets = _detokenized(e.tokenizer, ex.request.ids)
-    sent = ex.plan.prompt
+    sent = ex.plan.prompt if isinstance(ex.plan.prompt, str) else e.tokenizer.decode(ex.request.ids)  # (ids)
     if isinstance(sent, str) and sent != text and sent.endswith(text):  # the first token's leading space
         lead = len(sent) - len(text)  # (the detokenizer drops it at the start of a text) is the prompt's
         text, offsets = sent, offsets[:1] + [o + lead for o in offsets[1:]]
