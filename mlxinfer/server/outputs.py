@@ -33,7 +33,6 @@ class Choice:
         self.want_logprobs, self.top = want_logprobs, top
         self.text: list[str] = []
         self.tokens = 0
-        self.ids: list[int] = []  # the row's tokens (echo detokenizes them after the prompt's)
         self.logprobs: list[dict] = []  # chat: content entries; completions: token, logprob, top, offset
         self.finish_reason: Optional[str] = None
         self.json = None  # constrain.JsonResult for a constrained row
@@ -43,7 +42,6 @@ class Choice:
         """A Step in, the text to show now out (finish_reason set when the row ended)."""
         if step.token is not None:
             self.tokens += 1
-            self.ids.append(step.token)
             if self.want_logprobs:
                 self.logprobs.append(self._entry(step))
         else:

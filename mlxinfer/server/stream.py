@@ -273,11 +273,11 @@ async def completion_response(ex: Exchange):
         if failed:
             return failed
         prompt, read = await _echoed(ex) if body.echo else ("", None)
-        out = []
-        for c in choices:
-            text = prompt + "".join(c.text)  # a completion's text continues its prompt's (core.continues)
-            lp = _after(read, c.completion_logprobs(), len(prompt)) if body.echo else c.completion_logprobs()
-            out.append({"text": text, "index": c.index, "logprobs": lp, "finish_reason": c.finish_reason or "stop"})
+        out = [  # a completion's text continues its prompt's (core.continues): echo puts the prompt before it
+            {"text": prompt + "".join(c.text), "index": c.index,
+             "logprobs": _after(read, c.completion_logprobs(), len(prompt)), "finish_reason": c.finish_reason or "stop"}
+            for c in choices
+        ]  # fmt: skip
         return JSONResponse({**head, "choices": out, "usage": ex.usage(choices)})
 
     async def pieces():
@@ -302,7 +302,7 @@ async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
     e = ex.endpoints
     text, offsets = _detokenized(e.tokenizer, ex.request.ids)
     sent = ex.plan.prompt if isinstance(ex.plan.prompt, str) else e.tokenizer.decode(ex.request.ids)  # (ids)
-    if isinstance(sent, str) and sent != text and sent.endswith(text):  # the first token's leading space
+    if sent != text and sent.endswith(text):  # the first token's leading space
         lead = len(sent) - len(text)  # (the detokenizer drops it at the start of a text) is the prompt's
         text, offsets = sent, offsets[:1] + [o + lead for o in offsets[1:]]
     if ex.body.logprobs is None:
