@@ -66,9 +66,9 @@ def generate(
                     print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
                     if m.info.sharding:
                         print(sharding_line(m.info.sharding), file=sys.stderr)
+                shown = True  # before the write: text that reaches the terminal is always marked after
                 sys.stdout.write(step.text)
                 sys.stdout.flush()
-                shown = True
     except KeyboardInterrupt:  # the text so far ends its line, marked as chat marks a stopped reply
         if shown:
             sys.stdout.write(" [stopped]\n")
