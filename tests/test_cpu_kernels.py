@@ -310,3 +310,46 @@ def test_large_row_blocks_reuse_freed_memory_instead_of_faulting_in_fresh_pages(
     assert kept["state"]["applied"] and not default["state"]["applied"], (kept, default)
     assert kept["faults"] < 100, kept  # a (32, 49152) float32 block is 1,536 pages
     assert default["faults"] > 10 * max(kept["faults"], 100), default  # what the thresholds are for
+
+
+_HUGE = """
+import json, sys
+import mlxinfer
+from mlx.utils import tree_flatten
+from mlxinfer.cpu import heap
+model, _ = mlxinfer.load(None, compute_dtype=sys.argv[1])
+weights = sum(a.nbytes for _, a in tree_flatten(model.parameters()))
+rollup = open("/proc/self/smaps_rollup").read()
+huge = int(rollup.split("AnonHugePages:")[1].split()[0]) * 1024
+print(json.dumps({"state": heap.state()["huge_pages"], "weights": weights, "huge": huge}))
+"""
+
+
+def _thp_mode() -> str:
+    try:
+        return open("/sys/kernel/mm/transparent_hugepage/enabled").read().split("[")[1].split("]")[0]
+    except (OSError, IndexError):
+        return "none"
+
+
+@pytest.mark.skipif(_thp_mode() not in ("madvise", "always"), reason="transparent huge pages are off here")
+@pytest.mark.parametrize("compute_dtype", ["quantized", "bfloat16"])
+def test_a_loaded_models_weights_sit_on_2_mib_pages(compute_dtype):
+    """The kernel's own accounting (AnonHugePages in /proc/self/smaps_rollup) holds the weights on huge pages
+    after load; MLXINFER_HEAP=off leaves the pages as allocated."""
+    import json
+    import subprocess
+
+    def run(**env):
+        out = subprocess.run(
+            [sys.executable, "-c", _HUGE, compute_dtype], env={**os.environ, **env}, capture_output=True, text=True
+        )
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
+    on, off = run(), run(MLXINFER_HEAP="off")
+    assert on["state"]["applied"] and on["state"]["collapsed"] == on["state"]["spans"], on
+    assert on["huge"] >= 0.95 * on["weights"], on
+    assert not off["state"]["applied"] and off["state"]["reason"] == "disabled by MLXINFER_HEAP", off
+    if _thp_mode() == "madvise":  # "always" may give huge pages without asking
+        assert off["huge"] < 0.1 * off["weights"], off

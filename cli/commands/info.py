@@ -44,6 +44,9 @@ def render(data: dict) -> None:
         lines.append(f"batch draws   mx.random.categorical row by row ({d['reason']})")
     h = data["heap"]
     lines.append(f"heap          {'large buffers kept by glibc' if h['applied'] else 'glibc defaults'} ({h['reason']})")
+    hp = h["huge_pages"]
+    pages = f"{hp['collapsed']} of {hp['spans']} 2 MiB spans of weights" if "spans" in hp else hp["reason"]
+    lines.append(f"              huge pages: {pages}")
     q = data["quantized_matmul"]
     kernel = f"batch-invariant float32 kernel: {q['path']}" if q["active"] else "not in use"
     lines.append(f"quantized mm  {kernel} ({q['reason']})")

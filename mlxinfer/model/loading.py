@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import mlx.core as mx
+from mlx.utils import tree_flatten
 
 from ..cpu import heap
 from ..errors import MlxinferError
@@ -91,9 +92,12 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     check_vocabulary(model, tokenizer, src.name)
     if sharded:
         weights.clear()  # the model holds the only references: a full tensor is freed once sliced
-        return distributed.finish(model, group, compute_dtype), tokenizer
-    nbytes = params.float32_nbytes(model)
-    convert.apply(model, dtype_rule.choose_compute_dtype(compute_dtype, nbytes, convert.quantizable(model)))
+        model = distributed.finish(model, group, compute_dtype)
+    else:
+        nbytes = params.float32_nbytes(model)
+        convert.apply(model, dtype_rule.choose_compute_dtype(compute_dtype, nbytes, convert.quantizable(model)))
+    if mx.default_device() == mx.cpu:  # every decode step reads every weight: 2 MiB pages (cpu/heap.py)
+        heap.huge_pages(leaf for _, leaf in tree_flatten(model.parameters()))
     return model, tokenizer
 
 
