@@ -514,3 +514,18 @@ def test_a_context_past_a_trillion_tokens_is_refused():
     """Was: --context 99999999999999999999 printed 'about 6912000000000 trillion' operations."""
     with pytest.raises(MlxinferError, match="from 1 to 1,000,000,000,000"):
         count("embedded", context=10**20)
+
+
+def test_a_mixture_whose_layers_are_all_dense_counts_as_the_dense_model(tmp_path):
+    """Qwen3-MoE with every layer in mlp_only_layers (or a sparse step past the last layer) runs dense MLPs
+    of intermediate_size: the same count as Qwen3 with that config, and a note that says why."""
+    cfg = json.loads((CONFIGS / "qwen3-30b-a3b.json").read_text())
+    dense = {k: v for k, v in cfg.items() if k not in ("num_experts", "num_experts_per_tok", "moe_intermediate_size")}
+    dense.update(model_type="qwen3", architectures=["Qwen3ForCausalLM"])
+    (tmp_path / "dense.json").write_text(json.dumps(dense))
+    want = count(tmp_path / "dense.json")
+    for change in ({"mlp_only_layers": list(range(cfg["num_hidden_layers"]))}, {"decoder_sparse_step": 1000}):
+        (tmp_path / "moe.json").write_text(json.dumps({**cfg, **change}))
+        got = count(tmp_path / "moe.json")
+        assert (got.total, got.operations) == (want.total, want.operations), change
+        assert not got.experts and any("no layer has experts" in n for n in got.notes), got.notes

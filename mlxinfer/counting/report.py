@@ -64,8 +64,10 @@ def count(
         notes.insert(
             0, no_formula(cfg.model_type) + ": counted from the safetensors headers (quantized weights unpacked)"
         )
+    if cfg.num_experts and not cfg.moe_layers:
+        notes.append("no layer has experts (mlp_only_layers, decoder_sparse_step): every MLP is dense")
     r = _parameter_table(src.name, kind, cfg, weights, notes)
-    if cfg.num_experts:
+    if cfg.moe_layers:
         r.experts = _experts(cfg, weights, r.total)
     if header:
         r.quantization, r.stored = gguf_quant(header), stored_gguf(header, r.total)
