@@ -95,7 +95,7 @@ def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
         )
     tokens = m.get("tokenizer.ggml.tokens")
     types = m.get("tokenizer.ggml.token_type", [1] * len(tokens) if isinstance(tokens, list) else None)
-    merges = m.get("tokenizer.ggml.merges", [])
+    merges = m.get("tokenizer.ggml.merges")  # a byte-level BPE without them splits text into characters
     template = m.get("tokenizer.chat_template")
     broken = (
         "the vocabulary (tokenizer.ggml.tokens)"
@@ -103,7 +103,7 @@ def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
         else "tokenizer.ggml.token_type"
         if not _all(types, int)
         else "tokenizer.ggml.merges"
-        if not _all(merges, str) or not all(" " in line for line in merges)
+        if not _all(merges, str) or not merges or not all(" " in line for line in merges)
         else "tokenizer.chat_template"
         if template is not None and not isinstance(template, str)
         else None

@@ -331,6 +331,9 @@ def test_gguf_metadata_values_are_checked(spec, tmp_path, change, fragment):
         (lambda s: s.drop_meta("tokenizer.ggml.tokens"), "tokenizer.ggml.tokens"),  # was a KeyError
         (lambda s: s.set_meta("tokenizer.ggml.tokens", hostile.ARRAY, (hostile.I32, [1, 2])), "tokens"),
         (lambda s: s.set_meta("tokenizer.ggml.merges", hostile.ARRAY, (hostile.STRING, ["ab"])), "merges"),
+        # was: accepted, every character its own token (llama.cpp refuses a BPE without merges)
+        (lambda s: s.drop_meta("tokenizer.ggml.merges"), "tokenizer.ggml.merges"),
+        (lambda s: s.set_meta("tokenizer.ggml.merges", hostile.ARRAY, (hostile.STRING, [])), "tokenizer.ggml.merges"),
         (lambda s: s.set_meta("tokenizer.ggml.pre", hostile.ARRAY, (hostile.U8, [1])), "pre-tokenizer"),
         (lambda s: s.set_meta("tokenizer.chat_template", hostile.U32, 7), "chat_template"),
         # was: accepted, and wrong: specials past the short list split into characters; no stop at the
