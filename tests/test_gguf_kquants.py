@@ -497,3 +497,22 @@ def test_linear_rope_scaling_from_the_metadata(tmp_path):
     checkpoints.write_gguf(yarn, tmp_path / "yarn.gguf", _q4_k_m)
     result = invoke_cli("topk", "--model", str(tmp_path / "yarn.gguf"), "--prompt", "hi")
     assert_one_line_error(result, "rope.scaling.type 'yarn'", "safetensors")
+
+
+@pytest.mark.parametrize("mix", ["exact", "Q4_K_M", "low"])
+def test_count_ranks_cuts_where_the_loader_keeps_whole_groups(tiny, mix):
+    """`count --ranks` plans its cuts by the group size the loader gives each K-quant and i-quant layer
+    (32), read from the loaded model itself; it used to take only Q4_0, Q4_1 and Q8_0 as grouped."""
+    from mlxinfer.counting.split import column_groups
+    from mlxinfer.formats.gguf import config_from_header
+
+    path, _ = tiny("qwen3", mix)
+    model, _ = mlxinfer.load(path, compute_dtype="bfloat16")
+    header = read_header(path)
+    layer = model.model.layers[0]
+    want = {
+        "o_proj": getattr(layer.self_attn.o_proj, "group_size", 1),
+        "down_proj": getattr(layer.mlp.down_proj, "group_size", 1),
+    }
+    assert want["down_proj"] == 32, want  # the tiny mixes quantize it
+    assert column_groups(config_from_header(header), header=header) == want

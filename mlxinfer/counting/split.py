@@ -18,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from ..errors import MlxinferError
 from ..formats.config import ModelConfig
+from ..formats.ggml_types import loads_as
 from .quantization import quant_setting
 
 
@@ -105,16 +106,16 @@ def _words(ns: list[int]) -> str:
 
 def column_groups(cfg: ModelConfig, files: list[dict] | None = None, header=None) -> dict[str, int]:
     """The quantization group size of o_proj and down_proj (the matrices cut by input columns): the
-    least common multiple over layers, 1 where they are float. From a GGUF header's tensor types
-    (Q4_0/Q4_1/Q8_0 load as group 32), the safetensors tables (in / scales columns), or else the
-    config's quantization block."""
+    least common multiple over layers, 1 where they are float. From a GGUF header's tensor types (every
+    quantized type loads as group 32: ggml_types.loads_as), the safetensors tables (in / scales
+    columns), or else the config's quantization block."""
     ins = {"o_proj": cfg.num_attention_heads * cfg.head_dim, "down_proj": cfg.intermediate_size}
     sizes: dict[str, set[int]] = {"o_proj": set(), "down_proj": set()}
     if header is not None:
         gguf_kind = {"attn_output": "o_proj", "ffn_down": "down_proj"}
         for t in header.tensors:
             parts = t.name.split(".")
-            if len(parts) == 4 and parts[2] in gguf_kind and t.type_name in ("Q4_0", "Q4_1", "Q8_0"):
+            if len(parts) == 4 and parts[2] in gguf_kind and loads_as(t.type_name).endswith(" g32"):
                 sizes[gguf_kind[parts[2]]].add(32)
     elif files:
         for t in (t for f in files for t in f["tensors"]):
