@@ -529,3 +529,14 @@ def test_a_mixture_whose_layers_are_all_dense_counts_as_the_dense_model(tmp_path
         got = count(tmp_path / "moe.json")
         assert (got.total, got.operations) == (want.total, want.operations), change
         assert not got.experts and any("no layer has experts" in n for n in got.notes), got.notes
+
+
+def test_another_librarys_quantization_is_priced_as_its_float_type_and_said_so(tmp_path):
+    """GPTQ's quantization_config has bits and group_size too; it was priced as MLX's affine layout. Now the
+    bytes are the float config's, with a note naming the method."""
+    cfg = json.loads((CONFIGS / "qwen3-1.7b.json").read_text())
+    want = count(write_config(tmp_path / "float", cfg))
+    gptq = {**cfg, "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128}}
+    got = count(write_config(tmp_path / "gptq", gptq))
+    assert (got.total, got.bytes, got.quantization) == (want.total, want.bytes, want.quantization)
+    assert any("'gptq', not MLX's layout" in n for n in got.notes), got.notes

@@ -143,6 +143,10 @@ def _edit_config(**fields):
         (lambda d: (d / "config.json").write_text("{not json"), ["not valid JSON"]),
         (lambda d: (d / "model.safetensors").write_bytes(b"\x10\x00\x00"), ["safetensors"]),
         (_edit_config(hidden_size=None), ["hidden_size"]),
+        # was: GPTQ's block read as MLX's (bits, group_size), then a missing tensor named
+        (_edit_config(quantization_config={"quant_method": "gptq", "bits": 4, "group_size": 128}), ["'gptq'", "GGUF"]),
+        (_edit_config(quantization={"bits": 4, "group_size": 32, "mode": "junk"}), ["mode 'junk'", "affine, mxfp4"]),
+        (_edit_config(quantization={"bits": 4, "group_size": 32, "mode": "mxfp4"}), ["mxfp4", "affine weights only"]),
     ],
     ids=[
         "no-config",
@@ -152,6 +156,9 @@ def _edit_config(**fields):
         "config-not-json",
         "corrupt-weights",
         "null-field",
+        "gptq",
+        "unknown-mode",
+        "mxfp4-on-ours",
     ],
 )
 def test_broken_checkpoints_give_one_line_errors(tmp_path, checkpoint_dir, change, fragments):

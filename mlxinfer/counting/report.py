@@ -64,6 +64,11 @@ def count(
         notes.insert(
             0, no_formula(cfg.model_type) + ": counted from the safetensors headers (quantized weights unpacked)"
         )
+    if cfg.foreign_quantization:
+        notes.append(
+            f"quantization_config names {cfg.foreign_quantization!r}, not MLX's layout: the bytes are priced as "
+            f"{cfg.dtype}, not as stored (mlxinfer does not load these weights)"
+        )
     if cfg.num_experts and not cfg.moe_layers:
         notes.append("no layer has experts (mlp_only_layers, decoder_sparse_step): every MLP is dense")
     r = _parameter_table(src.name, kind, cfg, weights, notes)

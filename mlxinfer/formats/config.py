@@ -32,6 +32,7 @@ LIMITS = {
     "max_position_embeddings": 1 << 40,
 }
 QUANT_BITS, QUANT_GROUPS = (1, 2, 3, 4, 5, 6, 8), (32, 64, 128)  # what mx.quantize takes
+QUANT_MODES = ("affine", "mxfp4", "mxfp8", "nvfp4")
 FIX = "fix config.json"  # what a message about a wrong value ends with (a GGUF file passes its own)
 
 
@@ -74,6 +75,14 @@ class ModelConfig:
     @property
     def architecture(self) -> Architecture | None:
         return ARCHITECTURES.get(self.model_type)
+
+    @property
+    def foreign_quantization(self) -> str | None:
+        """quantization_config's quant_method (GPTQ, AWQ, fp8, bitsandbytes...) where the weights are
+        quantized in a layout other than MLX's; None for float or MLX weights."""
+        q = self.raw.get("quantization_config")
+        method = q.get("quant_method") if isinstance(q, dict) and self.quantization is None else None
+        return str(method)[:40] if method is not None else None
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -234,8 +243,9 @@ def _dtype(d: dict, where: str) -> str:
 
 def _quantization(d: dict, where: str) -> dict | None:
     quant = d.get("quantization")
-    if quant is None and isinstance(d.get("quantization_config"), dict) and "bits" in d["quantization_config"]:
-        quant = d["quantization_config"]  # the copy mlx-lm writes for transformers
+    mlx_copy = isinstance(d.get("quantization_config"), dict) and "quant_method" not in d["quantization_config"]
+    if quant is None and mlx_copy and "bits" in d["quantization_config"]:
+        quant = d["quantization_config"]  # the copy mlx-lm writes for transformers (GPTQ's and AWQ's name a method)
     if quant is not None:
         _check_quantization(quant, where)
     return quant
@@ -282,6 +292,12 @@ def _check_quantization(quant, where: str) -> None:
     for key in ("bits", "group_size"):
         if isinstance(quant[key], bool):
             raise _WrongValue(f"{need}, got {_short(quant)}")
+    for key, value in [("", quant), *((k, v) for k, v in quant.items() if isinstance(v, dict))]:
+        if value.get("mode", "affine") not in QUANT_MODES:
+            raise _WrongValue(
+                f"{where}: 'quantization' mode {_short(value.get('mode'))}{f' (for {key!r})' if key else ''} is "
+                f"not one of MLX's: {', '.join(QUANT_MODES)}"
+            )
 
 
 def _check_rope_scaling(scaling, where: str) -> None:

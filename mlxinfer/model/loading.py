@@ -67,6 +67,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
         generation_config = None
     else:
         cfg = ModelConfig.from_file(src.path / "config.json", undescribed=True)
+        check_quantization_layout(cfg, src.name)
         if not (cfg.architecture and cfg.architecture.ours):  # an unknown type fails before any weight is read
             foreign = mlx_lm_models.class_module(cfg, str(src.path / "config.json"))
         weights = read_safetensors(src.path)
@@ -99,6 +100,25 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     if mx.default_device() == mx.cpu:  # every decode step reads every weight: 2 MiB pages (cpu/heap.py)
         heap.huge_pages(leaf for _, leaf in tree_flatten(model.parameters()))
     return model, tokenizer
+
+
+def check_quantization_layout(cfg: ModelConfig, name: str) -> None:
+    """Weights quantized in a layout these loaders do not read, named before any tensor is read: another
+    library's (GPTQ, AWQ...), or, for model.py's own definitions, an MLX mode other than affine."""
+    if cfg.foreign_quantization:
+        raise MlxinferError(
+            f"{name}'s weights are quantized with {cfg.foreign_quantization!r} (config.json's quantization_config), "
+            "a layout mlxinfer does not read; use an MLX (mlx-community) or GGUF copy of the model",
+            "source",
+        )
+    block = cfg.quantization or {}
+    modes = {v.get("mode", "affine") for v in (block, *(v for v in block.values() if isinstance(v, dict)))}
+    if cfg.architecture and cfg.architecture.ours and modes - {"affine"}:
+        raise MlxinferError(
+            f"{name} is quantized in MLX's {', '.join(sorted(modes - {'affine'}))} mode; mlxinfer's {cfg.model_type} "
+            "reads affine weights only: use an affine copy (mlxinfer quantize from the float weights)",
+            "source",
+        )
 
 
 def check_fits(weights: dict, name: str) -> None:
