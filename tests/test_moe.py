@@ -191,3 +191,19 @@ def test_count_of_a_tiny_qwen3_moe_by_hand(mlx_lm_dir):
     assert r.total == 2 * V * D + 2 * layer + D
     assert r.experts["active"] == r.total - 2 * experts + 2 * k * 3 * D * F
     assert checkpoints.MLX_LM_ARCHS["qwen3_moe"]["num_experts"] == n
+
+
+def test_count_from_headers_runs_k_of_the_n_experts_stored(tmp_path):
+    """A mixture no Architecture describes (mlx-lm's qwen2_moe) is counted from its safetensors headers;
+    its stacked experts count k of n toward operations per token, as a described mixture's do (they all
+    counted: ~5x the operations of a real Qwen1.5-MoE-A2.7B)."""
+    n, k, D, F, L = 4, 2, 128, 32, 2
+    path = checkpoints.write_mlx_lm_checkpoint(
+        tmp_path / "qwen2_moe", "mixtral", model_type="qwen2_moe", num_experts=n, num_experts_per_tok=k,
+        moe_intermediate_size=F, shared_expert_intermediate_size=64, decoder_sparse_step=1, mlp_only_layers=[],
+    )  # fmt: skip
+    r = mlxinfer.count(path)
+    experts = L * n * 3 * D * F  # gate, up and down of every expert, in every layer
+    assert r.experts["experts_total"] == experts and r.experts["layers_with_experts"] == L
+    assert r.experts["active"] == r.total - experts // n * (n - k)
+    assert r.operations["parameters_in_arithmetic"] == r.experts["active"] - r.embedding, r.operations

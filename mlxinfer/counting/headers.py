@@ -37,9 +37,15 @@ def header_weights(cfg: ModelConfig, files: list[dict] | None) -> list[Weight]:
     weights = []
     for name, found in shapes.items():
         shape = found[0] if len(found) == 1 else (len(found), *found[0])  # experts stored one by one
-        part = _part(name)
-        weights.append(Weight(name, shape, part, _label(name), " x ".join(f"{d:,}" for d in shape)))
+        stacked = len(shape) == 3 and shape[0] == cfg.num_experts and (len(found) > 1 or "switch_mlp" in name)
+        part, formula = _part(name), " x ".join(f"{d:,}" for d in shape)
+        weights.append(Weight(name, shape, part, _label(name), formula, cfg.num_experts if stacked else 0))
     return weights
+
+
+def expert_layers(weights: list[Weight]) -> tuple[int, ...]:
+    """The layers whose headers hold stacked experts (config.json's num_experts of them)."""
+    return tuple(sorted({w.layer for w in weights if w.experts and w.layer is not None}))
 
 
 def _bits(cfg: ModelConfig, module: str) -> int:

@@ -17,7 +17,7 @@ from ..errors import MlxinferError
 from ..formats import gguf, safetensors, sources
 from ..formats.config import KNOWN_DTYPES, ModelConfig
 from ..views import CountReport
-from .headers import header_weights, no_formula
+from .headers import expert_layers, header_weights, no_formula
 from .layout import NUMBERS, Weight, model_weights, stacked_name
 from .stored import stored_gguf, stored_safetensors
 from . import split
@@ -61,6 +61,7 @@ def count(
         weights = model_weights(cfg)
     else:
         weights = header_weights(cfg, files)
+        cfg = replace(cfg, moe_layers=expert_layers(weights))  # a token runs k of the n experts stored there
         notes.insert(
             0, no_formula(cfg.model_type) + ": counted from the safetensors headers (quantized weights unpacked)"
         )

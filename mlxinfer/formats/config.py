@@ -181,6 +181,11 @@ class ModelConfig:
             return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= LIMITS.get(name, 1 << 40) else 0
 
         heads = number("num_attention_heads")
+        n = number("num_experts") or number("num_local_experts") or number("n_routed_experts")
+        k = number("num_experts_per_tok")
+        experts = {"num_experts": n, "num_experts_per_tok": k, "moe_intermediate_size": number("moe_intermediate_size")}
+        if not 0 < k <= n:  # the layers with experts are found in the headers (counting/headers.py)
+            experts = {}
         return cls(
             model_type=d["model_type"],
             vocab_size=number("vocab_size"),
@@ -196,6 +201,7 @@ class ModelConfig:
             dtype=_dtype(d, where),
             quantization=_quantization(d, where),
             described=False,
+            **experts,
             raw=dict(d),
         )
 
