@@ -212,3 +212,15 @@ def test_a_folder_of_ggufs_or_a_gguf_beside_a_config_says_which_to_load(checkpoi
     shutil.copy(checkpoint_dir("llama") / "config.json", beside)
     (beside / "model.gguf").symlink_to(embedded)
     assert_one_line_error(invoke_cli("topk", "-m", str(beside), "-p", "hi"), "no *.safetensors", "model.gguf itself")
+
+
+def test_a_quantized_tensors_shape_is_said_in_values_not_packed_words(tmp_path, checkpoint_dir):
+    """A 4-bit table of the wrong vocabulary: the message gives (rows, hidden) for both sides, as config.json
+    says them; it gave the packed uint32 columns (hidden / 8)."""
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama", 4, 64), bad)
+    cfg = json.loads((bad / "config.json").read_text())
+    V, D = cfg["vocab_size"], cfg["hidden_size"]
+    _edit_config(vocab_size=V + 64)(bad)
+    result = invoke_cli("topk", "--model", str(bad), "--prompt", "hi")
+    assert_one_line_error(result, f"'model.embed_tokens.weight' has shape ({V}, {D})", f"implies ({V + 64}, {D})")

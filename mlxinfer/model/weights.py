@@ -228,9 +228,9 @@ def fill(model: nn.Module, weights: dict[str, mx.array], where: str, evaluate: b
         )
     for name, param in expected.items():
         if weights[name].shape != param.shape:
+            got, want = (_values_shape(model, name, shape) for shape in (weights[name].shape, param.shape))
             raise MlxinferError(
-                f"{where}: tensor '{name}' has shape {tuple(weights[name].shape)} but the model's config implies "
-                f"{tuple(param.shape)}; {_not_theirs(where)}",
+                f"{where}: tensor '{name}' has shape {got} but the model's config implies {want}; {_not_theirs(where)}",
                 "source",
             )
         got, floating = weights[name].dtype, mx.issubdtype(param.dtype, mx.floating)
@@ -244,6 +244,13 @@ def fill(model: nn.Module, weights: dict[str, mx.array], where: str, evaluate: b
     model.load_weights(list(weights.items()), strict=True)
     if evaluate:
         mx.eval(model.parameters())
+
+
+def _values_shape(model: nn.Module, name: str, shape) -> tuple:
+    """A tensor's shape as values: a quantized module's packed uint32 columns unpacked (32 // bits each)."""
+    stem, _, leaf = name.rpartition(".")
+    bits = getattr(dict(model.named_modules()).get(stem), "bits", None) if leaf == "weight" else None
+    return (*shape[:-1], shape[-1] * 32 // bits) if bits and shape else tuple(shape)
 
 
 def untie(cfg: ModelConfig, weights: dict[str, mx.array]) -> ModelConfig:
