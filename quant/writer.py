@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import errno
 import json
+import os
 import re
 import shutil
 from contextlib import contextmanager
@@ -70,10 +71,20 @@ def parse_size(text: str | int) -> int:
 DEFAULT_SHARD_BYTES = parse_size(defaults.SHARD_SIZE)
 
 
+def through_link(out: Path) -> Path:
+    """OUT as written: a symbolic link to a directory is written through (the directory it names is
+    replaced, the link stays), as atomic.staged_file writes through a link to a file."""
+    return out.resolve() if out.is_symlink() and out.resolve().is_dir() else out
+
+
 def check_output(out: Path, force: bool) -> None:
-    """Before any work: OUT may be missing or an empty directory; a non-empty one only with force."""
+    """Before any work: OUT may be missing or an empty directory (or a link to one); a non-empty one only
+    with force."""
     check_bool(force, "force")  # force="no" would replace a full directory
-    if out.is_symlink() or (out.exists() and not out.is_dir()):
+    out = through_link(out)
+    if out.is_symlink():
+        raise MlxinferError(f"{out} is a symbolic link to {os.readlink(out)}, not a directory; choose another out")
+    if out.exists() and not out.is_dir():
         raise MlxinferError(f"{out} exists and is not a directory; choose another output directory")
     if out.is_dir() and any(out.iterdir()) and not force:
         raise MlxinferError(
@@ -86,7 +97,7 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
     """Yield a temporary directory next to OUT; on success it replaces OUT, on any failure (or SIGTERM) it
     is removed (atomic.staged_dir). An OSError (a read-only place, a path under a file, a full disk) is a
     one-line error, and the parents made for OUT are removed too."""
-    out = Path(out).absolute()
+    out = through_link(Path(out).absolute())
     check_output(out, force)
     created = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)
     with atomic.cleanup_on_signals():  # held until the parents made for OUT are gone as well

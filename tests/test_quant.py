@@ -434,6 +434,21 @@ def test_existing_output_needs_force(checkpoint_dir, tmp_path):
     assert_one_line_error(result, "not a directory")
 
 
+def test_an_output_that_is_a_link_to_a_directory_is_written_through(checkpoint_dir, tmp_path):
+    """OUT a symbolic link to an empty directory: the model is written into the directory it names and the
+    link stays (it was refused as "not a directory"); a link to nothing is refused, naming its target."""
+    (tmp_path / "target").mkdir()
+    (tmp_path / "link").symlink_to(tmp_path / "target")
+    result = invoke_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "link"), "--bits", "8")
+    assert result.returncode == 0, result.stderr
+    assert (tmp_path / "link").is_symlink() and (tmp_path / "target" / "config.json").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "target"]  # no partial left beside
+    (tmp_path / "dangling").symlink_to(tmp_path / "gone")
+    result = invoke_cli("convert", "embedded", str(tmp_path / "dangling"))
+    assert_one_line_error(result, "symbolic link to", "gone")
+    assert not (tmp_path / "gone").exists()
+
+
 def test_force_that_is_not_a_bool_replaces_nothing(checkpoint_dir, tmp_path):
     """Was: quantize(..., force="no") read as true: the directory and what it held replaced."""
     out = tmp_path / "out"
