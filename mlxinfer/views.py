@@ -272,7 +272,7 @@ class AnswersReport(View):
     group: str
     answers: list[ExactAnswer]
     mass: list[SettingsMass]  # per settings entry
-    stopped: str  # "complete", "min_mass", "max_nodes", "max_seconds" or "interrupted"
+    stopped: str  # "complete", "min_mass", "branches", "max_nodes", "max_seconds" or "interrupted"
     nodes: int  # paths expanded (one forward row each)
     forward_passes: int
     leaves: int  # paths that ended

@@ -23,6 +23,8 @@ import checkpoints
 import mlxinfer
 from conftest import assert_one_line_error, invoke_cli
 
+from mlxinfer.engine import answers as answers_module
+
 PROMPT = "basil and"
 SETTINGS = [
     {"temperature": 0.5},
@@ -464,3 +466,22 @@ def test_scores_that_turn_nan_on_a_path_end_the_walk_in_one_line(tmp_path):
     model.model.embed_tokens.weight = mx.where(mx.arange(table.shape[0])[:, None] == poisoned[0], mx.nan, table)
     with pytest.raises(mlxinfer.MlxinferError, match="scores became NaN or inf on an answer's path"):
         mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, chat=False)
+
+
+def test_a_walk_that_ends_short_of_min_mass_on_its_branch_cap_says_so(embedded_quantized):
+    """T = 1.5 and no cut: one token's 1,024 likeliest next tokens hold ~0.77 of its mass, so nothing is open
+    and min_mass 0.99 is not resolved. It said "min_mass"; it says "branches", and the remainder is the rest."""
+    model, tok = embedded_quantized
+    r = mlxinfer.answers(
+        model, tok, "Name one fruit. Answer with one word.", settings=[{"temperature": 1.5}], max_tokens=1,
+        group="first-token",
+    )  # fmt: skip
+    found = sum(a.probs[0] for a in r.answers)
+    assert r.stopped == "branches" and found < 0.99, (r.stopped, found)
+    assert len(r.answers) <= answers_module.BRANCHES
+    assert abs(found + r.mass[0].remainder - 1.0) < 1e-9
+    again = mlxinfer.answers(
+        model, tok, "Name one fruit. Answer with one word.", settings=[{"temperature": 1.5}], max_tokens=1,
+        group="first-token", min_mass=0.5,
+    )  # fmt: skip
+    assert again.stopped == "min_mass"

@@ -211,7 +211,9 @@ class AnswerWalk:
             batch = self._next_batch()
             if not batch:  # nothing open is left: every path has ended
                 self.open[:] = 0.0  # exactly (the running sum drifts in the last bits)
-                self.stopped = "complete" if not self.lost.any() else "min_mass"
+                resolved = (1.0 - self._unresolved() >= self.min_mass).all()
+                # what was lost is eps's cuts (min_mass reached), or past BRANCHES children a node
+                self.stopped = "complete" if not self.lost.any() else "min_mass" if resolved else "branches"
             else:
                 self._expand_children(batch, self._forward(batch))
             if self.progress and batch:

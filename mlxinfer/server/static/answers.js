@@ -288,5 +288,6 @@ function bound(r, limits) {
   }
   if (r.stopped === "max_seconds") return `The walk stopped at the server's time budget (${g(limits.max_seconds)} s): ${bounds}.`;
   if (r.stopped === "min_mass") return `The walk resolved the min mass asked for under every setting: ${bounds}.`;
+  if (r.stopped === "branches") return `Each path followed its 1,024 likeliest next tokens at most, and the rest kept the min mass out of reach (a top-k or top-p cut makes the walk finite): ${bounds}.`;
   return `The walk was interrupted: ${bounds}.`;
 }
