@@ -15,7 +15,9 @@ is encoded as the characters it is made of, so only the chat template emits cont
 
 from __future__ import annotations
 
+import hashlib
 import itertools
+import json
 import os
 import re
 import secrets
@@ -48,6 +50,22 @@ _PRE = {
     "llama-bpe": (False, _LLAMA3_WORDS),
 }
 CONTROL, USER_DEFINED = 3, 4
+
+
+def vocabulary(tokenizer) -> str:
+    """A fingerprint of the tokenizer's vocabulary (every token with its id), computed once a tokenizer:
+    `load` keeps its tokenizer's in the model's info, and a call given another model's tokenizer is told."""
+    cached = getattr(tokenizer, "_mlxinfer_vocabulary", None)
+    if isinstance(cached, str):
+        return cached
+    vocab = tokenizer.get_vocab() if hasattr(tokenizer, "get_vocab") else {}
+    text = json.dumps(sorted((i, t) for t, i in vocab.items()), ensure_ascii=False)
+    cached = f"{len(vocab)} tokens, {hashlib.sha256(text.encode()).hexdigest()[:16]}"
+    try:
+        tokenizer._mlxinfer_vocabulary = cached
+    except AttributeError:  # a tokenizer that takes no attributes is fingerprinted each time
+        pass
+    return cached
 
 
 def _quiet_transformers() -> None:

@@ -115,7 +115,7 @@ def test_a_wrong_argument_is_one_error_naming_it(embedded, function, change, fra
         getattr(mlxinfer, function)(model, tok, first, **args)
 
 
-def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded):
+def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded, loaded):
     """Was: generate((model, tokenizer), tokenizer, ...) an AttributeError on 'tuple'; a tokenizer of None
     'this model has no chat template; pass chat=False' (following it: another AttributeError)."""
     model, tok = embedded
@@ -128,10 +128,14 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded):
         "prompt_logprobs": lambda m, t: mlxinfer.prompt_logprobs(m, t, PROMPT),
         "ChatSession": lambda m, t: mlxinfer.ChatSession(m, t),
     }
+    other, other_tok = loaded("qwen3")  # a tiny checkpoint: another vocabulary
     wrong = [
         ((model, tok), tok, "model must be the model load() returns, got tuple"),
         (tok, model, "model must be"),
         (model, None, "tokenizer must be the tokenizer"),
+        # was: the tiny tokenizer's ids read by SmolLM2, garbage text and no error; or an error about ids
+        (model, other_tok, "the tokenizer is not this model's: its vocabulary (300 tokens)"),
+        (other, tok, "the tokenizer is not this model's: its vocabulary (49152 tokens)"),
     ]
     for call in calls.values():
         for m, t, fragment in wrong:
@@ -144,6 +148,10 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded):
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             call()
+    _, tok_again = mlxinfer.load(None, compute_dtype="bfloat16")  # the same vocabulary, another object: fine
+    assert (
+        mlxinfer.next_token_table(model, tok_again, PROMPT).rows == mlxinfer.next_token_table(model, tok, PROMPT).rows
+    )
     with pytest.raises(mlxinfer.MlxinferError, match="compute_dtype must be"):
         mlxinfer.apply_compute_dtype(model, "fp8")  # was: nothing converted, the model relabelled bfloat16
     assert model.info.compute_dtype == "bfloat16"

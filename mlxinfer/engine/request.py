@@ -17,7 +17,7 @@ from .. import defaults
 from ..errors import MlxinferError, check_bool
 from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
-from ..tokenizer import encode_prompt
+from ..tokenizer import encode_prompt, vocabulary
 from .constrain import CompiledSchema, compile_schema
 from .core import RowSpec, continues
 from .decode import check_context
@@ -56,6 +56,12 @@ def check_pair(model, tokenizer) -> None:
     if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode") and hasattr(tokenizer, "eos_token_ids")):
         got = type(tokenizer).__name__
         raise MlxinferError(f"tokenizer must be the tokenizer load() returns, got {got}{pair}", "tokenizer")
+    if model.info.vocabulary and vocabulary(tokenizer) != model.info.vocabulary:
+        raise MlxinferError(
+            f"the tokenizer is not this model's: its vocabulary ({vocabulary(tokenizer).split(',')[0]}) is not the one "
+            f"loaded with the model ({model.info.vocabulary.split(',')[0]}){pair}",
+            "tokenizer",
+        )
 
 
 def prepare(

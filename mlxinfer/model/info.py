@@ -21,6 +21,7 @@ class ModelInfo:
     weights: str = ""  # how they are held now: "4-bit quantized (activations float16)", "float32"
     cpu_kernels: bool = False  # the float32 CPU path's RoPE table and polynomial exp
     sharding: dict | None = None  # split across ranks (model/distributed.py): the plan, each rank's bytes
+    vocabulary: str = ""  # the fingerprint of the tokenizer loaded with it (tokenizer.vocabulary)
 
     @classmethod
     def unnamed(cls, definition: str) -> "ModelInfo":

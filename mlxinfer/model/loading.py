@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -12,7 +13,7 @@ from ..errors import MlxinferError
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig
 from ..formats.paths import read_json_file
-from ..tokenizer import load_tokenizer, tokenizer_from_gguf
+from ..tokenizer import load_tokenizer, tokenizer_from_gguf, vocabulary
 from . import convert, distributed, dtype_rule, mlx_lm_models, params
 from .info import ModelInfo
 from .model import Model
@@ -91,6 +92,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
         eos = (generation_config or {}).get("eos_token_id")
         tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
     check_vocabulary(model, tokenizer, src.name)
+    model.info = replace(model.info, vocabulary=vocabulary(tokenizer))  # another model's tokenizer is named
     if sharded:
         weights.clear()  # the model holds the only references: a full tensor is freed once sliced
         model = distributed.finish(model, group, compute_dtype)
