@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
 from .errors import MlxinferError
+from .plain import plain
 
 ORDERS = ("temperature-first", "mlx-lm")
 ORDER_ALIASES = {"lesson": "temperature-first"}  # the name it had first
@@ -173,6 +174,10 @@ class SamplerSettings:
     )
 
     def __post_init__(self):
+        for f in fields(self):  # np.float32(0.7) is 0.7, as it is anywhere in a public call's arguments
+            value = getattr(self, f.name)
+            if plain(value) is not value:
+                object.__setattr__(self, f.name, plain(value))
         if isinstance(self.order, str) and self.order in ORDER_ALIASES:
             object.__setattr__(self, "order", ORDER_ALIASES[self.order])
 

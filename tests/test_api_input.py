@@ -34,6 +34,10 @@ def test_numpy_numbers_give_what_python_numbers_give(embedded):
     ]
     table = mlxinfer.next_token_table(model, tok, PROMPT, temperatures=np.array([0.5, 1.0])[0], k=np.int64(3))
     assert len(table.rows) == 3 and table.temperatures == [0.5]
+    # SamplerSettings built by hand with numpy's numbers (was: "temperature must be >= 0 ..., got np.float32(0.5)")
+    made = mlxinfer.SamplerSettings(temperature=np.float32(0.5), top_k=np.int64(5)).validate()
+    assert (type(made.temperature), type(made.top_k)) == (float, int)
+    assert mlxinfer.generate(model, tok, PROMPT, max_tokens=3, seed=7, settings=made).tokens == want.tokens
 
 
 def test_a_text_alone_and_settings_from_a_generator(embedded):
