@@ -5,13 +5,27 @@ Plain dataclasses with `to_dict()` (what `--json` prints); nothing here prints o
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
 class View:
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The fields as plain data, strict JSON: a number that is not finite (-inf, NaN) is None, as
+        `--json` prints it."""
+        return finite(asdict(self))
+
+
+def finite(obj: Any):
+    """obj with every float that is not finite as None, through dicts, lists and tuples."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [finite(v) for v in obj]
+    return obj
 
 
 # ----------------------------------------------------------------------------- count
@@ -303,7 +317,7 @@ class SweepRecord(View):
 
     def to_dict(self, exact: bool = True) -> dict:
         """exact=False: without exact_prob (a results file's line, which gets it only from an exact sweep)."""
-        out = asdict(self)
+        out = finite(asdict(self))
         if not exact or self.exact_prob is None:
             out.pop("exact_prob")
         return out

@@ -8,6 +8,7 @@ produce valid JSON; the CLI cases use tiny checkpoints so that only the mask is 
 from __future__ import annotations
 
 import json
+import math
 import re
 
 import jsonschema
@@ -405,3 +406,17 @@ def test_both_constraints_or_a_lonely_explain_are_errors():
         invoke_cli("generate", "-p", "hi", "--json-schema", str(RECIPE), "--tool", str(TOOL_FILE)), "not both"
     )
     assert_one_line_error(invoke_cli("generate", "-p", "hi", "--explain-mask"), "--explain-mask")
+
+
+def test_alternatives_under_a_mask_are_tokens_the_row_could_draw(embedded_fast):
+    """logprobs=5 under a tool's grammar: where fewer than five tokens are allowed, the masked ones (logprob
+    -inf, taken in id order) were listed, and to_dict() was not strict JSON. Now each alternative is a
+    token the grammar allows, with a finite logprob, and the chosen token is among them."""
+    model, tok = embedded_fast
+    tool, _ = load_tool(TOOL_FILE)
+    g = mlxinfer.generate(model, tok, BASIL, tool=tool, settings=mlxinfer.GREEDY, max_tokens=12, logprobs=5)
+    json.dumps(g.to_dict(), allow_nan=False)
+    assert any(len(s.alternatives) < 5 for s in g.steps)  # a place the grammar allows fewer than five
+    for step in g.steps:
+        assert all(math.isfinite(a.logprob) for a in step.alternatives), step
+        assert step.token is None or step.token in [a.id for a in step.alternatives]  # greedy: the best allowed

@@ -26,6 +26,8 @@ it (text, Steps) when it tells its caller; the two may be a step apart.
 
 from __future__ import annotations
 
+import math
+
 import copy
 from dataclasses import dataclass, field
 from typing import Any, Optional
@@ -351,7 +353,8 @@ def _groups(rows: list[Row]) -> list[Group]:
 
 
 def alternatives_of(tokenizer, top) -> list[Alternative]:
-    """A row's best alternatives ((ids, logprobs), evaluated) as Alternatives, best first."""
+    """A row's best alternatives ((ids, logprobs), evaluated) as Alternatives, best first; a token the
+    row could not draw (a grammar's mask, logprob -inf) is none."""
     ids, values = top[0].tolist(), top[1].tolist()
-    best = sorted(zip(values, ids), reverse=True)
+    best = sorted(((v, t) for v, t in zip(values, ids) if v > -math.inf), reverse=True)
     return [Alternative(t, tokenizer.decode([t]), v) for v, t in best]
