@@ -279,16 +279,27 @@ def encode_prompt(
         raise MlxinferError(f"system must be text or None, got {type(system).__name__}", "system")
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         messages = _checked_messages(prompt)
-        if system is not None and not any(m["role"] == "system" for m in messages):
+        if system is not None and any(m["role"] == "system" for m in messages):  # was: system= dropped
+            raise MlxinferError("system is given twice: as system and as a system message; drop one", "system")
+        if system is not None:
             messages.insert(0, {"role": "system", "content": system})
         if not chat:
             raise MlxinferError("chat messages need the chat template; pass chat=True, or the text alone", "prompt")
     elif isinstance(prompt, (list, tuple)):
+        if system is not None:  # was: dropped without a word
+            raise MlxinferError(
+                "system is a message of the chat template, and token ids are read as they are; put it in the ids, "
+                "or pass the prompt as text",
+                "system",
+            )
         return _checked_ids(tokenizer, prompt)
     elif not isinstance(prompt, str):
         raise MlxinferError(f"prompt must be text, token ids or chat messages, got {type(prompt).__name__}", "prompt")
-    elif not prompt:  # with the template, a table or a reply for the template alone
-        raise MlxinferError("prompt is empty; give some text", "prompt")
+    elif not prompt or (chat and not prompt.strip()):  # a table or a reply for the template alone, as the CLI
+        # says; plain text of white space is text to continue (OpenAI's completions take it)
+        raise MlxinferError(
+            "prompt is empty" + (" (only white space)" if prompt else "") + "; give some text", "prompt"
+        )
     else:
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": prompt}

@@ -272,3 +272,29 @@ def test_smaller_entries_name_a_wrong_argument(embedded):
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=re.escape(fragment)):
             call()
+
+
+def test_blank_prompts_and_a_system_text_with_nowhere_to_go_are_refused_as_the_cli_refuses_them(embedded):
+    """Was: "   " read as a chat message (the CLI said "--prompt is empty"); system= dropped without a word
+    beside token ids or beside messages that hold a system message of their own. Plain text of white space
+    is text to continue, as OpenAI's completions take it."""
+    model, tok = embedded
+    assert mlxinfer.generate(model, tok, "  \n", max_tokens=1, chat=False).prompt_ids == tok.encode("  \n")
+    for prompt in ["   ", "\t", "  \n"]:
+        for call, kw in (
+            (mlxinfer.generate, dict(max_tokens=1)),
+            (mlxinfer.next_token_table, {}),
+            (mlxinfer.prompt_logprobs, {}),
+            (mlxinfer.sample, dict(seeds=1, max_tokens=1)),
+        ):
+            with pytest.raises(mlxinfer.MlxinferError, match=re.escape("prompt is empty (only white space)")):
+                call(model, tok, prompt, **kw)
+    with pytest.raises(mlxinfer.MlxinferError, match="token ids are read as they are"):
+        mlxinfer.generate(model, tok, [1, 504], system="You are a pirate.", max_tokens=1)
+    messages = [{"role": "system", "content": "A"}, {"role": "user", "content": "Hi"}]
+    with pytest.raises(mlxinfer.MlxinferError, match="system is given twice"):
+        mlxinfer.encode_prompt(tok, messages, system="B")
+    # a tool's own system text steps aside for the messages' system message, as before
+    tool = {"name": "add", "description": "Add a thing", "input_schema": {"type": "object", "properties": {}}}
+    g = mlxinfer.generate(model, tok, messages, tool=tool, max_tokens=2, settings=mlxinfer.GREEDY)
+    assert g.prompt_ids == mlxinfer.encode_prompt(tok, messages)

@@ -101,8 +101,11 @@ def prepare(
             "chat=False",
             "json_schema",
         )
-    if constraint is not None and constraint.tool is not None and system is None:
-        system = tool_system(constraint.tool)
+    has_system = isinstance(prompt, (list, tuple)) and any(
+        isinstance(m, dict) and m.get("role") == "system" for m in prompt
+    )
+    if constraint is not None and constraint.tool is not None and system is None and not has_system:
+        system = tool_system(constraint.tool)  # the messages' own system message, where there is one, stands
     resolved, note = resolve_settings(settings, model.info.generation_config)
     check_logit_bias(resolved.logit_bias, model.config.vocab_size)  # here, before a row is queued
     context = model.config.max_position_embeddings

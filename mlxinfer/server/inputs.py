@@ -228,17 +228,20 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     plan.parts += [("response_format", answer)] if plan.or_json else []
     plan.json_schema = {"type": "object", "anyOf": calls + answers}
     listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
-    if not auto:
-        plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
+    if not auto:  # the request's own system message, where it has one, stands
+        if not any(m["role"] == "system" for m in plan.prompt):
+            plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
         return
     otherwise = "answer with JSON in the response's format" if plan.or_json else "answer in plain text"
-    plan.system = (
+    text = (
         f"You can call these tools: {listed}. To call one, answer with only the call as JSON: name and "
         f"arguments. Otherwise {otherwise}."
     )
     system = next((m for m in plan.prompt if m["role"] == "system"), None)
     if system is not None:  # auto: the model must know its tools to choose
-        system["content"] = f"{system['content']}\n\n{plan.system}".strip()
+        system["content"] = f"{system['content']}\n\n{text}".strip()
+    else:
+        plan.system = text
 
 
 def _bounded(schema, where: str) -> None:
