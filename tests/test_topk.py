@@ -146,3 +146,22 @@ def test_system_and_tool_with_no_chat_are_refused():
     tool = '{"name": "pick", "input_schema": {"type": "object"}}'
     out = invoke_cli("generate", "-p", "Name one fruit.", "--tool", tool, "--no-chat", "--max-tokens", "2")
     assert_one_line_error(out, "--tool is described to the model", "--json-schema")
+
+
+def test_explain_shows_the_tables_probabilities_and_masses_within_0_and_1(embedded):
+    """explain() read MLX's CPU softmax, off by ~1.5e-4 on 49,152 tokens: mass_kept 1.0000368, mass_cut
+    -3.7e-5, each prob above the table's. It now shows the table's float64 values; the kept set stays the
+    sampler's."""
+    import mlxinfer
+    from mlxinfer.engine.tables import next_token_scores
+
+    model, tok = embedded
+    prompt = "Name one fruit. Answer with one word."
+    scores = next_token_scores(model, encode_prompt(tok, prompt))
+    for temperature, top_p in [(1.0, 1.0), (0.7, 0.9), (1.5, 1.0)]:
+        e = mlxinfer.explain(scores, mlxinfer.SamplerSettings(temperature=temperature, top_p=top_p), k=4)
+        table = mlxinfer.next_token_table(model, tok, prompt, temperatures=[temperature], k=4)
+        assert [r.prob for r in e.rows] == [r.probs[0] for r in table.rows]
+        assert 0 < e.mass_kept <= 1 and e.mass_cut >= 0 and abs(e.mass_kept + e.mass_cut - 1) < 1e-12
+        kept = [r.final_prob for r in e.rows if r.kept]
+        assert all(abs(f - r.prob / e.mass_kept) < 1e-12 for f, r in zip(kept, e.rows))

@@ -116,16 +116,19 @@ def explain(
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise MlxinferError(f"k must be a whole number, at least 1, got {k!r}", "k")
     check_bool(fast, "fast")
-    x, probs, kept, final = kept_probabilities(x, settings, history, allowed, fast)
-    mass_kept = mx.sum(mx.where(kept, probs, 0.0))
+    x, _, kept, _ = kept_probabilities(x, settings, history, allowed, fast)  # the kept set: the sampler's own
+    probs, keep = _softmax64(x, settings.temperature), np.asarray(kept)  # shown in float64, as the table's
+    held = np.where(keep, probs, 0.0)
+    mass_kept = min(1.0, float(held.sum()))  # float64 sums of a whole row can land a bit past 1
+    final = held / mass_kept if mass_kept > 0 else held
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
-    ids, s, p, kp, fp = (a.tolist() for a in (top, x[top], probs[top], kept[top], final[top]))
+    ids, s = top.tolist(), x[top].tolist()
     rows = [
-        ExplainRow(r + 1, ids[r], decode(ids[r]) if decode else None, s[r], p[r], bool(kp[r]), fp[r])
-        for r in range(len(ids))
+        ExplainRow(r + 1, i, decode(i) if decode else None, s[r], float(probs[i]), bool(keep[i]), float(final[i]))
+        for r, i in enumerate(ids)
     ]
-    mk = mass_kept.item()
-    return Explanation(settings.to_dict(), x.shape[-1], int(mx.sum(kept).item()), mk, 1.0 - mk, rows)
+    cut = max(0.0, 1.0 - mass_kept)
+    return Explanation(settings.to_dict(), x.shape[-1], int(keep.sum()), mass_kept, cut, rows)
 
 
 def next_token_table(
