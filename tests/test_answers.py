@@ -485,3 +485,41 @@ def test_a_walk_that_ends_short_of_min_mass_on_its_branch_cap_says_so(embedded_q
         group="first-token", min_mass=0.5,
     )  # fmt: skip
     assert again.stopped == "min_mass"
+
+
+def test_a_drawn_answer_the_walk_did_not_reach_has_no_exact_probability_not_zero(embedded_quantized):
+    """T = 1.5, one token, no cut: the walk ends on its branch cap with a remainder, and answers some seed drew
+    lie past it. Their exact probability was shown as 0.00%; it is None (at most the remainder), and the
+    CLI shows "<= remainder"."""
+    model, tok = embedded_quantized
+    prompt = "Name one fruit. Answer with one word."
+    report = mlxinfer.sample(
+        model, tok, prompt, seeds=30, settings={"temperature": 1.5}, max_tokens=1, group="first-token", exact=True
+    )
+    remainder = report.exact["remainder"]
+    unreached = [row for row in report.tally if row.exact is None]
+    assert remainder > 0.1 and unreached and all(row.count > 0 for row in unreached)
+    assert all(row.exact > 0 for row in report.tally if row.exact is not None)
+    shown = invoke_cli("sample", "-p", prompt, "--temp", "1.5", "--max-tokens", "1", "--group", "first-token",
+                       "--seeds", "30", "--exact")  # fmt: skip
+    assert f"<= {remainder:.2%}" in shown.stdout
+
+
+def test_first_token_groups_keep_apart_tokens_that_decode_alike(embedded_quantized):
+    """Tokens that are parts of one character each decode to U+FFFD: first-token grouping merged them into one
+    answer. They now keep their ids; a whole token is its text alone."""
+    from mlxinfer.engine.grouping import answer_key
+
+    _, tok = embedded_quantized
+    decode = lambda t: tok.decode([t])  # noqa: E731
+    halves = [t for t in range(200) if "\ufffd" in decode(t)][:2]
+    assert len(halves) == 2
+    keys = {answer_key("", t, "first-token", decode) for t in halves}
+    assert keys == {f"\ufffd #{t}" for t in halves}
+    basil = tok.encode(" basil", add_special_tokens=False)[0]
+    assert answer_key("", basil, "first-token", decode) == decode(basil)
+
+
+def test_answers_takes_temps_or_temp_not_both():
+    """Was: --temps 0.5 --temp 1 ran at T = 1 alone, --temps dropped without a word."""
+    assert_one_line_error(invoke_cli("answers", "-p", "hi", "--temps", "0.5", "--temp", "1"), "--temps", "--temp")

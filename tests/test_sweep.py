@@ -396,3 +396,66 @@ def test_rank_0s_failure_reaches_every_rank_as_its_own_kind(monkeypatch):
             ranks.from_rank0([], Rank(1))
         assert type(on_rank1.value) is type(failure) and on_rank1.value.exit_code == failure.exit_code
         assert str(on_rank1.value) == str(on_rank0.value) and on_rank1.value.params == failure.params
+
+
+def test_a_results_file_edited_into_two_of_one_record_or_an_unknown_field_is_refused_before_any_draw(tiny, tmp_path):
+    """Was: a record with a field no record has was read, every missing draw made and appended, then a TypeError
+    traceback; a second record of one (prompt, settings, seed) was read and the last one counted."""
+    path, _ = tiny
+    out = tmp_path / "r.jsonl"
+    assert invoke_cli(*cli_sweep(path, out, seeds="2")).returncode == 0
+    header, records = read_records(out)
+    for name, edited, fragment in [
+        ("extra", records[:2] + [{**records[2], "note": "x"}] + records[3:], 'a field no record has, "note"'),
+        ("twice", records + [{**records[1], "seed": records[0]["seed"], "settings_index": 0}], "repeats line"),
+    ]:
+        bad = tmp_path / f"{name}.jsonl"
+        bad.write_text("".join(json.dumps(r) + "\n" for r in [header, *edited]))
+        before = bad.read_bytes()
+        assert_one_line_error(invoke_cli(*cli_sweep(path, bad, "--resume", seeds="3")), fragment)
+        assert bad.read_bytes() == before
+
+
+def test_a_file_is_written_by_one_sweep_at_a_time(tiny, tmp_path):
+    """Was: two runs on one --out each appended their batches, the records twice. While one holds the file
+    another is refused; once it ends (or closes), the file resumes."""
+    from mlxinfer.engine.results import ResultsFile
+
+    path, _ = tiny
+    out = tmp_path / "r.jsonl"
+    assert invoke_cli(*cli_sweep(path, out, seeds="2")).returncode == 0
+    header = json.loads(out.read_text().splitlines()[0])
+    header.pop("format")
+    held = ResultsFile(out, header, resume=True)
+    before = out.read_bytes()
+    assert_one_line_error(invoke_cli(*cli_sweep(path, out, "--resume", seeds="3")), "being written by another sweep")
+    assert out.read_bytes() == before
+    held.close()
+    assert invoke_cli(*cli_sweep(path, out, "--resume", seeds="3")).returncode == 0
+
+
+def test_a_header_alone_left_by_a_kill_is_no_result_to_resume(tiny, tmp_path):
+    """A run killed before its first batch leaves the header only: the same command runs again without
+    --resume (it said the file "already holds results")."""
+    path, _ = tiny
+    out = tmp_path / "r.jsonl"
+    assert invoke_cli(*cli_sweep(path, out, seeds="2")).returncode == 0
+    want = out.read_bytes()
+    out.write_bytes(want.splitlines(keepends=True)[0])
+    assert invoke_cli(*cli_sweep(path, out, seeds="2")).returncode == 0
+    assert out.read_bytes() == want
+
+
+def test_an_exact_sweeps_walk_and_stop_strings_are_part_of_what_a_resume_must_match(tiny, tmp_path):
+    """exact_prob depends on the grouping and the walk's bounds, and the texts on the stop strings: a resume
+    with other ones, or without them, would mix records of two experiments in one file."""
+    path, _ = tiny
+    out = tmp_path / "r.jsonl"
+    exact = ["--exact", "--group", "text", "--max-nodes", "20"]
+    assert invoke_cli(*cli_sweep(path, out, *exact, seeds="2")).returncode == 0
+    before = out.read_bytes()
+    for changed in (["--exact", "--group", "first-word", "--max-nodes", "20"], [], ["--stop", "x", *exact]):
+        result = invoke_cli(*cli_sweep(path, out, "--resume", *changed, seeds="3"))
+        assert_one_line_error(result, "holds another sweep")
+        assert out.read_bytes() == before
+    assert invoke_cli(*cli_sweep(path, out, "--resume", *exact, seeds="3")).returncode == 0

@@ -12,16 +12,17 @@ from mlxinfer_cli.common import counted, load_model, print_json, stdout_console
 from mlxinfer_cli.options import chat_kwargs, exact_kwargs, max_tokens_option, parse_numbers, settings, stop, takes
 
 SHOWN = 20  # answers in the table
+DEFAULT_TEMPS = ",".join(f"{t:g}" for t in defaults.TOPK_TEMPERATURES)
 
 
 @takes("prompt", "model", "chat", "sampling", "stop", "schema", "grouping", "walk", "json")
 def answers(
     temps: List[str] = typer.Option(
-        [",".join(f"{t:g}" for t in defaults.TOPK_TEMPERATURES)],
+        [DEFAULT_TEMPS],
         "--temps",
         "-t",
-        help="Columns: a list of temperatures, one column each: '0.5,1,1.5' or the option repeated (--temp, "
-        "the sampler's one temperature, replaces them; the other sampler settings apply to all).",
+        help="Columns: a list of temperatures, one column each: '0.5,1,1.5' or the option repeated (or --temp, "
+        "the sampler's one temperature, instead; the other sampler settings apply to all).",
     ),
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per answer at most, as in sample."),
     batch_size: int = typer.Option(defaults.ANSWERS_BATCH_SIZE, "--batch-size", help="Paths per forward pass."),
@@ -34,6 +35,8 @@ def answers(
     import mlxinfer
 
     sampling = settings(options)
+    if "temperature" in sampling and temps != [DEFAULT_TEMPS]:  # was: --temps dropped without a word
+        raise mlxinfer.MlxinferError("give the temperatures with --temps or one with --temp, not both")
     if "temperature" in sampling:
         temperatures = [sampling.pop("temperature")]
     else:

@@ -90,11 +90,16 @@ def render(report) -> None:
     for row in report.tally:
         cells = [repr(row.answer), str(row.count), f"{row.share:.1%}"]
         if exact:
-            cells += [f"{row.share_low:.1%}-{row.share_high:.1%}", f"{row.exact:.2%}"]
+            cells += [f"{row.share_low:.1%}-{row.share_high:.1%}", exact_cell(row.exact, report.exact["remainder"])]
         t.add_row(*cells)
     console.print(t)
     if exact:
         console.print(exact_line(report.exact), highlight=False)
+
+
+def exact_cell(p: float | None, remainder: float) -> str:
+    """An answer's exact probability; one the walk did not reach is at most its remainder."""
+    return f"{p:.2%}" if p is not None else f"<= {remainder:.2%}"
 
 
 def exact_line(exact: dict) -> str:

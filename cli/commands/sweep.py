@@ -12,7 +12,7 @@ from mlxinfer import GRID_FIELDS, defaults
 
 from mlxinfer_cli import flags
 from mlxinfer_cli.common import load_model, other_rank, print_json, progress_bar, sharding_line, stdout_console
-from mlxinfer_cli.commands.sample import exact_line
+from mlxinfer_cli.commands.sample import exact_cell, exact_line
 from mlxinfer_cli.options import (
     chat_kwargs,
     exact_kwargs,
@@ -137,7 +137,7 @@ def render(report) -> None:
                 f"{a.share_low:.1%}-{a.share_high:.1%}",
                 repr(a.first_token_text),
                 f"{a.first_token_prob:.1%}",
-                *([f"{a.exact:.2%}"] if cell.exact else []),
+                *([exact_cell(a.exact, cell.exact["remainder"])] if cell.exact else []),
             )
         console.print(t)
         if cell.exact:

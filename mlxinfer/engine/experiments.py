@@ -37,13 +37,19 @@ def tally(completions: list[Completion], key_of: Callable[[str, Optional[int]], 
     return [Tally(answer, k, k / total, dict(texts[answer].most_common())) for answer, k in counts.most_common()]
 
 
+def exact_of(probs: dict[str, float], answer: str, remainder: float) -> float | None:
+    """An answer's exact probability from a walk: None where the walk did not reach it and left a remainder
+    (it is at most that); 0 only where the walk was complete."""
+    return probs.get(answer, 0.0 if remainder <= 0 else None)
+
+
 def check_against_exact(report: SampleReport, exact, shown_unseen: int = 10) -> None:
     """Each tally row's exact probability and the 95% interval of its share, the likeliest answers no seed
     drew (count 0), and a G-test of the whole tally against the exact distribution (summary.g_test)."""
     probs = {a.answer: a.probs[0] for a in exact.answers}
     n = len(report.completions)
     for row in report.tally:
-        row.exact = probs.get(row.answer, 0.0)
+        row.exact = exact_of(probs, row.answer, exact.mass[0].remainder)
         row.share_low, row.share_high = wilson(row.count, n)
     drawn = {row.answer for row in report.tally}
     unseen = [a for a in exact.answers if a.answer not in drawn][:shown_unseen]

@@ -3,7 +3,8 @@
     first-word   the first word, case and punctuation folded: "Basil", "basil." and "Basil, of course"
                  are one answer, "basil" (the default)
     text         the whole text, stripped of surrounding space: "Basil" and "Basil." are two answers
-    first-token  the first token drawn, as its text
+    first-token  the first token drawn, as its text (a token that is part of a character decodes to U+FFFD,
+                 as several others do: its id is added, "\ufffd #163", so that different tokens stay apart)
 
 first-word is the default because the lessons' prompts ask for one word ("Answer with one word."), and a
 model writes that word with or without a capital, a full stop or a few words after it within the token
@@ -36,7 +37,10 @@ def answer_key(text: str, first_token: Optional[int], group: str = defaults.ANSW
     if group == "first-word":
         word = _WORD.search(text)
         return word.group(0).casefold() if word else text.strip()
-    return decode(first_token) if decode is not None and first_token is not None else text.strip()
+    if decode is None or first_token is None:
+        return text.strip()
+    shown = decode(first_token)
+    return f"{shown} #{first_token}" if "\ufffd" in shown else shown
 
 
 def keyer(group: str, decode: Optional[Callable[[int], str]] = None) -> Callable[[str, Optional[int]], str]:

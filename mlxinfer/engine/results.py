@@ -25,6 +25,7 @@ from ..views import SweepRecord
 
 FORMAT = "mlxinfer-sweep/1"
 RECORD_FIELDS = [f.name for f in fields(SweepRecord) if f.default is MISSING]  # exact_prob: an exact sweep's only
+ALL_FIELDS = {f.name for f in fields(SweepRecord)}
 
 
 def record_key(record: dict) -> tuple[int, int, int]:
@@ -43,6 +44,9 @@ def record_problem(record, header: dict) -> str | None:
     missing = [k for k in RECORD_FIELDS if k not in record]
     if missing:
         return f"it has no {missing[0]}"
+    extra = [k for k in record if k not in ALL_FIELDS]
+    if extra:  # was: every draw made and appended, then a TypeError traceback building the report
+        return f"it has a field no record has, {_shown(extra[0])}"
     prompts, settings = header.get("prompts") or [], header.get("settings") or []
     hashes = header.get("prompt_sha256") or []
     vocab, most = (header.get("model") or {}).get("vocab_size") or 0, header.get("max_tokens") or 0
@@ -85,15 +89,28 @@ def _shown(value) -> str:
 class ResultsFile:
     """Open (or create) `path` for the experiment `header` describes; `done` holds what it already has."""
 
-    def __init__(self, path: str | os.PathLike, header: dict, resume: bool, param: str = "out"):
+    def __init__(self, path: str | os.PathLike, header: dict, resume: bool, param: str = "out", lock: bool = True):
+        """lock: hold the file for this run (another run on it is refused until this one ends or `close`s)."""
         self.path = Path(path).expanduser()
         self.header = {"format": FORMAT, **header}
         self.done: dict[tuple[int, int, int], dict] = {}
         self.created = self.appended = False
         self.texts_fresh = False  # written before a plain prompt's texts continued it: resume keeps that rule
-        exists = self.path.is_file() and self.path.stat().st_size > 0
+        self._lock: int | None = None
         if self.path.exists() and not self.path.is_file():
             raise MlxinferError(f"{param} {self.path} is not a file; choose a .jsonl path", param)
+        if lock and self.path.is_file():
+            self._hold(param)
+        try:
+            self._open(resume, param, lock)
+        except BaseException:
+            self.close()
+            raise
+
+    def _open(self, resume: bool, param: str, lock: bool) -> None:
+        if self.path.is_file() and not resume and self._header_only():  # left by a run killed before its first
+            os.truncate(self.path, 0)  # batch: no results, so nothing to resume
+        exists = self.path.is_file() and self.path.stat().st_size > 0
         if exists and not resume:
             raise MlxinferError(
                 f"{param} {self.path} already holds results; pass resume to continue that sweep, "
@@ -106,6 +123,40 @@ class ResultsFile:
         else:  # a new file, or an empty one (touched by hand, or left by a run killed at once)
             self.created = not self.path.exists()
             self._write_lines([self.header], create=self.created, param=param)
+            if lock and self._lock is None:
+                self._hold(param)
+
+    def _hold(self, param: str) -> None:
+        """An exclusive lock on the file for as long as this run has it open: two runs appending to one file
+        interleaved their batches (the records twice)."""
+        import fcntl
+
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise MlxinferError(
+                f"{param} {self.path} is being written by another sweep; wait for it to end, or write to another file",
+                param,
+            ) from None
+        self._lock = fd
+
+    def close(self) -> None:
+        """Let go of the file's lock (a process's end does too)."""
+        if self._lock is not None:
+            os.close(self._lock)
+            self._lock = None
+
+    def _header_only(self) -> bool:
+        with open(self.path, "rb") as f:
+            data = f.read(1 << 20)
+        if data.count(b"\n") != 1 or not data.endswith(b"\n"):
+            return False
+        try:
+            return json.loads(data).get("format") == FORMAT
+        except (ValueError, AttributeError, RecursionError):
+            return False
 
     def _read(self, param: str) -> None:
         data = self.path.read_bytes()
@@ -120,14 +171,15 @@ class ResultsFile:
         self.texts_fresh = "continues" in self.header and "continues" not in stored
         same_anyway = ("seeds", "continues") if self.texts_fresh else ("seeds",)
         want = json.loads(json.dumps(self.header))  # as the file holds it: logit_bias's token ids as strings
-        differs = [k for k in want if k not in same_anyway and stored.get(k) != want[k]]
+        # both ways: a field only the file has (stop strings, an exact sweep's) is a difference too
+        differs = [k for k in {**want, **stored} if k not in same_anyway and stored.get(k) != want.get(k)]
         if differs:
             raise MlxinferError(
                 f"{param} {self.path} holds another sweep (its {differs[0]!r} field differs); "
                 "write to another file or run with that sweep's options",
                 param,
             )
-        done = {}
+        done, where = {}, {}
         for n, line in enumerate(lines[1:], start=2):  # every line checked before anything is written
             if not line.strip():  # a blank line (an editor's, or `echo >>`) holds no record
                 continue
@@ -136,6 +188,9 @@ class ResultsFile:
             except (ValueError, RecursionError):
                 record = None
             wrong = "it is not JSON" if record is None else record_problem(record, want)
+            if not wrong and record_key(record) in where:  # was: the last one counted, the earlier one lost
+                p, s, seed = record_key(record)
+                wrong = f"it repeats line {where[record_key(record)]}'s prompt {p}, settings {s} and seed {seed}"
             if wrong:
                 raise MlxinferError(
                     f"{param} {self.path}: line {n} is not a completion record of this sweep ({wrong}); the file was "
@@ -143,6 +198,7 @@ class ResultsFile:
                     param,
                 )
             done[record_key(record)] = record
+            where[record_key(record)] = n
         self.done.update(done)
         if end < len(data):  # a line torn by a kill in the middle of a write: the batch it belonged to is redone
             with open(self.path, "r+b") as f:

@@ -109,10 +109,10 @@ def summarize(
         walk = (exact or {}).get((p, s))
         if walk is not None:
             probs_of = {a.answer: a.probs[0] for a in walk.answers}
-            for a in answers:
-                a.exact = probs_of.get(a.answer, 0.0)
-            counts = {a.answer: a.count for a in answers}
             remainder = walk.mass[0].remainder
+            for a in answers:
+                a.exact = probs_of.get(a.answer, 0.0 if remainder <= 0 else None)  # None: not reached, <= remainder
+            counts = {a.answer: a.count for a in answers}
             cell.exact = {"remainder": remainder, "stopped": walk.stopped, **g_test(counts, probs_of, remainder, n)}
         out.append(cell)
     return out

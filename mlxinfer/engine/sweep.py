@@ -281,66 +281,77 @@ def sweep(
     )
     size = check_batch_size(batch_size)
     check_walk(min_mass, max_nodes, group, max_seconds)  # also where exact is off: a bad value is never ignored
+    if exact:  # what each record's exact_prob depends on: a resume with other values would mix them
+        plan.header["exact"] = {"group": group, "min_mass": min_mass, "max_nodes": max_nodes}
     check_progress(progress)
     seed_ranks = rank_group.seed_group(model)
     rank, ranks = seed_ranks.rank(), seed_ranks.size()
     everyone = rank_group.group()
     split = model.info.sharding is not None  # the model is split across the ranks: all run every seed
     done, part = _resume(plan, out, resume, seed_ranks, everyone, split)
-    _check_resumed(tokenizer, plan, done, out)
-    pending = [
-        (p, s, seed)
-        for p in range(len(plan.ids))
-        for s in range(len(plan.settings))
-        for k, seed in enumerate(plan.seeds)
-        if k % ranks == rank and (p, s, seed) not in done
-    ]
-    walks = {}
-    if exact:  # before the draws, so that each record is written with its answer's exact probability
-        options = dict(max_tokens=plan.max_tokens, stop=plan.stop or None, min_mass=min_mass, max_nodes=max_nodes,
-                       max_seconds=max_seconds)  # fmt: skip
-        with results.stop_cleanly_on_sigterm(), _discarded_if_unused(part):  # as the draws: a failure leaves no file
-            for p, s in itertools.product(range(len(plan.ids)), range(len(plan.settings))):
-                walks[p, s] = answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]],
-                                      batch_size=batch_size, group=group, **options)  # fmt: skip
-                if walks[p, s].stopped == "interrupted":  # Ctrl-C stops the sweep: no record with a partial walk's
-                    raise KeyboardInterrupt  # probabilities is written
+    try:  # the results file's lock is let go however the run ends
+        _check_resumed(tokenizer, plan, done, out)
+        pending = [
+            (p, s, seed)
+            for p in range(len(plan.ids))
+            for s in range(len(plan.settings))
+            for k, seed in enumerate(plan.seeds)
+            if k % ranks == rank and (p, s, seed) not in done
+        ]
+        walks = {}
+        if exact:  # before the draws, so that each record is written with its answer's exact probability
+            options = dict(max_tokens=plan.max_tokens, stop=plan.stop or None, min_mass=min_mass, max_nodes=max_nodes,
+                           max_seconds=max_seconds)  # fmt: skip
+            with (
+                results.stop_cleanly_on_sigterm(),
+                _discarded_if_unused(part),
+            ):  # as the draws: a failure leaves no file
+                for p, s in itertools.product(range(len(plan.ids)), range(len(plan.settings))):
+                    walks[p, s] = answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]],
+                                          batch_size=batch_size, group=group, **options)  # fmt: skip
+                    if walks[p, s].stopped == "interrupted":  # Ctrl-C stops the sweep: no record with a partial walk's
+                        raise KeyboardInterrupt  # probabilities is written
 
-    def annotate(record: dict) -> dict:
-        walk = walks.get((record["prompt_index"], record["settings_index"]))
-        if walk is not None:
-            key = key_of(record["text"], record["tokens"][0] if record["tokens"] else None)
-            record["exact_prob"] = next((a.probs[0] for a in walk.answers if a.answer == key), 0.0)
-        return record
+        def annotate(record: dict) -> dict:
+            walk = walks.get((record["prompt_index"], record["settings_index"]))
+            if walk is not None:
+                key = key_of(record["text"], record["tokens"][0] if record["tokens"] else None)
+                found = next((a.probs[0] for a in walk.answers if a.answer == key), None)
+                if found is not None or walk.mass[0].remainder <= 0:  # not reached: at most the remainder, unknown
+                    record["exact_prob"] = found or 0.0
+            return record
 
-    start = time.perf_counter()
-    new = _draw_pending(model, tokenizer, plan, pending, size, part, progress, annotate)
-    seconds = time.perf_counter() - start
-    merged = _gather(plan, list(done.values()) + new, out, part, seed_ranks)
-    asked = set(plan.seeds)  # a resumed file may hold more seeds than this run asks for: they stay in the file
-    merged = [r for r in merged if r["seed"] in asked]
-    counts = [len(new), sum(len(r["tokens"]) for r in new)]
-    if ranks > 1:  # the whole experiment's figures: sums over ranks, the slowest rank's time
-        counts = [int(c) for c in mx.distributed.all_sum(mx.array(counts), group=seed_ranks).tolist()]
-        seconds = max(mx.distributed.all_gather(mx.array([seconds]), group=seed_ranks).tolist())
-    report = SweepReport(
-        model.info.name,
-        model.info.definition,
-        None if out is None else str(out),
-        everyone.size() if split else ranks,
-        len(merged),
-        counts[0],
-        len(merged) - counts[0],
-        counts[1],
-        seconds,
-        counts[1] / max(seconds, 1e-9),
-        size,
-        records=[SweepRecord(**r) for r in merged],
-        sharding=model.info.sharding,
-    )
-    cell_settings = [s.to_dict() for s in plan.settings]
-    report.cells = summarize(merged, plan.texts, cell_settings, lambda t: tokenizer.decode([t]), key_of, walks)
-    return report
+        start = time.perf_counter()
+        new = _draw_pending(model, tokenizer, plan, pending, size, part, progress, annotate)
+        seconds = time.perf_counter() - start
+        merged = _gather(plan, list(done.values()) + new, out, part, seed_ranks)
+        asked = set(plan.seeds)  # a resumed file may hold more seeds than this run asks for: they stay in the file
+        merged = [r for r in merged if r["seed"] in asked]
+        counts = [len(new), sum(len(r["tokens"]) for r in new)]
+        if ranks > 1:  # the whole experiment's figures: sums over ranks, the slowest rank's time
+            counts = [int(c) for c in mx.distributed.all_sum(mx.array(counts), group=seed_ranks).tolist()]
+            seconds = max(mx.distributed.all_gather(mx.array([seconds]), group=seed_ranks).tolist())
+        report = SweepReport(
+            model.info.name,
+            model.info.definition,
+            None if out is None else str(out),
+            everyone.size() if split else ranks,
+            len(merged),
+            counts[0],
+            len(merged) - counts[0],
+            counts[1],
+            seconds,
+            counts[1] / max(seconds, 1e-9),
+            size,
+            records=[SweepRecord(**r) for r in merged],
+            sharding=model.info.sharding,
+        )
+        cell_settings = [s.to_dict() for s in plan.settings]
+        report.cells = summarize(merged, plan.texts, cell_settings, lambda t: tokenizer.decode([t]), key_of, walks)
+        return report
+    finally:
+        if part is not None:
+            part.close()
 
 
 def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
@@ -350,7 +361,7 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     done: dict = {}
     opened = []
     if ranks > 1 and out is not None and resume and Path(out).expanduser().is_file():
-        opened.append(results.ResultsFile(out, plan.header, resume=True))  # what an earlier run merged
+        opened.append(results.ResultsFile(out, plan.header, resume=True, lock=False))  # what an earlier run merged
         done.update(opened[-1].done)
     part, failure = None, None
     try:
