@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import math
 import sys
 from typing import Any
 
@@ -26,7 +25,10 @@ def print_json(data: Any, *, one_line: bool = False) -> None:
     """Strict JSON: a number that is not finite (a masked token's log-probability, -inf) is null, and
     json.dumps refuses anything else that JSON cannot hold rather than print a bare NaN. one_line: JSON
     Lines, for a command that prints one object per event (chat's replies)."""
-    text = json.dumps(_finite(data), indent=None if one_line else 2, ensure_ascii=not utf8_stdout(), allow_nan=False)
+    import mlxinfer
+
+    data = mlxinfer.strict_json_data(data)
+    text = json.dumps(data, indent=None if one_line else 2, ensure_ascii=not utf8_stdout(), allow_nan=False)
     sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
@@ -40,18 +42,6 @@ def utf8_stdout() -> bool:
         return codecs.lookup(getattr(sys.stdout, "encoding", None) or "ascii").name in ("utf-8", "utf-8-sig")
     except LookupError:
         return False
-
-
-def _finite(obj: Any):
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if hasattr(obj, "to_dict"):
-        return _finite(obj.to_dict())
-    return obj
 
 
 MIN_WIDTH = 60  # a table of a command's output needs this many columns for its cells to show

@@ -69,6 +69,7 @@ _LAZY = {
     "defaults": ("defaults", None),
     "sampler": ("sampler", None),
     "ModelConfig": ("formats.config", "ModelConfig"),
+    "strict_json_data": ("views", "finite"),  # what --json prints: -inf and NaN as None
 }
 
 __all__ = ["MlxinferError", "OutputError", "check_listed_once", "SamplerSettings", "GREEDY", "GRID_FIELDS", *_LAZY]

@@ -18,14 +18,15 @@ class View:
 
 
 def finite(obj: Any):
-    """obj with every float that is not finite as None, through dicts, lists and tuples."""
+    """obj as strict JSON's data: every float that is not finite as None, through dicts, lists, tuples and
+    views (their to_dict())."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
     if isinstance(obj, dict):
         return {k: finite(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [finite(v) for v in obj]
-    return obj
+    return finite(obj.to_dict()) if hasattr(obj, "to_dict") else obj
 
 
 # ----------------------------------------------------------------------------- count
