@@ -51,7 +51,7 @@ run: setup
 test: setup browser
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/python -m pytest -q -n auto --dist loadfile --ignore=tests/test_notebooks.py
+	$(BIN)/python -m pytest -q -n auto --dist loadfile --durations=15 --ignore=tests/test_notebooks.py
 	# the notebooks' Jupyter kernels in a run of their own: one hung once beside the parallel workers
 	$(BIN)/python -m pytest -q tests/test_notebooks.py
 
