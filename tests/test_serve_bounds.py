@@ -422,3 +422,25 @@ def test_the_bounds_are_what_the_docs_say():
         assert f"{value:,} (`{name}`" in page, name
     assert "`max_grammar_size` 200,000" in page
     assert GRAMMAR_LIMITS["max_grammar_size"] == 200_000
+
+
+def test_a_long_prompt_in_an_explorer_call_holds_the_others_for_a_chunk(checkpoint_dir):
+    """Was: the explorer's next-token table and answers walk ran on the engine thread as one call, so a
+    5,000-token prompt there held every stream for its whole prefill (70 s). Now the call's prefill goes in
+    chunks of prefill_budget with the rows in flight stepping between them, and its table is unchanged."""
+    from concurrent.futures import Future
+
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    never_ends = {"temperature": 1.0, "logit_bias": {e: -100 for e in tok.eos_token_ids}}
+    told: list = []
+    request = prepare(model, tok, "The cat", chat=False, max_tokens=60, settings=never_ends)
+    stream = Job(request, [1], lambda kind, i, step: kind == "step" and told.append(step.token))
+    engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
+    engine.close()  # its thread parks: everything runs on this thread
+    engine._admit(stream)
+    long = "The cat sat on the mat. " * 12
+    chunks = -(-len(tok.encode(long)) // 16)
+    future, before = Future(), len(told)
+    engine._run_call(lambda: mlxinfer.next_token_table(model, tok, long, chat=False), future)
+    assert len(told) - before >= chunks - 1  # the stream stepped between every two chunks of the call's prefill
+    assert future.result().rows == mlxinfer.next_token_table(model, tok, long, chat=False).rows

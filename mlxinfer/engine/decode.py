@@ -18,7 +18,9 @@ table: one pass over the weights fewer before the first token.
 
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Callable, Iterator, Optional
 
@@ -82,6 +84,30 @@ def check_context(model, n_prompt: int, extra: int = 0) -> None:
         )
 
 
+_others = threading.local()  # .turn: what others_between_chunks set on this thread
+
+
+@contextmanager
+def others_between_chunks(turn: Callable[[], None], step_size: int):
+    """Within the block, on this thread, every prefill runs in chunks of `step_size` (unless it asks for
+    its own) and calls `turn` between two of them: how the server's engine steps its rows in flight while
+    a function it runs (the explorer's table, an answers walk) prefills a long prompt. A prefill that
+    `turn` itself starts is not interrupted again."""
+
+    def once() -> None:
+        _others.turn = None
+        try:
+            turn()
+        finally:
+            _others.turn = once
+
+    _others.turn, _others.step_size = once, step_size
+    try:
+        yield
+    finally:
+        _others.turn = None
+
+
 def prefill(
     model, ids: list[int], step_size: Optional[int] = None, progress: Optional[Callable[[int, int], None]] = None
 ) -> Prefilled:
@@ -90,6 +116,8 @@ def prefill(
     depend on the chunk: a chunk is one uninterrupted evaluation, so Ctrl-C is heard between two."""
     ids = check_ids(model, ids)
     last_in_chunk = model.info.compute_dtype in ("float32", "quantized", "int8") and hasattr(model, "run_layers")
+    if step_size is None and getattr(_others, "turn", None) is not None:
+        step_size = _others.step_size
     if step_size is None:
         invariant = last_in_chunk and model.info.compute_dtype != "float32"  # the native kernels' paths
         step_size = defaults.PREFILL_CHUNK_CPU if invariant else defaults.PREFILL_CHUNK
@@ -111,6 +139,9 @@ def prefill(
             mx.eval([c.state for c in cache])
         if progress:
             progress(done, len(head))
+        turn = getattr(_others, "turn", None)
+        if turn is not None and done < len(head):
+            turn()
     if logits is None:  # the last prompt token runs alone, as in mlx-lm's generate_step
         logits = model(mx.array(ids[-1:])[None], cache=cache)[:, -1, :]
         mx.eval(logits)
