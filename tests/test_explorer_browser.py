@@ -425,3 +425,35 @@ def test_the_page_groups_answers_by_samples_rule(browser, server):
     )
     assert keys == [[answer_key(t, None, "first-word"), answer_key(t, None, "text")] for t in texts]
     tab.close()
+
+
+def test_bad_values_and_failed_runs_say_so_and_again_asks_what_was_drawn(browser, server):
+    """Was: a typed seed of -3 silently replaced by a random one; 10,000 seeds froze the tab; a run the
+    server refused left "writing..." for ever; "again" redrew with the controls as they were changed since."""
+    tab = Tab(browser, server)
+    page = tab.page
+    tab.type_prompt(HERB)
+    page.click("#tab-generate")
+    for seed in ("-3", "1.5"):
+        page.fill("#gen-seed", seed)
+        page.click("#gen-run")
+        assert "seed must be a whole number" in page.text_content("#error")
+    assert tab.posts("/v1/chat/completions") == 0
+    page.fill("#gen-seed", "7")
+    page.fill("#gen-max", "999999999")  # past the context: the server's 400
+    page.click("#gen-run")
+    page.wait_for_function("() => document.querySelector('#gen-head').textContent.endsWith('failed')", timeout=60_000)
+    assert not page.is_disabled("#gen-run") and page.is_disabled("#gen-stop")
+    page.click("#tab-draws")
+    page.fill("#draw-n", "10000")
+    page.click("#draw-run")
+    assert "at most 256" in page.text_content("#error")
+    page.fill("#draw-n", "2")
+    page.fill("#draw-max", "3")
+    draw(page, 2)
+    first = tab.cells("#draw-table tbody tr")[0][1]
+    page.fill("#draw-max", "6")  # changed after the draw: "again" still asks what was drawn
+    page.click("#draw-table tbody tr:first-child button")
+    page.wait_for_function("() => document.querySelector('#draw-table tbody tr .col-alone').textContent !== 'again'")
+    assert tab.cells("#draw-table tbody tr")[0][3] == "same", first
+    tab.close()

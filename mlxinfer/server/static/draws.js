@@ -39,7 +39,7 @@ export function mount(ctx) {
   async function run() {
     let n, base, max;
     try {
-      n = whole("draw-n", 1);
+      n = whole("draw-n", 1, Number($("draw-n").max));  // was: 10,000 seeds froze the tab
       base = whole("draw-base", 0);
       max = whole("draw-max", 1);
     } catch (e) {
@@ -67,11 +67,15 @@ export function mount(ctx) {
     } catch (e) {
       if (e.name !== "AbortError") ctx.showError(e);
       ctx.status("");
+      for (const d of draws.filter((d) => d.finish === null)) {  // was: "…" for ever
+        d.textCell.textContent = e.name === "AbortError" ? "stopped" : "failed";
+      }
     }
   }
 
   async function drawBatch(rows, max, signal) {
     const { path, body } = openaiRequest(ctx, { max_tokens: max, seed: rows[0].seed, n: rows.length });
+    for (const d of rows) d.asked = { path, body: { ...body, seed: d.seed, n: 1 } };  // "again" asks the same
     for await (const chunk of streamJson(path, body, signal)) {
       for (const c of chunk.choices || []) {
         const d = rows[c.index];
@@ -100,8 +104,7 @@ export function mount(ctx) {
 
   async function alone(d) {
     d.again.disabled = true;
-    const max = Number($("draw-max").value);
-    const { path, body } = openaiRequest(ctx, { max_tokens: max, seed: d.seed, n: 1 });
+    const { path, body } = d.asked;  // the draw's own request (was: the controls as they are now)
     try {
       const r = await postJson(path, body);
       const c = r.choices[0];

@@ -29,9 +29,14 @@ export function mount(ctx) {
     const v = $("gen-seed").valueAsNumber;
     return Number.isInteger(v) && v >= 0 && v <= Number.MAX_SAFE_INTEGER ? v : null;
   };
+  const seedTyped = () => $("gen-seed").value.trim() !== "" || $("gen-seed").validity.badInput;
+  const maxTokens = () => {  // a blank box: what the snippets say too (was: null sent, the server's default)
+    const v = $("gen-max").valueAsNumber;
+    return Number.isInteger(v) && v > 0 ? v : 64;
+  };
   const snippets = () => {
     const seed = seedWanted() ?? lastSeed;
-    const max = $("gen-max").valueAsNumber || 64;
+    const max = maxTokens();
     const flags = ["--max-tokens", max, ...(seed === null ? [] : ["--seed", seed])];
     $("gen-cli").textContent = commandLine(ctx, "generate", flags);
     const { path, body } = openaiRequest(ctx, { max_tokens: max, ...(seed === null ? {} : { seed }) });
@@ -52,12 +57,17 @@ export function mount(ctx) {
   $("gen-stop").addEventListener("click", () => controller && controller.abort());
 
   async function run() {
+    if (seedTyped() && seedWanted() === null) {  // was: a random seed drawn in its place, silently
+      ctx.showError(new Error(`seed must be a whole number from 0 to ${Number.MAX_SAFE_INTEGER}, or blank`));
+      return;
+    }
     if (controller) controller.abort();
-    controller = new AbortController();
+    const mine = new AbortController();
+    controller = mine;
     const seed = seedWanted() ?? randomSeed();
     lastSeed = seed;
     snippets();
-    const max = $("gen-max").valueAsNumber;
+    const max = maxTokens();
     const chat = ctx.prompt().chat;
     const logprobs = chat ? { logprobs: true, top_logprobs: TOP } : { logprobs: TOP };
     const extra = { max_tokens: max, seed, n: 1, ...logprobs, stream_options: { include_usage: true } };
@@ -74,7 +84,7 @@ export function mount(ctx) {
     let count = 0;
     let finish = "";
     try {
-      for await (const chunk of streamJson(path, body, controller.signal)) {
+      for await (const chunk of streamJson(path, body, mine.signal)) {
         if (chunk.usage) count = chunk.usage.completion_tokens;
         for (const c of chunk.choices || []) {
           const text = (c.delta ? c.delta.content : c.text) || "";
@@ -86,11 +96,14 @@ export function mount(ctx) {
       }
       $("gen-head").textContent = `seed ${seed} · ${count} tokens · finish: ${finish}`;
     } catch (e) {
-      if (e.name === "AbortError") $("gen-head").textContent = `seed ${seed} · stopped`;
-      else ctx.showError(e);
+      if (controller !== mine) return;  // a newer run owns the view now (was: its header and buttons reset)
+      $("gen-head").textContent = `seed ${seed} · ${e.name === "AbortError" ? "stopped" : "failed"}`;
+      if (e.name !== "AbortError") ctx.showError(e);
     } finally {
-      $("gen-run").disabled = false;
-      $("gen-stop").disabled = true;
+      if (controller === mine) {
+        $("gen-run").disabled = false;
+        $("gen-stop").disabled = true;
+      }
     }
   }
 
