@@ -233,11 +233,18 @@ def takes(*groups: str) -> Callable:
 def piped_stdin() -> bool:
     """Whether standard input is a pipe or a file (`echo TEXT | mlxinfer topk`, `< prompt.txt`): a
     command given no prompt then reads it, as -p - would. A terminal, /dev/null or none: not."""
+    if launched():  # mlx.launch gives each rank a pipe it never closes: read, it never ends
+        return False
     try:
         mode = os.fstat(sys.stdin.fileno()).st_mode
     except (OSError, ValueError, AttributeError):  # no descriptor (an embedding, a test runner's stream)
         return False
     return stat.S_ISFIFO(mode) or stat.S_ISREG(mode)
+
+
+def launched() -> bool:
+    """Whether this process is a rank that mlx.launch started (it sets MLX_RANK)."""
+    return os.environ.get("MLX_RANK") is not None
 
 
 def name_prompt_source(prompt: Optional[str], prompt_file: Optional[str]) -> None:
@@ -256,6 +263,11 @@ def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:
         )
     if prompt_file == "":  # was: ". is a directory" (the empty path's reading)
         raise mlxinfer.MlxinferError("--prompt-file is empty; give the path of a UTF-8 text file")
+    if prompt == "-" and prompt_file is None and launched():  # was: every rank waited for ever
+        raise mlxinfer.MlxinferError(
+            "-p - reads standard input, which mlx.launch keeps open and never ends for its ranks; "
+            "give the prompt with --prompt-file PATH or -p TEXT"
+        )
     if prompt_file is not None or prompt == "-":
         return mlxinfer.read_prompt(prompt_file if prompt_file is not None else "-")
     if prompt is None:

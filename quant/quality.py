@@ -31,6 +31,7 @@ from mlxinfer.formats.sources import is_embedded, resolve
 from mlxinfer.model.convert import to_float32
 from mlxinfer.model.params import unpacked_parameter_count
 from mlxinfer.model.finite import check_scores
+from mlxinfer.sampler import log_softmax
 
 from . import affine
 from .export import load, source_bytes
@@ -215,7 +216,7 @@ def _log_probs(model: nn.Module, window: list[int]) -> mx.array:
     paths, not the nodes the served numbers come from: on int8, top-1 96.6% where the served 96.9%)."""
     logits = model(mx.array([window]), cache=model.make_cache())[0, :-1].astype(mx.float32)
     check_scores(model, window, logits)  # NaN or inf: an error naming the first bad layer, not a NaN report
-    lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    lp = log_softmax(logits, model.info.cpu_kernels)  # as `tokens` reads it (MLX's CPU logsumexp ran ~1e-4 low)
     mx.eval(lp)
     return lp
 

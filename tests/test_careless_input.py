@@ -195,3 +195,28 @@ def test_blank_lines_in_a_results_file_resume(sweep_file, tmp_path):
     assert result.returncode == 0, result.stderr
     records = [json.loads(x) for x in out.read_text().splitlines() if x.strip()]
     assert sorted(map(json.dumps, records)) == sorted(json.dumps(json.loads(x)) for x in whole.decode().splitlines())
+
+
+@pytest.mark.parametrize("command", ["topk", "tokens"])
+def test_a_prompt_far_past_the_context_is_refused_from_its_first_part(command, tmp_path):
+    """topk and tokens encoded a 12 MB prompt whole (17 s) before refusing it; generate, sample and the rest
+    refused it from its first part. Now they all do."""
+    huge = tmp_path / "huge.txt"
+    huge.write_text("the cat " * 1_500_000)
+    result = invoke_cli(command, "--prompt-file", str(huge), "--no-chat")
+    assert_one_line_error(result, "in its first", "context")
+
+
+def test_quality_and_tokens_give_one_perplexity(tmp_path):
+    """quality read MLX's CPU logsumexp (~1.2e-4 low), tokens the exact log-softmax: 33.625 against 33.629
+    on the same text and weights. Both now read the same."""
+    import mlxinfer
+    import mlxinfer_quant
+
+    source = os.path.join(os.path.dirname(__file__), "..", "quant", "data", "eval.txt")
+    text = tmp_path / "short.txt"
+    text.write_text(open(source).read()[:1400])
+    model, tok = mlxinfer.load("embedded@float32")
+    want = mlxinfer.prompt_logprobs(model, tok, text.read_text(), chat=False).perplexity
+    report = mlxinfer_quant.evaluate("embedded@float32", ["embedded"], text=text)
+    assert abs(report.reference.perplexity - want) < 1e-6 * want, (report.reference.perplexity, want)

@@ -290,3 +290,17 @@ def test_ranks_that_disagree_on_the_model(checkpoint_dir, tmp_path):
     )
     assert_one_line_error(r0, "rank 1 could not open the model")
     assert_one_line_error(r1, "no model at")
+
+
+@pytest.mark.slow
+def test_fewer_seeds_than_ranks_and_standard_input_under_mlx_launch(float32_checkpoint, tmp_path):
+    """Was: `sample --seeds 1` on two ranks a traceback on the rank with no seed (max() of nothing); `-p -`
+    (and a command given no prompt) waited for ever on the pipe mlx.launch holds open for its ranks."""
+    path = str(float32_checkpoint("llama"))
+    args = ["-m", path, "--compute-dtype", "bfloat16", "--seeds", "5:6", "--max-tokens", "4", "--json"]
+    single = json.loads(invoke_cli("sample", "-p", FRUIT, *args).stdout)
+    done = launch("-m", "mlxinfer", "sample", "-p", FRUIT, *args)
+    assert "Traceback" not in done.stderr, done.stderr
+    assert [c["text"] for c in json.loads(done.stdout)["completions"]] == [c["text"] for c in single["completions"]]
+    held = launch("-m", "mlxinfer", "generate", "-m", path, "-p", "-", "--max-tokens", "2", timeout=120)
+    assert "mlx.launch keeps open" in held.stderr and "Traceback" not in held.stderr, held.stderr

@@ -150,7 +150,10 @@ class AnswerWalk:
     def __init__(self, model, tokenizer, request, settings, min_mass, max_nodes, batch_size, group, progress=None,
                  max_seconds=None):  # fmt: skip
         if getattr(model.info, "sharding", None):
-            raise MlxinferError("answers runs in one process; load the model without a group", "source")
+            raise MlxinferError(
+                "answers runs in one process: run it without mlx.launch (in Python, load the model without a group)",
+                "source",
+            )
         self.model, self.tokenizer, self.request, self.settings = model, tokenizer, request, settings
         self.min_mass, self.max_nodes, self.batch_size, self.progress = min_mass, max_nodes, batch_size, progress
         self.max_seconds = max_seconds

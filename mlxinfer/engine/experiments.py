@@ -125,7 +125,10 @@ def sample(
     specs = [request.row(seed) for seed in mine]
     completions: list[Optional[Completion]] = [None] * len(specs)
     done = 0
-    for live, step in prefill_and_decode(model, tokenizer, request.ids, specs, batch_size=size, step_logprobs=False):
+    steps = (
+        prefill_and_decode(model, tokenizer, request.ids, specs, batch_size=size, step_logprobs=False) if specs else []
+    )
+    for live, step in steps:  # a rank with no seed of its own (fewer seeds than ranks) draws nothing
         if step.token is not None:
             continue
         i, row = live.index, live.result

@@ -44,9 +44,10 @@ def prompt_logprobs(
     check_pair(model, tokenizer)
     if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MOST_ALTERNATIVES:
         raise MlxinferError(f"top must be a whole number from 0 to {MOST_ALTERNATIVES}, got {top!r}", "top")
-    ids = encode_prompt(
-        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
-    )
+    ids = encode_prompt(  # a text far past the context is refused from its first part, not encoded whole
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens,
+        context=model.config.max_position_embeddings,
+    )  # fmt: skip
     ids = check_ids(model, ids)
     pieces = [tokenizer.decode([t]) for t in ids]
     tokens = [PromptToken(0, ids[0], pieces[0], None, None, None, [])]

@@ -157,9 +157,10 @@ def next_token_table(
     resolved = None
     if settings is not None or explain_sampler:
         resolved = resolve_settings(settings, model.info.generation_config)
-    ids = encode_prompt(
-        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens
-    )
+    ids = encode_prompt(  # a text far past the context is refused from its first part, not encoded whole
+        tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens,
+        context=model.config.max_position_embeddings,
+    )  # fmt: skip
     scores = next_token_scores(model, ids)
 
     def decode(i: int) -> str:
