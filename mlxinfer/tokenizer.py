@@ -68,6 +68,13 @@ def vocabulary(tokenizer) -> str:
     return cached
 
 
+def system_message(prompt) -> dict | None:
+    """The system message among chat messages (None for text, token ids, or messages without one)."""
+    if not isinstance(prompt, (list, tuple)):
+        return None
+    return next((m for m in prompt if isinstance(m, dict) and m.get("role") == "system"), None)
+
+
 def _quiet_transformers() -> None:
     """transformers warns about lengths we check ourselves (against the model's context)."""
     import mlx_lm  # noqa: F401  (first: it turns off transformers' "PyTorch was not found" advice on stderr)
@@ -279,7 +286,7 @@ def encode_prompt(
         raise MlxinferError(f"system must be text or None, got {type(system).__name__}", "system")
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         messages = _checked_messages(prompt)
-        if system is not None and any(m["role"] == "system" for m in messages):  # was: system= dropped
+        if system is not None and system_message(messages) is not None:  # was: system= dropped
             raise MlxinferError("system is given twice: as system and as a system message; drop one", "system")
         if system is not None:
             messages.insert(0, {"role": "system", "content": system})

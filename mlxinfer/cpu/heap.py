@@ -58,6 +58,7 @@ def huge_pages(arrays) -> dict:
     Every 2 MiB span an array touches is advised, so a span may hold a neighbour's bytes too: the
     same memory, on a larger page. What was done, as data (also in `state()`)."""
     refused = _refusal() or _thp_refusal()
+    _huge.clear()
     if refused:
         _huge.update(applied=False, reason=refused)
         return dict(_huge)
@@ -72,14 +73,14 @@ def huge_pages(arrays) -> dict:
         libc.madvise(s * HUGE, HUGE, MADV_HUGEPAGE) == 0 and libc.madvise(s * HUGE, HUGE, MADV_COLLAPSE) == 0
         for s in sorted(spans)
     )
-    _huge.clear()
     _huge.update(applied=collapsed > 0, spans=len(spans), collapsed=collapsed)
     return dict(_huge)
 
 
 def _thp_refusal() -> str | None:
     try:
-        mode = open("/sys/kernel/mm/transparent_hugepage/enabled").read()
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            mode = f.read()
     except OSError:
         return "no transparent huge pages in this kernel"
     return "transparent huge pages are [never]" if "[never]" in mode else None

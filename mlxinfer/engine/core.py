@@ -26,9 +26,8 @@ it (text, Steps) when it tells its caller; the two may be a step apart.
 
 from __future__ import annotations
 
-import math
-
 import copy
+import math
 from dataclasses import dataclass, field
 from typing import Any, Optional
 

@@ -22,7 +22,7 @@ from .answers import answers, check_walk
 from .decode import check_progress, prefill_and_decode
 from .grouping import keyer
 from .request import check_batch_size, prepare, seed_list
-from .summary import g_test, wilson
+from .summary import exact_of, g_test, wilson
 
 
 def tally(completions: list[Completion], key_of: Callable[[str, Optional[int]], str]) -> list[Tally]:
@@ -35,12 +35,6 @@ def tally(completions: list[Completion], key_of: Callable[[str, Optional[int]], 
         texts.setdefault(key, Counter())[c.text] += 1
     total = len(completions)
     return [Tally(answer, k, k / total, dict(texts[answer].most_common())) for answer, k in counts.most_common()]
-
-
-def exact_of(probs: dict[str, float], answer: str, remainder: float) -> float | None:
-    """An answer's exact probability from a walk: None where the walk did not reach it and left a remainder
-    (it is at most that); 0 only where the walk was complete."""
-    return probs.get(answer, 0.0 if remainder <= 0 else None)
 
 
 def check_against_exact(report: SampleReport, exact, shown_unseen: int = 10) -> None:

@@ -17,7 +17,7 @@ from .. import defaults
 from ..errors import MlxinferError, check_bool
 from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
-from ..tokenizer import encode_prompt, vocabulary
+from ..tokenizer import encode_prompt, system_message, vocabulary
 from .constrain import CompiledSchema, compile_schema
 from .core import RowSpec, continues
 from .decode import check_context
@@ -101,10 +101,8 @@ def prepare(
             "chat=False",
             "json_schema",
         )
-    has_system = isinstance(prompt, (list, tuple)) and any(
-        isinstance(m, dict) and m.get("role") == "system" for m in prompt
-    )
-    if constraint is not None and constraint.tool is not None and system is None and not has_system:
+    own = system_message(prompt) is not None
+    if constraint is not None and constraint.tool is not None and system is None and not own:
         system = tool_system(constraint.tool)  # the messages' own system message, where there is one, stands
     resolved, note = resolve_settings(settings, model.info.generation_config)
     check_logit_bias(resolved.logit_bias, model.config.vocab_size)  # here, before a row is queued

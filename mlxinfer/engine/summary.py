@@ -54,6 +54,12 @@ def first_token_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[f
     return statistic, dof, float(chi2.sf(statistic, dof))
 
 
+def exact_of(probs: dict[str, float], answer: str, remainder: float) -> float | None:
+    """An answer's exact probability from a walk: None where the walk did not reach it and left a remainder
+    (it is at most that); 0 only where the walk was complete."""
+    return probs.get(answer, 0.0 if remainder <= 0 else None)
+
+
 def g_test(counts: dict[str, int], exact: dict[str, float], remainder: float, n: int) -> dict:
     """The G-test (likelihood ratio) of observed answer counts against their exact probabilities:
     answers expected fewer than MIN_EXPECTED times, those never listed, and the walk's remainder are
@@ -111,7 +117,7 @@ def summarize(
             probs_of = {a.answer: a.probs[0] for a in walk.answers}
             remainder = walk.mass[0].remainder
             for a in answers:
-                a.exact = probs_of.get(a.answer, 0.0 if remainder <= 0 else None)  # None: not reached, <= remainder
+                a.exact = exact_of(probs_of, a.answer, remainder)
             counts = {a.answer: a.count for a in answers}
             cell.exact = {"remainder": remainder, "stopped": walk.stopped, **g_test(counts, probs_of, remainder, n)}
         out.append(cell)

@@ -44,7 +44,7 @@ from .decode import Prefilled, check_progress, decode, prefill
 from .answers import answers, check_walk
 from .grouping import keyer
 from .request import check_batch_size, prepare, seed_list, stop_strings
-from .summary import summarize
+from .summary import exact_of, summarize
 
 
 def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence | None) -> list[dict]:
@@ -312,13 +312,15 @@ def sweep(
                     if walks[p, s].stopped == "interrupted":  # Ctrl-C stops the sweep: no record with a partial walk's
                         raise KeyboardInterrupt  # probabilities is written
 
+        probs = {cell: {a.answer: a.probs[0] for a in walk.answers} for cell, walk in walks.items()}
+
         def annotate(record: dict) -> dict:
-            walk = walks.get((record["prompt_index"], record["settings_index"]))
-            if walk is not None:
+            cell = record["prompt_index"], record["settings_index"]
+            if cell in walks:
                 key = key_of(record["text"], record["tokens"][0] if record["tokens"] else None)
-                found = next((a.probs[0] for a in walk.answers if a.answer == key), None)
-                if found is not None or walk.mass[0].remainder <= 0:  # not reached: at most the remainder, unknown
-                    record["exact_prob"] = found or 0.0
+                prob = exact_of(probs[cell], key, walks[cell].mass[0].remainder)
+                if prob is not None:  # None: the walk did not reach it (at most its remainder): none written
+                    record["exact_prob"] = prob
             return record
 
         start = time.perf_counter()

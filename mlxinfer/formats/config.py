@@ -287,18 +287,24 @@ def _number(d: dict, name: str, default: float, where: str, low: float, high: fl
     return float(value)
 
 
+def quantization_blocks(quant: dict) -> list[tuple[str, dict]]:
+    """MLX's quantization block as ("", the global entry) and (module path, its override) for each
+    per-module override that is a dict."""
+    return [("", quant), *((k, v) for k, v in quant.items() if isinstance(v, dict))]
+
+
 def _check_quantization(quant, where: str) -> None:
     """MLX's block: global bits and group_size, then per-module overrides (a dict of both, or true/false)."""
     need = f"{where}: 'quantization' needs 'bits' in {QUANT_BITS} and 'group_size' in {QUANT_GROUPS}"
     if not isinstance(quant, dict):
         raise _WrongValue(f"{need}, got {_short(quant)}")
-    for key, value in [("", quant), *((k, v) for k, v in quant.items() if isinstance(v, dict))]:
+    for key, value in quantization_blocks(quant):
         if value.get("bits") not in QUANT_BITS or value.get("group_size") not in QUANT_GROUPS:
             raise _WrongValue(f"{need}{f' (for {key!r})' if key else ''}, got {_short(value)}")
     for key in ("bits", "group_size"):
         if isinstance(quant[key], bool):
             raise _WrongValue(f"{need}, got {_short(quant)}")
-    for key, value in [("", quant), *((k, v) for k, v in quant.items() if isinstance(v, dict))]:
+    for key, value in quantization_blocks(quant):
         if value.get("mode", "affine") not in QUANT_MODES:
             raise _WrongValue(
                 f"{where}: 'quantization' mode {_short(value.get('mode'))}{f' (for {key!r})' if key else ''} is "

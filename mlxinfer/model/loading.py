@@ -11,7 +11,7 @@ from mlx.utils import tree_flatten
 from ..cpu import heap
 from ..errors import MlxinferError
 from ..formats import gguf, sources
-from ..formats.config import ModelConfig
+from ..formats.config import ModelConfig, quantization_blocks
 from ..formats.paths import read_json_file
 from ..tokenizer import load_tokenizer, tokenizer_from_gguf, vocabulary
 from . import convert, distributed, dtype_rule, mlx_lm_models, params
@@ -113,8 +113,7 @@ def check_quantization_layout(cfg: ModelConfig, name: str) -> None:
             "a layout mlxinfer does not read; use an MLX (mlx-community) or GGUF copy of the model",
             "source",
         )
-    block = cfg.quantization or {}
-    modes = {v.get("mode", "affine") for v in (block, *(v for v in block.values() if isinstance(v, dict)))}
+    modes = {v.get("mode", "affine") for _, v in quantization_blocks(cfg.quantization or {})}
     if cfg.architecture and cfg.architecture.ours and modes - {"affine"}:
         raise MlxinferError(
             f"{name} is quantized in MLX's {', '.join(sorted(modes - {'affine'}))} mode; mlxinfer's {cfg.model_type} "

@@ -32,6 +32,7 @@ from ..engine.request import Request, prepare
 from ..engine.schema import MAX_TOOL_NAME, Constraint, tool_name_problem
 from ..engine.schema_bounds import check_schema
 from ..errors import MlxinferError
+from ..tokenizer import system_message
 from .errors import ApiError, from_library
 from .schemas import ChatRequest, CompletionRequest, Message
 
@@ -228,8 +229,9 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
     plan.parts += [("response_format", answer)] if plan.or_json else []
     plan.json_schema = {"type": "object", "anyOf": calls + answers}
     listed = "; ".join(f"{t.function.name}: {t.function.description or ''}" for t in chosen)
+    system = system_message(plan.prompt)
     if not auto:  # the request's own system message, where it has one, stands
-        if not any(m["role"] == "system" for m in plan.prompt):
+        if system is None:
             plan.system = f"You call one of these tools: {listed}. Answer with the call as JSON: name and arguments."
         return
     otherwise = "answer with JSON in the response's format" if plan.or_json else "answer in plain text"
@@ -237,7 +239,6 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         f"You can call these tools: {listed}. To call one, answer with only the call as JSON: name and "
         f"arguments. Otherwise {otherwise}."
     )
-    system = next((m for m in plan.prompt if m["role"] == "system"), None)
     if system is not None:  # auto: the model must know its tools to choose
         system["content"] = f"{system['content']}\n\n{text}".strip()
     else:
