@@ -215,10 +215,12 @@ def test_ctrl_c_stops_the_reply_not_the_chat(tmp_path):
     assert re.search(r"\w", turn["text"])
 
 
-def test_chat_json_prints_one_object_a_line(tmp_path):
+@pytest.mark.parametrize("end", ["\n", "\r\n"], ids=["LF", "CRLF"])
+def test_chat_json_prints_one_object_a_line(tmp_path, end):
     """Was: chat --json printed each reply as indented JSON over many lines, so a pipe could not read it
-    line by line. Each reply and command is one line; a reply equals `generate` with its seed."""
-    lines = f"{FRUIT}\n/temp 0.5\n"
+    line by line. Each reply and command is one line; a reply equals `generate` with its seed. Lines of a
+    file saved with CRLF endings are the same lines (was: the message kept its "\r", "/temp 0.5\r" was refused)."""
+    lines = f"{FRUIT}{end}/temp 0.5{end}"
     env = {"MLXINFER_CHAT_HISTORY": str(tmp_path / "history")}
     proc = subprocess.run(
         [sys.executable, "-m", "mlxinfer", "chat", "--json", "--max-tokens", "4", "--seed", "7"],

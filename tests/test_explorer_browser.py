@@ -428,11 +428,17 @@ def test_the_page_groups_answers_by_samples_rule(browser, server):
 
 
 def test_bad_values_and_failed_runs_say_so_and_again_asks_what_was_drawn(browser, server):
-    """Was: a typed seed of -3 silently replaced by a random one; 10,000 seeds froze the tab; a run the
-    server refused left "writing..." for ever; "again" redrew with the controls as they were changed since."""
+    """Was: 0 rows silently 10; a typed seed of -3 silently replaced by a random one; 10,000 seeds froze the
+    tab; a run the server refused left "writing..." for ever; "again" redrew with the controls as they were
+    changed since."""
     tab = Tab(browser, server)
     page = tab.page
     tab.type_prompt(HERB)
+    for rows in ("0", "-5", "2.5"):  # was: silently the default 10 rows
+        page.fill("#rows", rows)
+        page.click("#next-run")
+        assert "rows must be a whole number >= 1" in page.text_content("#error")
+    assert tab.posts("/mlxinfer/next-token") == 0
     page.click("#tab-generate")
     for seed in ("-3", "1.5"):
         page.fill("#gen-seed", seed)

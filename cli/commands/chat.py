@@ -54,7 +54,7 @@ def chat(
         print(f"[{m.info.name}] /help lists the commands; Ctrl-C stops a reply, Ctrl-D leaves", file=sys.stderr)
     while True:
         try:
-            line = input(PROMPT if interactive else "")
+            line = input(PROMPT if interactive else "").removesuffix("\r")  # a file saved with CRLF endings
         except EOFError:
             break
         except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does

@@ -4,7 +4,7 @@
 // so moving T, T2 or a cut re-draws the table here (sampler.js) without another request.
 
 import { postJson } from "./api.js";
-import { barCell, el, fixed, g, pyRepr, thousands } from "./format.js";
+import { barCell, el, fixed, g, pyRepr, thousands, wholeNumber as whole } from "./format.js";
 import { decodeScores, problem, Row } from "./sampler.js";
 
 const $ = (id) => document.getElementById(id);
@@ -21,12 +21,19 @@ export function mount(ctx) {
   });
 
   async function run() {
+    let k = 10;  // a blank box: the ten rows the CLI shows
+    try {
+      if ($("rows").value.trim() !== "" || $("rows").validity.badInput) k = whole("rows", 1, 200);
+    } catch (e) {  // was: 0 or -5 silently became 10
+      ctx.showError(e);
+      return;
+    }
     const p = ctx.prompt();
     const settings = ctx.settings();
     const body = {
       prompt: p.prompt,
       chat: p.chat,
-      k: Math.trunc($("rows").valueAsNumber || 10),
+      k,
       temperatures: [settings.temperature, ctx.secondTemperature()],
       ...settings,
     };
