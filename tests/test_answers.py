@@ -487,6 +487,20 @@ def test_a_walk_that_ends_short_of_min_mass_on_its_branch_cap_says_so(embedded_q
     assert again.stopped == "min_mass"
 
 
+def test_a_hot_setting_beside_a_cold_one_does_not_starve_it(embedded_quantized):
+    """T = 0.3 alone resolves 0.99 of its mass in well under 300 paths. Beside T = 1.5 (whose thousands of light
+    short paths filled every pass) it resolved nothing in 300; the walk now runs the pass that resolves the most
+    probability, so the cold setting gets as far as it does alone, in either order."""
+    model, tok = embedded_quantized
+    herb = "Name one herb to add to tomato soup. Answer with one word."
+    alone = mlxinfer.answers(model, tok, herb, settings=[{"temperature": 0.3}], max_tokens=4, max_nodes=300)
+    assert alone.stopped == "min_mass" and alone.nodes < 150, (alone.stopped, alone.nodes)
+    for pair in ([0.3, 1.5], [1.5, 0.3]):
+        r = mlxinfer.answers(model, tok, herb, settings=[{"temperature": t} for t in pair], max_tokens=4, max_nodes=300)
+        cold = r.mass[pair.index(0.3)]
+        assert cold.explored >= 0.95, (pair, cold)
+
+
 def test_a_drawn_answer_the_walk_did_not_reach_has_no_exact_probability_not_zero(embedded_quantized):
     """T = 1.5, one token, no cut: the walk ends on its branch cap with a remainder, and answers some seed drew
     lie past it. Their exact probability was shown as 0.00%; it is None (at most the remainder), and the

@@ -249,12 +249,14 @@ class AnswerWalk:
         """The heaviest open paths of one length, up to batch_size, taken in turn by each entry that is not
         done (its remainder above 1 - min_mass), each from its own frontier. A forward pass runs paths of
         one length, so the paths taken wait by length until one length fills a batch (or WAIT batches'
-        worth wait, or nothing is left to take); then a full length runs, or else the shortest, and the
-        others go back to the frontiers. Children come out of their parent's siblings in order of weight;
-        one that ends (an end-of-turn token, max_tokens, a stop string, the grammar's end) is resolved on
-        the way, with no forward pass."""
+        worth wait, or nothing is left to take); then a full length runs, or else the shortest (one entry, or
+        a walk to the end: the fewest passes), or, for several entries short of min_mass 1, the length whose
+        paths hold the most probability; the others go back to the frontiers. Children come out of their
+        parent's siblings in order of weight; one that ends (an end-of-turn token, max_tokens, a stop string,
+        the grammar's end) is resolved on the way, with no forward pass."""
         size = min(self.batch_size, self.max_nodes - self.nodes)
         waiting: dict[int, list[_Node]] = {}  # length -> paths taken
+        weight: dict[int, float] = {}  # length -> the probability of its paths, each under the entry that took it
         turns = itertools.cycle(range(len(self.settings)))
         taken = idle = 0
         while max(map(len, waiting.values()), default=0) < size and taken < WAIT * size and idle < len(self.settings):
@@ -269,13 +271,18 @@ class AnswerWalk:
                 item.taken = True
                 self.open -= item.probs
                 waiting.setdefault(len(item.path), []).append(item)
+                weight[len(item.path)] = weight.get(len(item.path), 0.0) + float(item.probs[s])
                 taken += 1
                 continue
             self._take_child(item)
         if not waiting:
             return []
-        full = [d for d, nodes in waiting.items() if len(nodes) >= size]
-        depth = min(full or waiting)  # else the shortest: its children may fill the longer ones
+        if len(self.settings) == 1 or self.min_mass >= 1.0:  # every path runs in the end: the fewest passes
+            full = [d for d, nodes in waiting.items() if len(nodes) >= size]
+            depth = min(full or waiting)  # else the shortest: its children may fill the longer ones
+        else:  # the length that resolves the most probability: a hot entry's many light paths filled every pass
+            # and a cold one's few heavy ones never ran (T = 0.3 beside T = 1.5: nothing in 300 paths, alone 0.99)
+            depth = max(sorted(waiting), key=lambda d: weight[d])
         batch = waiting[depth][:size]
         for node in waiting.pop(depth)[size:] + [n for nodes in waiting.values() for n in nodes]:
             node.taken = False  # back in the frontiers (its entries there are a lazily deleted copy at most)
