@@ -457,6 +457,19 @@ def test_a_walk_bounded_by_time_may_name_any_number_of_paths(words):
     assert report.stopped in ("max_seconds", "complete", "min_mass")
 
 
+def test_a_time_budget_spent_in_the_prompts_prefill_ends_the_walk_there(embedded_quantized):
+    """A long prompt (four 512-token prefill chunks) and 0.05 s: the walk used to prefill all of it, then drain
+    the root's children past its budget (a server's 60 s walk took 82 s). It stops after the chunk that spent the
+    budget, with nothing walked and the whole mass as its remainder."""
+    model, tok = embedded_quantized
+    prompt = "One herb, then another herb. " * 250
+    assert len(tok.encode(prompt)) > 3 * 512
+    report = mlxinfer.answers(model, tok, prompt, settings=[{"temperature": 1.0}], max_tokens=1, chat=False,
+                              max_seconds=0.05)  # fmt: skip
+    assert report.stopped == "max_seconds" and report.answers == [] and report.nodes == 0
+    assert report.mass[0].remainder == 1.0 and not report.mass[0].complete
+
+
 def test_scores_that_turn_nan_on_a_path_end_the_walk_in_one_line(tmp_path):
     """A forward pass on a path (not the prompt, which prefill checks) that gives NaN: the walk's own check."""
     model, tok = mlxinfer.load(checkpoints.write_word_checkpoint(tmp_path / "words"), compute_dtype="float32")

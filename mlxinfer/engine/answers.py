@@ -142,6 +142,10 @@ def check_walk(
     check_group(group)
 
 
+class _OutOfTime(Exception):
+    """max_seconds spent in the prompt's prefill."""
+
+
 class AnswerWalk:
     """The walk for one prepared request (request.prepare) and its resolved settings, a batch at a time:
     step() runs one batch's forward passes (False once the walk has ended: `stopped` says why), report()
@@ -164,12 +168,6 @@ class AnswerWalk:
         self.eps = (1.0 - min_mass) / (2 * request.max_tokens)
         self.started = time.perf_counter()
         mx.reset_peak_memory()
-        self.prompt = prefill(model, request.ids)
-        self.P = len(request.ids)
-        self._check_room(at_position(self.prompt.cache, self.P - 1).nbytes)
-        self.rows = PathRows(self.prompt.cache, self.P)
-        compiled = request.compiled
-        self.stop_ids = set(tokenizer.eos_token_ids) | (set(compiled.table.eos_ids) if compiled is not None else set())
         self.open = np.zeros(S)  # mass of the paths in the frontier
         self.lost = np.zeros(S)  # mass of the branches not followed
         self.found: dict[str, _Found] = {}  # final text -> what ends with it
@@ -178,9 +176,25 @@ class AnswerWalk:
         self.nodes = self.passes = self.leaves = 0
         self.kv_bytes = 0
         self.stopped: Optional[str] = None
+        self.P = len(request.ids)
+        self.prompt = self.rows = self.root = None
+        try:  # a budget that ends in the prompt's prefill (a long prompt, a busy server) ends the walk there
+            self.prompt = prefill(model, request.ids, progress=self._prefill_clock if max_seconds else None)
+        except _OutOfTime:
+            self.lost[:] = 1.0  # nothing walked: the whole mass is the remainder
+            self.stopped = "max_seconds"
+            return
+        self._check_room(at_position(self.prompt.cache, self.P - 1).nbytes)
+        self.rows = PathRows(self.prompt.cache, self.P)
+        compiled = request.compiled
+        self.stop_ids = set(tokenizer.eos_token_ids) | (set(compiled.table.eos_ids) if compiled is not None else set())
         self.root = _Node((), np.ones(S), None)
         self.root.row = self._replay(())
         self._expand_children([self.root], self.prompt.logits)
+
+    def _prefill_clock(self, done: int, total: int) -> None:
+        if done < total and time.perf_counter() - self.started >= self.max_seconds:
+            raise _OutOfTime
 
     def _check_room(self, per_path: int) -> None:
         """A walk bounded by nothing it can reach (no max_seconds, and more paths than this machine's memory
