@@ -56,7 +56,8 @@ t = [time.perf_counter()]
 def mark(): t.append(time.perf_counter())
 import mlxinfer
 from mlxinfer.formats import gguf, sources
-from mlxinfer.tokenizer import encode_prompt, tokenizer_from_gguf
+from mlxinfer.tokenizer import encode_prompt
+from mlxinfer.tokenizer_load import tokenizer_from_gguf
 mark()
 header = gguf.read_header(sources.embedded_model_path()); mark()
 tokenizer = tokenizer_from_gguf(header); mark()

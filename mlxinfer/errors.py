@@ -59,3 +59,9 @@ def check_bool(value, param: str) -> bool:
     if not isinstance(value, bool):
         raise MlxinferError(f"{param} must be True or False, got {value!r:.60}", param)
     return value
+
+
+def first_line(e: Exception) -> str:
+    """An exception's first line (its type's name where it has no text), at most 200 characters: what a
+    one-line error quotes of a library's message."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]

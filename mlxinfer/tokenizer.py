@@ -1,16 +1,9 @@
-"""Tokenizers and chat templates.
+"""Prompts into token ids: text, chat messages through the model's chat template, or ids as given.
 
-A model directory's tokenizer loads through mlx-lm's tokenizer utilities
-(transformers underneath, never with remote code); chat templates render in
-transformers' sandboxed Jinja environment. A GGUF file carries its vocabulary,
-merges, special tokens and chat template in metadata; we rebuild a Hugging Face
-`tokenizers` BPE from them and serve it without transformers or mlx-lm
-(gguf_tokenizer.py: the same ids, text and streamed segments, the template in the
-same Jinja sandbox), so a GGUF model starts in a fraction of the time.
-
-User text is plain text: a special token's name typed in a prompt or system message (`<|im_end|>`)
-is encoded as the characters it is made of, so only the chat template emits control tokens;
-`raw_special_tokens=True` parses them as the tokenizer would.
+Chat templates render in transformers' sandboxed Jinja environment, bounded in time and size
+(chat_template.py). User text is plain text: a special token's name typed in a prompt or system message
+(`<|im_end|>`) is encoded as the characters it is made of, so only the chat template emits control tokens;
+`raw_special_tokens=True` parses them as the tokenizer would. tokenizer_load.py loads the tokenizers.
 """
 
 from __future__ import annotations
@@ -24,32 +17,10 @@ import secrets
 import sys
 import time
 from contextlib import contextmanager
-from pathlib import Path
 
 from . import defaults
-from .errors import MlxinferError, check_bool
-from .formats.gguf import GGUFHeader
-from .chat_template import TemplateTooLarge, budget, check_growth, route_transformers
-from .formats.paths import check_side_files
-
-# llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
-_GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
-_QWEN2_WORDS = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_LLAMA3_WORDS = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_PRE = {
-    "gpt2": (False, _GPT2_WORDS),
-    "default": (False, _GPT2_WORDS),
-    "smollm": (True, _GPT2_WORDS),  # single digits first, then GPT-2 words
-    "starcoder": (True, _GPT2_WORDS),
-    "qwen2": (False, _QWEN2_WORDS),
-    "llama-bpe": (False, _LLAMA3_WORDS),
-}
-CONTROL, USER_DEFINED = 3, 4
+from .chat_template import TemplateTooLarge, budget, check_growth
+from .errors import MlxinferError, check_bool, first_line
 
 
 def vocabulary(tokenizer) -> str:
@@ -73,193 +44,6 @@ def system_message(prompt) -> dict | None:
     if not isinstance(prompt, (list, tuple)):
         return None
     return next((m for m in prompt if isinstance(m, dict) and m.get("role") == "system"), None)
-
-
-def _quiet_transformers() -> None:
-    """transformers warns about lengths we check ourselves (against the model's context)."""
-    import mlx_lm  # noqa: F401  (first: it turns off transformers' "PyTorch was not found" advice on stderr)
-    from transformers.utils import logging
-
-    logging.set_verbosity_error()
-
-
-def load_tokenizer(directory: Path, eos_token_ids: list[int] | None = None):
-    """A model directory's tokenizer, wrapped by mlx-lm (streaming detokenizer, EOS set)."""
-    from mlx_lm.tokenizer_utils import load as mlx_lm_load_tokenizer
-
-    _quiet_transformers()
-
-    if not any((directory / f).exists() for f in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-        raise MlxinferError(f"no tokenizer files in {directory}; add tokenizer.json (and tokenizer_config.json)")
-    check_side_files(directory)
-    route_transformers()  # the checkpoint's chat template renders in the bounded sandbox (chat_template.py)
-    try:
-        return mlx_lm_load_tokenizer(directory, {"trust_remote_code": False}, eos_token_ids=eos_token_ids)
-    except Exception as e:  # transformers/tokenizers parsing the checkpoint's files: their problem, one line
-        raise MlxinferError(
-            f"the tokenizer in {directory} could not be loaded ({_first_line(e)}); re-download its tokenizer files"
-        ) from None
-
-
-def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
-    """Rebuild the tokenizer stored in a GGUF file's metadata (BPE vocabularies of the gpt2 kind).
-
-    fast=True: a GGUFTokenizer (gguf_tokenizer.py) on the `tokenizers` library alone; fast=False:
-    mlx-lm's TokenizerWrapper around transformers' PreTrainedTokenizerFast, which the fast one
-    matches id for id (and hands anything else it is asked to)."""
-    m = header.metadata
-    kind, pre = m.get("tokenizer.ggml.model"), m.get("tokenizer.ggml.pre", "default")
-    if kind != "gpt2":
-        raise MlxinferError(
-            f"{header.path}: GGUF tokenizer model {str(kind)[:40]!r} is not supported (only BPE 'gpt2')"
-        )
-    if not isinstance(pre, str) or pre not in _PRE:
-        raise MlxinferError(
-            f"{header.path}: GGUF pre-tokenizer {str(pre)[:40]!r} is not supported; "
-            f"supported: {', '.join(sorted(_PRE))}"
-        )
-    tokens = m.get("tokenizer.ggml.tokens")
-    types = m.get("tokenizer.ggml.token_type", [1] * len(tokens) if isinstance(tokens, list) else None)
-    merges = m.get("tokenizer.ggml.merges")  # a byte-level BPE without them splits text into characters
-    template = m.get("tokenizer.chat_template")
-    broken = (
-        "the vocabulary (tokenizer.ggml.tokens)"
-        if not _all(tokens, str) or not tokens
-        else "tokenizer.ggml.token_type"
-        if not _all(types, int)
-        else "tokenizer.ggml.merges"
-        if not _all(merges, str) or not merges or not all(" " in line for line in merges)
-        else "tokenizer.chat_template"
-        if template is not None and not isinstance(template, str)
-        else None
-    )
-    if broken:
-        raise MlxinferError(f"{header.path}: GGUF metadata lacks a usable {broken}; use a GGUF file with its tokenizer")
-    _check_gguf_tokenizer_fields(header, m, tokens, types)
-    pairs = [tuple(line.split(" ", 1)) for line in merges]
-
-    def build(how):
-        try:
-            return how(m, tokens, types, pairs, pre, template)
-        except Exception as e:  # tokenizers/transformers refusing the metadata: the file's problem, one line
-            raise MlxinferError(f"{header.path}: the tokenizer in its metadata is broken ({_first_line(e)})") from None
-
-    if not fast:
-        return build(_gguf_tokenizer)
-    # what importing mlx-lm did for the tokenizer this replaces: transformers, when a later path
-    # imports it (llguidance's table for constrained decoding), keeps its PyTorch advice to itself
-    os.environ["TRANSFORMERS_NO_ADVISORY_WARNINGS"] = "1"
-    return build(lambda *args: _gguf_tokenizer_fast(*args, compat=lambda: build(_gguf_tokenizer)))
-
-
-def _check_gguf_tokenizer_fields(header, m: dict, tokens: list, types: list) -> None:
-    """What the metadata says beside the vocabulary, each as a one-line error where it is wrong: a type
-    per token (a short list split later specials into characters), the named ids within the vocabulary
-    (an EOS past it stopped nothing, and convert copied it on), add_bos_token a true boolean."""
-
-    def corrupt(wrong: str) -> MlxinferError:
-        return MlxinferError(f"{header.path}: {wrong}; the file's tokenizer metadata is corrupt, re-download it")
-
-    if len(types) != len(tokens):
-        raise corrupt(f"tokenizer.ggml.token_type holds {len(types):,} types for {len(tokens):,} tokens")
-    for name in ("bos", "eos", "eot", "unknown", "padding"):
-        i = m.get(f"tokenizer.ggml.{name}_token_id")
-        if i is not None and not _token_id(i, len(tokens)):
-            raise corrupt(f"tokenizer.ggml.{name}_token_id {i!r:.40} is not an id of its {len(tokens):,} tokens")
-    add_bos = m.get("tokenizer.ggml.add_bos_token")
-    if add_bos is not None and not isinstance(add_bos, bool):
-        raise corrupt(f"tokenizer.ggml.add_bos_token is {str(add_bos)[:40]!r}, not true or false")
-
-
-def _gguf_backend(tokens: list, types: list, merges: list, pre: str):
-    """The `tokenizers` BPE the metadata describes: vocabulary, merges, pre-tokenizer, added tokens."""
-    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
-
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe"))
-    tok = Tokenizer(bpe)
-    split_digits, words = _PRE[pre]
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
-    steps += [
-        pre_tokenizers.Split(Regex(words), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ]
-    tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
-    tok.decoder = decoders.ByteLevel()
-    tok.add_tokens(
-        [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types) if ty == USER_DEFINED]
-    )
-    tok.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types) if ty == CONTROL]
-    )
-    return tok
-
-
-def _gguf_specials(m: dict, tokens: list) -> tuple[dict[str, str | None], list[int]]:
-    """The named special tokens (bos, eos, unk, pad) and the ids that end a turn (eos, eot)."""
-
-    def special(key):
-        i = m.get(f"tokenizer.ggml.{key}_token_id")
-        return tokens[i] if _token_id(i, len(tokens)) else None
-
-    names = {"bos_token": "bos", "eos_token": "eos", "unk_token": "unknown", "pad_token": "padding"}
-    keys = ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
-    return {k: special(v) for k, v in names.items()}, [m[k] for k in keys if _token_id(m.get(k), len(tokens))]
-
-
-def _gguf_tokenizer_fast(m: dict, tokens: list, types: list, merges: list, pre: str, template, compat):
-    """The backend finished as PreTrainedTokenizerFast.__init__ finishes it (named special tokens the
-    vocabulary lacks added as special, the BOS post-processor), wrapped without transformers."""
-    from tokenizers import AddedToken, processors
-
-    from .gguf_tokenizer import SPECIAL_NAMES, GGUFTokenizer
-
-    tok = _gguf_backend(tokens, types, merges, pre)
-    special, eos = _gguf_specials(m, tokens)
-    added = {t.content for t in tok.get_added_tokens_decoder().values()}
-    missing = []
-    for name in SPECIAL_NAMES:
-        t = special.get(name)
-        if t is not None and t not in added and t not in missing:
-            missing.append(t)
-    if missing:
-        tok.add_tokens([AddedToken(t, special=True) for t in missing])
-    bos = special["bos_token"]
-    add_bos = bool(m.get("tokenizer.ggml.add_bos_token", False)) and bos is not None
-    single = f"{bos}:0 $A:0" if add_bos else "$A:0"
-    pair = f"{single}{f' {bos}:1' if add_bos else ''} $B:1"
-    tok.post_processor = processors.TemplateProcessing(
-        single=single, pair=pair, special_tokens=[(bos, tok.token_to_id(bos))] if add_bos else []
-    )
-    return GGUFTokenizer(tok, special, template, eos, compat)
-
-
-def _gguf_tokenizer(m: dict, tokens: list, types: list, merges: list, pre: str, template: str | None):
-    """mlx-lm's TokenizerWrapper around transformers' PreTrainedTokenizerFast (the reference)."""
-    _quiet_transformers()
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from transformers import PreTrainedTokenizerFast
-
-    tok = _gguf_backend(tokens, types, merges, pre)
-    special, eos = _gguf_specials(m, tokens)
-    hf = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        chat_template=template,
-        add_bos_token=bool(m.get("tokenizer.ggml.add_bos_token", False)),
-        **special,
-    )
-    return TokenizerWrapper(hf, BPEStreamingDetokenizer, eos_token_ids=eos)
-
-
-def _all(values, kind) -> bool:
-    return isinstance(values, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in values)
-
-
-def _token_id(i, n: int) -> bool:
-    return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
-
-
-def _first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
 
 
 def encode_prompt(
@@ -434,7 +218,7 @@ def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
         ) from None
     except Exception as e:  # a template error is the checkpoint's problem, not a bug here
         raise MlxinferError(
-            f"the model's chat template failed to render ({_first_line(e)}); try chat=False", "chat=False"
+            f"the model's chat template failed to render ({first_line(e)}); try chat=False", "chat=False"
         ) from None
     if not isinstance(text, str):
         raise MlxinferError("the model's chat template did not render text; try chat=False", "chat=False")

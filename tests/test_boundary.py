@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = [  # bottom first; a module may import its own layer and those below
     ["errors", "defaults", "atomic", "keychain", "views", "plain", "chat_template"],  # leaves
     ["formats", "settings", "cpu"],
-    ["counting", "tokenizer", "gguf_tokenizer", "sampler"],
+    ["counting", "tokenizer", "tokenizer_load", "gguf_tokenizer", "sampler"],
     ["model"],
     ["engine"],
     ["server"],

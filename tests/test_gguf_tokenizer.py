@@ -17,7 +17,8 @@ import pytest
 from mlxinfer.errors import MlxinferError
 from mlxinfer.formats import gguf, sources
 from mlxinfer.formats.gguf import GGUFHeader
-from mlxinfer.tokenizer import encode_prompt, tokenizer_from_gguf
+from mlxinfer.tokenizer import encode_prompt
+from mlxinfer.tokenizer_load import tokenizer_from_gguf
 from mlxinfer.gguf_tokenizer import GGUFTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -188,7 +188,7 @@ def llama3_tokenizer(tmp_path_factory):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     import checkpoints
-    from mlxinfer.tokenizer import load_tokenizer
+    from mlxinfer.tokenizer_load import load_tokenizer
 
     out = tmp_path_factory.mktemp("llama3")
     tok = Tokenizer(models.BPE())

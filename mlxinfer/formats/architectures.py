@@ -7,7 +7,7 @@ architecture names, model/weights.py's q/k rows), the exporter (quant/export.py'
 and the mlx-lm peer (model/peers.py) all read them. What is the same for every architecture stays
 with its reader: llama.cpp's tensor names (model/weights.py), ggml's types (ggml_types.py), the GGUF
 metadata keys under the architecture's name (gguf.py), the tokenizer, which a GGUF file names for
-itself (`tokenizer.ggml.model`/`.pre`, tokenizer.py) whatever its architecture.
+itself (`tokenizer.ggml.model`/`.pre`, tokenizer_load.py) whatever its architecture.
 
 An architecture not listed here still loads when mlx-lm has a class for it; `count` then counts
 from the file headers instead of a formula. No mlx import here.

