@@ -43,7 +43,7 @@ _LAZY = {
     "prefill": ("engine.decode", "prefill"),
     "sweep": ("engine.sweep", "sweep"),
     "settings_grid": ("engine.sweep", "settings_grid"),
-    "prompts_from_file": ("engine.sweep", "prompts_from_file"),
+    "prompts_from_file": ("engine.prompt_list", "prompts_from_file"),
     "read_prompt": ("formats.paths", "read_prompt"),
     "embedded_model_path": ("formats.sources", "embedded_model_path"),  # the embedded GGUF, for a peer to read
     "seed_list": ("engine.request", "seed_list"),

@@ -11,7 +11,7 @@ import os
 import pytest
 from conftest import assert_one_line_error, invoke_cli
 
-from mlxinfer.engine import sweep
+from mlxinfer.engine import prompt_list
 from mlxinfer.engine.results import record_problem
 
 PROMPT = "Name one herb."
@@ -99,9 +99,9 @@ def test_a_prompts_file_that_never_ends_or_is_no_file_is_refused(checkpoint_dir,
     path = str(checkpoint_dir("llama", 4, 64))
     big = tmp_path / "big.txt"
     with open(big, "wb") as f:
-        f.truncate(sweep.MAX_PROMPTS_FILE_BYTES + 1)  # sparse: no disk spent
+        f.truncate(prompt_list.MAX_PROMPTS_FILE_BYTES + 1)  # sparse: no disk spent
     many = tmp_path / "many.txt"
-    many.write_text("hi\n" * (sweep.MAX_PROMPTS + 1))
+    many.write_text("hi\n" * (prompt_list.MAX_PROMPTS + 1))
     cases = [("/dev/zero", "is a device, not a file"), (str(tmp_path), "is a directory"),
              (str(tmp_path / "none.txt"), "does not exist"), (str(big), "is over 16,777,216 bytes"),
              (str(many), "holds 10,001 prompts; at most 10,000")]  # fmt: skip
