@@ -7,7 +7,8 @@
            16 table values are integers in -127..113: code = value + 128, scale = the block's)
   re-fit   Q2_K Q3_K Q6_K (16-value sub-blocks with a scale each: two to an MLX group) and every other
            type gguf-py dequantizes (IQ1_S ... IQ3_S, TQ1_0, TQ2_0, MXFP4, NVFP4): the float32 values,
-           each group of 32 on an 8-bit grid from its min to its max (off by at most (max - min) / 510)
+           each group of 32 on an 8-bit grid from its min to its max (off by at most (max - min) / 510);
+           a group of only -d, 0 and d (TQ1_0, TQ2_0) exactly, on the grid of step d
   float    F32 F16 BF16 as stored; any type, with `dequantize=True`: gguf-py's float32 values exactly
 
 A tensor's scales and biases are float16 where float16 holds every one of them exactly (Q4_0, Q8_0, ...:
@@ -179,15 +180,20 @@ def _grid(type_name: str, b: np.ndarray, offset: int, row_shape) -> tuple[np.nda
 
 
 def _refit(type_name: str, blocks: np.ndarray):
-    """gguf-py's float32 values, each group of 32 on an 8-bit affine grid from its min to its max."""
+    """gguf-py's float32 values, each group of 32 on an 8-bit affine grid from its min to its max; a group
+    of only -d, 0 and d (the ternary TQ1_0 and TQ2_0) on the grid of step d from -d, which holds all three
+    exactly (on the min-to-max grid 0 fell between two codes: each zero off by d / 255, all the same way)."""
     values = _values(type_name, blocks)
     rows, cols = values.shape
     g = values.reshape(rows, cols // GROUP, GROUP)
-    lo, hi = g.min(-1), g.max(-1)
-    scale = (hi - lo) / np.float32(2**REFIT_BITS - 1)
-    with np.errstate(divide="ignore", invalid="ignore"):
+    with np.errstate(over="ignore", divide="ignore", invalid="ignore"):  # a corrupt block's inf or NaN: refused
+        lo, hi = g.min(-1), g.max(-1)  # downstream, as in _values
+        d = np.maximum(-lo, hi)
+        ternary = (d > 0) & ((g == 0) | (np.abs(g) == d[..., None])).all(-1)
+        scale = np.where(ternary, d, (hi - lo) / np.float32(2**REFIT_BITS - 1))
+        lo = np.where(ternary, -d, lo)
         codes = np.where(scale[..., None] > 0, np.rint((g - lo[..., None]) / scale[..., None]), 0)
-    codes = np.clip(codes, 0, 2**REFIT_BITS - 1).astype(np.uint8).reshape(rows, cols)
+        codes = np.clip(codes, 0, 2**REFIT_BITS - 1).astype(np.uint8).reshape(rows, cols)
     return _pack(codes, REFIT_BITS), scale, lo
 
 
