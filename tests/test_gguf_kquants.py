@@ -9,6 +9,8 @@ import json
 
 import ggml_blocks
 import mlx.core as mx
+import warnings
+
 import numpy as np
 import pytest
 from conftest import assert_one_line_error, invoke_cli
@@ -156,6 +158,19 @@ def test_ternary_types_are_exact(tmp_path, kind):
     want = gguf.quants.dequantize(raw, Q[kind])
     assert ((want == 0).mean() > 0.2) and len(np.unique(np.abs(want[0, :256]))) == 2  # 0 and one d a block
     np.testing.assert_array_equal(_loaded_values(gguf_tensors.read(header, {"t"})["t"], 512), want)
+
+
+def test_a_corrupt_blocks_inf_scale_is_read_without_numpy_warnings(tmp_path):
+    """A Q6_K block whose float16 d is inf: its values are inf and NaN, refused later in one line; the re-fit
+    printed two RuntimeWarning lines (an invalid cast) before that line."""
+    raw = _random_blocks("Q6_K", 2, 512, np.random.default_rng(7))
+    at = 208  # ql (128 bytes), qh (64), 16 scales, then d
+    raw.reshape(-1, SIZES[Q["Q6_K"]][1])[0, at : at + 2] = np.array([np.inf], np.float16).view(np.uint8)
+    header = read_header(_write(tmp_path / "t.gguf", {"t": ("Q6_K", raw)}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        loaded = gguf_tensors.read(header, {"t"})["t"]
+    assert not np.isfinite(_loaded_values(loaded, 512)).all()
 
 
 def _refit_bound(span, values):
