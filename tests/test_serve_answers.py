@@ -237,11 +237,11 @@ def test_a_walk_waiting_on_a_full_queue_ends_with_its_budget(tiny, monkeypatch):
     url, app, model, tok = tiny
     real, calls = served_answers.on_engine, []
 
-    async def busy_after_one(batcher, fn):
+    async def busy_after_one(batcher, fn, http=None):
         calls.append(time.perf_counter())
         if len(calls) > 1:
             raise served_answers.ApiError(429, "the server is busy (queue full); retry shortly", None)
-        return await real(batcher, fn)
+        return await real(batcher, fn, http)
 
     monkeypatch.setattr(served_answers, "on_engine", busy_after_one)
     start = time.perf_counter()

@@ -444,3 +444,30 @@ def test_a_long_prompt_in_an_explorer_call_holds_the_others_for_a_chunk(checkpoi
     engine._run_call(lambda: mlxinfer.next_token_table(model, tok, long, chat=False), future)
     assert len(told) - before >= chunks - 1  # the stream stepped between every two chunks of the call's prefill
     assert future.result().rows == mlxinfer.next_token_table(model, tok, long, chat=False).rows
+
+
+def test_an_explorer_call_whose_client_left_stops_at_its_next_chunk(checkpoint_dir):
+    """Was: the next-token table or answers walk of a client that had left prefilled its whole prompt (a
+    4,000-token one held the others for ~55 s after the client went). Abandoned while it runs, the call stops
+    between two chunks: the stream beside it steps once, not once a chunk, and the future holds
+    CallAbandoned for no one."""
+    from concurrent.futures import Future
+
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    never_ends = {"temperature": 1.0, "logit_bias": {e: -100 for e in tok.eos_token_ids}}
+    told: list = []
+    request = prepare(model, tok, "The cat", chat=False, max_tokens=60, settings=never_ends)
+    stream = Job(request, [1], lambda kind, i, step: kind == "step" and told.append(step.token))
+    engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
+    engine.close()  # its thread parks: everything runs on this thread
+    engine._admit(stream)
+    long = "The cat sat on the mat. " * 12
+    assert -(-len(tok.encode(long)) // 16) >= 4  # chunks
+    future, before = Future(), len(told)
+
+    def left_at_the_first_chunk(done, total):
+        engine.abandon(future)
+
+    engine._run_call(lambda: mlxinfer.prefill(model, tok.encode(long), progress=left_at_the_first_chunk), future)
+    assert isinstance(future.exception(), batcher_module.CallAbandoned)
+    assert len(told) - before == 0  # it stopped before the others' first turn: no chunk after the first

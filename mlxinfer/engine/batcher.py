@@ -54,6 +54,10 @@ def check_bounds(max_rows, max_queue, prompt_cache_bytes) -> None:
     check_whole(prompt_cache_bytes, "prompt_cache_bytes", 0, "0 (no prompt cache) or more")
 
 
+class CallAbandoned(Exception):
+    """A call's client left while it ran: it stops at its prefill's next chunk."""
+
+
 class QueueFull(Exception):
     """More requests are waiting than the queue bound allows: the caller should retry later."""
 
@@ -114,7 +118,8 @@ class Batcher:
         """Run fn() on the engine thread between two steps (MLX runs on that thread alone: a forward pass
         elsewhere would run beside the steps); its result or exception in the Future. Calls wait in
         order, at most one between two steps, and count against the queue's bound. A call cancelled
-        (Future.cancel) before it runs does not run."""
+        (Future.cancel) before it runs does not run; one abandoned while it runs (`abandon`) stops at its
+        prefill's next chunk."""
         future: Future = Future()
         with self._cv:
             if self._closed:
@@ -237,14 +242,26 @@ class Batcher:
         self._live.extend(self._decide(rows, drawn))
         self._deliver()
 
+    def abandon(self, future: Future) -> None:
+        """No one waits for call's `future` any more: not run if it has not started, else stopped at its
+        prefill's next chunk (CallAbandoned, to a future no one reads)."""
+        future.abandoned = True
+        future.cancel()
+
     def _run_call(self, fn: Callable[[], Any], future: Future) -> None:
         """fn() for `call`, its result or error to the future; a long prompt it prefills goes in chunks of
         prefill_budget tokens with the rows in flight stepping between them (was: every stream held for
         the whole prefill, over a minute for 5,000 tokens)."""
         if not future.set_running_or_notify_cancel():
             return  # cancelled while it waited
+
+        def turn() -> None:
+            if getattr(future, "abandoned", False):
+                raise CallAbandoned
+            self._between_chunks(0)
+
         try:
-            with others_between_chunks(lambda: self._between_chunks(0), self.prefill_budget):
+            with others_between_chunks(turn, self.prefill_budget):
                 future.set_result(fn())
         except BaseException as e:  # noqa: B036 - handed to the caller, who re-raises it
             future.set_exception(e)

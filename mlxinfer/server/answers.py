@@ -109,6 +109,7 @@ async def answers_route(state, read_body, fields: dict, max_temperatures: int, h
             model, tokenizer, request, settings, body.min_mass, body.max_nodes, defaults.BATCH_SIZE, body.group,
             None, budget,
         ),
+        http,
     )  # fmt: skip
     calls = 1
 

@@ -13,24 +13,34 @@ from typing import Any, Callable
 from ..engine.batcher import Batcher, QueueFull
 from ..errors import MlxinferError
 from .errors import ApiError, from_library
+from .inputs import POLL_S, ClientGone
 
 
-async def on_engine(batcher: Batcher, fn: Callable[[], Any]) -> Any:
+async def on_engine(batcher: Batcher, fn: Callable[[], Any], http=None) -> Any:
     """fn() run on the engine thread; its result, or its error (an MlxinferError as a 400, a full queue as
-    a 429, anything else as a 500)."""
+    a 429, anything else as a 500). http (a Starlette request): while fn waits or runs, whether its client
+    is still there, every POLL_S; gone, fn is dropped (a running one at its prefill's next chunk: a long
+    prompt went on for a minute after its client left) and ClientGone raised."""
     try:
         future = batcher.call(fn)
     except QueueFull as e:
         raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
+    waiting = asyncio.wrap_future(future)
     try:
-        return await asyncio.wrap_future(future)
+        while True:
+            done, _ = await asyncio.wait({waiting}, timeout=POLL_S)
+            if done:
+                return waiting.result()
+            if http is not None and await http.is_disconnected():
+                batcher.abandon(future)
+                raise ClientGone
     except MlxinferError as e:
         raise from_library(e) from None
     except QueueFull as e:
         raise ApiError(503, f"the server is shutting down ({e})", None) from None
-    except ApiError:
+    except (ApiError, ClientGone):
         raise
     except Exception as e:  # noqa: BLE001 - a bug: this request ends, the engine goes on
         raise ApiError(500, f"internal error ({type(e).__name__}: {e})") from None
     finally:
-        future.cancel()  # the client left before it ran: it does not run
+        waiting.cancel()  # the client left before it ran: it does not run

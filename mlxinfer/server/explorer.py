@@ -136,10 +136,10 @@ def routes(state, read_body) -> list[Route]:
                 table.routing = expert_routing(model, request.ids)
                 return table.to_dict(), np.asarray(scores, dtype=np.float32).astype("<f4").tobytes()
 
-            table, raw = await on_engine(batcher, compute)
+            table, raw = await on_engine(batcher, compute, http)
         except ApiError as e:
             return _error(e)
-        except ClientGone:  # it left while its prompt was prepared: no one reads an answer
+        except ClientGone:  # it left while its prompt was prepared or prefilled: no one reads an answer
             return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
         scores = {"dtype": "float32", "byteorder": "little", "count": len(raw) // 4, "base64": _b64(raw)}
         return JSONResponse(

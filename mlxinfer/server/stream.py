@@ -308,7 +308,7 @@ async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
     if ex.body.logprobs is None:
         return text, None
     top = ex.body.logprobs
-    read = await on_engine(e.batcher, lambda: prompt_logprobs(e.model, e.tokenizer, ex.request.ids, top=top))
+    read = await on_engine(e.batcher, lambda: prompt_logprobs(e.model, e.tokenizer, ex.request.ids, top=top), ex.http)
     return text, {
         "tokens": [t.text for t in read.tokens],
         "token_logprobs": [t.logprob for t in read.tokens],
