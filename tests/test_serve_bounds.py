@@ -212,8 +212,12 @@ def test_http_errors_are_openai_shaped(tiny):
 
 
 def test_the_http_fuzzers_finds_stay_fixed(tiny):
-    """A lone surrogate (valid JSON, not UTF-8) and a newline in `model`: 404s of one line, escaped."""
+    """A lone surrogate (valid JSON, not UTF-8) and a newline in `model`: 404s of one line, escaped. An
+    integer of 5,000 digits (past Python's limit on reading one): a 400, was a text/plain 500."""
     url = tiny[0]
+    for field in ("max_tokens", "user"):
+        raw = json.dumps(_chat(url))[:-1] + f', "{field}": {"9" * 5000}}}'
+        assert "number too long" in _error(post(url, CHAT, raw.encode()), 400)["message"]
     r = post(url, CHAT, json.dumps(_chat(url, model="\udcff")).encode("utf-8", "surrogatepass"))
     error = _error(r, 404)
     assert error["code"] == "model_not_found" and "\\udcff" in error["message"]

@@ -225,6 +225,8 @@ async def read_body(http: HttpRequest, kind):
         raise ApiError(400, f"the body is not valid JSON ({getattr(e, 'msg', type(e).__name__)})", None) from None
     except RecursionError:  # past the parser's own limit
         raise too_deep from None
+    except ValueError as e:  # an integer of more than sys.get_int_max_str_digits() digits (was a 500)
+        raise ApiError(400, f"the body holds a number too long to read ({e})", None) from None
     if _deeper_than(data, MAX_JSON_DEPTH):
         raise too_deep
     if not isinstance(data, dict):
