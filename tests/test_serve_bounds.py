@@ -475,3 +475,42 @@ def test_an_explorer_call_whose_client_left_stops_at_its_next_chunk(checkpoint_d
     engine._run_call(lambda: mlxinfer.prefill(model, tok.encode(long), progress=left_at_the_first_chunk), future)
     assert isinstance(future.exception(), batcher_module.CallAbandoned)
     assert len(told) - before == 0  # it stopped before the others' first turn: no chunk after the first
+
+
+def test_headers_or_a_body_that_never_arrive_whole_are_a_408(tiny, monkeypatch):
+    """Was: half a request line, or a Content-Length of 100 and one byte, held the connection for ever (and
+    ~2,000 such connections took every file descriptor). Now each is a 408 in OpenAI's shape, then closed;
+    a whole request on the same server is answered as before."""
+    from mlxinfer.server import app, protocol
+
+    url = tiny[0]
+    monkeypatch.setattr(protocol, "HEADERS_TIMEOUT_S", 0.5)
+    monkeypatch.setattr(app, "BODY_TIMEOUT_S", 0.5)
+    for sent in (b"POST /v1/chat/compl", b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Le"):
+        answer = raw_exchange(url, sent, timeout=20)
+        head, _, data = answer.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 408") and "headers did not arrive" in json.loads(data)["error"]["message"]
+    body = json.dumps(_chat(url)).encode()
+    cut = raw_post(CHAT, body, {"Content-Type": "application/json", "Content-Length": str(len(body) + 100)})
+    answer = raw_exchange(url, cut, timeout=20)
+    head, _, data = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 408") and "body did not arrive" in json.loads(data)["error"]["message"]
+    assert post(url, CHAT, _chat(url)).status_code == 200
+
+
+def test_the_open_file_limit_that_importing_mlx_lm_lowers_is_raised_again():
+    """mlx-lm's import sets the open-file limits to 2,048 and 4,096: each connection is a file, so ~2,000
+    clients were all `serve` could hold. After the model loads, serve raises the soft limit back (to the
+    hard one, at most 65,536) and the hard one where the process may."""
+    import subprocess
+    import sys
+
+    code = (
+        "import resource; from mlxinfer.server.run import open_files_limit; start = open_files_limit();"
+        "import mlx_lm.utils; low = resource.getrlimit(resource.RLIMIT_NOFILE);"
+        "print(start, low, open_files_limit(start))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    start, low, after = (tuple(int(n) for n in part.strip("() ").split(",")) for part in out.stdout.split(")")[:3])
+    assert low == (2048, 4096), low  # what mlx-lm does (if it stops, this test has nothing to check)
+    assert after[0] > low[0] and after[0] >= min(start[0], 1 << 16, after[1] if after[1] > 0 else 1 << 16), after

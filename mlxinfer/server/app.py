@@ -11,8 +11,10 @@ response for /metrics.
 
 from __future__ import annotations
 
+import asyncio
 import hmac
 import json
+import time
 from dataclasses import dataclass, fields
 from typing import Optional
 
@@ -28,6 +30,7 @@ from .explorer import routes as explorer_routes
 from .handlers import Endpoints, read_body
 from .metrics import Counted, Metrics
 
+BODY_TIMEOUT_S = 60.0  # a request's whole body, from its headers on
 GUARDED = ("/v1", "/mlxinfer/", "/metrics")  # the paths an API key guards (the explorer's page and assets are open)
 
 
@@ -61,8 +64,13 @@ class _Guard:
                 send, 413, error_body(413, f"the body is over {self.limit:,} bytes", None, "request_too_large")
             )
         chunks, size = [], 0
+        deadline = time.monotonic() + BODY_TIMEOUT_S
         while scope["method"] in ("POST", "PUT", "PATCH"):
-            message = await receive()
+            try:
+                message = await asyncio.wait_for(receive(), max(0.0, deadline - time.monotonic()))
+            except asyncio.TimeoutError:  # a body cut short held its request and connection for ever
+                e = ApiError(408, f"the request's body did not arrive within {BODY_TIMEOUT_S:g} s; send it whole")
+                return await _send(send, e.status, e.body(), {"connection": "close"})
             if message["type"] == "http.disconnect":
                 return
             chunks.append(message.get("body", b""))

@@ -17,8 +17,53 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from .errors import error_body
 
+HEADERS_TIMEOUT_S = 30.0  # a request's headers must be whole this long after its connection opens or its last answer
+
 
 class OpenAIShapedH11(H11Protocol):
+    """Also: headers that do not arrive whole within HEADERS_TIMEOUT_S are a 408 and the connection closes.
+    uvicorn has no such timeout: a connection that sent half a request line stayed open for ever, and ~2,000
+    of them took every file descriptor, so that no one else could connect."""
+
+    headers_timer = None
+    timed_cycle = None  # the request (cycle) that was the last when the timer started
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._await_headers()
+
+    def on_response_complete(self):
+        super().on_response_complete()
+        self._await_headers()  # the next request's, on a connection kept alive
+
+    def handle_events(self):
+        super().handle_events()
+        if self.headers_timer is not None and self.cycle is not self.timed_cycle:
+            self.headers_timer.cancel()  # a request began: its headers are whole
+            self.headers_timer = None
+
+    def connection_lost(self, exc):
+        if self.headers_timer is not None:
+            self.headers_timer.cancel()
+        super().connection_lost(exc)
+
+    def _await_headers(self) -> None:
+        if self.headers_timer is not None:
+            self.headers_timer.cancel()
+        self.timed_cycle = self.cycle
+        self.headers_timer = self.loop.call_later(HEADERS_TIMEOUT_S, self._headers_too_slow, self.cycle)
+
+    def _headers_too_slow(self, cycle) -> None:
+        self.headers_timer = None
+        if self.cycle is not cycle or self.transport.is_closing():
+            return
+        data = json.dumps(
+            error_body(408, f"the request's headers did not arrive within {HEADERS_TIMEOUT_S:g} s; send them whole")
+        ).encode()
+        head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+        self.transport.write(head + b"content-length: %d\r\n\r\n" % len(data) + data)
+        self.transport.close()
+
     def eof_received(self):
         if self.conn.their_state is h11.SEND_BODY:  # the client stopped sending with its body cut short
             self.conn.receive_data(b"")  # h11 reads the end: an error, answered by send_400_response

@@ -55,6 +55,33 @@ def address_text(host: str, port: int) -> str:
     return f"[{host.strip('[]')}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+def open_files_limit(start: tuple[int, int] | None = None) -> tuple[int, int] | None:
+    """This process's open-file limits (soft, hard); given the ones it started with, raise them back where
+    they were lowered (importing mlx-lm sets 2,048 and 4,096: each connection is a file, so ~2,000 clients
+    were all the server could hold), and the soft one to the hard one, at most 65,536. None where the
+    platform has no such limit."""
+    try:
+        import resource
+    except ImportError:  # not POSIX
+        return None
+    kind, unlimited = resource.RLIMIT_NOFILE, resource.RLIM_INFINITY
+    soft, hard = resource.getrlimit(kind)
+    if start is None or soft == unlimited:
+        return soft, hard
+
+    def finite(n: int) -> int:
+        return 1 << 16 if n == unlimited else n
+
+    for new_hard in sorted({start[1], hard}, key=finite, reverse=True):
+        new_soft = min(max(finite(soft), finite(start[0]), min(finite(new_hard), 1 << 16)), finite(new_hard))
+        try:
+            resource.setrlimit(kind, (new_soft, new_hard))
+            break
+        except (ValueError, OSError):  # a hard limit only a privileged process may raise: the one there is
+            continue
+    return resource.getrlimit(kind)
+
+
 def uvicorn_config(app, **options):
     """uvicorn's Config for `app`, as serve runs it: the h11 protocol whose own 400s are OpenAI's shape
     (protocol.py), a graceful shutdown of 5 s, and every log line on stderr (uvicorn writes its access
@@ -102,8 +129,10 @@ def serve(
     sock = listen(host, port)
     port = sock.getsockname()[1]
     try:
+        limit = open_files_limit()
         if tokenizer is None:
             model, tokenizer = load(model, compute_dtype)
+        open_files_limit(limit)
         if not is_loopback(host) and checked.api_key is None:
             print(
                 f"warning: serving on {host}, beyond loopback, without an API key: anyone who reaches port {port} "
