@@ -432,6 +432,17 @@ def test_a_kquant_row_that_is_no_whole_number_of_blocks(tiny, tmp_path):
         assert_one_line_error(invoke_cli(*command), "blk.0.ffn_up.weight", "Q4_K", "256-value blocks", "re-quantize")
 
 
+def test_count_says_a_tensor_holds_fewer_values_than_the_config_implies(tiny, tmp_path):
+    """A tensor's rows edited to fewer (whole blocks still): count said "-256 parameters stored beyond the
+    count"; it says how many fewer, that a shape does not match the file's metadata, and what to do."""
+    path, _ = tiny("llama", "Q4_K_M")
+    rows, cols = next(t.shape for t in read_header(path).tensors if t.name == "blk.0.ffn_up.weight")
+    bad = _patched(path, tmp_path / "bad.gguf", "blk.0.ffn_up.weight", dims=[cols, rows - 1])  # one row fewer
+    report = json.loads(invoke_cli("count", str(bad), "--json").stdout)
+    notes = " ".join(report["stored"]["notes"])
+    assert f"{cols:,} parameters fewer stored than the config implies" in notes and "re-convert" in notes
+
+
 def test_an_unknown_type(tiny, tmp_path):
     """A type id ggml does not define: one line at the header (count too), naming the tensor and the fix."""
     path, _ = tiny("llama", "Q4_K_M")

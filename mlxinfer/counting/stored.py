@@ -65,6 +65,9 @@ def stored_gguf(h: gguf.GGUFHeader, total: int) -> dict:
         "every parameter is stored exactly once (a tied table is stored once, as token_embd)"
         if diff == 0
         else f"{diff:+,} parameters stored beyond the count"
+        if diff > 0
+        else f"{-diff:,} parameters fewer stored than the config implies: a tensor's shape does not match the "
+        "file's own metadata (the model will not load); re-convert or re-download it"  # was "-147,456 ... beyond"
     )
     return s
 
