@@ -165,6 +165,15 @@ def test_completions_echo_scores_the_prompt_as_lm_eval_reads_it(smol, embedded):
     assert plain.choices[0].text == choice.text and plain.choices[0].logprobs is None
     with pytest.raises(openai.BadRequestError, match="echo is answered whole"):
         client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=1, echo=True, stream=True)
+    # max_tokens 0 with echo (OpenAI's legacy API takes it: lm-evaluation-harness scores a text so): the prompt
+    # and its log-probabilities, the same as above, nothing generated (was: refused, max_tokens at least 1)
+    scored = client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=0, logprobs=1, echo=True)
+    only = scored.choices[0]
+    assert only.text == prompt and only.finish_reason == "length" and scored.usage.completion_tokens == 0
+    assert only.logprobs.tokens == lp.tokens[:-1] and only.logprobs.token_logprobs == lp.token_logprobs[:-1]
+    assert only.logprobs.text_offset == lp.text_offset[:-1]
+    with pytest.raises(openai.BadRequestError, match="max_tokens"):  # without echo there is nothing to return
+        client(url).completions.create(model=model_id(url), prompt=prompt, max_tokens=0)
 
 
 def test_chat_logprobs(smol):

@@ -29,7 +29,7 @@ from ..errors import MlxinferError
 from .errors import ApiError, error_body, from_library, from_validation
 from .inputs import ClientGone, Plan, budget, chat_plan, completion_plan, prepare_within
 from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, unknown_fields
-from .stream import Exchange, chat_response, completion_response
+from .stream import Exchange, chat_response, completion_response, scored_response
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
 log = logging.getLogger("mlxinfer.server")
@@ -162,6 +162,8 @@ class Endpoints:
                 raise ApiError(400, f"logprobs must be from 0 to {MAX_TOP_LOGPROBS}", "logprobs")
             plan = completion_plan(body)
             fields = {"prompt": "prompt", "max_tokens": "max_tokens"}
+            if body.echo and body.max_tokens == 0:  # the prompt scored, nothing generated (lm-evaluation-harness)
+                return _noted(await scored_response(await self.scored(http, body, plan, fields)), body)
             exchange = await self.start(
                 http, body, plan, body.max_tokens, fields, body.logprobs is not None, body.logprobs or 0
             )
@@ -170,6 +172,23 @@ class Endpoints:
             return _noted(_error(e), body)
         except ClientGone:
             return _gone()
+
+    async def scored(self, http, body, plan: Plan, fields: dict) -> Exchange:
+        """echo with max_tokens 0, as OpenAI's legacy completions take it: the prompt prepared as any (a token
+        of room asked for: the same context check), for its log-probabilities alone; no job, no draw."""
+        if self.preparing >= self.batcher.max_rows + self.batcher.max_queue:
+            raise ApiError(429, f"the server is busy ({self.preparing} requests in preparation); retry shortly",
+                           None, Retry_After="1")  # fmt: skip
+        self.preparing += 1
+        try:
+            request = await prepare_within(
+                http, fields, self.model, self.tokenizer, plan.prompt, settings=body.settings(), max_tokens=1,
+                chat=plan.chat, system=plan.system,
+            )  # fmt: skip
+        finally:
+            self.preparing -= 1
+        seed = body.seed if body.seed is not None else 0
+        return Exchange(self, http, body, plan, request, None, None, seed)
 
     @asynccontextmanager
     async def lifespan(self, app):

@@ -293,6 +293,14 @@ async def completion_response(ex: Exchange):
     return ex.stream(pieces(), lambda: {**head, "choices": [], "usage": ex.usage(choices)})
 
 
+async def scored_response(ex: Exchange):
+    """echo with max_tokens 0: each choice is the prompt with its log-probabilities, nothing generated."""
+    prompt, read = await _echoed(ex)
+    head = ex.head("cmpl", "text_completion")
+    out = [{"text": prompt, "index": i, "logprobs": read, "finish_reason": "length"} for i in range(ex.body.n)]
+    return JSONResponse({**head, "choices": out, "usage": outputs.usage(len(ex.request.ids), [])})
+
+
 async def _echoed(ex: Exchange) -> tuple[str, Optional[dict]]:
     """echo: the prompt's text, and with logprobs each prompt token's log-probability given those before
     it (the first has none: null), as OpenAI's legacy completions and vLLM return them; what
