@@ -55,7 +55,8 @@ class OpenAIShapedH11(H11Protocol):
 
     def _headers_too_slow(self, cycle) -> None:
         self.headers_timer = None
-        if self.cycle is not cycle or self.transport.is_closing():
+        busy = cycle is not None and not cycle.response_complete  # a pipelined request, begun as the last ended
+        if self.cycle is not cycle or busy or self.transport.is_closing():
             return
         data = json.dumps(
             error_body(408, f"the request's headers did not arrive within {HEADERS_TIMEOUT_S:g} s; send them whole")
