@@ -428,12 +428,9 @@ def test_the_bounds_are_what_the_docs_say():
     assert GRAMMAR_LIMITS["max_grammar_size"] == 200_000
 
 
-def test_a_long_prompt_in_an_explorer_call_holds_the_others_for_a_chunk(checkpoint_dir):
-    """Was: the explorer's next-token table and answers walk ran on the engine thread as one call, so a
-    5,000-token prompt there held every stream for its whole prefill (70 s). Now the call's prefill goes in
-    chunks of prefill_budget with the rows in flight stepping between them, and its table is unchanged."""
-    from concurrent.futures import Future
-
+def _engine_with_a_stream(checkpoint_dir):
+    """(model, tokenizer, a parked engine with prefill chunks of 16 tokens, the tokens its one stream has
+    stepped): a stream that never ends on its own, admitted on this thread, which runs everything."""
     model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
     never_ends = {"temperature": 1.0, "logit_bias": {e: -100 for e in tok.eos_token_ids}}
     told: list = []
@@ -442,6 +439,16 @@ def test_a_long_prompt_in_an_explorer_call_holds_the_others_for_a_chunk(checkpoi
     engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
     engine.close()  # its thread parks: everything runs on this thread
     engine._admit(stream)
+    return model, tok, engine, told
+
+
+def test_a_long_prompt_in_an_explorer_call_holds_the_others_for_a_chunk(checkpoint_dir):
+    """Was: the explorer's next-token table and answers walk ran on the engine thread as one call, so a
+    5,000-token prompt there held every stream for its whole prefill (70 s). Now the call's prefill goes in
+    chunks of prefill_budget with the rows in flight stepping between them, and its table is unchanged."""
+    from concurrent.futures import Future
+
+    model, tok, engine, told = _engine_with_a_stream(checkpoint_dir)
     long = "The cat sat on the mat. " * 12
     chunks = -(-len(tok.encode(long)) // 16)
     future, before = Future(), len(told)
@@ -453,18 +460,11 @@ def test_a_long_prompt_in_an_explorer_call_holds_the_others_for_a_chunk(checkpoi
 def test_an_explorer_call_whose_client_left_stops_at_its_next_chunk(checkpoint_dir):
     """Was: the next-token table or answers walk of a client that had left prefilled its whole prompt (a
     4,000-token one held the others for ~55 s after the client went). Abandoned while it runs, the call stops
-    between two chunks: the stream beside it steps once, not once a chunk, and the future holds
-    CallAbandoned for no one."""
+    between two chunks: the stream beside it takes no step (it stepped between every two before), and the
+    future holds CallAbandoned for no one."""
     from concurrent.futures import Future
 
-    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
-    never_ends = {"temperature": 1.0, "logit_bias": {e: -100 for e in tok.eos_token_ids}}
-    told: list = []
-    request = prepare(model, tok, "The cat", chat=False, max_tokens=60, settings=never_ends)
-    stream = Job(request, [1], lambda kind, i, step: kind == "step" and told.append(step.token))
-    engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
-    engine.close()  # its thread parks: everything runs on this thread
-    engine._admit(stream)
+    model, tok, engine, told = _engine_with_a_stream(checkpoint_dir)
     long = "The cat sat on the mat. " * 12
     assert -(-len(tok.encode(long)) // 16) >= 4  # chunks
     future, before = Future(), len(told)
