@@ -67,36 +67,38 @@ class Endpoints:
         if len(stops) > 4 or any(len(s) > 256 for s in stops):
             raise ApiError(400, "stop takes at most 4 strings of at most 256 characters", "stop")
 
-    async def start(self, http, body, plan: Plan, asked: Optional[int], fields: dict, want_lp: bool, top: int):
-        """prepare (under the template deadline), the budget, the seeds, and the job queued. At most
+    async def prepared(self, http, fields: dict, plan: Plan, **kwargs):
+        """prepare(plan's prompt, chat and system, **kwargs) off the event loop (inputs.prepare_within). At most
         max_rows + max_queue requests in preparation (more could not all be served): past it, a 429."""
         if self.preparing >= self.batcher.max_rows + self.batcher.max_queue:
             raise ApiError(429, f"the server is busy ({self.preparing} requests in preparation); retry shortly",
                            None, Retry_After="1")  # fmt: skip
         self.preparing += 1
-        started = time.perf_counter()
         try:
-            request = await prepare_within(
-                http,
-                fields,
-                self.model,
-                self.tokenizer,
-                plan.prompt,
-                settings=body.settings(),
-                max_tokens=asked if asked is not None else 1,
-                json_schema=plan.json_schema,
-                tool=plan.tool,
-                or_text=plan.or_text,
-                chat=plan.chat,
-                system=plan.system,
-                parts=plan.parts,
-                stop=[s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or []) if s] or None,
+            return await prepare_within(
+                http, fields, self.model, self.tokenizer, plan.prompt, chat=plan.chat, system=plan.system, **kwargs
             )
         except ClientGone:
             self.abandoned += 1
             raise
         finally:
             self.preparing -= 1
+
+    async def start(self, http, body, plan: Plan, asked: Optional[int], fields: dict, want_lp: bool, top: int):
+        """prepare (under the template deadline), the budget, the seeds, and the job queued."""
+        started = time.perf_counter()
+        request = await self.prepared(
+            http,
+            fields,
+            plan,
+            settings=body.settings(),
+            max_tokens=asked if asked is not None else 1,
+            json_schema=plan.json_schema,
+            tool=plan.tool,
+            or_text=plan.or_text,
+            parts=plan.parts,
+            stop=[s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or []) if s] or None,
+        )
         request = budget(request, self.model, asked, self.default_max_tokens)
         base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
@@ -176,17 +178,7 @@ class Endpoints:
     async def scored(self, http, body, plan: Plan, fields: dict) -> Exchange:
         """echo with max_tokens 0, as OpenAI's legacy completions take it: the prompt prepared as any (a token
         of room asked for: the same context check), for its log-probabilities alone; no job, no draw."""
-        if self.preparing >= self.batcher.max_rows + self.batcher.max_queue:
-            raise ApiError(429, f"the server is busy ({self.preparing} requests in preparation); retry shortly",
-                           None, Retry_After="1")  # fmt: skip
-        self.preparing += 1
-        try:
-            request = await prepare_within(
-                http, fields, self.model, self.tokenizer, plan.prompt, settings=body.settings(), max_tokens=1,
-                chat=plan.chat, system=plan.system,
-            )  # fmt: skip
-        finally:
-            self.preparing -= 1
+        request = await self.prepared(http, fields, plan, settings=body.settings(), max_tokens=1)
         seed = body.seed if body.seed is not None else 0
         return Exchange(self, http, body, plan, request, None, None, seed)
 
