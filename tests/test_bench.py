@@ -102,3 +102,38 @@ def test_a_llama_cpp_that_does_not_import_is_one_line_not_a_traceback(tmp_path, 
     with pytest.raises(MlxinferError, match="llama_cpp is installed but does not import .*--no-llama-cpp") as e:
         llama_cpp_loop(str(tmp_path / "model.gguf"), 64)
     assert "diskcache_that_is_not_installed" in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "how, said",
+    [
+        ("os.kill(os.getpid(), signal.SIGSEGV)", r"died of SIGSEGV decoding model.gguf in a test process;"),
+        (
+            "raise RuntimeError('no kernel for this type')",
+            r"failed decoding model.gguf in a test process \(RuntimeError: no kernel for this type\);",
+        ),
+    ],
+)
+def test_a_llama_cpp_that_crashes_is_one_line_before_it_takes_bench_down(tmp_path, monkeypatch, how, said):
+    """A llama.cpp built with kernels that crash here (its AMX kernels did, at the first token, on a Xeon VM)
+    used to end bench in a segmentation fault with nothing printed. It is tried in a child process first."""
+    from mlxinfer.engine.bench import llama_cpp_loop
+    from mlxinfer.errors import MlxinferError
+
+    package = tmp_path / "llama_cpp"
+    package.mkdir()
+    (package / "__init__.py").write_text(
+        "import os, signal\n"
+        "class Llama:\n"
+        "    def __init__(self, **kwargs):\n"
+        "        pass\n"
+        "    def generate(self, ids, **kwargs):\n"
+        f"        {how}\n"
+        "        yield 1\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.delitem(__import__("sys").modules, "llama_cpp", raising=False)
+    with pytest.raises(MlxinferError, match=f"llama.cpp {said} .*--no-llama-cpp") as e:
+        llama_cpp_loop(str(tmp_path / "model.gguf"), 64)
+    assert "\n" not in str(e.value)

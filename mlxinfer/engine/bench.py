@@ -14,6 +14,7 @@ import subprocess
 import sys
 import time
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Callable, Iterator, Optional
 
 import mlx.core as mx
@@ -163,6 +164,35 @@ def llama_cpp_info() -> dict:
     }
 
 
+_PROBE = """
+import sys
+from llama_cpp import Llama
+threads = int(sys.argv[2])
+llm = Llama(model_path=sys.argv[1], n_ctx=64, n_threads=threads, n_threads_batch=threads, verbose=False)
+for i, _ in enumerate(llm.generate([1, 2, 3, 4], top_k=1, temp=0.0, reset=True)):
+    if i:
+        break
+"""
+
+
+def _probe_llama_cpp(path: str, threads: int) -> None:
+    """Load and decode two tokens in a child process first: a llama.cpp that crashes (a build whose kernels this
+    machine cannot run, such as AMX on a VM that does not grant it) would take the whole bench down, unexplained."""
+    import signal
+
+    done = subprocess.run([sys.executable, "-c", _PROBE, str(path), str(threads)], capture_output=True, text=True)
+    if done.returncode == 0:
+        return
+    lines = done.stderr.strip().splitlines()
+    how = f"died of {signal.Signals(-done.returncode).name}" if done.returncode < 0 else "failed"
+    said = f" ({' '.join(lines[-1].split())[:160]})" if lines and done.returncode > 0 else ""
+    raise MlxinferError(
+        f"llama.cpp {how} decoding {Path(path).name} in a test process{said}; rebuild llama-cpp-python for this "
+        "machine (docs/commands.md, bench) or leave it out with --no-llama-cpp",
+        "llama_cpp",
+    )
+
+
 def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int], Iterator[int]]]:
     """llama.cpp (llama-cpp-python) on the same GGUF file, greedy, with MLX's CPU thread count; None
     when llama_cpp is not importable or the model is no GGUF file."""
@@ -182,6 +212,7 @@ def llama_cpp_loop(path: str, n_ctx: int) -> Optional[Callable[[list[int], int],
         ) from None
 
     threads = int(os.environ.get("OMP_NUM_THREADS") or os.cpu_count() or 1)
+    _probe_llama_cpp(path, threads)
     llm = Llama(model_path=str(path), n_ctx=n_ctx, n_threads=threads, n_threads_batch=threads, verbose=False)
 
     def stream(ids: list[int], n: int) -> Iterator[int]:
