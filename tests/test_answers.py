@@ -449,6 +449,23 @@ def test_ctrl_c_in_the_walk_of_sample_sweep_and_answers_stops_the_command(words,
     assert shown.returncode == 130 and "stopped: interrupted" in shown.stdout, (shown.returncode, shown.stderr)
 
 
+def test_cli_answers_marks_an_unfinished_walks_probabilities_as_lower_bounds(words):
+    """A walk stopped by --max-nodes printed what it had found as if exact ('the' 0.0497 where the first token alone
+    has 0.18). Such a column's values are lower bounds: marked, with what would make them exact; a complete walk's
+    are not marked."""
+    model, _ = words
+    base = ["answers", "-m", str(model.info.name), "-p", PROMPT, "--no-chat", "--temps", "0.5,1.5", "--max-tokens", "2",
+            "--compute-dtype", "float32"]  # fmt: skip
+    cut = invoke_cli(*base, "--max-nodes", "2")
+    assert cut.returncode == 0 and "stopped: max_nodes" in cut.stdout, cut.stderr
+    rows = [line for line in cut.stdout.splitlines() if line.startswith("│ '")]
+    assert rows and all(line.count("≥") == 2 for line in rows), cut.stdout
+    assert "≥: at least" in cut.stdout and "--max-nodes" in cut.stdout
+    whole = invoke_cli(*base, "--top-k", "4", "--min-mass", "1")
+    assert whole.returncode == 0 and "stopped: complete" in whole.stdout, whole.stderr
+    assert "│ '" in whole.stdout and "≥" not in whole.stdout
+
+
 def test_a_walk_bounded_by_time_may_name_any_number_of_paths(words):
     """max_nodes past the machine's memory is refused only where nothing else bounds the walk."""
     model, tok = words

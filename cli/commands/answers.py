@@ -112,15 +112,23 @@ def render(report) -> None:
     for s in report.settings:
         t.add_column(_label(s), justify="right")
     t.add_column("most likely path")
+    at_least = ["≥" if m.remainder > 0 else "" for m in report.mass]  # the walk left some of that column's mass
     for a in report.answers[:SHOWN]:
         path = "|".join(a.paths[0].pieces) if a.paths else ""
-        t.add_row(repr(a.answer), *(f"{p:.4f}" for p in a.probs), repr(path))
+        t.add_row(repr(a.answer), *(f"{g}{p:.4f}" for g, p in zip(at_least, a.probs)), repr(path))
     rest = report.answers[SHOWN:]
     if rest:
         sums = [sum(a.probs[i] for a in rest) for i in range(len(report.settings))]
-        t.add_row(f"({len(rest):,} more answers)", *(f"{p:.4f}" for p in sums), "")
+        t.add_row(f"({len(rest):,} more answers)", *(f"{g}{p:.4f}" for g, p in zip(at_least, sums)), "")
     t.add_row("(not walked: remainder)", *(f"{m.remainder:.4f}" for m in report.mass), "", style="dim")
     console.print(t)
+    if any(at_least):
+        console.print(
+            "[dim]≥: at least. The walk stopped before resolving that column: a listed answer may still gain up to "
+            "its remainder. Exact values need a complete walk (raise --max-nodes, or cut the tail with "
+            "--top-k/--top-p/--min-p).[/dim]",
+            highlight=False,
+        )
     if report.stopped == "max_nodes" and not report.answers:
         console.print("[dim]no answer ended within the budget: raise --max-nodes[/dim]", highlight=False)
 
