@@ -120,7 +120,8 @@ def _operations(r) -> list[str]:
             ],
         )
         if x["beyond_max_context"]:
-            out.append(f"note: beyond the model's max_position_embeddings ({c['max_position_embeddings']:,})")
+            given = "" if x["max_context_given"] else ", the architecture's default: config.json does not set it"
+            out.append(f"note: beyond the model's max_position_embeddings ({c['max_position_embeddings']:,}{given})")
     if r.answer:
         a = r.answer
         out += _section(
@@ -191,11 +192,9 @@ def _hardware(r) -> list[str]:
         rows.append(
             (0, "the machine's operations per byte", "flops / bandwidth", f"{h['machine_ops_per_byte']:,.1f}", "")
         )
-    if h.get("answer_compute_s") or h.get("answer_memory_s"):
-        rows += [
-            (0, "whole answer, compute-bound", "", _t(h["answer_compute_s"]), ""),
-            (0, "whole answer, memory-bound", "", _t(h["answer_memory_s"]), ""),
-        ]
+    for bound in ("compute", "memory"):  # each one its rate was given for
+        if h.get(f"answer_{bound}_s"):
+            rows.append((0, f"whole answer, {bound}-bound", "", _t(h[f"answer_{bound}_s"]), ""))
     out = _section("Time per token", rows)
     if h["binds"]:
         slow, fast = sorted((h["memory_s"], h["compute_s"]), reverse=True)

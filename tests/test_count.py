@@ -540,3 +540,28 @@ def test_another_librarys_quantization_is_priced_as_its_float_type_and_said_so(t
     got = count(write_config(tmp_path / "gptq", gptq))
     assert (got.total, got.bytes, got.quantization) == (want.total, want.bytes, want.quantization)
     assert any("'gptq', not MLX's layout" in n for n in got.notes), got.notes
+
+
+def test_a_context_past_a_default_max_position_embeddings_says_it_was_not_in_the_file(tmp_path):
+    """A config.json without max_position_embeddings: `count` warned 'beyond the model's max_position_embeddings
+    (2,048)' as if the file said 2,048 (Llama 3.1 8B takes 131,072). The note now says the value is the
+    architecture's default, and the JSON says whether the file gave it."""
+    config = {k: v for k, v in json.loads(LLAMA_8B.read_text()).items() if k != "max_position_embeddings"}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    r = count(str(tmp_path / "config.json"), context=12_060)
+    assert r.context["beyond_max_context"] and r.context["max_context_given"] is False
+    shown = run_cli(tmp_path / "config.json", "--context", 12_060)
+    assert "max_position_embeddings (2,048, the architecture's default: config.json does not set it)" in shown.stdout
+    given = dict(config, max_position_embeddings=8_192)
+    (tmp_path / "config.json").write_text(json.dumps(given))
+    shown = run_cli(tmp_path / "config.json", "--context", 12_060)
+    assert "max_position_embeddings (8,192)\n" in shown.stdout
+    assert count(str(tmp_path / "config.json"), context=12_060).context["max_context_given"] is True
+
+
+def test_a_whole_answers_time_shows_only_the_bounds_whose_rate_was_given():
+    """--flops alone printed 'whole answer, memory-bound' with an empty value."""
+    shown = run_cli(LLAMA_8B, "--context", 12_060, "--answer-tokens", 300, "--flops", "989T")
+    assert "whole answer, compute-bound" in shown.stdout and "memory-bound" not in shown.stdout
+    shown = run_cli(LLAMA_8B, "--context", 12_060, "--answer-tokens", 300, "--bandwidth", "3.35TB/s")
+    assert "whole answer, memory-bound" in shown.stdout and "compute-bound" not in shown.stdout

@@ -282,6 +282,7 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
             "share_of_weights": att / weights_ops,
             "total_ops": weights_ops + att,
             "beyond_max_context": context > cfg.max_position_embeddings,
+            "max_context_given": cfg.raw.get("max_position_embeddings") is not None,  # else the architecture's
         }
     if answer_tokens is not None:  # pass k (k = 0 .. M-1) attends to context + k tokens
         M, N = answer_tokens, context
