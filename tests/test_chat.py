@@ -167,7 +167,7 @@ def test_chat_at_a_terminal(embedded, tmp_path):
     try:
         term.expect(r">>> ")
         term.send(FRUIT + "\n")
-        first = term.expect(r"\[seed 7\]\n(.*?)\n>>> ").group(1).decode()
+        first = term.expect(r"\[seed 7\][^\n]*\n(.*?)\n>>> ").group(1).decode()
         term.send(MORE + "\n")
         second = term.expect(r"\[seed 7\]\n(.*?)\n>>> ").group(1).decode()
         term.send("/temp -1\n")
@@ -200,7 +200,7 @@ def test_ctrl_c_stops_the_reply_not_the_chat(tmp_path):
     try:
         term.expect(r">>> ")
         term.send("Write a long story about a dragon who learns to bake bread.\n")
-        term.expect(r"\[seed \d+\]\n\S")  # the reply has begun
+        term.expect(r"\[seed \d+\][^\n]*\n\S")  # the reply has begun
         term.send("\x03")
         term.expect(r"\[stopped\]\n>>> ", timeout=30)
         out = tmp_path / "chat.json"
@@ -248,3 +248,25 @@ def test_a_reply_budget_past_the_context_is_refused_before_the_chat_opens(embedd
                           capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)  # fmt: skip
     assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stdout)
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --max-tokens 100,000 leaves no room")
+
+
+def test_a_reply_says_which_settings_it_ran_with(tmp_path):
+    """Was: a reply's JSON said "settings": {} and the terminal said nothing, so a learner could not tell which
+    temperature wrote a reply. Each record holds every sampler field it ran with and where they came from (the
+    note `generate` prints); at the terminal the note goes before the first reply and again when it changes."""
+    lines = f"{FRUIT}\n/temp 0.5\n{MORE}\n{MORE}\n"
+    env = {**os.environ, "MLXINFER_CHAT_HISTORY": str(tmp_path / "history")}
+    run = [sys.executable, "-m", "mlxinfer", "chat", "--max-tokens", "2", "--top-k", "40"]
+    shown = subprocess.run(run, input=lines, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+    assert shown.returncode == 0, shown.stderr
+    seeds = [line for line in shown.stderr.splitlines() if line.startswith("[seed ")]
+    assert len(seeds) == 3, shown.stderr
+    assert "sampling: top_k 40 set by you" in seeds[0] and "temperature" not in seeds[0], seeds
+    assert "temperature 0.5" in seeds[1] and "top_k 40" in seeds[1], seeds
+    assert re.fullmatch(r"\[seed \d+\]", seeds[2]), seeds
+    records = subprocess.run(run + ["--json"], input=lines, capture_output=True, text=True, cwd=ROOT, env=env,
+                             timeout=300)  # fmt: skip
+    replies = [json.loads(line) for line in records.stdout.splitlines() if '"user"' in line]
+    assert [r["settings"]["temperature"] for r in replies] == [1.0, 0.5, 0.5]
+    assert all(r["settings"]["top_k"] == 40 and r["settings"]["top_p"] == 1.0 for r in replies)
+    assert replies[0]["settings_note"] == seeds[0].split("] ", 1)[1]

@@ -48,6 +48,7 @@ def chat(
     json_out = options["json_out"]
     flags.use(prompt="conversation")  # what the model reads: every message so far, through the template
     interactive = sys.stdin.isatty()
+    shown = [""]  # the settings' notes shown so far
     if interactive:
         _readline()
     if not json_out:
@@ -73,10 +74,11 @@ def chat(
             if outcome.kind == "quit":
                 break
             continue
-        _turn(session, line, json_out)
+        _turn(session, line, json_out, shown)
 
 
-def _turn(session, line: str, json_out: bool) -> None:
+def _turn(session, line: str, json_out: bool, shown: list[str]) -> None:
+    """One reply; its settings' note goes before it whenever it differs from the last one shown."""
     from mlxinfer import MlxinferError
 
     turn = None
@@ -88,7 +90,9 @@ def _turn(session, line: str, json_out: bool) -> None:
     try:
         turn = session.reply(line)
         if not json_out:
-            print(f"[seed {turn.seed}]", file=sys.stderr, flush=True)
+            note = turn.record.settings_note
+            print(f"[seed {turn.seed}]" + (f" {note}" if note != shown[-1] else ""), file=sys.stderr, flush=True)
+            shown.append(note)
         for text in turn:
             if not json_out:
                 sys.stdout.write(text)

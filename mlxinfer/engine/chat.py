@@ -71,7 +71,8 @@ class TurnRecord:
     prompt_tokens: int
     generated_tokens: int = 0
     finish_reason: Optional[str] = None  # stop, length, or interrupted (stopped part-way)
-    settings: dict = field(default_factory=dict)
+    settings: dict = field(default_factory=dict)  # every sampler field the reply ran with
+    settings_note: str = ""  # where they came from (yours, the model's generation_config.json, the defaults)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -83,7 +84,9 @@ class ChatTurn:
 
     def __init__(self, session: "ChatSession", user: str, messages: list[dict], seed: int, stream):
         self.session, self.messages, self.seed, self.stream = session, messages, seed, stream
-        self.record = TurnRecord(user, "", seed, len(stream.request.ids), settings=dict(session.settings))
+        request = stream.request
+        self.record = TurnRecord(user, "", seed, len(request.ids), settings=request.settings.to_dict())
+        self.record.settings_note = request.note
         self._pieces: list[str] = []
         self._done = self._started = self._dropped = False
 
