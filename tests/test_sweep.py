@@ -225,6 +225,10 @@ def test_resume_needs_out_and_an_empty_out_starts_afresh(tiny, tmp_path):
     report = json.loads(r.stdout)
     assert (report["completions"], report["new_completions"], report["resumed"]) == (1, 0, 1)
     assert report["cells"][0]["draws"] == 1 and len(out.read_text().splitlines()) == 3
+    shown = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "1", "--max-tokens", "2", "--out", str(out),
+                       "--resume")  # fmt: skip
+    assert "(0 new, 1 resumed" in shown.stdout and "none drawn)" in shown.stdout  # was: 0.0 tok/s
+    assert "tok/s" not in shown.stdout.splitlines()[0]
     missing = tmp_path / "no" / "such" / "out.jsonl"
     r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--out", str(missing))
     assert_one_line_error(r, f"the folder {missing.parent} does not exist; create it first")  # was: "(No such file...)"

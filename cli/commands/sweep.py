@@ -113,7 +113,7 @@ def render(report) -> None:
     console.print(
         f"[bold]{report.model}[/bold] ({report.definition}): {report.completions} completions{where} "
         f"({report.new_completions} new, {report.resumed} resumed; {report.ranks} rank(s), batches of "
-        f"{report.batch_size}, {report.tokens_per_s:.1f} tok/s)",
+        f"{report.batch_size}, " + (f"{report.tokens_per_s:.1f} tok/s)" if report.new_completions else "none drawn)"),
         highlight=False,
     )
     if report.sharding:
@@ -121,7 +121,7 @@ def render(report) -> None:
     for cell in report.cells:
         settings = ", ".join(f"{k} {cell.settings[k]}" for k in GRID_FIELDS)
         test = (
-            f"chi-square {cell.chi_square:.2f}, {cell.dof} dof, p = {cell.p_value:.3f}"
+            f"chi-square {cell.chi_square:.2f}, {cell.dof} dof (rare first tokens pooled), p = {cell.p_value:.3f}"
             if cell.p_value is not None
             else "too few draws for a chi-square test"
         )
@@ -136,7 +136,7 @@ def render(report) -> None:
                 f"{a.share:.1%}",
                 f"{a.share_low:.1%}-{a.share_high:.1%}",
                 repr(a.first_token_text),
-                f"{a.first_token_prob:.1%}",
+                f"{a.first_token_prob:.1%}" if a.first_token_prob >= 0.0005 or not a.first_token_prob else "<0.1%",
                 *([exact_cell(a.exact, cell.exact["remainder"])] if cell.exact else []),
             )
         console.print(t)
