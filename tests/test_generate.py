@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import mlx.core as mx
 import numpy as np
@@ -325,3 +326,18 @@ def test_topk_explain_keeps_what_the_sampler_draws_on_int8():
     assert all(kept[t] == pytest.approx(walked[t], abs=1e-6) for t in kept)
     scores = mlxinfer.next_token_scores(model, mlxinfer.encode_prompt(tok, FRUIT))
     assert mx.array_equal(scores, mlxinfer.prefill(model, mlxinfer.encode_prompt(tok, FRUIT)).logits[0]).item()
+
+
+def test_generate_logprobs_lists_each_alternative_whole_and_says_which_probabilities_they_are(monkeypatch):
+    """At 60 columns the alternatives column folded inside a token and between a token and its logprob, and the
+    table did not say that its numbers are the model's own at T = 1 (they are, under --temp 0 and any cut)."""
+    monkeypatch.setenv("COLUMNS", "60")
+    shown = invoke_cli("generate", "-p", "Name one fruit.", "--temp", "0.5", "--top-k", "2", "--seed", "1",
+                       "--logprobs", "3", "--max-tokens", "2")  # fmt: skip
+    assert shown.returncode == 0, shown.stderr
+    assert "the model's own (T = 1, nothing cut)" in shown.stdout
+    cells = [line.split("│")[4].strip() for line in shown.stdout.splitlines() if line.count("│") == 5]
+    alternatives = [c for c in cells if c]
+    assert len(alternatives) == 6 and all(re.fullmatch(r"'.*' -?\d+\.\d{3}", c) for c in alternatives), cells
+    table = mlxinfer.next_token_table(*mlxinfer.load(), "Name one fruit.", temperatures=[1.0], k=3)
+    assert alternatives[:3] == [f"{r.text!r} {r.logprob:.3f}" for r in table.rows]

@@ -107,7 +107,10 @@ def render(report) -> None:
         f"{report.kv_bytes / 1e6:,.1f} MB of keys and values kept; stopped: {report.stopped}"
     )
     console.print(f"[dim]{walked}[/dim]", highlight=False)
-    t = Table(title=f"whole answers (grouped by {report.group}), up to {counted(report.max_tokens, 'token')}")
+    t = Table(
+        title=f"whole answers (grouped by {report.group}), up to {counted(report.max_tokens, 'token')}; "
+        "rows by their highest probability in any column"
+    )
     t.add_column("answer")
     for s in report.settings:
         t.add_column(_label(s), justify="right")

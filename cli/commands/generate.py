@@ -131,12 +131,12 @@ def render_mask(rows: list[dict]) -> None:
 def render_logprobs(steps) -> None:
     from mlxinfer_cli.common import folding_table as Table
 
-    t = Table(title="logprobs")
+    t = Table(title="logprobs: the model's own (T = 1, nothing cut), whatever the sampler's settings")
     t.add_column("token")
     t.add_column("logprob", justify="right")
     t.add_column("p", justify="right")
     t.add_column("alternatives")
     for s in steps:
-        alts = "  ".join(f"{a.text!r} {a.logprob:.3f}" for a in s.alternatives)
+        alts = "\n".join(f"{a.text!r} {a.logprob:.3f}" for a in s.alternatives)  # one a line: a fold never splits one
         t.add_row(repr(s.text), f"{s.logprob:.3f}", f"{math.exp(s.logprob):.3f}", alts)
     stdout_console().print(t)
