@@ -340,11 +340,11 @@ def test_cli_answers_prints_what_the_library_returns(words, tmp_path):
     assert short.returncode == 0 and "stopped: max_nodes" in short.stdout, short.stderr
     assert "1 path expanded in 1 forward pass," in short.stdout  # was: "1 paths ... 1 forward passes"
     # the one path's children end at max_tokens 2 with no pass: resolved when the budget ends the walk
-    assert repr(best["answer"]) in short.stdout and "raise --max-nodes" not in short.stdout
+    assert repr(best["answer"]) in short.stdout and "no answer ended" not in short.stdout
     longer = [a for a in args if a not in ("--min-mass", "1")]
     longer[longer.index("--max-tokens") + 1] = "3"
     deeper = invoke_cli(*longer, "--max-nodes", "1")  # its children need a pass each: nothing ends
-    assert deeper.returncode == 0 and "raise --max-nodes" in deeper.stdout  # was: an empty table, no word on why
+    assert deeper.returncode == 0 and "no answer ended within the budget: raise --max-nodes" in deeper.stdout  # was: an empty table, no word on why
     bad = [
         (["--min-mass", "0"], "--min-mass must be in (0, 1]"),
         (["--max-nodes", "-3"], "--max-nodes"),
