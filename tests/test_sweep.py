@@ -463,3 +463,26 @@ def test_an_exact_sweeps_walk_and_stop_strings_are_part_of_what_a_resume_must_ma
         assert_one_line_error(result, "holds another sweep")
         assert out.read_bytes() == before
     assert invoke_cli(*cli_sweep(path, out, "--resume", *exact, seeds="3")).returncode == 0
+
+
+def test_a_sweep_too_large_to_list_is_refused_before_anything_is_built(tiny, tmp_path):
+    """Was: 100 temperatures x 99 top-p x 100 top-k (990,000 cells), or 10,000 prompts x 4 temperatures x 100,000
+    seeds, ran for minutes with nothing printed while memory grew past 7 GB (the grid and the list of pending draws
+    are built before the first draw). Both are one line naming the sizes, and no results file."""
+    path, _ = tiny
+    values = ",".join(f"{0.01 * (i + 1):.2f}" for i in range(100))
+    top_ks = ",".join(str(k) for k in range(1, 101))
+    out = tmp_path / "grid.jsonl"
+    grid = invoke_cli("sweep", "-m", path, "-p", "hi", "--temps", values, "--top-p", values, "--top-k", top_ks,
+                      "--seeds", "1", "--max-tokens", "1", "--out", str(out))  # fmt: skip
+    assert_one_line_error(
+        grid, "the grid would have 1,000,000 settings cells (100 --temps x 100 --top-p x 100 --top-k)"
+    )
+    with pytest.raises(mlxinfer.MlxinferError, match="at most 10,000"):
+        mlxinfer.settings_grid(list(range(1, 101)), top_k=list(range(1, 102)))
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("".join(f"word {i}\n" for i in range(2_000)))
+    many = invoke_cli("sweep", "-m", path, "--prompts", str(prompts), "--temps", "0.5,1", "--seeds", "300",
+                      "--max-tokens", "1", "--out", str(out))  # fmt: skip
+    assert_one_line_error(many, "the sweep would draw 1,200,000 completions (2,000 prompts x 2 settings x 300 --seeds)")
+    assert not out.exists()

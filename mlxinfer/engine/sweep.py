@@ -22,6 +22,7 @@ from contextlib import contextmanager
 import collections
 import hashlib
 import itertools
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -60,6 +61,15 @@ def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence 
     if empty:
         param = {"temperature": "temperatures"}.get(empty[0], empty[0])
         raise MlxinferError(f"{param} is empty, so the grid has no cells; give at least one value", param)
+    cells = math.prod(len(v) for _, v in named)
+    if cells > defaults.MAX_GRID_CELLS:  # counted before the grid is built: a product of long axes never ends
+        param = {"temperature": "temperatures"}
+        sizes = " x ".join(f"{len(v):,} {param.get(n, n)}" for n, v in named)
+        raise MlxinferError(
+            f"the grid would have {cells:,} settings cells ({sizes}); at most {defaults.MAX_GRID_CELLS:,}: "
+            "give fewer values",
+            *[param.get(n, n) for n, _ in named],
+        )
     return [dict(zip([n for n, _ in named], combo)) for combo in itertools.product(*[v for _, v in named])]
 
 
@@ -121,6 +131,14 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
         raise MlxinferError(
             f"seeds lists {repeated} more than once; a sweep keeps one record per prompt, settings and seed: "
             "list each seed once",
+            "seeds",
+        )
+    draws = len(prompts) * len(settings) * len(seed_ids)
+    if draws > defaults.MAX_SWEEP_DRAWS:  # each is a pending draw, listed before the first
+        raise MlxinferError(
+            f"the sweep would draw {draws:,} completions ({len(prompts):,} prompts x {len(settings):,} settings x "
+            f"{len(seed_ids):,} seeds); at most {defaults.MAX_SWEEP_DRAWS:,} a run: split it into runs with an out "
+            "file each",
             "seeds",
         )
     stops = stop_strings(stop)
