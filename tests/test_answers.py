@@ -344,7 +344,9 @@ def test_cli_answers_prints_what_the_library_returns(words, tmp_path):
     longer = [a for a in args if a not in ("--min-mass", "1")]
     longer[longer.index("--max-tokens") + 1] = "3"
     deeper = invoke_cli(*longer, "--max-nodes", "1")  # its children need a pass each: nothing ends
-    assert deeper.returncode == 0 and "no answer ended within the budget: raise --max-nodes" in deeper.stdout  # was: an empty table, no word on why
+    assert (
+        deeper.returncode == 0 and "no answer ended within the budget: raise --max-nodes" in deeper.stdout
+    )  # was: an empty table, no word on why
     bad = [
         (["--min-mass", "0"], "--min-mass must be in (0, 1]"),
         (["--max-nodes", "-3"], "--max-nodes"),
@@ -567,3 +569,24 @@ def test_first_token_groups_keep_apart_tokens_that_decode_alike(embedded_quantiz
 def test_answers_takes_temps_or_temp_not_both():
     """Was: --temps 0.5 --temp 1 ran at T = 1 alone, --temps dropped without a word."""
     assert_one_line_error(invoke_cli("answers", "-p", "hi", "--temps", "0.5", "--temp", "1"), "--temps", "--temp")
+
+
+def test_a_pass_larger_than_the_machines_memory_is_refused_before_it_runs(words, monkeypatch):
+    """Was: `answers --batch-size 1000000` ended in a segmentation fault with nothing printed, and `sample
+    --seeds 100000 --batch-size 100000` in numpy's "Unable to allocate 18.3 GiB" traceback. A pass's rows each
+    hold their scores over the vocabulary and their keys and values: past this machine's memory, one line first.
+    (The memory is made small here, so that a small model's pass is too large for it.)"""
+    from mlxinfer.model import dtype_rule
+
+    model, tok = words
+    V, cfg = model.config.vocab_size, model.config
+    per_row = 4 * 4 * V + cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4 * 3
+    monkeypatch.setattr(dtype_rule, "physical_ram_bytes", lambda: 10 * per_row)
+    with pytest.raises(mlxinfer.MlxinferError, match=r"a pass of 16 rows would need .* at most 10 rows fit; lower "
+                       r"batch_size") as e:  # fmt: skip
+        mlxinfer.sample(model, tok, PROMPT, seeds=16, max_tokens=3, chat=False)
+    assert e.value.params == ("batch_size",)
+    assert len(mlxinfer.sample(model, tok, PROMPT, seeds=16, max_tokens=3, chat=False, batch_size=10).completions) == 16
+    with pytest.raises(mlxinfer.MlxinferError, match=r"a pass of 12 rows .* at most 10 rows fit"):
+        mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, chat=False,
+                         batch_size=12)  # fmt: skip

@@ -35,7 +35,7 @@ from ..sampler import kept_probabilities
 from ..settings import SamplerSettings, resolve_each, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
 from .core import Row, replay
-from .decode import check_progress, prefill
+from .decode import check_pass_fits, check_progress, prefill
 from .grouping import check_group, keyer
 from .path_cache import PathRows, at_position
 from .request import check_batch_size, prepare
@@ -185,6 +185,7 @@ class AnswerWalk:
             self.stopped = "max_seconds"
             return
         self._check_room(at_position(self.prompt.cache, self.P - 1).nbytes)
+        check_pass_fits(model, min(batch_size, max_nodes), request.max_tokens)
         self.rows = PathRows(self.prompt.cache, self.P)
         compiled = request.compiled
         self.stop_ids = set(tokenizer.eos_token_ids) | (set(compiled.table.eos_ids) if compiled is not None else set())
