@@ -212,7 +212,7 @@ def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, sh
     page.fill("#draw-base", "0")
     page.fill("#draw-max", "5")
     draw(page, 8)
-    assert tab.posts("/v1/chat/completions") == 1  # eight rows, one request (the server's max_rows is 8)
+    assert tab.posts("/v1/chat/completions") == 2  # eight rows, two requests: one takes half the server's 8 rows
     command = page.text_content("#draw-cli")
     assert "--seeds 0:8" in command and "--max-tokens 5" in command
     report = run_copied(command)
@@ -233,22 +233,22 @@ def test_eight_seeded_draws_match_sample_and_come_back_alone(browser, server, sh
     assert [(r[0], int(r[1])) for r in tab.cells("#tally-table tbody tr")] == [
         (repr(t["answer"]), t["count"]) for t in by_text["tally"]
     ]
-    assert tab.posts("/v1/chat/completions") == 1
+    assert tab.posts("/v1/chat/completions") == 2
     page.select_option("#draw-group", "first-word")
 
     page.click("#draw-table tr[data-seed='3'] button")
     page.wait_for_selector("#draw-table tr[data-seed='3'] .col-alone.same", timeout=60_000)
-    assert tab.posts("/v1/chat/completions") == 2
-    metrics["requests"]["draw 8 seeds"] = 1
+    assert tab.posts("/v1/chat/completions") == 3
+    metrics["requests"]["draw 8 seeds"] = 2
     metrics["requests"]["draw one seed again"] = 1
     tab.shoot(shots, "draws")
 
-    page.fill("#draw-n", "20")  # past the server's rows in flight: ceil(20 / 8) requests, batched together
+    page.fill("#draw-n", "20")  # past a request's rows (half the server's 8): ceil(20 / 4) requests, batched together
     draw(page, 20)
-    assert tab.posts("/v1/chat/completions") == 2 + 3
+    assert tab.posts("/v1/chat/completions") == 3 + 5
     more = run_copied(page.text_content("#draw-cli"))
     assert [r[1] for r in tab.cells("#draw-table tbody tr")] == [repr(c["text"]) for c in more["completions"]]
-    metrics["requests"]["draw 20 seeds"] = 3
+    metrics["requests"]["draw 20 seeds"] = 5
     tab.close()
 
 

@@ -523,3 +523,22 @@ def test_the_open_file_limit_that_importing_mlx_lm_lowers_is_raised_again():
     start, low, after = (tuple(int(n) for n in part.strip("() ").split(",")) for part in out.stdout.split(")")[:3])
     assert low == (2048, 4096), low  # what mlx-lm does (if it stops, this test has nothing to check)
     assert after[0] > low[0] and after[0] >= min(start[0], 1 << 16, after[1] if after[1] > 0 else 1 << 16), after
+
+
+def test_one_request_takes_at_most_half_the_rows(tiny):
+    """Was: n equal to --max-rows (32 rows, 1,500 tokens at temperature 2) held every row, and a 3-token request
+    that came 2 s later waited 230 s for all of it to end. A request's n is at most half the rows, so another
+    request always finds rows free once the rows before it are in flight (the batcher admits a request whose
+    rows fit beside those in flight)."""
+    url, app, model, tok = tiny
+    error = _error(post(url, CHAT, _chat(url, n=3, seed=1)))
+    assert error["param"] == "n" and "from 1 to 2 (half this server's 4 rows in flight" in error["message"]
+    r = post(url, CHAT, _chat(url, n=2, seed=1))
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
+    assert health(url)["max_request_rows"] == 2
+    engine = Batcher(model, tok, max_rows=4)
+    try:
+        with pytest.raises(mlxinfer.MlxinferError, match="n must be at most 2, got 3"):
+            engine.submit(Job(prepare(model, tok, "hi", max_tokens=2), [1, 2, 3], lambda *e: None))
+    finally:
+        engine.close()

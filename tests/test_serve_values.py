@@ -38,7 +38,7 @@ def smol(embedded):
 def tiny(checkpoint_dir):
     """The tiny 4-bit llama as stored (generation_config.json: temperature 0.6, top_k 20, top_p 0.95)."""
     model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
-    app = mlxinfer.create_app(model, tok, max_rows=6, max_queue=32)
+    app = mlxinfer.create_app(model, tok, max_rows=8, max_queue=32)
     with running(app) as url:
         yield url, app, model, tok
 

@@ -83,6 +83,9 @@ class Batcher:
         check_bounds(max_rows, max_queue, prompt_cache_bytes)
         self.model, self.tokenizer = model, tokenizer
         self.max_rows, self.max_queue, self.prefill_budget = max_rows, max_queue, prefill_budget
+        # a request's rows at most: half, so that one request (n = max_rows, thousands of tokens) never holds every
+        # row while the others wait for all of it to end
+        self.max_request_rows = max(1, max_rows // 2)
         self.batch = Batch(model, tokenizer, own_caches=True)
         self.per_row = self.batch.own  # one forward for all rows; else one per request
         self._pending: collections.deque[Job] = collections.deque()
@@ -102,8 +105,8 @@ class Batcher:
 
     # ------------------------------------------------------------------------- any thread
     def submit(self, job: Job) -> Job:
-        if len(job.seeds) > self.max_rows:
-            raise MlxinferError(f"n must be at most {self.max_rows} (rows in flight), got {len(job.seeds)}", "n")
+        if len(job.seeds) > self.max_request_rows:
+            raise MlxinferError(f"n must be at most {self.max_request_rows}, got {len(job.seeds)}", "n")
         with self._cv:
             if self._closed:
                 raise QueueFull("the engine is shutting down")
@@ -135,6 +138,7 @@ class Batcher:
             "rows_in_flight": len(self._live),
             "queued": sum(not job.cancelled for job in self._pending),  # a job whose client left waits for nothing
             "max_rows": self.max_rows,
+            "max_request_rows": self.max_request_rows,
             "max_queue": self.max_queue,
             "steps": self.steps,
             "tokens": self.tokens,

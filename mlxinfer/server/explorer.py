@@ -214,6 +214,7 @@ def model_card(state) -> dict:
         "sampler": _model_sampler(info.generation_config),
         "server": {
             "max_rows": batcher.max_rows,
+            "max_request_rows": batcher.max_request_rows,  # a request's n at most
             "max_queue": batcher.max_queue,
             "default_max_tokens": state.default_max_tokens,
             "max_rows_shown": MAX_ROWS_SHOWN,

@@ -51,9 +51,14 @@ class Endpoints:
         """What both endpoints check before preparation: the model's name, n, the seeds, stream options, stop."""
         if body.model not in self.names:
             raise ApiError(404, f"the model '{body.model[:200]}' does not exist here; GET /v1/models lists it", "model")
-        most = self.batcher.max_rows
+        most = self.batcher.max_request_rows
         if not 1 <= body.n <= most:
-            raise ApiError(400, f"n must be from 1 to {most} (this server's rows in flight), got {body.n}", "n")
+            raise ApiError(
+                400,
+                f"n must be from 1 to {most} (half this server's {self.batcher.max_rows} rows in flight: the rest stay "
+                f"for other clients), got {body.n}; send more requests with later seeds",
+                "n",
+            )
         if body.seed is not None:
             try:
                 check_seed(body.seed)

@@ -54,7 +54,7 @@ export function mount(ctx) {
     $("draw-table").tBodies[0].replaceChildren(...draws.map((d) => d.tr));
     $("draw-table").hidden = false;
     tally();
-    const per = ctx.card.server.max_rows;
+    const per = ctx.card.server.max_request_rows;
     const batches = [];
     for (let at = 0; at < n; at += per) batches.push(draws.slice(at, at + per));
     $("draw-head").textContent =
