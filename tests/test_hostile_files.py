@@ -131,6 +131,7 @@ FIX = "; fix config.json"  # how a message about a wrong value in config.json en
         ('"num_key_value_heads": 0', "'num_key_value_heads'", FIX),  # was: silently as many as the query heads
         ('"num_key_value_heads": 3', "num_key_value_heads 3", FIX),  # 4 query heads
         ('"attention_bias": "no"', "'attention_bias'", FIX),
+        ('"head_dim": 0', "'head_dim'", FIX),  # was: read as unset, hidden_size / heads
     ],
 )
 def test_config_values_are_checked(checkpoint_dir, tmp_path, change, fragment, fix):

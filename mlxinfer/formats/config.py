@@ -132,7 +132,7 @@ class ModelConfig:
             raise _WrongValue(
                 f"{where}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )
-        if d.get("head_dim") and arch.config_head_dim:
+        if d.get("head_dim") is not None and arch.config_head_dim:  # 0 is an error, not unset
             head_dim = _positive_int(d, "head_dim", where)
         else:
             if ints["hidden_size"] % heads:
