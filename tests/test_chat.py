@@ -270,3 +270,17 @@ def test_a_reply_says_which_settings_it_ran_with(tmp_path):
     assert [r["settings"]["temperature"] for r in replies] == [1.0, 0.5, 0.5]
     assert all(r["settings"]["top_k"] == 40 and r["settings"]["top_p"] == 1.0 for r in replies)
     assert replies[0]["settings_note"] == seeds[0].split("] ", 1)[1]
+
+
+def test_a_conversation_grown_past_the_context_names_reset(embedded):
+    """Was: 'shorten the prompt' alone, where what grew past the context is the conversation: /reset starts a new
+    one. A first message too long on its own gets no such advice (a new conversation would not help)."""
+    model, tok = embedded
+    session = mlxinfer.ChatSession(model, tok, max_tokens=2)
+    with pytest.raises(mlxinfer.MlxinferError) as alone:
+        session.reply("hello " * 9000)
+    assert "context" in str(alone.value) and "/reset" not in str(alone.value)
+    session.messages = [{"role": "user", "content": "hello " * 5000}, {"role": "assistant", "content": "hi " * 5000}]
+    with pytest.raises(mlxinfer.MlxinferError, match=r"context is 8,192; .*; or /reset starts a new conversation"):
+        session.reply("and now?")
+    assert len(session.messages) == 2  # unchanged

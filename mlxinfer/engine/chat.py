@@ -171,16 +171,21 @@ class ChatSession:
             self._open._done = self._open._dropped = True  # never read: it does not join the conversation
         messages = [*self.messages, {"role": "user", "content": text}]
         seed = self.seed if self.seed is not None else secrets.randbelow(FRESH_SEEDS)
-        stream = stream_generate(
-            self.model,
-            self.tokenizer,
-            messages,
-            settings=self.settings,
-            max_tokens=self.max_tokens,
-            seed=seed,
-            system=self.system,
-            thinking=self.thinking,
-        )
+        try:
+            stream = stream_generate(
+                self.model,
+                self.tokenizer,
+                messages,
+                settings=self.settings,
+                max_tokens=self.max_tokens,
+                seed=seed,
+                system=self.system,
+                thinking=self.thinking,
+            )
+        except MlxinferError as e:  # a conversation grown past the context: a new one is a fix too
+            if "context" not in str(e) or not self.messages or not {"prompt", "max_tokens"} & set(e.params):
+                raise
+            raise MlxinferError(f"{e}; or /reset starts a new conversation (the settings stay)", *e.params) from None
         self._open = ChatTurn(self, text, messages, seed, stream)
         return self._open
 
