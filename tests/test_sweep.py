@@ -486,3 +486,13 @@ def test_a_sweep_too_large_to_list_is_refused_before_anything_is_built(tiny, tmp
                       "--max-tokens", "1", "--out", str(out))  # fmt: skip
     assert_one_line_error(many, "the sweep would draw 1,200,000 completions (2,000 prompts x 2 settings x 300 --seeds)")
     assert not out.exists()
+
+
+def test_an_out_that_is_a_dangling_link_says_so(tiny, tmp_path):
+    """Was: 'cannot be written (File exists)', for a link whose target does not exist."""
+    path, _ = tiny
+    link = tmp_path / "results.jsonl"
+    link.symlink_to(tmp_path / "gone" / "results.jsonl")
+    r = invoke_cli("sweep", "-m", path, "-p", "hi", "--seeds", "2", "--max-tokens", "2", "--out", str(link))
+    assert_one_line_error(r, f"--out {link} is a link to {tmp_path / 'gone' / 'results.jsonl'}, which does not exist")
+    assert link.is_symlink() and not (tmp_path / "gone").exists()

@@ -233,6 +233,12 @@ class ResultsFile:
                     f"{param} {self.path}: the folder {folder} does not exist; create it first or write elsewhere",
                     param,
                 ) from None
+            if Path(self.path).is_symlink() and not Path(self.path).exists():  # O_EXCL refuses any link: say which
+                raise MlxinferError(
+                    f"{param} {self.path} is a link to {os.readlink(self.path)}, which does not exist; write to the "
+                    "file itself, or remove the link",
+                    param,
+                ) from None
             raise OutputError.of(e)(
                 f"{param} {self.path} cannot be written ({e.strerror}); write to another file", param
             ) from None
