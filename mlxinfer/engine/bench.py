@@ -180,7 +180,16 @@ def _probe_llama_cpp(path: str, threads: int) -> None:
     machine cannot run, such as AMX on a VM that does not grant it) would take the whole bench down, unexplained."""
     import signal
 
-    done = subprocess.run([sys.executable, "-c", _PROBE, str(path), str(threads)], capture_output=True, text=True)
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE, str(path), str(threads)], capture_output=True, text=True, timeout=600
+        )
+    except subprocess.TimeoutExpired:
+        raise MlxinferError(
+            f"llama.cpp did not decode two tokens of {Path(path).name} within 600 s in a test process; leave it out "
+            "with --no-llama-cpp",
+            "llama_cpp",
+        ) from None
     if done.returncode == 0:
         return
     lines = done.stderr.strip().splitlines()
