@@ -171,6 +171,7 @@ class AnswerWalk:
         self.open = np.zeros(S)  # mass of the paths in the frontier
         self.lost = np.zeros(S)  # mass of the branches not followed
         self.found: dict[str, _Found] = {}  # final text -> what ends with it
+        self.resolved = np.zeros(S)  # (S,) the mass of the paths that ended: what min_mass asks of the walk
         self.frontiers: list[list] = [[] for _ in settings]  # per entry: (-its path probability, n, stamp, item)
         self.counter = itertools.count()
         self.nodes = self.passes = self.leaves = 0
@@ -216,8 +217,9 @@ class AnswerWalk:
         """One batch of the heaviest open paths through the model; False once the walk has ended."""
         if self.stopped is not None:
             return False
-        if self.min_mass < 1 and (1.0 - self._unresolved() >= self.min_mass).all():  # not <= 1 - min_mass: a
-            # min_mass under float64's epsilon (1e-17) would round that to 1 and end the walk before it began
+        if self.min_mass < 1 and (self.resolved >= self.min_mass).all():  # what ended, not 1 - the open paths:
+            # that drifts in float64's last bits (1e-16 resolved with nothing found), and 1 - min_mass under
+            # float64's epsilon (1e-17) rounds to 1
             self.stopped = "min_mass"
         elif self.nodes >= self.max_nodes:
             self.stopped = "max_nodes"
@@ -450,6 +452,7 @@ class AnswerWalk:
         text = row.result.text
         found = self.found.setdefault(text, _Found(np.zeros_like(probs)))
         found.probs += probs
+        self.resolved += probs
         found.paths.append((float(probs.max()), parent, token, probs))
         if len(found.paths) > 4 * PATHS_SHOWN:  # keep the heaviest few
             found.paths = sorted(found.paths, key=lambda p: -p[0])[:PATHS_SHOWN]
