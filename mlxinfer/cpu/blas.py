@@ -90,6 +90,11 @@ def _preload() -> None:
             reason=f"not Linux ({sys.platform}): MLX's own BLAS is used as is",
         )
         return
+    try:
+        os.getcwd()
+    except FileNotFoundError:  # oneMKL ends the process ("Cannot load libmkl_rt") when the directory is gone
+        _fallback("the current directory no longer exists; no fast BLAS loaded", warn=False)
+        return
     if "mlx.core" in sys.modules:
         explicit = bool(value) and value.lower() not in _DISABLED | _DEFAULT
         what = f"{ENV}={value} not loaded" if explicit else "no fast BLAS loaded"
