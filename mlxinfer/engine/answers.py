@@ -186,7 +186,7 @@ class AnswerWalk:
             self.stopped = "max_seconds"
             return
         self._check_room(at_position(self.prompt.cache, self.P - 1).nbytes)
-        check_pass_fits(model, min(batch_size, max_nodes), request.max_tokens)
+        check_pass_fits(model, min(batch_size, max_nodes))
         self.rows = PathRows(self.prompt.cache, self.P)
         compiled = request.compiled
         self.stop_ids = set(tokenizer.eos_token_ids) | (set(compiled.table.eos_ids) if compiled is not None else set())

@@ -87,22 +87,19 @@ def check_context(model, n_prompt: int, extra: int = 0) -> None:
 SCORE_COPIES = 4  # (rows, vocabulary) float32 arrays a pass holds at once: the scores, the sampler's and the draw's
 
 
-def check_pass_fits(model, rows: int, positions: int, param: str = "batch_size") -> None:
-    """A pass of `rows` rows must fit this machine's memory: each row's scores over the vocabulary and its own keys
-    and values at `positions` (float32). Past it MLX's allocation ends the process with a segmentation fault, numpy's
-    with a traceback, or the machine swaps: refused up front instead."""
+def check_pass_fits(model, rows: int, param: str = "batch_size") -> None:
+    """A pass of `rows` rows must fit this machine's memory with its scores over the vocabulary (past it MLX's
+    allocation ends the process with a segmentation fault, numpy's with a traceback). The keys and values are not
+    counted: they grow with each row's length, and most rows end long before max_tokens."""
     from ..model.dtype_rule import physical_ram_bytes
 
-    cfg, ram = model.config, physical_ram_bytes()
-    per_row = (
-        SCORE_COPIES * 4 * cfg.vocab_size
-        + cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * 4 * positions
-    )
+    vocab, ram = model.config.vocab_size, physical_ram_bytes()
+    per_row = SCORE_COPIES * 4 * vocab
     if ram is not None and rows * per_row > ram:
         raise MlxinferError(
-            f"a pass of {rows:,} rows would need about {rows * per_row / 1e9:,.1f} GB ({per_row / 1e6:,.1f} MB "
-            f"a row: its scores over {cfg.vocab_size:,} tokens and its keys and values at {positions:,} positions) and "
-            f"this machine has {ram / 1e9:,.1f} GB: at most {max(1, ram // per_row):,} rows fit; lower {param}",
+            f"a pass of {rows:,} rows would need about {rows * per_row / 1e9:,.1f} GB for its scores alone "
+            f"({per_row / 1e6:,.1f} MB a row over {vocab:,} tokens) and this machine has {ram / 1e9:,.1f} GB: at "
+            f"most {max(1, ram // per_row):,} rows fit; lower {param}",
             param,
         )
 
@@ -240,7 +237,7 @@ def prefill_and_decode(
     stats = stats if stats is not None else Stats()
     check_context(model, len(ids), max(spec.max_tokens for spec in specs))
     size = batch_size or len(specs)
-    check_pass_fits(model, min(size, len(specs)), max(spec.max_tokens for spec in specs))
+    check_pass_fits(model, min(size, len(specs)))
     stats.prompt_tokens = len(ids)
     mx.reset_peak_memory()
     start = time.perf_counter()
