@@ -48,7 +48,7 @@ def chat(
     json_out = options["json_out"]
     flags.use(prompt="conversation")  # what the model reads: every message so far, through the template
     interactive = sys.stdin.isatty()
-    shown = [""]  # the settings' notes shown so far
+    shown = [""]  # the settings' note shown last (a cell _turn updates)
     if interactive:
         _readline()
     if not json_out:
@@ -91,8 +91,8 @@ def _turn(session, line: str, json_out: bool, shown: list[str]) -> None:
         turn = session.reply(line)
         if not json_out:
             note = turn.record.settings_note
-            print(f"[seed {turn.seed}]" + (f" {note}" if note != shown[-1] else ""), file=sys.stderr, flush=True)
-            shown.append(note)
+            print(f"[seed {turn.seed}]" + (f" {note}" if note != shown[0] else ""), file=sys.stderr, flush=True)
+            shown[0] = note
         for text in turn:
             if not json_out:
                 sys.stdout.write(text)

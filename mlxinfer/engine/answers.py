@@ -477,8 +477,7 @@ class AnswerWalk:
         remainder = self._unresolved()
         if stopped == "interrupted":  # Ctrl-C may land while paths are taken and not yet resolved: then
             # open + lost misses them, and what no listed answer holds is the sound remainder
-            found = sum((f.probs for f in self.found.values()), np.zeros(len(self.settings)))
-            remainder = np.maximum(remainder, 1.0 - found)
+            remainder = np.maximum(remainder, 1.0 - self.resolved)
         remainder = np.clip(remainder, 0.0, 1.0)  # >= 0 but for float64's last bits
         masses = [
             SettingsMass(s.to_dict(), float(1.0 - r), float(r), bool(r == 0)) for s, r in zip(self.settings, remainder)

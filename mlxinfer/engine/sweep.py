@@ -48,6 +48,11 @@ from .request import check_batch_size, prepare, seed_list, stop_strings
 from .summary import exact_of, summarize
 
 
+def _param(axis: str) -> str:
+    """The parameter an axis is given by: settings_grid's `temperatures`, else the setting's own name."""
+    return "temperatures" if axis == "temperature" else axis
+
+
 def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence | None) -> list[dict]:
     """Every combination of the values given, one axis per sampler setting sweep can cross
     (settings.GRID_FIELDS: temperature, top_p, top_k, min_p, ...); a setting left None is not set
@@ -59,16 +64,15 @@ def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence 
     named = [(name, _axis(name, given[name])) for name in GRID_FIELDS if given.get(name) is not None]
     empty = [name for name, values in named if not values]
     if empty:
-        param = {"temperature": "temperatures"}.get(empty[0], empty[0])
+        param = _param(empty[0])
         raise MlxinferError(f"{param} is empty, so the grid has no cells; give at least one value", param)
     cells = math.prod(len(v) for _, v in named)
     if cells > defaults.MAX_GRID_CELLS:  # counted before the grid is built: a product of long axes never ends
-        param = {"temperature": "temperatures"}
-        sizes = " x ".join(f"{len(v):,} {param.get(n, n)}" for n, v in named)
+        sizes = " x ".join(f"{len(v):,} {_param(n)}" for n, v in named)
         raise MlxinferError(
             f"the grid would have {cells:,} settings cells ({sizes}); at most {defaults.MAX_GRID_CELLS:,}: "
             "give fewer values",
-            *[param.get(n, n) for n, _ in named],
+            *[_param(n) for n, _ in named],
         )
     return [dict(zip([n for n, _ in named], combo)) for combo in itertools.product(*[v for _, v in named])]
 
@@ -78,10 +82,10 @@ def _axis(name: str, values) -> list:
     if isinstance(values, (int, float)) and not isinstance(values, bool):
         return [values]
     if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
-        param = {"temperature": "temperatures"}.get(name, name)
+        param = _param(name)
         raise MlxinferError(f"{param} must be a list of values (e.g. [0.5, 1.0]), got {values!r:.60}", param)
     values = list(values)
-    check_listed_once(values, {"temperature": "temperatures"}.get(name, name))
+    check_listed_once(values, _param(name))
     return values
 
 

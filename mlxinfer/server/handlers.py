@@ -68,7 +68,7 @@ class Endpoints:
                 raise ApiError(400, "seed + n must stay below 2**63 (rows use seeds seed..seed+n-1)", "seed")
         if body.stream_options is not None and not body.stream:
             raise ApiError(400, "stream_options is only allowed when stream is true", "stream_options")
-        stops = [body.stop] if isinstance(body.stop, str) else (body.stop or [])
+        stops = _stops(body)
         if len(stops) > 4 or any(len(s) > 256 for s in stops):
             raise ApiError(400, "stop takes at most 4 strings of at most 256 characters", "stop")
 
@@ -102,7 +102,7 @@ class Endpoints:
             tool=plan.tool,
             or_text=plan.or_text,
             parts=plan.parts,
-            stop=[s for s in ([body.stop] if isinstance(body.stop, str) else body.stop or []) if s] or None,
+            stop=[s for s in _stops(body) if s] or None,  # an empty string stops nothing: dropped
         )
         request = budget(request, self.model, asked, self.default_max_tokens)
         base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)
@@ -195,6 +195,11 @@ class Endpoints:
 
 def _error(e: ApiError) -> JSONResponse:
     return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def _stops(body) -> list:
+    """The request's stop strings as a list (OpenAI takes one string, a list of them, or null)."""
+    return [body.stop] if isinstance(body.stop, str) else (body.stop or [])
 
 
 def _gone() -> JSONResponse:
