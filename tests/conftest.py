@@ -129,10 +129,10 @@ def embedded_quantized():
     return mlxinfer.load(None, compute_dtype="quantized")
 
 
-@pytest.fixture(params=[True, False], ids=["512-bit pairs", "256-bit tiles"])
+@pytest.fixture(params=[True, False], ids=["512-bit tiles", "256-bit tiles"])
 def tile_width(request):
-    """The kernel's several-row tiles as 512-bit pairs, then as 256-bit tiles (native/qmm/wide.h picks one
-    per CPU; the bits must not depend on it). Skipped for pairs where the build has no AVX-512F."""
+    """The kernel's several-row tiles 512-bit, then 256-bit (native/qmm/wide.h picks one
+    per CPU; the bits must not depend on it). Skipped for 512-bit where the build has no AVX-512F."""
     from mlxinfer.cpu import qmm
 
     if not qmm.available():

@@ -112,7 +112,7 @@ def test_scales_in_any_float_dtype_and_mlx_agrees(dtype):
 
 @pytest.mark.parametrize("bits,group_size", LAYOUTS)
 def test_a_row_alone_equals_the_row_in_a_batch(bits, group_size, tile_width):
-    k, n = 768, 1002  # the last tile of 16 columns has 10: 512-bit pairs take 4 at a time, so it runs 256-bit
+    k, n = 768, 1002  # 512-bit tiles take 32 columns at a time: the last 10 of a thread's columns run 256-bit
     wq, scales, biases = quantized(n, k, bits, group_size, seed=11)
     batch = mx.random.normal((64, k), key=mx.random.key(5))
     full = qmm.quantized_matmul(batch, wq, scales, biases, group_size, bits)
@@ -302,7 +302,7 @@ def test_info_reports_the_kernel():
 
 
 def test_the_tile_width_switch_is_read_and_reported():
-    """MLXINFER_QMM_WIDE=0/off forces 256-bit tiles, 1/on 512-bit pairs where the build has AVX-512F
+    """MLXINFER_QMM_WIDE=0/off forces 256-bit tiles, 1/on 512-bit tiles where the build has AVX-512F
     (native/qmm/wide.h); the status line (`mlxinfer info`) says which."""
     script = "from mlxinfer.cpu import qmm; qmm.available(); print(qmm.kernel().wide(), qmm.status()['reason'])"
     seen = {}
@@ -312,7 +312,7 @@ def test_the_tile_width_switch_is_read_and_reported():
         assert done.returncode == 0, done.stderr[-2000:]
         wide, reason = done.stdout.split(" ", 1)
         seen[value] = wide == "True"
-        assert seen[value] == ("512-bit pairs" in reason), reason
+        assert seen[value] == ("512-bit tiles" in reason), reason
     assert not seen["0"] and not seen["off"]
     assert seen["1"] == seen["on"] == qmm._isa().startswith("avx512")
 

@@ -18,7 +18,7 @@ MLXINFER_QMM=off turns it off; MLXINFER_QMM_THREADS=N sets the thread count; MLX
 avx2 or portable builds a narrower variant than the CPU allows, what another machine runs (avx2 has the
 avx512 and avx512vnni builds' bits; the portable C++ path has its own fixed order for the float32
 kernel, and the int8 path's bits everywhere). MLXINFER_QMM_WIDE=0/1 forces the several-row tiles' width
-(native/qmm/wide.h: 512-bit pairs or 256-bit tiles, the same bits; by default timed once on this CPU).
+(native/qmm/wide.h: 512-bit or 256-bit tiles, the same bits; by default timed once on this CPU).
 The same extension holds the int8 path (int8.cpp).
 """
 
@@ -241,7 +241,7 @@ def _check(build_if_missing: bool = True) -> None:
     _module = module
     isa = "AVX2+FMA" if module.avx2() else "portable C++"
     if module.avx2() and module.tile() != "3x3":
-        isa += f" with AVX-512VL's registers ({module.tile()} tiles{', as 512-bit pairs' if module.wide() else ''})"
+        isa += f" with AVX-512VL's registers ({module.tile()} tiles{', and 512-bit tiles' if module.wide() else ''})"
     isa += f"; int8 dot products: {module.int8_isa()}"
     _state.update(
         active=True,

@@ -85,7 +85,7 @@ NB_MODULE(_mlxinfer_qmm, m) {
   m.def("abi", [] { return mlxinfer::QMM_ABI; });
   m.def("avx2", &mlxinfer::compiled_with_avx2, "Whether this build runs the AVX2+FMA kernel");
   m.def("tile", &mlxinfer::tile_shape, "The several-row tiles' shape, rows x columns");
-  m.def("wide", &mlxinfer::wide_tiles, "Whether the several-row tiles run as 512-bit pairs (wide.h; the same bits)");
-  m.def("set_wide", &mlxinfer::set_wide_tiles, "on"_a, "Run the several-row tiles as 512-bit pairs or not (tests)");
+  m.def("wide", &mlxinfer::wide_tiles, "Whether the several-row tiles run 512-bit (wide.h; the same bits)");
+  m.def("set_wide", &mlxinfer::set_wide_tiles, "on"_a, "Run the several-row tiles 512-bit or not (tests)");
   m.def("threads", &mlxinfer::thread_count, "Threads that share the output columns");
 }

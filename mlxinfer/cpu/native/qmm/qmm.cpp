@@ -179,7 +179,7 @@ void run_columns(const std::vector<Weight>& weights, int64_t K, const std::funct
   std::vector<Range> range;
   Pool& p = pool();
   const int64_t threads = std::min<int64_t>(p.size(), std::max<int64_t>(1, ldy * K / kMinWeightsPerThread));
-  const int64_t per = std::max<int64_t>(4, (ldy / (4 * threads) + 3) / 4 * 4);
+  const int64_t per = std::max<int64_t>(32, (ldy / (4 * threads) + 31) / 32 * 32);  // whole 512-bit tiles
   int64_t col = 0;
   for (size_t i = 0; i < weights.size(); ++i) {
     range.push_back(range_of(i, col));

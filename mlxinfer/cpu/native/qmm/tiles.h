@@ -240,17 +240,15 @@ void row_tile(const Ctx& c, int64_t m, int64_t n0) {
 
 // A column tile's weights unpacked once, in lane order, to the values row_tile's fields give
 // (wf: column j's at j * K): every row of a batch then reads them instead of unpacking again.
-// pairs (tiles_wide.h): two columns' eight values at a time, column 2q's then 2q + 1's, pair q at 2 q K.
 template <int BITS>
-void unpack_cols(const Ctx& c, int64_t n0, int64_t ncols, float* wf, bool pairs = false) {
+void unpack_cols(const Ctx& c, int64_t n0, int64_t ncols, float* wf) {
   constexpr int V = 32 / BITS, BV = 8 * V;
-  const int64_t step = pairs ? 2 : 1;  // floats from one 8-value chunk of a column to its next
   for (int64_t j = 0; j < ncols; ++j) {
     const uint32_t* wp = c.w + (n0 + j) * c.Kw;
-    float* dst = pairs ? wf + (j / 2) * 2 * c.K + (j % 2) * 8 : wf + j * c.K;
+    float* dst = wf + j * c.K;
     for (int64_t bb = 0; bb < c.K / BV; ++bb) {
       const __m256i v = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(wp + bb * 8));
-      each_field<0, V>([&](auto f) { _mm256_store_ps(dst + step * (bb * BV + f * 8), field<BITS, decltype(f)::value>(v)); });
+      each_field<0, V>([&](auto f) { _mm256_store_ps(dst + bb * BV + f * 8, field<BITS, decltype(f)::value>(v)); });
     }
   }
 }
@@ -332,12 +330,12 @@ void rows_tiles(const Ctx& c, int64_t m0, int64_t t0, int64_t t1, const float* w
   for (; n < t1; ++n) rows_tile<BITS, GS, S, R, 1>(c, m0, n, wf + (n - t0) * c.K, sf + (n - t0), bt + (n - t0));
 }
 
-// Uninitialised 32-byte aligned floats (aligned AVX loads; every element is written before it is read)
+// Uninitialised 64-byte aligned floats (aligned AVX and AVX-512 loads; every element is written before it is read)
 struct Floats {
   float* p;
-  explicit Floats(size_t n) : p(static_cast<float*>(::operator new(n * sizeof(float), std::align_val_t(32)))) {}
+  explicit Floats(size_t n) : p(static_cast<float*>(::operator new(n * sizeof(float), std::align_val_t(64)))) {}
   ~Floats() {
-    ::operator delete(p, std::align_val_t(32));
+    ::operator delete(p, std::align_val_t(64));
   }
   Floats(const Floats&) = delete;
   Floats& operator=(const Floats&) = delete;
