@@ -19,6 +19,7 @@ import signal
 import subprocess
 import sys
 import threading
+from concurrent.futures import ThreadPoolExecutor
 import time
 from pathlib import Path
 
@@ -29,6 +30,7 @@ import pytest
 import mlxinfer
 from mlxinfer.engine.batcher import Job
 from mlxinfer.server import explorer
+from served import EngineGate, model_id, until
 from test_serve import running  # uvicorn on a free loopback port, in a thread
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -226,10 +228,18 @@ def test_the_key_guards_the_json_endpoints_not_the_page(tiny):
             assert r.json()["error"]["code"] == "invalid_api_key"
         assert httpx.get(f"{url}/mlxinfer/card", headers={"authorization": "Bearer sesame"}).status_code == 200
         assert post(url, "/mlxinfer/next-token", {"prompt": PROMPT, "k": 2}, key="sesame").status_code == 200
-    with running(mlxinfer.create_app(model, tok, max_queue=0)) as url:  # no room: the same 429 as /v1
-        r = post(url, "/mlxinfer/next-token", {"prompt": PROMPT})
+    app = mlxinfer.create_app(model, tok, max_rows=1, max_queue=0)  # no room: the same 429 as /v1
+    gate = EngineGate(app.engine.batcher)
+    with running(app) as url, ThreadPoolExecutor(2) as pool:
+        held = pool.submit(post, url, "/v1/completions", {"model": model_id(url), "prompt": PROMPT, "max_tokens": 2})
+        until(gate.held.is_set, "a request is in a decode step")
+        first = pool.submit(post, url, "/mlxinfer/next-token", {"prompt": PROMPT})  # runs at the next turn
+        until(lambda: len(app.engine.batcher._calls) == 1, "the first call waits for the step")
+        r = post(url, "/mlxinfer/next-token", {"prompt": PROMPT})  # would wait behind it: refused
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
         assert r.json()["error"]["type"] == "rate_limit_error"
+        gate.open()
+        assert first.result(60).status_code == 200 and held.result(60).status_code == 200
 
 
 @pytest.mark.slow

@@ -615,9 +615,18 @@ def test_key_queue_bound_and_loop_template(tmp_path, checkpoint_dir):
         (ref,) = texts(model, tok, "The cat", [4], {"temperature": 1.0}, 4, chat=False)
         r = good.completions.create(model=name, prompt="The cat", max_tokens=4, seed=4, temperature=1.0)
         assert r.choices[0].text == ref  # the stopped template left the server whole
-    with running(create_app(model, tok, max_queue=0)) as url:
-        r = post(url, "/v1/completions", {"model": model_id(url), "prompt": "The cat", "max_tokens": 2})
+    app = create_app(model, tok, max_rows=1, max_queue=0)  # no queue: a request is served if a row is free
+    gate = EngineGate(app.engine.batcher)
+    with running(app) as url, ThreadPoolExecutor(1) as pool:
+        body = {"model": model_id(url), "prompt": "The cat", "max_tokens": 2}
+        first = pool.submit(post, url, "/v1/completions", body)  # takes the one row, held in its step
+        until(gate.held.is_set, "the first request is in a decode step")
+        r = post(url, "/v1/completions", body)
         assert r.status_code == 429 and r.headers["retry-after"] == "1"
+        assert "nothing may wait: max_queue is 0" in r.json()["error"]["message"]
+        gate.open()
+        assert first.result(60).status_code == 200
+        assert post(url, "/v1/completions", body).status_code == 200  # the row free again: served, not refused
 
 
 def test_finite_rows_is_isfinite_all_row_by_row():

@@ -399,20 +399,34 @@ def test_a_long_prompt_holds_the_others_for_a_chunk_not_its_whole_prefill(checkp
         assert [t for n, t in told if n == name and t is not None] == alone.tokens, name
 
 
-def test_the_queue_bound_counts_requests_and_calls_alike(checkpoint_dir):
-    """Was: submit counted only queued requests, call counted both, so with the explorer's walks waiting
-    the queue held up to twice --max-queue."""
+def test_the_queue_bound_counts_what_waits_requests_and_calls_alike(checkpoint_dir):
+    """The bound counts what cannot start at the engine's next turn: queued requests beyond the free rows and
+    calls after the first, both. Was: submit counted only queued requests and call both, so with the
+    explorer's walks waiting the queue held up to twice --max-queue; then both counted every queued item,
+    those that free rows would take at once too, so --max-queue 0 refused every request of an idle server."""
     from concurrent.futures import Future
 
     model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
-    engine = Batcher(model, tok, max_rows=2, max_queue=2)
+    engine = Batcher(model, tok, max_rows=2, max_queue=0)
     engine.close()  # its thread parks: nothing below runs
+    engine._closed = False  # a live engine's bound, not its shutdown
     request = prepare(model, tok, "The cat", chat=False, max_tokens=2)
-    engine._calls.extend([(lambda: None, Future())] * 2)
-    with pytest.raises(batcher_module.QueueFull, match="2 requests are already waiting"):
-        engine._closed = False  # a live engine's bound, not its shutdown
-        engine.submit(Job(request, [0], lambda *e: None))
-    engine._closed = True
+    job = lambda rows: Job(request, list(range(rows)), lambda *e: None)  # noqa: E731
+    engine.submit(job(1))  # idle, no queue: each fits in a free row and is taken
+    engine.submit(job(1))
+    engine.call(lambda: None)  # and a call runs at the next turn
+    for refused in (lambda: engine.submit(job(1)), lambda: engine.call(lambda: None)):
+        with pytest.raises(batcher_module.QueueFull, match="nothing may wait: max_queue is 0"):
+            refused()
+    engine._pending.clear(), engine._calls.clear()
+    engine.max_queue = 2
+    engine._live = [None, None]  # both rows taken: a new request waits
+    engine._calls.extend([(lambda: None, Future())] * 2)  # one runs next, one waits
+    engine.submit(job(1))
+    for refused in (lambda: engine.submit(job(1)), lambda: engine.call(lambda: None)):
+        with pytest.raises(batcher_module.QueueFull, match="2 requests are already waiting"):
+            refused()
+    engine._live, engine._closed = [], True
 
 
 def test_the_bounds_are_what_the_docs_say():

@@ -26,7 +26,9 @@ def serve(
     ),
     max_rows: int = typer.Option(defaults.SERVE_MAX_ROWS, "--max-rows", help="Rows (seeds) decoded together at most."),
     max_queue: int = typer.Option(
-        defaults.SERVE_MAX_QUEUE, "--max-queue", help="Requests waiting at most; past it: 429 + Retry-After."
+        defaults.SERVE_MAX_QUEUE,
+        "--max-queue",
+        help="Requests waiting for a row at most; past it: 429 + Retry-After (0: none wait).",
     ),
     cors: Optional[list[str]] = typer.Option(
         None, "--cors", help="An origin allowed by CORS (repeat); none by default."

@@ -108,11 +108,7 @@ class Batcher:
         if len(job.seeds) > self.max_request_rows:
             raise MlxinferError(f"n must be at most {self.max_request_rows}, got {len(job.seeds)}", "n")
         with self._cv:
-            if self._closed:
-                raise QueueFull("the engine is shutting down")
-            waiting = len(self._pending) + len(self._calls)  # the explorer's calls wait in the same queue
-            if waiting >= self.max_queue:
-                raise QueueFull(f"{waiting} requests are already waiting")
+            self._check_room(len(job.seeds))
             self._pending.append(job)
             self._cv.notify()
         return job
@@ -125,13 +121,31 @@ class Batcher:
         prefill's next chunk."""
         future: Future = Future()
         with self._cv:
-            if self._closed:
-                raise QueueFull("the engine is shutting down")
-            if len(self._pending) + len(self._calls) >= self.max_queue:
-                raise QueueFull(f"{len(self._pending) + len(self._calls)} requests are already waiting")
+            self._check_room(None)
             self._calls.append((fn, future))
             self._cv.notify()
         return future
+
+    def _check_room(self, rows: int | None) -> None:
+        """QueueFull where a new job of `rows` rows (None: a call) would have to wait and max_queue others
+        already do. What starts at the engine's next turn does not wait: the queued jobs that fit in the free
+        rows, first come first served, and one call. The explorer's calls wait in the same queue."""
+        if self._closed:
+            raise QueueFull("the engine is shutting down")
+        free, jobs_waiting = self.max_rows - len(self._live), 0
+        for job in self._pending:
+            if job.cancelled:
+                continue
+            if jobs_waiting or len(job.seeds) > free:
+                jobs_waiting += 1
+            else:
+                free -= len(job.seeds)
+        waiting = jobs_waiting + max(0, len(self._calls) - 1)
+        waits = bool(self._calls) if rows is None else bool(jobs_waiting) or rows > free
+        if waits and waiting >= self.max_queue:
+            raise QueueFull(
+                "nothing may wait: max_queue is 0" if self.max_queue == 0 else f"{waiting} requests are already waiting"
+            )
 
     def status(self) -> dict:
         return {
