@@ -61,11 +61,12 @@ def reference_probs(logits: np.ndarray, s: dict) -> np.ndarray:
     return p / p.sum()
 
 
-def brute_force(model, tok, settings: dict, max_tokens: int) -> dict[str, float]:
-    """Every continuation, by hand: the answer (text stripped) -> its probability."""
+def brute_force_paths(model, tok, settings: dict, max_tokens: int) -> dict[tuple, tuple[str, float]]:
+    """Every continuation, by hand: its tokens as a draw records them (no end-of-text token) -> (its answer,
+    the text stripped, and its probability)."""
     prompt = tok.encode(PROMPT)
     eos = set(tok.eos_token_ids)
-    out: dict[str, float] = defaultdict(float)
+    out: dict[tuple, tuple[str, float]] = {}
 
     def walk(prefix: list[int], p: float) -> None:
         logits = model(mx.array(prompt + prefix)[None])[0, -1].astype(mx.float32)
@@ -73,13 +74,21 @@ def brute_force(model, tok, settings: dict, max_tokens: int) -> dict[str, float]
             if q == 0:
                 continue
             if t in eos:
-                out[tok.decode(prefix).strip()] += p * q
+                out[tuple(prefix)] = (tok.decode(prefix).strip(), p * q)
             elif len(prefix) + 1 == max_tokens:
-                out[tok.decode(prefix + [t]).strip()] += p * q
+                out[tuple(prefix + [t])] = (tok.decode(prefix + [t]).strip(), p * q)
             else:
                 walk(prefix + [t], p * q)
 
     walk([], 1.0)
+    return out
+
+
+def brute_force(model, tok, settings: dict, max_tokens: int) -> dict[str, float]:
+    """Every answer (text stripped) -> its probability, the sum over its paths."""
+    out: dict[str, float] = defaultdict(float)
+    for answer, p in brute_force_paths(model, tok, settings, max_tokens).values():
+        out[answer] += p
     return dict(out)
 
 
@@ -102,6 +111,32 @@ def test_every_answer_equals_the_brute_force_sum(words):
     assert cut  # the cut settings' supports are smaller than the vocabulary's
     top_k = SETTINGS.index({"temperature": 1.0, "top_k": 3})
     assert sum(1 for a in report.answers if a.probs[top_k] > 0) < sum(1 for a in report.answers if a.probs[1] > 0)
+
+
+def test_a_stopped_walks_answers_hold_exactly_the_paths_it_ended(words):
+    """A walk stopped by its budget lists each answer's mass over the paths it ended, and the report says which
+    (ended_paths, as a draw records its tokens): each listed probability is the brute-force sum over those
+    paths, and the remainder everything else. So a draw on an ended path has its answer's listed probability,
+    one elsewhere belongs with the remainder: sample --exact's G-test counts them so (summary.walked_counts);
+    counted by answer alone, an incomplete walk's answers drew more than their listed mass."""
+    model, tok = words
+    report = mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, max_nodes=10,
+                              group="text", chat=False)  # fmt: skip
+    assert report.stopped == "max_nodes" and report.mass[0].remainder > 0.05
+    truth = brute_force_paths(model, tok, {"temperature": 1.0}, 3)
+    ended = report.ended_paths
+    assert ended and ended <= set(truth)
+    held = defaultdict(float)
+    for path in ended:
+        held[truth[path][0]] += truth[path][1]
+    assert {a.answer: a.probs[0] for a in report.answers} == pytest.approx(dict(held), abs=1e-6)
+    assert report.mass[0].remainder == pytest.approx(1.0 - sum(held.values()), abs=1e-6)
+    from mlxinfer.engine.grouping import keyer
+    from mlxinfer.engine.summary import walked_counts
+
+    some = list(truth.items())[:40]
+    counts, unwalked = walked_counts([(tok.decode(list(p)), list(p)) for p, _ in some], keyer("text"), report)
+    assert unwalked == sum(p not in ended for p, _ in some) and sum(counts.values()) + unwalked == len(some)
 
 
 @pytest.mark.parametrize("batch_size", [3, 32])
@@ -549,6 +584,8 @@ def test_a_drawn_answer_the_walk_did_not_reach_has_no_exact_probability_not_zero
     shown = invoke_cli("sample", "-p", prompt, "--temp", "1.5", "--max-tokens", "1", "--group", "first-token",
                        "--seeds", "30", "--exact")  # fmt: skip
     assert f"<= {remainder:.2%}" in shown.stdout
+    reached = [row for row in report.tally if row.exact is not None]  # lower bounds, marked as `answers` marks them
+    assert all(f"≥{row.exact:.2%}" in shown.stdout for row in reached) and "≥: at least" in shown.stdout
 
 
 def test_first_token_groups_keep_apart_tokens_that_decode_alike(embedded_quantized):
@@ -564,6 +601,29 @@ def test_first_token_groups_keep_apart_tokens_that_decode_alike(embedded_quantiz
     assert keys == {f"\ufffd #{t}" for t in halves}
     basil = tok.encode(" basil", add_special_tokens=False)[0]
     assert answer_key("", basil, "first-token", decode) == decode(basil)
+
+
+def test_first_token_answers_hold_their_first_tokens_mass_alone(embedded_quantized):
+    """Was: the walk summed answers by their text, then named each text's mass after one of its paths' first
+    tokens, so tokens whose rows end with the same text ('"' and ' "', or three part-character tokens) were
+    one answer with all their mass. One token a path: each first-token answer's probability is the softmax of
+    the model's own scores summed over the tokens with its key, no other (the walk takes the likeliest
+    BRANCHES tokens)."""
+    from mlxinfer.engine.grouping import answer_key
+
+    model, tok = embedded_quantized
+    prompt = "Reply with a single emoji."
+    r = mlxinfer.answers(model, tok, prompt, settings=[{"temperature": 1.0}], max_tokens=1, group="first-token")
+    ids = mlxinfer.encode_prompt(tok, prompt)
+    scores = np.array(model(mx.array([ids]))[0, -1].astype(mx.float32), dtype=np.float64)
+    p = np.exp(scores - scores.max())
+    p /= p.sum()
+    want = defaultdict(float)
+    for t in np.argsort(-p)[: answers_module.BRANCHES]:
+        want[answer_key("", int(t), "first-token", lambda i: tok.decode([i]))] += p[t]
+    assert sum("#" in a.answer for a in r.answers) >= 3  # part-character tokens, each its own answer
+    for a in r.answers:
+        assert a.probs[0] == pytest.approx(want[a.answer], rel=1e-3, abs=1e-7), a.answer  # one pass against the walk's
 
 
 def test_answers_takes_temps_or_temp_not_both():

@@ -98,14 +98,19 @@ def render(report) -> None:
 
 
 def exact_cell(p: float | None, remainder: float) -> str:
-    """An answer's exact probability; one the walk did not reach is at most its remainder."""
-    return f"{p:.2%}" if p is not None else f"<= {remainder:.2%}"
+    """An answer's exact probability; at least that where the walk left a remainder (as `answers` marks it);
+    one the walk did not reach is at most its remainder."""
+    if p is None:
+        return f"<= {remainder:.2%}"
+    return f"≥{p:.2%}" if remainder > 0 else f"{p:.2%}"
 
 
 def exact_line(exact: dict) -> str:
     """The walk's remainder and the G-test of the tally against the exact distribution, in one line."""
     walk = f"exact: {exact['answers']:,} answers" if "answers" in exact else "exact"
     walk += f", remainder {exact['remainder']:.4f} ({exact['stopped']})"
+    if exact["remainder"] > 0:
+        walk += " (≥: at least; draws on paths the walk did not reach count as other)"
     if exact["p_value"] is None:
         return walk + "; too few draws for a G-test"
     return (

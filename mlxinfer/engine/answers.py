@@ -77,7 +77,6 @@ class _Siblings:
 @dataclass
 class _Found:
     probs: np.ndarray
-    texts: dict = field(default_factory=dict)  # raw text -> probs
     paths: list = field(default_factory=list)  # (weight, tokens, step probabilities)
 
 
@@ -170,7 +169,8 @@ class AnswerWalk:
         mx.reset_peak_memory()
         self.open = np.zeros(S)  # mass of the paths in the frontier
         self.lost = np.zeros(S)  # mass of the branches not followed
-        self.found: dict[str, _Found] = {}  # final text -> what ends with it
+        self.found: dict[tuple, _Found] = {}  # (final text, first token) -> what ends with it
+        self.ended: set[tuple] = set()  # each resolved path's tokens as a draw records them (no stop token)
         self.resolved = np.zeros(S)  # (S,) the mass of the paths that ended: what min_mass asks of the walk
         self.frontiers: list[list] = [[] for _ in settings]  # per entry: (-its path probability, n, stamp, item)
         self.counter = itertools.count()
@@ -449,8 +449,9 @@ class AnswerWalk:
 
     def _leaf(self, parent: _Node, token: int, probs: np.ndarray, row: Row) -> None:
         self.leaves += 1
-        text = row.result.text
-        found = self.found.setdefault(text, _Found(np.zeros_like(probs)))
+        first = parent.path[0] if parent.path else token  # first-token grouping keeps the same text's apart
+        self.ended.add(parent.path if token in self.stop_ids else parent.path + (token,))
+        found = self.found.setdefault((row.result.text, first), _Found(np.zeros_like(probs)))
         found.probs += probs
         self.resolved += probs
         found.paths.append((float(probs.max()), parent, token, probs))
@@ -464,12 +465,13 @@ class AnswerWalk:
         seconds = time.perf_counter() - self.started
         grouped: dict[str, ExactAnswer] = {}
         heaviest: dict[str, list] = {}
-        for text, found in self.found.items():
-            key = key_of(text, _first_token(found))
+        for (text, first), found in self.found.items():
+            key = key_of(text, first)
             answer = grouped.setdefault(key, ExactAnswer(key, [0.0] * len(self.settings)))
             answer.probs = [a + b for a, b in zip(answer.probs, found.probs.tolist())]
-            if len(answer.texts) < TEXTS_SHOWN:
-                answer.texts[text] = found.probs.tolist()
+            if text in answer.texts or len(answer.texts) < TEXTS_SHOWN:
+                shown = answer.texts.get(text, [0.0] * len(self.settings))
+                answer.texts[text] = [a + b for a, b in zip(shown, found.probs.tolist())]
             heaviest.setdefault(key, []).extend(found.paths)
         for key, answer in grouped.items():
             answer.paths = [self._path(p) for p in sorted(heaviest[key], key=lambda p: -p[0])[:PATHS_SHOWN]]
@@ -482,12 +484,14 @@ class AnswerWalk:
         masses = [
             SettingsMass(s.to_dict(), float(1.0 - r), float(r), bool(r == 0)) for s, r in zip(self.settings, remainder)
         ]
-        return AnswersReport(
+        report = AnswersReport(
             self.model.info.name, self.model.info.definition, prompt if isinstance(prompt, str) else "",
             self.request.ids, [s.to_dict() for s in self.settings], self.request.max_tokens,
             list(self.request.stop), group, listed, masses, stopped, self.nodes, self.passes, self.leaves,
             self.max_nodes, self.kv_bytes, self.nodes * self.kv_bytes, mx.get_peak_memory(), seconds,
         )  # fmt: skip
+        report.ended_paths = self.ended  # not data: which draws the walk's answers hold (summary.g_test)
+        return report
 
     def _path(self, entry) -> AnswerPath:
         _, parent, token, probs = entry
@@ -503,8 +507,3 @@ class AnswerWalk:
 
 def _stacked(arrays: list[mx.array]) -> mx.array:
     return arrays[0][None] if len(arrays) == 1 else mx.stack(arrays)  # one entry: a view, no copy
-
-
-def _first_token(found: _Found) -> Optional[int]:
-    _, parent, token, _ = found.paths[0]
-    return parent.path[0] if parent.path else token

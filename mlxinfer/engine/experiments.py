@@ -22,7 +22,7 @@ from .answers import answers, check_walk
 from .decode import check_progress, prefill_and_decode
 from .grouping import keyer
 from .request import check_batch_size, prepare, seed_list
-from .summary import exact_of, g_test, wilson
+from .summary import exact_of, g_test, walked_counts, wilson
 
 
 def tally(completions: list[Completion], key_of: Callable[[str, Optional[int]], str]) -> list[Tally]:
@@ -37,7 +37,7 @@ def tally(completions: list[Completion], key_of: Callable[[str, Optional[int]], 
     return [Tally(answer, k, k / total, dict(texts[answer].most_common())) for answer, k in counts.most_common()]
 
 
-def check_against_exact(report: SampleReport, exact, shown_unseen: int = 10) -> None:
+def check_against_exact(report: SampleReport, exact, key_of, shown_unseen: int = 10) -> None:
     """Each tally row's exact probability and the 95% interval of its share, the likeliest answers no seed
     drew (count 0), and a G-test of the whole tally against the exact distribution (summary.g_test)."""
     probs = {a.answer: a.probs[0] for a in exact.answers}
@@ -49,7 +49,8 @@ def check_against_exact(report: SampleReport, exact, shown_unseen: int = 10) -> 
     unseen = [a for a in exact.answers if a.answer not in drawn][:shown_unseen]
     report.tally += [Tally(a.answer, 0, 0.0, {}, a.probs[0], *wilson(0, n)) for a in unseen]
     remainder = exact.mass[0].remainder
-    test = g_test({row.answer: row.count for row in report.tally}, probs, remainder, n)
+    counts, unwalked = walked_counts([(c.text, c.tokens) for c in report.completions], key_of, exact)
+    test = g_test(counts, probs, remainder, n, unwalked)
     report.exact = {
         "remainder": remainder,
         "complete": exact.mass[0].complete,
@@ -161,5 +162,5 @@ def sample(
         )  # fmt: skip
         if walk.stopped == "interrupted":  # Ctrl-C stops the command, as during the draws: no partial figures
             raise KeyboardInterrupt
-        check_against_exact(report, walk)
+        check_against_exact(report, walk, key_of)
     return report

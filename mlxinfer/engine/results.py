@@ -63,7 +63,7 @@ def record_problem(record, header: dict) -> str | None:
         ),
         "first_token": (_whole(record["first_token"], -1, vocab), f"a token id below {vocab:,}, or -1"),
         "first_token_prob": (_probability(prob), "a probability from 0 to 1"),
-        "exact_prob": (_probability(record.get("exact_prob", 0.0)), "a probability from 0 to 1"),
+        "exact_prob": (record.get("exact_prob") is None or _probability(record["exact_prob"]), "a probability or null"),
     }
     for name, (ok, want) in checks.items():
         if not ok:

@@ -60,14 +60,27 @@ def exact_of(probs: dict[str, float], answer: str, remainder: float) -> float | 
     return probs.get(answer, 0.0 if remainder <= 0 else None)
 
 
-def g_test(counts: dict[str, int], exact: dict[str, float], remainder: float, n: int) -> dict:
+def walked_counts(draws, key_of, walk) -> tuple[dict[str, int], int]:
+    """The draws ((text, tokens) each) counted by answer where the walk resolved their path, and how many fell
+    on paths it did not reach: an answer's exact probability holds its walked paths alone, and the others
+    belong with the remainder (an incomplete walk's answers would otherwise draw more than they expect)."""
+    counts, unwalked = Counter(), 0
+    for text, tokens in draws:
+        if tuple(tokens) in walk.ended_paths:
+            counts[key_of(text, tokens[0] if tokens else None)] += 1
+        else:
+            unwalked += 1
+    return counts, unwalked
+
+
+def g_test(counts: dict[str, int], exact: dict[str, float], remainder: float, n: int, unwalked: int = 0) -> dict:
     """The G-test (likelihood ratio) of observed answer counts against their exact probabilities:
-    answers expected fewer than MIN_EXPECTED times, those never listed, and the walk's remainder are
-    pooled as one "other" bin. {g, dof, p_value, other_observed, other_expected}; p_value None when
-    fewer than two bins remain."""
+    answers expected fewer than MIN_EXPECTED times, those never listed, the draws on paths the walk did not
+    reach (walked_counts) and the walk's remainder are pooled as one "other" bin. {g, dof, p_value,
+    other_observed, other_expected}; p_value None when fewer than two bins remain."""
     from scipy.stats import chi2
 
-    bins, other_o, other_e = [], 0, n * max(remainder, 0.0)
+    bins, other_o, other_e = [], unwalked, n * max(remainder, 0.0)
     for answer, p in exact.items():
         if n * p >= MIN_EXPECTED:
             bins.append((counts.get(answer, 0), n * p))
@@ -118,7 +131,11 @@ def summarize(
             remainder = walk.mass[0].remainder
             for a in answers:
                 a.exact = exact_of(probs_of, a.answer, remainder)
-            counts = {a.answer: a.count for a in answers}
-            cell.exact = {"remainder": remainder, "stopped": walk.stopped, **g_test(counts, probs_of, remainder, n)}
+            counts, unwalked = walked_counts([(r["text"], r["tokens"]) for r in rows], key_of, walk)
+            cell.exact = {
+                "remainder": remainder,
+                "stopped": walk.stopped,
+                **g_test(counts, probs_of, remainder, n, unwalked),
+            }
         out.append(cell)
     return out

@@ -266,9 +266,8 @@ def sweep(
             cell = record["prompt_index"], record["settings_index"]
             if cell in walks:
                 key = key_of(record["text"], record["tokens"][0] if record["tokens"] else None)
-                prob = exact_of(probs[cell], key, walks[cell].mass[0].remainder)
-                if prob is not None:  # None: the walk did not reach it (at most its remainder): none written
-                    record["exact_prob"] = prob
+                # None (null): the walk did not reach it (at most its remainder)
+                record["exact_prob"] = exact_of(probs[cell], key, walks[cell].mass[0].remainder)
             return record
 
         start = time.perf_counter()
