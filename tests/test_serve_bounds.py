@@ -11,6 +11,7 @@ holds the grammar compile (or the engine) while the test looks, so the order is 
 from __future__ import annotations
 
 import json
+import logging
 import socket
 import threading
 import types
@@ -556,3 +557,17 @@ def test_one_request_takes_at_most_half_the_rows(tiny):
             engine.submit(Job(prepare(model, tok, "hi", max_tokens=2), [1, 2, 3], lambda *e: None))
     finally:
         engine.close()
+
+
+def test_a_body_past_the_limit_cut_short_by_its_client_leaves_no_traceback(tiny, caplog):
+    """The app answers 413 while the body still arrives; the client then ends its side with the body short of
+    its Content-Length. Was: h11 read that end as an error and the 400 hook tried a second response on the
+    answered connection: 'Fatal error: protocol.eof_received() call failed' and a traceback in the log."""
+    url, *_ = tiny
+    body = b'{"messages": "' + b"x" * 1_100_000
+    request = raw_post(CHAT, body, {"Content-Type": "application/json", "Content-Length": len(body) + 1000})
+    with caplog.at_level(logging.ERROR):
+        answer = raw_exchange(url, request, done_sending=True)
+        assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
+        assert post(url, CHAT, _chat(url)).status_code == 200  # and the server goes on
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]

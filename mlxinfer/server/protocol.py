@@ -66,7 +66,9 @@ class OpenAIShapedH11(H11Protocol):
         self.transport.close()
 
     def eof_received(self):
-        if self.conn.their_state is h11.SEND_BODY:  # the client stopped sending with its body cut short
+        # the client stopped sending with its body cut short, and nothing answered it yet (a 413 sent while the
+        # body still came has: that connection only closes)
+        if self.conn.their_state is h11.SEND_BODY and self.conn.our_state is h11.SEND_RESPONSE:
             self.conn.receive_data(b"")  # h11 reads the end: an error, answered by send_400_response
             self.handle_events()
             return True  # the transport stays open to write that answer (send_400_response closes it)
