@@ -11,6 +11,7 @@ MAX_SEEDS = 100_000  # a list of seeds is built before the first draw: bound it
 MAX_SWEEP_DRAWS = 1_000_000  # a sweep's prompts x settings x seeds, each a pending draw listed before the first
 MAX_GRID_CELLS = 10_000  # settings a sweep crosses: each is resolved, kept in the results file's header, summarised
 SEED_LIMIT = 2**63  # seeds are whole numbers in [0, SEED_LIMIT)
+FRESH_SEEDS = 2**32  # a seed drawn for the user is below this: short to type back, exact as a JavaScript number
 MAX_STOPS, MAX_STOP_CHARS = 16, 256  # stop strings a request may give, and the longest (text is held back by it)
 TOPK_TEMPERATURES = (0.5, 1.0, 1.5)  # the lesson's three temperatures
 ANSWER_GROUP = "first-word"  # which completions count as one answer (engine/grouping.py says why)

@@ -571,3 +571,15 @@ def test_a_body_past_the_limit_cut_short_by_its_client_leaves_no_traceback(tiny,
         assert answer.startswith(b"HTTP/1.1 413"), answer[:200]
         assert post(url, CHAT, _chat(url)).status_code == 200  # and the server goes on
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR], [r.getMessage() for r in caplog.records]
+
+
+def test_a_seed_the_server_picks_fits_a_javascript_number_and_repeats_the_text(tiny):
+    """Was: drawn below 2**63, so a browser or the openai Node SDK read the response's seed rounded (JSON numbers
+    are doubles there) and, sending it back, got another text. Now below 2**32, as chat draws its own."""
+    url, *_ = tiny
+    body = {"model": model_id(url), "prompt": "The cat", "max_tokens": 6, "temperature": 1.0}
+    picked = [post(url, "/v1/completions", body).json() for _ in range(8)]
+    assert all(0 <= r["seed"] < 2**32 for r in picked) and len({r["seed"] for r in picked}) > 1
+    for r in picked[:3]:
+        again = post(url, "/v1/completions", {**body, "seed": r["seed"]}).json()
+        assert again["choices"][0]["text"] == r["choices"][0]["text"]

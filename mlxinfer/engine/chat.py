@@ -29,7 +29,6 @@ from .generate import stream_generate
 from .request import check_max_tokens, check_pair, check_seed
 from .tables import next_token_table
 
-FRESH_SEEDS = 2**32  # a fresh seed is drawn below this: short enough to type back with /seed
 
 COMMANDS = {  # name: (argument, what it does)
     "/temp": ("X", "sampling temperature (0 = greedy)"),
@@ -170,7 +169,7 @@ class ChatSession:
                 )
             self._open._done = self._open._dropped = True  # never read: it does not join the conversation
         messages = [*self.messages, {"role": "user", "content": text}]
-        seed = self.seed if self.seed is not None else secrets.randbelow(FRESH_SEEDS)
+        seed = self.seed if self.seed is not None else secrets.randbelow(defaults.FRESH_SEEDS)
         try:
             stream = stream_generate(
                 self.model,

@@ -105,7 +105,9 @@ class Endpoints:
             stop=[s for s in _stops(body) if s] or None,  # an empty string stops nothing: dropped
         )
         request = budget(request, self.model, asked, self.default_max_tokens)
-        base = body.seed if body.seed is not None else secrets.randbelow(defaults.SEED_LIMIT - body.n)
+        # a seed it picks fits 32 bits, as chat's: a JavaScript client reads a larger one rounded (JSON numbers
+        # are doubles there), and the same seed sent back drew another text
+        base = body.seed if body.seed is not None else secrets.randbelow(defaults.FRESH_SEEDS)
         loop, events = asyncio.get_running_loop(), asyncio.Queue()
 
         def emit(kind, index, payload):  # on the engine thread
