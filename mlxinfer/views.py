@@ -170,6 +170,7 @@ class Step(View):
     alternatives: list[Alternative] = field(default_factory=list)  # the K best, with logprobs=K
     finish_reason: str | None = None  # set on the final step: "stop" or "length"
     stop_token: int | None = None  # on the final step: the end-of-turn token that stopped the run, if one did
+    token_text: str | None = None  # with logprobs: the token's own text (`text` is what it completes)
     offset = 0  # not a field: characters of the row's text before this token's (the server's text_offset)
 
 

@@ -191,6 +191,7 @@ def test_bad_sampling_input(checkpoint_dir, args, fragments):
         (lambda m, t: mlxinfer.generate(m, t, [1] * 512, max_tokens=1), "leaving no room"),  # was: "lower
         # max_tokens to at most 0"; the tiny checkpoint's context is 512
         (lambda m, t: mlxinfer.sample(m, t, "hi", seeds="5:2"), "seeds 5:2 is empty or reversed"),
+        (lambda m, t: mlxinfer.sample(m, t, "hi", seeds="-3:2"), "seeds -3:2 starts below 0"),  # was: "reversed"
         (lambda m, t: mlxinfer.sample(m, t, "hi", seeds=3, batch_size=0), "batch_size must be a whole number"),
         (lambda m, t: mlxinfer.next_token_table(m, t, "hi", k=0), "k must be between 1 and"),
         (lambda m, t: mlxinfer.next_token_table(m, t, "hi", temperatures=[float("nan")]), "temperatures must be >= 0"),
@@ -341,3 +342,19 @@ def test_generate_logprobs_lists_each_alternative_whole_and_says_which_probabili
     assert len(alternatives) == 6 and all(re.fullmatch(r"'.*' -?\d+\.\d{3}", c) for c in alternatives), cells
     table = mlxinfer.next_token_table(*mlxinfer.load(), "Name one fruit.", temperatures=[1.0], k=3)
     assert alternatives[:3] == [f"{r.text!r} {r.logprob:.3f}" for r in table.rows]
+
+
+def test_generate_logprobs_names_the_token_drawn_not_the_text_it_completed():
+    """Was: the token column showed each step's streamed text, so a space held back behind the next token read
+    '' on its own row and ' 2' on the next, against alternatives ' ' and '2'. At T = 0 the token drawn is the
+    first alternative, and its own text is what the column and the JSON's token_text say."""
+    args = ("generate", "-p", "The capital of France is", "--no-chat", "--temp", "0", "--max-tokens", "12",
+            "--logprobs", "1")  # fmt: skip
+    shown = invoke_cli(*args)
+    assert shown.returncode == 0, shown.stderr
+    rows = [[c.strip() for c in line.split("│")[1:-1]] for line in shown.stdout.splitlines() if line.count("│") == 5]
+    assert len(rows) == 12 and all(r[3].startswith(r[0] + " ") for r in rows), rows
+    steps = json.loads(invoke_cli(*args, "--json").stdout)["steps"]
+    tok = mlxinfer.load()[1]
+    assert [s["token_text"] for s in steps] == [tok.decode([s["token"]]) for s in steps]
+    assert any(s["token_text"] != s["text"] for s in steps)  # a step whose text the stream held back

@@ -138,5 +138,5 @@ def render_logprobs(steps) -> None:
     t.add_column("alternatives")
     for s in steps:
         alts = "\n".join(f"{a.text!r} {a.logprob:.3f}" for a in s.alternatives)  # one a line: a fold never splits one
-        t.add_row(repr(s.text), f"{s.logprob:.3f}", f"{math.exp(s.logprob):.3f}", alts)
+        t.add_row(repr(s.token_text), f"{s.logprob:.3f}", f"{math.exp(s.logprob):.3f}", alts)
     stdout_console().print(t)

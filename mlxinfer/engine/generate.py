@@ -53,6 +53,8 @@ class GenerationStream:
         )
         for live, step in steps:
             if step.token is not None:
+                if self.logprobs:
+                    step.token_text = self.tokenizer.decode([step.token])
                 yield step
                 continue
             row = live.result

@@ -181,7 +181,9 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
             a, b = (int(x) for x in seeds.split(":"))
         except ValueError:
             raise MlxinferError(f"seeds takes N or A:B with whole numbers, got '{seeds}'", "seeds") from None
-        if a < 0 or b <= a:
+        if a < 0:
+            raise MlxinferError(f"seeds {seeds} starts below 0; seeds are whole numbers (A:B with 0 <= A < B)", "seeds")
+        if b <= a:
             raise MlxinferError(f"seeds {seeds} is empty or reversed; use A:B with 0 <= A < B", "seeds")
         if b - a > most or b > defaults.SEED_LIMIT:
             raise MlxinferError(f"seeds {seeds}: at most {most:,} seeds, each below 2**63", "seeds")
