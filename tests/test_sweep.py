@@ -450,6 +450,19 @@ def test_a_header_alone_left_by_a_kill_is_no_result_to_resume(tiny, tmp_path):
     assert out.read_bytes() == want
 
 
+def test_a_file_that_is_no_sweeps_is_named_so_with_or_without_resume(tiny, tmp_path):
+    """Was: without --resume, '--out FILE already holds results; pass --resume', and with it 'is not a sweep
+    results file': a typo's --out prompts.txt sent the user to --resume for nothing."""
+    path, _ = tiny
+    for i, content in enumerate([b'{"a": 1}\n', b"\n", b"\xff\xfe not text\n", b"Name one fruit.\n"]):
+        out = tmp_path / f"not{i}.jsonl"
+        out.write_bytes(content)
+        for resume in ((), ("--resume",)):
+            shown = invoke_cli(*cli_sweep(path, out, *resume, seeds="2"))
+            assert_one_line_error(shown, "--out", "is not a sweep results file", "write to another file")
+        assert out.read_bytes() == content
+
+
 def test_an_exact_sweeps_walk_and_stop_strings_are_part_of_what_a_resume_must_match(tiny, tmp_path):
     """exact_prob depends on the grouping and the walk's bounds, and the texts on the stop strings: a resume
     with other ones, or without them, would mix records of two experiments in one file."""

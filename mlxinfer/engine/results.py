@@ -111,6 +111,8 @@ class ResultsFile:
         if self.path.is_file() and not resume and self._header_only():  # left by a run killed before its first
             os.truncate(self.path, 0)  # batch: no results, so nothing to resume
         exists = self.path.is_file() and self.path.stat().st_size > 0
+        if exists and _header_of(_first_line(self.path)) is None:  # a typo's --out prompts.txt: not --resume
+            raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
         if exists and not resume:
             raise MlxinferError(
                 f"{param} {self.path} already holds results; pass resume to continue that sweep, "
@@ -162,11 +164,8 @@ class ResultsFile:
         data = self.path.read_bytes()
         end = data.rfind(b"\n") + 1
         lines = data[:end].splitlines()
-        try:
-            stored = json.loads(lines[0]) if lines else None
-        except (ValueError, RecursionError):
-            stored = None
-        if not isinstance(stored, dict) or stored.get("format") != FORMAT:
+        stored = _header_of(data)
+        if stored is None:
             raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
         self.texts_fresh = "continues" in self.header and "continues" not in stored
         same_anyway = ("seeds", "continues") if self.texts_fresh else ("seeds",)
@@ -295,3 +294,18 @@ def stop_cleanly_on_sigterm():
         yield
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _header_of(data: bytes) -> dict | None:
+    """A results file's first line as its header, or None where it is not one (not JSON, another format, cut)."""
+    first, newline, _ = data.partition(b"\n")
+    try:
+        stored = json.loads(first) if newline else None
+    except (ValueError, RecursionError):
+        return None
+    return stored if isinstance(stored, dict) and stored.get("format") == FORMAT else None
+
+
+def _first_line(path: Path) -> bytes:
+    with open(path, "rb") as f:
+        return f.readline()
