@@ -198,7 +198,7 @@ flags.FLAGS.update({o.param: o.flag for group in GROUPS.values() for o in group}
 
 
 def max_tokens_option(default: int, help: str) -> Any:
-    return typer.Option(default, "--max-tokens", help=help)
+    return typer.Option(default, "--max-tokens", "-n", help=help)  # -n: llama.cpp's
 
 
 def takes(*groups: str) -> Callable:
