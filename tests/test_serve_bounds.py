@@ -583,3 +583,17 @@ def test_a_seed_the_server_picks_fits_a_javascript_number_and_repeats_the_text(t
     for r in picked[:3]:
         again = post(url, "/v1/completions", {**body, "seed": r["seed"]}).json()
         assert again["choices"][0]["text"] == r["choices"][0]["text"]
+
+
+def test_a_request_without_a_model_gets_the_one_served(tiny):
+    """Was: 400 'model: Field required'; llama-server and mlx-lm's server fill in the model they serve, and a
+    user of either sends none. A wrong name is still a 404."""
+    url, *_ = tiny
+    body = {"prompt": "The cat", "max_tokens": 3, "seed": 1, "temperature": 1.0}
+    r = post(url, "/v1/completions", body)
+    assert r.status_code == 200, r.text[:300]
+    named = post(url, "/v1/completions", {**body, "model": model_id(url)}).json()
+    assert r.json()["model"] == model_id(url) and r.json()["choices"][0]["text"] == named["choices"][0]["text"]
+    chat = post(url, CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+    assert chat.status_code == 200, chat.text[:300]
+    assert _error(post(url, CHAT, _chat(url, model="gpt-4o")), 404)["param"] == "model"

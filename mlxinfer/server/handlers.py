@@ -49,7 +49,7 @@ class Endpoints:
 
     def check(self, body) -> None:
         """What both endpoints check before preparation: the model's name, n, the seeds, stream options, stop."""
-        if body.model not in self.names:
+        if body.model is not None and body.model not in self.names:
             raise ApiError(404, f"the model '{body.model[:200]}' does not exist here; GET /v1/models lists it", "model")
         most = self.batcher.max_request_rows
         if not 1 <= body.n <= most:

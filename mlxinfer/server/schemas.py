@@ -44,7 +44,7 @@ class Sampling(_Sampler):
     """What both endpoints share: the model, budget, sampler, seed, stop strings, streaming."""
 
     model_config = _STRICT
-    model: str
+    model: Optional[str] = None  # left out: the model this server serves, as llama-server and mlx-lm's take it
     max_tokens: Optional[int] = None
     n: int = 1
     seed: Optional[int] = None
