@@ -754,6 +754,10 @@ def test_the_server_options_are_declared_once_and_checked_before_a_load():
         ServerOptions(cors="http://localhost:3000")  # a string would allow its characters
     with pytest.raises(MlxinferError, match="cors must be a list of origins"):
         ServerOptions(cors=5)
+    for origin in ("notanorigin", "localhost:3000", "http://localhost:3000/", "https://x.org/app"):  # was: accepted,
+        with pytest.raises(MlxinferError, match="cors takes origins as a browser sends them"):  # and never matched
+            ServerOptions(cors=[origin])
+    ServerOptions(cors=["*", "null", "http://[::1]:8080", "https://x.org"])
     with pytest.raises(MlxinferError, match="model_name must be a non-empty string"):
         ServerOptions(model_name=" ")
     assert all(f.name in mlxinfer.serve.__doc__ for f in fields(ServerOptions))

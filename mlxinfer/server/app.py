@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+import re
 import time
 from dataclasses import dataclass, fields
 from typing import Optional
@@ -101,6 +102,9 @@ async def _send(send, status: int, body: dict, headers: Optional[dict] = None) -
     await send({"type": "http.response.body", "body": data})
 
 
+_ORIGIN = re.compile(r"[a-z][a-z0-9+.-]*://(\[[0-9a-fA-F:.]+\]|[^/?#:@\s\[\]]+)(:\d{1,5})?")
+
+
 @dataclass(frozen=True)
 class ServerOptions:
     """What create_app and serve take besides the model, declared once: each is checked when the
@@ -125,6 +129,10 @@ class ServerOptions:
         cors = self.cors
         if cors is not None and not (isinstance(cors, (list, tuple)) and all(isinstance(o, str) and o for o in cors)):
             raise MlxinferError(f"cors must be a list of origins, e.g. ['http://localhost:3000'], got {cors!r}", "cors")
+        for origin in cors or ():  # a browser sends scheme://host[:port] exactly (null from a file): else no match
+            if origin not in ("*", "null") and not _ORIGIN.fullmatch(origin):
+                why = "scheme://host[:port] with no path, null or *"
+                raise MlxinferError(f"cors takes origins as a browser sends them ({why}), got {origin!r:.80}", "cors")
         if self.model_name is not None and not (isinstance(self.model_name, str) and self.model_name.strip()):
             raise MlxinferError(f"model_name must be a non-empty string, got {self.model_name!r}", "model_name")
         check_bounds(self.max_rows, self.max_queue, self.prompt_cache_bytes)
