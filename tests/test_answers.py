@@ -649,3 +649,16 @@ def test_a_pass_larger_than_the_machines_memory_is_refused_before_it_runs(words,
     with pytest.raises(mlxinfer.MlxinferError, match=r"a pass of 12 rows .* at most 10 rows fit"):
         mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, chat=False,
                          batch_size=12)  # fmt: skip
+
+
+@pytest.mark.parametrize("command", ["sample", "sweep"])
+def test_a_walk_bound_without_exact_is_refused_not_ignored(command, tmp_path):
+    """Was: sample and sweep took --min-mass, --max-nodes and --max-seconds without --exact and did nothing with
+    them; the user thought the walk bounded. Refused before the model loads, nothing written."""
+    out = tmp_path / "r.jsonl"
+    where = ["--out", str(out)] if command == "sweep" else []
+    for flag, value in (("--min-mass", "0.5"), ("--max-nodes", "5"), ("--max-seconds", "3")):
+        shown = invoke_cli(command, "-p", "x", "--seeds", "2", flag, value, *where)
+        assert_one_line_error(shown, flag, "add it")
+    assert not out.exists()
+    assert invoke_cli(command, "-p", "x", "--seeds", "2", "--max-tokens", "1", *where).returncode == 0
