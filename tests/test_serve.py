@@ -454,6 +454,11 @@ def test_a_repeated_prompt_reuses_its_prefill_and_gives_the_same_text(tiny):
     after = app.engine.batcher.status()["prompt_cache"]
     assert got == ref  # the kept prefill gives the bits a new one would
     assert after["hits"] == cache["hits"] + 1 and 0 < after["bytes"] <= app.engine.batcher._prompts.max_bytes
+    # what it keeps is the prompt's positions (rounded up to 16), not the 256 a prefill reserves (was: ~8x more)
+    ids = mlxinfer.encode_prompt(tok, prompt, chat=False)
+    fresh = mlxinfer.prefill(model, ids)
+    per_position = sum(c.kv.nbytes // c.kv.shape[3] for c in fresh.cache)
+    assert after["bytes"] - cache["bytes"] == per_position * (-(-len(ids) // 16) * 16) + fresh.logits.nbytes
     with pytest.raises(MlxinferError, match="prompt_cache_bytes must be 0"):
         create_app(model, tok, prompt_cache_bytes=-1)
     off = create_app(model, tok, prompt_cache_bytes=0)  # no prompt cache: every prompt prefilled anew

@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import collections
+import copy
 from typing import Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from ..model.cache import KVCache, rounded_room
 from .decode import Prefilled
 
 
@@ -36,11 +38,13 @@ class PromptCache:
         return ids in self._kept
 
     def put(self, prefilled: Prefilled) -> Prefilled:
+        """Keep `prefilled` (a copy of it cut to the prompt's positions) and return it as it is, for its rows now."""
+        kept = Prefilled(prefilled.ids, [_fitted(c) for c in prefilled.cache], prefilled.logits)
         # a cache's state: our KVCache's arrays, or mlx-lm's (which may hold offsets and Nones too)
-        leaves = tree_flatten([c.state for c in prefilled.cache] + [prefilled.logits])
+        leaves = tree_flatten([c.state for c in kept.cache] + [kept.logits])
         size = sum(a.nbytes for _, a in leaves if isinstance(a, mx.array))
         if size <= self.max_bytes:
-            self._kept[tuple(prefilled.ids)] = (prefilled, size)
+            self._kept[tuple(prefilled.ids)] = (kept, size)
             self.bytes += size
             while self.bytes > self.max_bytes:
                 self.bytes -= self._kept.popitem(last=False)[1][1]
@@ -48,3 +52,15 @@ class PromptCache:
 
     def status(self) -> dict:
         return {"prompts": len(self._kept), "bytes": self.bytes, "hits": self.hits}
+
+
+def _fitted(c):
+    """One of our layer caches as a new buffer of its filled positions (rounded up to 16): a prefill reserves
+    room by 256 positions, so a 31-token prompt kept ~12 MB where its keys and values are ~1.4 MB. A fork that
+    needs more room grows it (KVCache.reserve). Any other cache as it is."""
+    if type(c) is not KVCache or c.kv is None or c.kv.shape[3] <= rounded_room(c.offset):
+        return c
+    fitted = copy.copy(c)
+    fitted.kv = mx.contiguous(c.kv[..., : rounded_room(c.offset), :])
+    mx.eval(fitted.kv)
+    return fitted

@@ -138,7 +138,7 @@ def fork(cache: list, rows: int, positions: int | None = None, shared: bool = Fa
         out = [_prefixed(c, rows, positions) for c in cache]
     else:
         if positions is not None:
-            cache = [_cut(c, _rounded(positions)) for c in cache]
+            cache = [_cut(c, rounded_room(positions)) for c in cache]
         out = _map_rows(cache, lambda a: mx.concatenate([a] * rows, axis=0) if rows > 1 else mx.array(a))
     for c in out:
         if isinstance(c, KVCache):
@@ -146,13 +146,13 @@ def fork(cache: list, rows: int, positions: int | None = None, shared: bool = Fa
     return out
 
 
-def _rounded(positions: int) -> int:
+def rounded_room(positions: int) -> int:
     return -(-positions // 16) * 16  # a forked buffer's room, in steps of 16 positions
 
 
 def _prefixed(c: KVCache, rows: int, positions: int) -> PrefixedCache:
     _, _, K, _, E = c.kv.shape
-    room = _rounded(max(positions - c.offset, 1))
+    room = rounded_room(max(positions - c.offset, 1))
     return PrefixedCache(mx.contiguous(c.kv[..., : c.offset, :]), mx.zeros((rows, 2, K, room, E), c.kv.dtype), c.offset)
 
 
