@@ -449,8 +449,9 @@ class AnswerWalk:
 
     def _leaf(self, parent: _Node, token: int, probs: np.ndarray, row: Row) -> None:
         self.leaves += 1
-        first = parent.path[0] if parent.path else token  # first-token grouping keeps the same text's apart
-        self.ended.add(parent.path if token in self.stop_ids else parent.path + (token,))
+        tokens = parent.path if token in self.stop_ids else parent.path + (token,)  # as a draw records them
+        self.ended.add(tokens)
+        first = tokens[0] if tokens else None  # first-token grouping keeps the same text's apart, as the tally
         found = self.found.setdefault((row.result.text, first), _Found(np.zeros_like(probs)))
         found.probs += probs
         self.resolved += probs
