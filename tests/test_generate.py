@@ -358,3 +358,18 @@ def test_generate_logprobs_names_the_token_drawn_not_the_text_it_completed():
     tok = mlxinfer.load()[1]
     assert [s["token_text"] for s in steps] == [tok.decode([s["token"]]) for s in steps]
     assert any(s["token_text"] != s["text"] for s in steps)  # a step whose text the stream held back
+
+
+def test_generate_without_a_seed_draws_one_and_shows_it_so_the_text_can_be_repeated():
+    """Was: no --seed drew from MLX's global stream and --json said "seed": null, so a text worth keeping could
+    not be had again. The CLI draws a seed below 2**32, as chat does, and shows it; the library's generate keeps
+    mlx-lm's meaning of None (the global stream)."""
+    args = ("generate", "-p", "Name one fruit.", "--temp", "1.5", "-n", "8")
+    first = invoke_cli(*args, "--json")
+    assert first.returncode == 0, first.stderr
+    drawn = json.loads(first.stdout)
+    assert isinstance(drawn["seed"], int) and 0 <= drawn["seed"] < 2**32
+    again = json.loads(invoke_cli(*args, "--seed", str(drawn["seed"]), "--json").stdout)
+    assert again["text"] == drawn["text"] and again["tokens"] == drawn["tokens"]
+    shown = invoke_cli(*args)
+    assert re.search(r"\] \[seed \d+\] ", shown.stderr), shown.stderr

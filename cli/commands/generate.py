@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import secrets
 import sys
 from typing import Optional
 
@@ -18,7 +19,9 @@ from mlxinfer_cli.options import chat_kwargs, max_tokens_option, settings, stop,
 @takes("prompt", "model", "chat", "sampling", "penalties", "schema", "stop", "json")
 def generate(
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_GENERATE, "Stop after this many new tokens."),
-    seed: Optional[int] = typer.Option(None, "--seed", help="Seed the draws; the same seed repeats the text."),
+    seed: Optional[int] = typer.Option(
+        None, "--seed", help="Seed the draws (default: one drawn and shown); a seed repeats its text."
+    ),
     logprobs: int = typer.Option(0, "--logprobs", help="Show each token's logprob and the K best alternatives."),
     explain_mask: bool = typer.Option(
         False,
@@ -44,6 +47,8 @@ def generate(
     mlxinfer.Constraint.read(**schema, explain_mask=explain_mask)  # a bad schema fails before the model loads
     m, tok = load_model(options["model"], options["compute_dtype"])
     quiet = other_rank()  # under mlx.launch rank 0 prints for every rank
+    if seed is None and mlxinfer.launch_group().size() == 1:  # a seed drawn and shown, as chat does: the run repeats
+        seed = secrets.randbelow(defaults.FRESH_SEEDS)  # (every rank of a launch draws from one stream: left alone)
     stream = mlxinfer.stream_generate(
         m,
         tok,
@@ -63,7 +68,9 @@ def generate(
         for i, step in enumerate(stream):
             if not json_out and not quiet:
                 if i == 0:  # once the prefill has worked: an error before it stays the one line on stderr
-                    print(f"[{m.info.name} on {m.info.definition}] {stream.note}", file=sys.stderr)
+                    sampled = seed is not None and stream.spec.settings.temperature > 0  # greedy: no seed to keep
+                    shown_seed = f" [seed {seed}]" if sampled else ""
+                    print(f"[{m.info.name} on {m.info.definition}]{shown_seed} {stream.note}", file=sys.stderr)
                     if m.info.sharding:
                         print(sharding_line(m.info.sharding), file=sys.stderr)
                 shown = True  # before the write: text that reaches the terminal is always marked after
