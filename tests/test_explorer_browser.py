@@ -463,3 +463,44 @@ def test_bad_values_and_failed_runs_say_so_and_again_asks_what_was_drawn(browser
     page.wait_for_function("() => document.querySelector('#draw-table tbody tr .col-alone').textContent !== 'again'")
     assert tab.cells("#draw-table tbody tr")[0][3] == "same", first
     tab.close()
+
+
+def test_a_blank_prompt_a_bad_budget_and_a_rerun_say_so_as_the_cli_would(browser, server):
+    """Was: with the chat template on, Draw and Generate drew from a blank prompt (the CLI and the other views
+    refuse it); Generate's max tokens 0, -3 or 2.5 became 64 without a word; an error read "top_p: top_p must
+    ..."; and a walk started while one ran was labelled "stopped" by the old one."""
+    tab = Tab(browser, server)
+    page = tab.page
+    tab.type_prompt("   ")
+    page.click("#tab-draws")
+    page.fill("#draw-n", "2")
+    page.click("#draw-run")
+    assert page.text_content("#error") == "prompt is empty; give the text to read"
+    page.click("#tab-generate")
+    page.click("#gen-run")
+    assert page.text_content("#error") == "prompt is empty; give the text to read"
+    tab.type_prompt(HERB)
+    for bad in ("0", "-3", "2.5"):
+        page.fill("#gen-max", bad)
+        page.click("#gen-run")
+        assert "max tokens must be a whole number >= 1" in page.text_content("#error")
+    assert tab.posts("/v1/chat/completions") == 0
+    page.fill("#top-p", "0")  # the server's refusal, its field named once
+    page.fill("#gen-max", "2")
+    page.click("#gen-run")
+    page.wait_for_function("() => document.querySelector('#error').textContent !== ''", timeout=60_000)
+    message = page.text_content("#error")
+    assert message.count("top_p") == 1, message
+    page.fill("#top-p", "1")
+    page.click("#tab-answers")
+    page.fill("#ans-temps", "1")
+    page.fill("#ans-max", "5")
+    page.fill("#ans-nodes", "3000")
+    page.click("#ans-run")
+    page.wait_for_timeout(300)
+    page.press("#prompt", "Control+Enter")  # a new walk while the first runs: the first's end must not label it
+    page.wait_for_timeout(300)
+    assert page.text_content("#status") == "walking the answers…" and page.is_disabled("#ans-run")
+    page.click("#ans-stop")
+    page.wait_for_function("() => document.querySelector('#status').textContent === 'stopped'", timeout=60_000)
+    tab.close()

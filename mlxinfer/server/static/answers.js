@@ -107,6 +107,7 @@ export function mount(ctx) {
       const seconds = fixed((performance.now() - started) / 1000, 2);
       ctx.status(`walked in ${seconds} s: ${thousands(r.answers.length)} answers, stopped: ${r.stopped}`);
     } catch (e) {
+      if (controller !== mine) return;  // a newer run owns the view (was: "stopped" over it)
       if (e.name === "AbortError") ctx.status("stopped");
       else {
         ctx.showError(e);

@@ -94,6 +94,11 @@ export async function* streamJson(path, body, signal) {
   }
 }
 
+// A blank prompt refused as the CLI and the library refuse it (the chat template alone would be drawn from).
+export function checkPrompt(ctx) {
+  if (!ctx.prompt().prompt.trim()) throw new Error("prompt is empty; give the text to read");
+}
+
 // The /v1 request body for the shared prompt: chat messages (with the system text first), or the text
 // alone for /v1/completions when the chat template is off.
 export function openaiRequest(ctx, extra) {

@@ -6,7 +6,7 @@
 // `mlxinfer sample --group` names (the first word, case and punctuation folded, by default; or the whole
 // text) with Wilson's 95% interval for each share, and lists the texts each answer holds.
 
-import { commandLine, openaiRequest, postJson, streamJson } from "./api.js";
+import { checkPrompt, commandLine, openaiRequest, postJson, streamJson } from "./api.js";
 import { el, percent, pyRepr, wholeNumber as whole } from "./format.js";
 import { answerKey, wilson } from "./sampler.js";
 
@@ -42,12 +42,14 @@ export function mount(ctx) {
       n = whole("draw-n", 1, Number($("draw-n").max));  // was: 10,000 seeds froze the tab
       base = whole("draw-base", 0);
       max = whole("draw-max", 1);
+      checkPrompt(ctx);
     } catch (e) {
       ctx.showError(e);
       return;
     }
     if (controller) controller.abort();
     controller = new AbortController();
+    const mine = controller;
     const signal = controller.signal;
     command();
     draws = Array.from({ length: n }, (_, i) => row(base + i));
@@ -65,6 +67,7 @@ export function mount(ctx) {
       await Promise.all(batches.map((rows) => drawBatch(rows, max, signal)));
       ctx.status(`${n} draws in ${((performance.now() - started) / 1000).toFixed(2)} s`);
     } catch (e) {
+      if (controller !== mine) return;  // a newer run owns the view (was: its status blanked)
       if (e.name !== "AbortError") ctx.showError(e);
       ctx.status("");
       for (const d of draws.filter((d) => d.finish === null)) {  // was: "…" for ever

@@ -43,7 +43,8 @@ const ctx = {
   secondTemperature: () => number("temp2", 0.5),
   showError(error) {
     const box = $("error");
-    box.textContent = error ? `${error.param ? error.param + ": " : ""}${error.message}` : "";
+    const named = error && error.param && !error.message.startsWith(error.param);  // was: "top_p: top_p must ..."
+    box.textContent = error ? `${named ? error.param + ": " : ""}${error.message}` : "";
     box.hidden = !error;
   },
   status(text) {

@@ -3,7 +3,7 @@
 // sent (a blank seed is drawn here), so the text can be had again: the same request as an `mlxinfer
 // generate` command line, a curl call and the openai client's, ready to copy.
 
-import { commandLine, hasKey, openaiRequest, streamJson } from "./api.js";
+import { checkPrompt, commandLine, hasKey, openaiRequest, streamJson } from "./api.js";
 import { el, fixed, pyRepr, shellQuote } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
@@ -34,6 +34,7 @@ export function mount(ctx) {
     const v = $("gen-max").valueAsNumber;
     return Number.isInteger(v) && v > 0 ? v : 64;
   };
+  const maxTyped = () => $("gen-max").value.trim() !== "" || $("gen-max").validity.badInput;
   const snippets = () => {
     const seed = seedWanted() ?? lastSeed;
     const max = maxTokens();
@@ -59,6 +60,17 @@ export function mount(ctx) {
   async function run() {
     if (seedTyped() && seedWanted() === null) {  // was: a random seed drawn in its place, silently
       ctx.showError(new Error(`seed must be a whole number from 0 to ${Number.MAX_SAFE_INTEGER}, or blank`));
+      return;
+    }
+    const typed = $("gen-max").valueAsNumber;
+    if (maxTyped() && !(Number.isInteger(typed) && typed > 0)) {  // was: 0, -3 or 2.5 silently 64
+      ctx.showError(new Error("max tokens must be a whole number >= 1, or blank"));
+      return;
+    }
+    try {
+      checkPrompt(ctx);
+    } catch (e) {
+      ctx.showError(e);
       return;
     }
     if (controller) controller.abort();
