@@ -20,8 +20,8 @@ export function thousands(n) {
   return Number(n).toLocaleString("en-US");
 }
 
-export function percent(x) {  // Python's f"{x:.0%}"
-  return fixed(x * 100, 0) + "%";
+export function percent(x) {  // Python's f"{x:.1%}", as sample's tally prints shares (was: .0%, 1 of 256 "0%")
+  return fixed(x * 100, 1) + "%";
 }
 
 // Python's repr() of a str: quotes chosen as Python chooses them, escapes for what is not printable.

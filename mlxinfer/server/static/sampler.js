@@ -112,7 +112,8 @@ const WORD = /[\p{L}\p{N}]+(?:['’-][\p{L}\p{N}]+)*/u;
 export function answerKey(text, group) {
   if (group === "first-word") {
     const word = WORD.exec(text);
-    if (word) return word[0].toUpperCase().toLowerCase();  // Python's casefold: "Straße" and "STRASSE" alike
+    // Python's casefold: "Straße" and "STRASSE" alike; and a final sigma folds to σ (JS lowercases it to ς)
+    if (word) return word[0].toUpperCase().toLowerCase().replaceAll("ς", "σ");
   }
   return text.trim();
 }
