@@ -597,3 +597,10 @@ def test_a_request_without_a_model_gets_the_one_served(tiny):
     chat = post(url, CHAT, {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
     assert chat.status_code == 200, chat.text[:300]
     assert _error(post(url, CHAT, _chat(url, model="gpt-4o")), 404)["param"] == "model"
+
+
+def test_a_chat_past_the_context_is_named_in_its_own_words(tiny):
+    """Was: 'messages: the messages is 10,031 tokens but ...' (the library's 'the prompt is', its field renamed)."""
+    url, *_ = tiny
+    error = _error(post(url, CHAT, {**_chat(url), "messages": [{"role": "user", "content": "word " * 600}]}))
+    assert error["param"] == "messages" and "the messages are " in error["message"], error

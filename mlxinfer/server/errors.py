@@ -74,6 +74,7 @@ def from_library(e: MlxinferError, fields: Optional[dict] = None) -> ApiError:
             message = re.sub(rf"(?<![\w-]){re.escape(p)}(?![\w-])", field, message, count=1)
     for chat_false in ("pass chat=False", "try chat=False"):  # the library's advice, in this API's words
         message = message.replace(chat_false, "use /v1/completions for plain text")
+    message = message.replace("the messages is ", "the messages are ")  # "the prompt is ..." named as chat's field
     first = next((names.get(p, p) for p in params if names.get(p, p)), None)
     return ApiError(400, " ".join(message.split()), first)
 
