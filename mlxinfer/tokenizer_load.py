@@ -83,7 +83,7 @@ def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
     merges = m.get("tokenizer.ggml.merges")  # a byte-level BPE without them splits text into characters
     template = m.get("tokenizer.chat_template")
     broken = (
-        "the vocabulary (tokenizer.ggml.tokens)"
+        "vocabulary (tokenizer.ggml.tokens)"
         if not _all(tokens, str) or not tokens
         else "tokenizer.ggml.token_type"
         if not _all(types, int)
