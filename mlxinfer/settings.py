@@ -125,7 +125,7 @@ class SamplerSettings:
         float,
         lambda v: _num(v) and TINY <= v <= 1 / TINY,
         "in [1e-06, 1e+06] (1 = off; e.g. 1.1)",
-        "Divide seen tokens' positive scores by this (1 = off).",
+        "Divide seen tokens' positive scores by this, multiply their negative ones (1 = off).",
         flags="--repetition-penalty",
         group="penalties",
         served=True,
