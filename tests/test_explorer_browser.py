@@ -372,11 +372,14 @@ def test_without_the_key_the_page_asks_for_it(browser, server, shots):
     page = tab.page
     page.wait_for_selector("#key-form:not([hidden])", timeout=60_000)
     assert "no model card" in page.text_content("#card")
+    page.click("#run")  # was: nothing happened, and nothing said why
+    assert "enter the server's API key first" in page.text_content("#error")
     page.fill("#key", "wrong")
     with page.expect_response(f"{server}/mlxinfer/card") as answer:
         page.keyboard.press("Enter")
     assert answer.value.status == 401
     assert page.is_visible("#key-form") and page.get_attribute("body", "data-ready") is None
+    page.wait_for_function("() => document.querySelector('#error').textContent.includes('refused this key')")
     page.fill("#key", KEY)
     page.keyboard.press("Enter")
     page.wait_for_selector("body[data-ready=true]", timeout=60_000)

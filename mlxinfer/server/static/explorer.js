@@ -175,7 +175,13 @@ async function main() {
     if (await loadCard()) {
       $("key-form").hidden = true;
       start();
+    } else if (!$("key-form").hidden) {  // was: the form simply stayed, as if the key had not been tried
+      ctx.showError(new Error("the server refused this key; check it and enter it again"));
     }
+  });
+  $("prompt-form").addEventListener("submit", (e) => {  // was: before the key, Run did nothing, silently
+    e.preventDefault();
+    if (!started) ctx.showError(new Error("enter the server's API key first (above)"));
   });
   if (await loadCard()) start();
 }
