@@ -437,11 +437,14 @@ def test_bad_values_and_failed_runs_say_so_and_again_asks_what_was_drawn(browser
     tab = Tab(browser, server)
     page = tab.page
     tab.type_prompt(HERB)
+    page.click("#next-run")
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('scored')")
     for rows in ("0", "-5", "2.5"):  # was: silently the default 10 rows
         page.fill("#rows", rows)
         page.click("#next-run")
         assert "rows must be a whole number >= 1" in page.text_content("#error")
-    assert tab.posts("/mlxinfer/next-token") == 0
+        assert page.text_content("#status") == ""  # was: the last run's "scored in ..." beside the error
+    assert tab.posts("/mlxinfer/next-token") == 1  # the good run's alone
     page.click("#tab-generate")
     for seed in ("-3", "1.5"):
         page.fill("#gen-seed", seed)

@@ -46,6 +46,7 @@ const ctx = {
     const named = error && error.param && !error.message.startsWith(error.param);  // was: "top_p: top_p must ..."
     box.textContent = error ? `${named ? error.param + ": " : ""}${error.message}` : "";
     box.hidden = !error;
+    if (error) $("status").textContent = "";  // the last run's line would read as this one's (was: "scored in ...")
   },
   status(text) {
     $("status").textContent = text;
