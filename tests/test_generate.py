@@ -373,3 +373,17 @@ def test_generate_without_a_seed_draws_one_and_shows_it_so_the_text_can_be_repea
     assert again["text"] == drawn["text"] and again["tokens"] == drawn["tokens"]
     shown = invoke_cli(*args)
     assert re.search(r"\] \[seed \d+\] ", shown.stderr), shown.stderr
+
+
+def test_a_generations_steps_join_to_its_text(embedded):
+    """Was: the detokenizer's last piece (a space held back behind the last token) was in the text and in no step,
+    so a 20-token greedy reply to 'The capital of France is' ended its text with '22 ' and its last step with ''.
+    The kept steps now join to the text; the streamed steps, the final one included, did and still do."""
+    model, tok = embedded
+    stream = mlxinfer.stream_generate(model, tok, "The capital of France is", chat=False, settings=GREEDY,
+                                      max_tokens=20, logprobs=1)  # fmt: skip
+    streamed = [s.text for s in stream]
+    result = stream.result
+    assert "".join(streamed) == result.text
+    assert "".join(s.text for s in result.steps) == result.text and result.text != result.text.rstrip()
+    assert streamed[: len(result.steps) - 1] == [s.text for s in result.steps[:-1]]

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Optional
 
 import mlx.core as mx
@@ -206,6 +206,10 @@ class Row:
 
     def _end(self, out: list[Step], reason: str, tail: str, stop_token: Optional[int]) -> list[Step]:
         self.result.text += tail
+        if tail and self.result.steps:  # the kept steps' texts join to the text: the last piece is the last token's
+            last = self.result.steps[-1]  # a copy: the Step already handed out stays as it was streamed
+            self.result.steps[-1] = replace(last, text=last.text + tail)
+            self.result.steps[-1].offset = last.offset
         self.result.finish_reason, self.result.stop_token = reason, stop_token
         out.append(Step(None, tail, 0.0, finish_reason=reason, stop_token=stop_token))
         return out
