@@ -498,7 +498,14 @@ def test_a_blank_prompt_a_bad_budget_and_a_rerun_say_so_as_the_cli_would(browser
     message = page.text_content("#error")
     assert message.count("top_p") == 1, message
     page.fill("#top-p", "1")
+    page.fill("#top-k", "2.7")  # was: silently 2, and --top-k 2 in the copied command
+    page.click("#gen-run")
+    page.wait_for_function("() => document.querySelector('#error').textContent.includes('top_k')", timeout=60_000)
+    page.fill("#top-k", "0")
     page.click("#tab-answers")
+    page.fill("#ans-temps", "0x10")  # was: read as 16
+    page.click("#ans-run")
+    assert "temperatures must be numbers" in page.text_content("#error")
     page.fill("#ans-temps", "1")
     page.fill("#ans-max", "5")
     page.fill("#ans-nodes", "3000")

@@ -17,7 +17,8 @@ const p4 = (x) => fixed(x, DIGITS);
 function temperatures(most) {
   const words = $("ans-temps").value.split(/[\s,]+/).filter(Boolean);
   const temps = words.map(Number);
-  if (!temps.length || temps.some((t) => !Number.isFinite(t) || t < 0)) {
+  const decimal = /^[+-]?(\d+\.?\d*|\.\d+)(e[+-]?\d+)?$/i;  // what Python's float reads (was: "0x10" read as 16)
+  if (!temps.length || words.some((w) => !decimal.test(w)) || temps.some((t) => !Number.isFinite(t) || t < 0)) {
     throw new Error("temperatures must be numbers >= 0, separated by commas: 0.5,1,1.5");
   }
   if (temps.length > most) throw new Error(`temperatures takes at most ${most}`);

@@ -36,7 +36,7 @@ const ctx = {
   // defaults are the sampler's "off", so the server's generation_config.json does not fill them)
   settings: () => ({
     temperature: number("temp", 1),
-    top_k: Math.trunc(number("top-k", 0)),
+    top_k: number("top-k", 0),  // as typed: 2.7 is refused as the CLI refuses it (was: silently 2)
     top_p: number("top-p", 1),
     min_p: number("min-p", 0),
   }),
