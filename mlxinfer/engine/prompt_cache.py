@@ -39,7 +39,10 @@ class PromptCache:
 
     def put(self, prefilled: Prefilled) -> Prefilled:
         """Keep `prefilled` (a copy of it cut to the prompt's positions) and return it as it is, for its rows now."""
+        if self.max_bytes == 0:  # no prompt cache: nothing to copy
+            return prefilled
         kept = Prefilled(prefilled.ids, [_fitted(c) for c in prefilled.cache], prefilled.logits)
+        mx.eval([c.kv for c in kept.cache if isinstance(c, KVCache) and c.kv is not None])  # the copies, in one graph
         # a cache's state: our KVCache's arrays, or mlx-lm's (which may hold offsets and Nones too)
         leaves = tree_flatten([c.state for c in kept.cache] + [kept.logits])
         size = sum(a.nbytes for _, a in leaves if isinstance(a, mx.array))
@@ -62,5 +65,4 @@ def _fitted(c):
         return c
     fitted = copy.copy(c)
     fitted.kv = mx.contiguous(c.kv[..., : rounded_room(c.offset), :])
-    mx.eval(fitted.kv)
     return fitted
