@@ -271,6 +271,7 @@ def test_two_ranks_give_one_processs_completions(tiny, tmp_path):
         timeout=300,
     )
     assert done.returncode == 0, done.stderr
+    assert done.stdout.strip(), done.stderr[-3000:]  # mlx.launch exits 0 when a rank fails: its words are here
     report = json.loads(done.stdout)  # rank 0 alone prints
     assert report["ranks"] == 2 and report["completions"] == report["new_completions"] == 2 * 2 * 10
     assert completions(read_records(out)[1]) == completions(read_records(single)[1])
