@@ -345,12 +345,11 @@ def exact_kwargs(options: dict) -> dict:
     import mlxinfer
 
     given = {k: options[k] for k in ("group", "exact", "min_mass", "max_nodes", "max_seconds") if k in options}
-    unset = {"min_mass": defaults.EXACT_MIN_MASS, "max_nodes": defaults.EXACT_MAX_NODES, "max_seconds": None}
     if given.get("exact") is False:  # sample and sweep walk only with --exact: a bound without it did nothing
-        for name, value in unset.items():
-            if name in given and given[name] != value:
-                flag = "--" + name.replace("_", "-")
-                raise mlxinfer.MlxinferError(f"{flag} bounds the exact walk, which runs with --exact: add it", name)
+        for o in GROUPS["walk"]:
+            if given.get(o.param, o.option.default) != o.option.default:
+                why = "bounds the exact walk, which runs with --exact: add it"
+                raise mlxinfer.MlxinferError(f"{o.flag} {why}", o.param)
     mlxinfer.check_walk(given.get("min_mass", 1.0), given.get("max_nodes", 1), given["group"], given.get("max_seconds"))
     return given
 

@@ -111,9 +111,9 @@ class ResultsFile:
         if self.path.is_file() and not resume and self._header_only():  # left by a run killed before its first
             os.truncate(self.path, 0)  # batch: no results, so nothing to resume
         exists = self.path.is_file() and self.path.stat().st_size > 0
-        if exists and _header_of(_first_line(self.path)) is None:  # a typo's --out prompts.txt: not --resume
-            raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
         if exists and not resume:
+            if _header_of(_first_line(self.path)) is None:  # a typo's --out prompts.txt: not --resume (_read says so)
+                raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
             raise MlxinferError(
                 f"{param} {self.path} already holds results; pass resume to continue that sweep, "
                 "or write to another file",
@@ -153,12 +153,7 @@ class ResultsFile:
     def _header_only(self) -> bool:
         with open(self.path, "rb") as f:
             data = f.read(1 << 20)
-        if data.count(b"\n") != 1 or not data.endswith(b"\n"):
-            return False
-        try:
-            return json.loads(data).get("format") == FORMAT
-        except (ValueError, AttributeError, RecursionError):
-            return False
+        return data.count(b"\n") == 1 and data.endswith(b"\n") and _header_of(data) is not None
 
     def _read(self, param: str) -> None:
         data = self.path.read_bytes()
