@@ -4,7 +4,7 @@
 // generate` command line, a curl call and the openai client's, ready to copy.
 
 import { checkPrompt, commandLine, hasKey, openaiRequest, streamJson } from "./api.js";
-import { el, fixed, pyRepr, shellQuote } from "./format.js";
+import { el, fixed, pyRepr, shellQuote, wholeNumber as whole } from "./format.js";
 
 const $ = (id) => document.getElementById(id);
 const TOP = 5;  // alternatives per token
@@ -62,12 +62,8 @@ export function mount(ctx) {
       ctx.showError(new Error(`seed must be a whole number from 0 to ${Number.MAX_SAFE_INTEGER}, or blank`));
       return;
     }
-    const typed = $("gen-max").valueAsNumber;
-    if (maxTyped() && !(Number.isInteger(typed) && typed > 0)) {  // was: 0, -3 or 2.5 silently 64
-      ctx.showError(new Error("max tokens must be a whole number >= 1, or blank"));
-      return;
-    }
     try {
+      if (maxTyped()) whole("gen-max", 1);  // was: 0, -3 or 2.5 silently 64
       checkPrompt(ctx);
     } catch (e) {
       ctx.showError(e);
