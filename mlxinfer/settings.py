@@ -74,8 +74,8 @@ class SamplerSettings:
         0,
         int,
         lambda v: _int(v) and 0 <= v < 2**31,  # past any vocabulary; the native cut takes a 32-bit k
-        "a whole number from 0 to 2,147,483,647 (0 = off; e.g. 20)",
-        "Keep the k most likely tokens (0 = off).",
+        "a whole number from 0 to 2,147,483,647 (0 or -1 = off; e.g. 20)",
+        "Keep the k most likely tokens (0 or -1 = off).",
         flags="--top-k",
         grid=3,
         served=True,
@@ -155,12 +155,16 @@ class SamplerSettings:
     )
     # token id -> added to its score (the server takes OpenAI's string keys: server/schemas.py)
     logit_bias: dict[int, float] | None = option(None, dict, _bias, "a map of token ids >= 0 to biases in [-100, 100]")
-    # penalties look at the last N tokens; None = all given
     penalty_window: int | None = option(
         None,
         int,
         lambda v: v is None or _int(v) and 1 <= v < 2**31,  # the history is sliced with 32-bit indices
         "None (all) or a whole number from 1 to 2,147,483,647",
+        "The penalties look at the last N tokens, the prompt's included (default: all; mlx-lm's"
+        " repetition_context_size, llama.cpp's --repeat-last-n).",
+        flags="--penalty-window --repeat-last-n",
+        group="penalties",
+        served=True,
     )
     # or "mlx-lm": cut the untempered distribution, temper in the draw
     order: str = option(
@@ -178,6 +182,8 @@ class SamplerSettings:
             value = getattr(self, f.name)
             if plain(value) is not value:
                 object.__setattr__(self, f.name, plain(value))
+        if _int(self.top_k) and self.top_k == -1:  # off, as vLLM and llama.cpp take it
+            object.__setattr__(self, "top_k", 0)
         if isinstance(self.order, str) and self.order in ORDER_ALIASES:
             object.__setattr__(self, "order", ORDER_ALIASES[self.order])
 

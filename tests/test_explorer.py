@@ -142,7 +142,7 @@ def test_next_token_beside_a_running_stream(tiny):
         ({"prompt": PROMPT, "temperatures": [1.0] * (explorer.MAX_TEMPERATURES + 1)}, "temperatures"),
         ({"prompt": PROMPT, "temperatures": [-1.0]}, "temperatures"),
         ({"prompt": PROMPT, "top_p": 2.0}, "top_p"),
-        ({"prompt": PROMPT, "top_k": -1}, "top_k"),
+        ({"prompt": PROMPT, "top_k": -2}, "top_k"),
         ({"prompt": PROMPT, "min_p": 1.0}, "min_p"),
         ({"prompt": PROMPT, "temperature": "1"}, "temperature"),
         ({"prompt": 3}, "prompt"),

@@ -130,6 +130,21 @@ def test_generation_config_defaults_and_overrides(checkpoint_dir):
     assert "set by you" in mine["settings_note"]
 
 
+def test_llama_cpp_flags_for_the_penalty_window_and_top_k_off(checkpoint_dir):
+    """--repeat-last-n (llama.cpp's; --penalty-window) gives the library's penalty_window, and it matters;
+    --top-k -1 is off, as llama.cpp and vLLM take it (the model's top-k 20 does not apply)."""
+    path = str(checkpoint_dir("qwen3"))
+    run = ["generate", "-m", path, "-p", "The cat", "-n", "12", "--seed", "3", "--temp", "1", "--top-p", "1"]
+    run += ["--repetition-penalty", "3", "--json"]
+    out = json.loads(invoke_cli(*run, "--repeat-last-n", "2", "--top-k", "-1").stdout)
+    assert out["settings"]["penalty_window"] == 2 and out["settings"]["top_k"] == 0
+    model, tok = mlxinfer.load(path)
+    settings = SamplerSettings(temperature=1.0, top_p=1.0, top_k=0, repetition_penalty=3.0, penalty_window=2)
+    assert out["text"] == mlxinfer.generate(model, tok, "The cat", settings=settings, max_tokens=12, seed=3).text
+    whole = json.loads(invoke_cli(*run, "--top-k", "0").stdout)["text"]
+    assert whole != out["text"]
+
+
 def test_sample_cli_json_and_csv(checkpoint_dir):
     path = str(checkpoint_dir("llama"))
     out = invoke_cli("sample", "-m", path, "-p", "hi", "--seeds", "4", "--temp", "1.0", "--max-tokens", "3", "--json")

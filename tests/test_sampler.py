@@ -457,7 +457,7 @@ BAD = [
     ("top_p", 0.0),
     ("top_p", 1.5),
     ("top_p", -0.2),
-    ("top_k", -1),
+    ("top_k", -2),  # -1 is off, as vLLM and llama.cpp take it
     ("top_k", 2.5),
     ("min_p", 1.0),
     ("min_p", -0.1),

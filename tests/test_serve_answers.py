@@ -158,7 +158,7 @@ def test_a_stream_decodes_between_the_walks_steps(tiny, monkeypatch):
         ({"temperatures": [-0.5]}, "temperatures"),
         ({"temperatures": ["1"]}, "temperatures[0]"),
         ({"top_p": 2.0}, "top_p"),
-        ({"top_k": -1}, "top_k"),
+        ({"top_k": -2}, "top_k"),
         ({"min_p": 1.0}, "min_p"),
         ({"max_tokens": 0}, "max_tokens"),
         ({"max_tokens": served_answers.MAX_TOKENS + 1}, "max_tokens"),

@@ -102,6 +102,21 @@ def test_each_sampler_field_gives_samples_completions(tiny, extra):
     assert [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])] == ref
 
 
+def test_llama_servers_names_and_top_k_minus_one_are_read_as_ours(tiny):
+    """n_predict, repeat_penalty and repeat_last_n (llama-server's names) give what max_tokens,
+    repetition_penalty and penalty_window give, as sample does, and are not named as ignored; the window
+    matters (all tokens penalised gives other texts), and top_k -1 is off, as top_k 0 is."""
+    url, _, model, tok = tiny
+    seeds, base = [20, 21, 22, 23], {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    ref = texts(model, tok, "The cat", seeds, {**base, "repetition_penalty": 3.0, "penalty_window": 2}, 12, chat=False)
+    assert ref != texts(model, tok, "The cat", seeds, {**base, "repetition_penalty": 3.0}, 12, chat=False)
+    body = {"prompt": "The cat", "seed": 20, "n": 4, **base, "top_k": -1}
+    r = post(url, "/v1/completions", {**body, "n_predict": 12, "repeat_penalty": 3.0, "repeat_last_n": 2})
+    assert r.status_code == 200, r.text
+    assert [c["text"] for c in sorted(r.json()["choices"], key=lambda c: c["index"])] == ref
+    assert "mlxinfer-ignored-fields" not in r.headers
+
+
 def test_generation_config_defaults_and_max_completion_tokens(tiny):
     """A request that sets no sampler field samples with the model's generation_config.json, as sample
     does (and not with plain temperature 1); max_completion_tokens is the budget, over max_tokens."""

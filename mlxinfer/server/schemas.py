@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, field_validator
 
 from ..settings import SamplerSettings
 
@@ -29,11 +29,24 @@ class StreamOptions(BaseModel):
 # repetition_penalty under these names). logit_bias is OpenAI's shape (string keys), declared below.
 SAMPLER_FIELDS = [o.name for o in SamplerSettings.options() if o.served and o.kind is not dict]
 OPENAI_RANGES = {"temperature": {"ge": 0, "le": 2, "allow_inf_nan": False}}  # OpenAI's bounds, narrower than ours
+LLAMA_SERVER_NAMES = {
+    "max_tokens": "n_predict",
+    "repetition_penalty": "repeat_penalty",
+    "penalty_window": "repeat_last_n",
+}
+
+
+def _field(name: str, **kw) -> Any:
+    """A request field, also read under llama-server's name for it where that differs."""
+    other = LLAMA_SERVER_NAMES.get(name)
+    return Field(default=None, **kw, **({"validation_alias": AliasChoices(name, other)} if other else {}))
+
+
 _Sampler = create_model(
     "_Sampler",
     __config__=_STRICT,
     **{
-        o.name: (Optional[o.kind], Field(default=None, **OPENAI_RANGES.get(o.name, {})))
+        o.name: (Optional[o.kind], _field(o.name, **OPENAI_RANGES.get(o.name, {})))
         for o in SamplerSettings.options()
         if o.name in SAMPLER_FIELDS
     },
@@ -45,7 +58,7 @@ class Sampling(_Sampler):
 
     model_config = _STRICT
     model: Optional[str] = None  # left out: the model this server serves, as llama-server and mlx-lm's take it
-    max_tokens: Optional[int] = None
+    max_tokens: Optional[int] = _field("max_tokens")
     n: int = 1
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
