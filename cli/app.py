@@ -89,7 +89,9 @@ class _Commands(TyperGroup):
             code = 2
         except click.UsageError as e:
             hint = f" (see: {e.ctx.command_path} --help)" if e.ctx is not None else ""
-            typer.echo(f"error: {' '.join(e.format_message().split())}{hint}", err=True)
+            line = " ".join(e.format_message().split())
+            line = flags.peer_hint(sys.argv[1:] if args is None else list(args), line, e.ctx) or line
+            typer.echo(f"error: {line}{hint}", err=True)
             code = 2
         except click.ClickException as e:
             typer.echo(f"error: {' '.join(e.format_message().split())}", err=True)

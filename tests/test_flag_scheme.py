@@ -90,3 +90,28 @@ def test_positional_arguments_show_their_help():
     shown = " ".join(invoke_cli("convert", "--help").stdout.split())
     assert "A .gguf file" in shown and "The directory to write" in shown
     assert "a local directory" in " ".join(invoke_cli("count", "--help").stdout.split())
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["generate", "--n-predict", "8"], "--n-predict is llama.cpp's flag; here use --max-tokens"),
+        (["generate", "-p", "hi", "-ngl", "0"], "-ngl is llama.cpp's flag, and mlxinfer has no such setting"),
+        (["generate", "-r", "User:"], "here use --stop"),
+        (["serve", "--parallel", "4"], "here use serve --max-rows"),
+        (["sample", "--seed", "3"], "seed 3 alone: --seeds 3:4"),
+        (["quantize", "embedded", "out", "Q4_K_M"], "Q4_K_M is a GGUF type"),
+        (["generate", "-"], "standard input is -p -"),
+    ],
+)
+def test_another_tools_flag_is_named_with_what_to_type_here(args, fragment):
+    """llama.cpp's and mlx-lm's habits get their equivalent, where Click guessed a near spelling
+    (--n-predict: --no-chat?) or misread one (-ngl 0: -n 'gl')."""
+    assert_one_line_error(invoke_cli(*args), fragment)
+
+
+def test_a_commands_own_flag_is_never_taken_for_another_commands():
+    """generate has --seed (sample's hint names it): a bad value there is generate's own error."""
+    result = invoke_cli("generate", "-p", FRUIT, "--seed", "x")
+    assert_one_line_error(result, "'x' is not a valid integer")
+    assert "--seeds" not in result.stderr
