@@ -46,6 +46,43 @@ def test_bench_runs_every_engine_on_the_same_tokens(checkpoint_dir):
     )
 
 
+def test_bench_says_when_other_processes_held_the_cores(checkpoint_dir):
+    """A process spinning beside the runs shows as the others' share of the cores (its own work does
+    not count), and the table then says the machine was busy; on a quiet run it says nothing."""
+    import os
+    import subprocess
+    import sys
+    import time
+
+    from mlxinfer.engine.bench import OtherLoad
+    from mlxinfer_cli.commands.bench import markdown
+
+    if OtherLoad().start is None:
+        pytest.skip("no /proc/stat on this system")
+    own = OtherLoad()
+    end = time.perf_counter() + 1.0
+    while time.perf_counter() < end:  # this process's own work
+        pass
+    quiet = own.fraction()
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        time.sleep(0.3)  # started
+        others = OtherLoad()
+        time.sleep(1.0)
+        busy = others.fraction()
+    finally:
+        spinner.kill()
+        spinner.wait()
+    one_core = 1 / os.cpu_count()
+    assert busy > 0.6 * one_core and quiet < busy - 0.4 * one_core, (quiet, busy)
+    report = run_bench(str(checkpoint_dir("llama", 4, 64)), prompt_tokens=(4,), gen_tokens=2, repeats=1,
+                       bandwidth_gb_s=10.0, fast_path=False)  # fmt: skip
+    report.other_cpu_fraction = 0.0
+    assert "busy" not in markdown(report)
+    report.other_cpu_fraction = busy
+    assert f"other processes used {busy:.0%} of its cores" in markdown(report)
+
+
 def test_bytes_per_token_skips_the_untied_embedding(checkpoint_dir):
     import mlxinfer
 

@@ -63,6 +63,9 @@ def bandwidth_gb_s(text: str) -> float:
     return gb_s
 
 
+BUSY = 0.1  # other processes' share of the cores during the runs past which the report says so
+
+
 def markdown(report) -> str:
     lines = [
         f"model: {report.model}  ",
@@ -76,13 +79,22 @@ def markdown(report) -> str:
         "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|",
     ]
     for r in report.rows:
+        load = "—" if r.load_s is None else f"{r.load_s:.2f}"
+        peak = "—" if r.peak_memory_bytes is None else f"{r.peak_memory_bytes / 1e6:.0f}"
         lines.append(
-            f"| {r.engine} | {r.path} | {r.prompt_tokens} | {r.load_s:.2f} | {r.ttft_s:.2f} | "
+            f"| {r.engine} | {r.path} | {r.prompt_tokens} | {load} | {r.ttft_s:.2f} | "
             f"{r.prefill_tokens_per_s:.1f} | {r.decode_tokens_per_s:.1f} | {r.prefill_ratio:.2f} | "
-            f"{r.decode_ratio:.2f} | {r.roofline_fraction:.0%} | {r.peak_memory_bytes / 1e6:.0f} | "
+            f"{r.decode_ratio:.2f} | {r.roofline_fraction:.0%} | {peak} | "
             f"{'same' if r.same_tokens else 'DIFFER'} |"
         )
     lines.append("")
+    busy = report.other_cpu_fraction
+    if busy is not None and busy >= BUSY:
+        lines += [
+            f"**the machine was busy**: other processes used {busy:.0%} of its cores during the runs, so these "
+            "are not a quiet machine's timings (llama.cpp's spinning threads lose most); rerun when it is quiet  ",
+            "",
+        ]
     for name, peer in report.peers.items():  # which build of the peer ran, in its own words
         lines.append(f"{name} {peer['version']}: {peer['system_info']}  ")
         theirs = {r.prompt_tokens: r for r in report.rows if r.engine == name}

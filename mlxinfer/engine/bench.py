@@ -37,7 +37,7 @@ class Timing:
     ttft_s: float
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
-    peak_memory_bytes: int
+    peak_memory_bytes: Optional[int]
     tokens: list[int]
 
 
@@ -46,11 +46,11 @@ class BenchRow:
     engine: str
     path: str  # how the engine's weights are stored (the BLAS is the report's)
     prompt_tokens: int
-    load_s: float
+    load_s: Optional[float]  # None: not measured (llama.cpp loads before the runs, in its own library)
     ttft_s: float
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
-    peak_memory_bytes: int
+    peak_memory_bytes: Optional[int]  # MLX's peak; None for llama.cpp, whose memory MLX does not see
     same_tokens: bool  # greedy tokens equal mlx-lm's
     prefill_ratio: float = 1.0  # ours / mlx-lm's, same prompt length
     decode_ratio: float = 1.0
@@ -70,6 +70,8 @@ class BenchReport:
     roofline: dict = field(default_factory=dict)  # engine -> {bytes_per_token, max_tokens_per_s}
     help_seconds: float = 0.0  # `mlxinfer --help` wall time over `python -c pass`
     peers: dict = field(default_factory=dict)  # peer -> {version, system_info}: which build and kernels it ran
+    # the share of the machine's cores other processes used during the runs (None where /proc/stat is not)
+    other_cpu_fraction: Optional[float] = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -151,6 +153,36 @@ def help_overhead() -> float:
 
     runs = [(wall(["-m", "mlxinfer", "--help"]), wall(["-c", "pass"])) for _ in range(3)]
     return statistics.median(a - b for a, b in runs)
+
+
+class OtherLoad:
+    """How much of the machine other processes used from now until fraction() (Linux: /proc/stat's busy
+    time less this process's own). A busy machine slows every engine, llama.cpp's spinning threads most."""
+
+    def __init__(self):
+        self.start = self._sample()
+
+    @staticmethod
+    def _sample() -> Optional[tuple[float, float, float]]:
+        import os
+
+        try:
+            with open("/proc/stat") as f:
+                cpu = [int(v) for v in f.readline().split()[1:]]
+        except (OSError, ValueError):
+            return None
+        busy = (sum(cpu[:8]) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait
+        own = sum(os.times()[:4])  # user and system, this process's threads and waited-for children
+        return time.perf_counter(), busy, own
+
+    def fraction(self) -> Optional[float]:
+        import os
+
+        end = self._sample()
+        if self.start is None or end is None or end[0] - self.start[0] <= 0:
+            return None
+        wall, busy, own = (b - a for a, b in zip(self.start, end))
+        return max(0.0, min(1.0, (busy - own) / (wall * (os.cpu_count() or 1))))
 
 
 def llama_cpp_info() -> dict:
@@ -306,13 +338,14 @@ def run_bench(
     gguf = source_info.path if source_info is not None and source_info.kind == "gguf" else None
     peer = llama_cpp_loop(gguf, max(prompt_tokens) + gen_tokens + 8) if llama_cpp and gguf else None
     if peer is not None:
-        engines["llama.cpp"], paths["llama.cpp"], load_s["llama.cpp"] = peer, "GGUF as stored", 0.0
+        engines["llama.cpp"], paths["llama.cpp"], load_s["llama.cpp"] = peer, "GGUF as stored", None
 
     names = list(engines)
     for name in names:  # warm-up: first calls allocate and build kernels
         list(engines[name](prompt_ids(tokenizer, 8), 2))
     results: dict[tuple[str, int], list[Timing]] = {}
     total, done = repeats * len(prompt_tokens) * len(names), 0
+    others = OtherLoad()
     for r in range(repeats):
         order = names[r % len(names) :] + names[: r % len(names)]  # rotate who goes first
         for n in prompt_tokens:
@@ -320,7 +353,8 @@ def run_bench(
             for name in order:
                 mx.reset_peak_memory()
                 ttft, pre, dec, toks = timed(engines[name](ids, gen_tokens), n)
-                results.setdefault((name, n), []).append(Timing(name, n, ttft, pre, dec, mx.get_peak_memory(), toks))
+                peak = None if name == "llama.cpp" else mx.get_peak_memory()
+                results.setdefault((name, n), []).append(Timing(name, n, ttft, pre, dec, peak, toks))
                 done += 1
                 if progress:
                     progress(done, total)
@@ -335,6 +369,7 @@ def run_bench(
         bandwidth_source=bandwidth_source,
         gen_tokens=gen_tokens,
         repeats=repeats,
+        other_cpu_fraction=others.fraction(),
     )
     for name, m in models.items():
         b = bytes_per_token(m, model.config.tie_word_embeddings)
@@ -365,7 +400,7 @@ def _median_row(name, n, results, load_s, paths, reference) -> BenchRow:
         ttft_s=med("ttft_s"),
         prefill_tokens_per_s=med("prefill_tokens_per_s"),
         decode_tokens_per_s=med("decode_tokens_per_s"),
-        peak_memory_bytes=int(med("peak_memory_bytes")),
+        peak_memory_bytes=None if runs[0].peak_memory_bytes is None else int(med("peak_memory_bytes")),
         same_tokens=all(x.tokens == reference for x in runs),
     )
 
