@@ -83,6 +83,7 @@ class ExplainRow(View):
     prob: float  # at the temperature, over the whole vocabulary, before the cut
     kept: bool
     final_prob: float  # after the cut, rescaled to 1 (0 when cut)
+    running: float = 0.0  # prob summed over this row and those above it: what top-p compares with p
 
 
 @dataclass
@@ -120,6 +121,7 @@ class NextTokenTable(View):
     settings_note: str = ""  # with an explanation: where the sampler's settings came from
     explanation: Explanation | None = None
     definition: str = ""  # which forward pass ran: "mlxinfer llama", "mlx-lm gemma3_text"
+    weights: str = ""  # the compute path: how the weights are held, "4/8-bit quantized (activations float32)"
     routing: list[ExpertChoice] | None = None  # with an explanation, for our mixture-of-experts definition
     sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
 

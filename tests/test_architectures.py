@@ -91,7 +91,10 @@ def test_every_command_runs_and_says_which_definition(mlx_lm_dir, arch, variant)
     assert len(table["rows"]) == 5 and table["explanation"]["n_kept"] >= 1
     assert (table["routing"] is not None) == (arch == "qwen3_moe")  # only our own definition shows its router
     text = invoke_cli("topk", "-m", path, "-p", PROMPT)
-    assert text.returncode == 0 and f"scores in one pass of {DEFINITION[arch]}: 384" in text.stdout
+    assert (
+        text.returncode == 0
+        and f"scores in one pass of {DEFINITION[arch]} on {table['weights']} weights: 384" in text.stdout
+    )
 
     greedy = invoke_cli("generate", "-m", path, "-p", PROMPT, "--temp", "0", "--max-tokens", "6", "--json")
     assert greedy.returncode == 0, greedy.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 
@@ -88,8 +89,21 @@ def test_explain_top_p_keeps_the_smallest_set(checkpoint_dir):
     mass = sum(r["prob"] for r in kept)
     assert mass == pytest.approx(ex["mass_kept"], abs=1e-6) and mass >= 0.3
     assert mass - kept[-1]["prob"] < 0.3  # smallest such set: without its last token it falls short
+    # the running total the lesson's worked example reads: the last kept row is the first to reach p
+    assert [r["running"] for r in ex["rows"][:3]] == pytest.approx(
+        list(itertools.accumulate(r["prob"] for r in ex["rows"][:3]))
+    )
+    reached = next(r for r in ex["rows"] if r["running"] >= 0.3)
+    assert reached["rank"] == kept[-1]["rank"] == len(kept)
     assert sum(r["final_prob"] for r in kept) == pytest.approx(1.0, abs=1e-5)
     assert "set by you" in out["settings_note"]
+
+
+def test_explain_says_how_many_kept_tokens_it_does_not_show(checkpoint_dir):
+    path = str(checkpoint_dir("llama"))
+    args = ["topk", "-m", path, "-p", "hi", "--temp", "1.0", "--top-k", "9", "--top-p", "1", "--explain"]
+    assert "3 more kept tokens are not shown (--rows 10 shows them)" in invoke_cli(*args, "--rows", "6").stdout
+    assert "more kept tokens" not in invoke_cli(*args, "--rows", "10").stdout
 
 
 def test_thinking_switch_reaches_the_chat_template(checkpoint_dir):
@@ -115,7 +129,9 @@ def test_the_table_make_run_prints(herb_table):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     assert lines[0].startswith("SmolLM2-135M-Instruct (Q4_1 GGUF, embedded default)  prompt: 44 tokens")
-    assert lines[1] == "scores in one pass of mlxinfer llama: 49,152"  # which definition ran
+    # which definition ran, on which compute path (the weights as this load holds them)
+    path = json.loads(invoke_cli("topk", "-p", HERB, "--json").stdout)["weights"]
+    assert lines[1] == f"scores in one pass of mlxinfer llama on {path} weights: 49,152" and "quantized" in path
     header = next(line for line in lines if "p @ T=0.5" in line)
     assert ["#", "token", "id", "score", "p @ T=0.5", "p @ T=1", "p @ T=1.5"] == [
         c.strip() for c in header.strip("┃").split("┃")

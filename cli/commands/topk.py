@@ -68,7 +68,8 @@ def render(table) -> None:
 
     console = stdout_console()
     console.print(f"[bold]{table.model}[/bold]  prompt: {counted(len(table.prompt_ids), 'token')}", highlight=False)
-    console.print(f"scores in one pass of {table.definition}: {table.n_scores:,}", highlight=False)
+    path = f" on {table.weights} weights" if table.weights else ""
+    console.print(f"scores in one pass of {table.definition}{path}: {table.n_scores:,}", highlight=False)
     if table.sharding:
         console.print(f"[dim]{sharding_line(table.sharding)}[/dim]", highlight=False)
     t = Table(show_footer=True)
@@ -104,15 +105,20 @@ def render_explain(console, ex, note: str) -> None:
     console.print(f"[dim]{note}[/dim]", highlight=False)
     s = ex.settings
     t = Table(title=f"the sampler at T={s['temperature']:g}: keeps {ex.n_kept:,} of {ex.vocab_size:,} tokens")
-    for name in ("#", "token", "p at T", "kept", "rescaled p"):
+    for name in ("#", "token", f"p @ T={s['temperature']:g}", "total so far", "kept", "rescaled p"):
         t.add_column(name, justify="left" if name == "token" else "right")
     for r in ex.rows:
         t.add_row(
             str(r.rank),
             repr(r.text),
             f"{r.prob:.3f}",
+            f"{r.running:.3f}",
             "yes" if r.kept else "cut",
             f"{r.final_prob:.3f}" if r.kept else "",
         )
     console.print(t)
+    unshown = ex.n_kept - sum(r.kept for r in ex.rows)
+    if unshown > 0:
+        more = f"--rows {len(ex.rows) + unshown + 1}" if all(r.kept for r in ex.rows) else "more --rows"
+        console.print(f"{unshown:,} more kept tokens are not shown ({more} shows them)", highlight=False)
     console.print(f"mass kept {ex.mass_kept:.3f}, cut off {ex.mass_cut:.3f}, then rescaled to 1", highlight=False)

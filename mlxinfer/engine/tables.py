@@ -123,10 +123,12 @@ def explain(
     final = held / mass_kept if mass_kept > 0 else held
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
     ids, s = top.tolist(), x[top].tolist()
+    running = np.cumsum(probs[ids])
     rows = [
-        ExplainRow(r + 1, i, decode(i) if decode else None, s[r], float(probs[i]), bool(keep[i]), float(final[i]))
+        ExplainRow(r + 1, i, decode(i) if decode else None, s[r], float(probs[i]), bool(keep[i]), float(final[i]),
+                   float(running[r]))
         for r, i in enumerate(ids)
-    ]
+    ]  # fmt: skip
     cut = max(0.0, 1.0 - mass_kept)
     return Explanation(settings.to_dict(), x.shape[-1], int(keep.sum()), mass_kept, cut, rows)
 
@@ -168,7 +170,7 @@ def next_token_table(
 
     table = table_from_scores(scores, temperatures, k, decode)
     table.model, table.prompt, table.prompt_ids = model.info.name, prompt if isinstance(prompt, str) else "", ids
-    table.definition = model.info.definition
+    table.definition, table.weights = model.info.definition, model.info.weights
     table.sharding = model.info.sharding
     if resolved is not None:
         table.explanation = explain(scores, resolved[0], k, decode, fast=model.info.cpu_kernels)
