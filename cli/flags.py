@@ -15,6 +15,7 @@ import re
 FLAGS = {  # cli/options.py adds the flags of the options it declares
     "source": "--model",
     "chat=False": "--no-chat",
+    "raw_special_tokens=True": "--raw-special-tokens",
     "temperatures": "--temps",
     "k": "--rows",
     "explain_sampler": "--explain",

@@ -92,3 +92,7 @@ def __getattr__(name):
         globals()[name] = found  # looked up once
         return found
     raise AttributeError(f"module 'mlxinfer' has no attribute {name!r}")
+
+
+def __dir__():  # the lazy names too: Jupyter's and IPython's completion read dir()
+    return sorted(set(globals()) | set(__all__))

@@ -316,8 +316,9 @@ def resolve_settings(
     came from. A SamplerSettings is taken whole (every field set by the caller)."""
     if isinstance(settings, SamplerSettings):
         changed = _changed(settings.validate())
-        what = _show(settings, changed) if changed else "mlxinfer defaults (temperature 1.0, nothing cut)"
-        return settings, f"sampling: {what}, set by you"
+        what = _show(settings, changed) if changed else "SamplerSettings() (temperature 1.0, nothing cut)"
+        rest = f"no {where}" if generation_config is None else f"a SamplerSettings is whole: the {where} not read"
+        return settings, f"sampling: {what} set by you; {rest}"
     mine = user_settings(settings)
     from_cfg, overridden = {}, []
     if generation_config is not None:

@@ -92,6 +92,7 @@ def encode_prompt(
             "prompt is empty" + (" (only white space)" if prompt else "") + "; give some text", "prompt"
         )
     else:
+        _check_not_templated(tokenizer, prompt, chat, raw_special_tokens)
         messages = ([{"role": "system", "content": system}] if system is not None else []) + [
             {"role": "user", "content": prompt}
         ]
@@ -223,6 +224,25 @@ def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
     if not isinstance(text, str):
         raise MlxinferError("the model's chat template did not render text; try chat=False", "chat=False")
     return text
+
+
+def _check_not_templated(tokenizer, prompt: str, chat: bool, raw_special_tokens: bool) -> None:
+    """A text that opens with a control token's name was rendered by a chat template already (mlx-lm's
+    `apply_chat_template(..., tokenize=False)`, then the string): the template would wrap it again as a
+    user message holding the template's text, and the model answer that."""
+    if not chat or raw_special_tokens:
+        return
+    head = prompt.lstrip()
+    opener = next((t for t in _special_tokens(tokenizer) if head.startswith(t)), None)
+    if opener is not None:
+        raise MlxinferError(
+            f"the prompt opens with {opener}, a control token's name: it looks rendered by a chat template "
+            "already, which would wrap it again; pass the text alone (or the messages), or chat=False with "
+            "raw_special_tokens=True to read it as written",
+            "prompt",
+            "chat=False",
+            "raw_special_tokens=True",
+        )
 
 
 def _special_tokens(tokenizer) -> dict[str, int]:

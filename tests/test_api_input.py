@@ -298,3 +298,20 @@ def test_blank_prompts_and_a_system_text_with_nowhere_to_go_are_refused_as_the_c
     tool = {"name": "add", "description": "Add a thing", "input_schema": {"type": "object", "properties": {}}}
     g = mlxinfer.generate(model, tok, messages, tool=tool, max_tokens=2, settings=mlxinfer.GREEDY)
     assert g.prompt_ids == mlxinfer.encode_prompt(tok, messages)
+
+
+def test_an_mlx_lm_users_habits_get_their_equivalent(embedded):
+    """mlx-lm's model (mlx_lm.load's class, also named Model) is named with what reads it here; mlx-lm's
+    generate keywords (sampler, verbose) name what takes their place; help() and completion list the
+    API (generate's keywords are stream_generate's, and the lazy names are in dir())."""
+    import inspect
+
+    model, tok = embedded
+    twin = mlxinfer.mlx_lm_twin(model)
+    with pytest.raises(mlxinfer.MlxinferError, match=r"got mlx_lm\.models\.\w+\.Model; mlxinfer\.load\(path\)"):
+        mlxinfer.generate(twin, tok, PROMPT, max_tokens=1)
+    for keyword, fragment in [("sampler", "settings=SamplerSettings"), ("verbose", "result.stats")]:
+        with pytest.raises(TypeError, match=re.escape(fragment)):
+            mlxinfer.generate(model, tok, PROMPT, **{keyword: None})
+    assert {"max_tokens", "settings", "seed", "stop"} <= set(inspect.signature(mlxinfer.generate).parameters)
+    assert {"load", "generate", "stream_generate", "sample", "answers"} <= set(dir(mlxinfer))

@@ -163,3 +163,25 @@ def test_a_prompt_past_the_context_is_named_by_where_it_came_from(checkpoint_dir
     swept = invoke_cli("sweep", "-m", model, "--prompt-file", str(long), "--seeds", "2", "--max-tokens", "2")
     assert_one_line_error(swept, f"the --prompt-file {long} is", "context is 512")
     assert "--prompt " not in by_file.stderr + by_stdin.stderr + swept.stderr
+
+
+def test_a_prompt_the_chat_template_rendered_already_is_refused(embedded):
+    """mlx-lm's pattern, apply_chat_template(..., tokenize=False) and then the string, was wrapped in the
+    template a second time (98 tokens, the model answering the template's text). It is one error naming
+    both fixes; read as written it is the messages' own ids; a control token's name inside a text is
+    still text (only its opening says "templated")."""
+    import mlxinfer
+    from mlxinfer.errors import MlxinferError
+    from mlxinfer.tokenizer import encode_prompt
+
+    model, tok = embedded
+    messages = [{"role": "user", "content": "Name one fruit."}]
+    ids = encode_prompt(tok, messages)
+    rendered = tok.decode(ids)
+    assert rendered.startswith("<|im_start|>")
+    with pytest.raises(MlxinferError, match="rendered by a chat template already"):
+        mlxinfer.generate(model, tok, rendered, max_tokens=2)
+    assert encode_prompt(tok, rendered, chat=False, raw_special_tokens=True) == ids
+    assert len(encode_prompt(tok, "Name one fruit.<|im_end|>")) > len(ids)  # text, in the template
+    result = invoke_cli("generate", "-p", rendered, "-n", "2")
+    assert_one_line_error(result, "--no-chat with --raw-special-tokens")

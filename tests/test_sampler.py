@@ -446,6 +446,12 @@ def test_generation_config_defaults_and_overrides():
     assert s.greedy and "greedy" in note
     s, note = resolve_settings({}, None)
     assert s == SamplerSettings() and "no generation_config.json" in note
+    # a SamplerSettings object is whole, worded as a dict's note is (was "temperature 0.0, set by you")
+    greedy = SamplerSettings(temperature=0.0)
+    assert resolve_settings(greedy, None)[1] == resolve_settings({"temperature": 0.0}, None)[1]
+    assert resolve_settings(SamplerSettings(temperature=0.0), cfg)[1].endswith(
+        "set by you; a SamplerSettings is whole: the generation_config.json not read"
+    )
     assert "\n" not in note
     s, note = resolve_settings({"temperature": 0.5}, {"temperature": -1})  # was: "sets no sampling option"
     assert s.temperature == 0.5 and "generation_config.json's temperature overridden" in note

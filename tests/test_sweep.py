@@ -321,13 +321,15 @@ def test_a_run_that_fails_before_its_first_batch_leaves_no_file(checkpoint_dir, 
 
 def test_a_seed_listed_twice_is_refused(tiny, tmp_path):
     """A results file holds one record per prompt, settings and seed: a repeated seed would have been drawn
-    twice and kept once (sample, which keeps no file, draws it twice). Nothing is written."""
+    twice and kept once (sample's tally counted it twice: refused there too). Nothing is written."""
     path, _ = tiny
     model, tok = mlxinfer.load(path)
     out = tmp_path / "never.jsonl"
     with pytest.raises(mlxinfer.MlxinferError, match="seeds lists 3 more than once") as e:
         mlxinfer.sweep(model, tok, "hi", settings=[{"temperature": 1.0}], seeds=[1, 3, 2, 3], max_tokens=2, out=out)
     assert e.value.params == ("seeds",) and not out.exists()
+    with pytest.raises(mlxinfer.MlxinferError, match="seeds lists 3 more than once"):
+        mlxinfer.sample(model, tok, "hi", seeds=[3, 3, 3], settings={"temperature": 1.0}, max_tokens=2)
 
 
 def test_a_prompt_listed_twice_is_refused(tiny, tmp_path):

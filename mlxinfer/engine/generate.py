@@ -155,7 +155,7 @@ def generate(model, tokenizer, prompt: str | list[int], **kwargs) -> Generation:
         if name not in _KEYWORDS:
             field = "temperature" if name == "temp" else name  # mlx-lm's old spelling
             hint = f"; a sampler setting goes in settings={{{field!r}: ...}}" if field in _SETTING_NAMES else ""
-            raise TypeError(f"generate() got an unexpected keyword argument {name!r}{hint}")
+            raise TypeError(f"generate() got an unexpected keyword argument {name!r}{_MLX_LM.get(name, hint)}")
     stream = stream_generate(model, tokenizer, prompt, **kwargs)
     for _ in stream:
         pass
@@ -163,4 +163,13 @@ def generate(model, tokenizer, prompt: str | list[int], **kwargs) -> Generation:
 
 
 _KEYWORDS = frozenset(inspect.signature(stream_generate).parameters) - {"model", "tokenizer", "prompt"}
+_MLX_LM = {  # mlx-lm's generate() keywords, and what takes their place here
+    "sampler": "; the sampler is settings=SamplerSettings(...) or a dict of its fields (make_sampler(settings) "
+    "gives mlx-lm one)",
+    "logits_processors": "; penalties and a logit bias are settings fields, a grammar is json_schema= or tool=",
+    "verbose": "; the text and its speed come back as data: result.text, result.stats",
+    "max_kv_size": "; the cache holds the whole context",
+}
+# help(generate) and Jupyter's signature pop-up list stream_generate's keywords, which generate takes
+generate.__signature__ = inspect.signature(stream_generate).replace(return_annotation=Generation)
 _SETTING_NAMES = frozenset(f.name for f in dataclasses.fields(SamplerSettings))

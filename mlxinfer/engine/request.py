@@ -10,6 +10,8 @@ checked in one place (one MlxinferError naming the parameter).
 
 from __future__ import annotations
 
+import collections
+
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
@@ -52,6 +54,9 @@ def check_pair(model, tokenizer) -> None:
     pair = " (load() returns a pair: model, tokenizer = mlxinfer.load())"
     if not (hasattr(model, "info") and hasattr(model, "config") and hasattr(model, "make_cache")):
         got = type(model).__name__
+        if type(model).__module__.startswith("mlx_lm."):  # mlx_lm.load's: ours is another class of that name
+            got = f"{type(model).__module__}.{got}"
+            pair = "; mlxinfer.load(path) reads the same checkpoint (and mlx_lm_twin(model) gives mlx-lm ours)"
         raise MlxinferError(f"model must be the model load() returns, got {got}{pair}", "model")
     if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode") and hasattr(tokenizer, "eos_token_ids")):
         got = type(tokenizer).__name__
@@ -193,6 +198,13 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
         raise MlxinferError("seeds must be whole numbers from 0 to 2**63 - 1, at least one", "seeds")
     if len(out) > most:
         raise MlxinferError(f"seeds: at most {most:,}, got {len(out):,}", "seeds")
+    repeated = next((s for s, n in collections.Counter(out).items() if n > 1), None)
+    if repeated is not None:  # a seed draws the same completion each time: a tally would count one draw twice
+        raise MlxinferError(
+            f"seeds lists {repeated} more than once; a seed draws the same completion each time, so a tally or "
+            "a results file would hold one draw twice: list each seed once",
+            "seeds",
+        )
     return out
 
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 
-import collections
 import hashlib
 import itertools
 import math
@@ -130,13 +129,6 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     check_prompts_once(prompts, lines, given)
     settings = settings_list(settings, "settings_grid([0.5, 1.0])")
     seed_ids = seed_list(seeds)
-    repeated = next((s for s, n in collections.Counter(seed_ids).items() if n > 1), None)
-    if repeated is not None:  # sample draws a repeated seed again; a results file holds one record for it
-        raise MlxinferError(
-            f"seeds lists {repeated} more than once; a sweep keeps one record per prompt, settings and seed: "
-            "list each seed once",
-            "seeds",
-        )
     draws = len(prompts) * len(settings) * len(seed_ids)
     if draws > defaults.MAX_SWEEP_DRAWS:  # each is a pending draw, listed before the first
         raise MlxinferError(
