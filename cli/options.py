@@ -89,7 +89,7 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             _Str,
             None,
             "--json-schema",
-            "Constrain the output (each seed's, each answer's) to this JSON Schema (a file or inline JSON; "
+            "Constrain the output (every completion) to this JSON Schema (a file or inline JSON; "
             "top level an object).",
         ),
         (
