@@ -126,7 +126,8 @@ def render(report) -> None:
             else "too few draws for a chi-square test"
         )
         t = Table(title=f"{cell.prompt!r}\n{settings}: {cell.draws} draws; first tokens vs the model: {test}")
-        names = ["answer", "count", "share", "95% interval", "first token", "model's p"]
+        # the first token's probability: answers that begin with one token show the same one
+        names = ["answer", "count", "share", "95% interval", "first token", "first token's p"]
         for name in names + (["exact p"] if cell.exact else []):
             t.add_column(name, justify="left" if name in ("answer", "first token") else "right")
         for a in cell.answers:
