@@ -89,8 +89,7 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             _Str,
             None,
             "--json-schema",
-            "Constrain the output (every completion) to this JSON Schema (a file or inline JSON; "
-            "top level an object).",
+            "Constrain the output (every completion) to this JSON Schema (a file or inline JSON; top level an object).",
         ),
         (
             "tool",

@@ -113,9 +113,15 @@ def test_bad_commands_are_refused_and_change_nothing(embedded, line, fragment):
 def test_commands_set_what_they_say(embedded):
     model, tok = embedded
     session = mlxinfer.ChatSession(model, tok, max_tokens=2)
-    for line in ("/temp 0", "/top-p 0.9", "/top-k 20"):
+    for line in ("/temp 0", "/top-p 0.9", "/top-k 20", "/min-p 0.05", "/repetition-penalty 1.1", "/penalty-window 64"):
         assert session.command(line).kind == "set"
-    assert session.settings == {"temperature": 0.0, "top_p": 0.9, "top_k": 20}
+    assert session.settings == {
+        "temperature": 0.0, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "penalty_window": 64
+    }  # fmt: skip
+    # every numeric sampler setting with a flag has its command, named by the flag (one declaration)
+    options = mlxinfer.SamplerSettings.options()
+    flagged = {"/" + o.flags.split()[0][2:] for o in options if o.flags and o.kind in (int, float)}
+    assert flagged <= set(mlxinfer.engine.chat.COMMANDS) and "/typical-p" in flagged
     session.command("/system Be brief.")
     turn = session.reply(FRUIT)
     list(turn)

@@ -23,17 +23,27 @@ from typing import Any, Iterator, Mapping, Optional
 
 from .. import atomic, defaults
 from ..errors import MlxinferError, check_bool
-from ..settings import user_settings
+from ..settings import SamplerSettings, user_settings
 from ..tokenizer import encode_prompt
 from .generate import stream_generate
 from .request import check_max_tokens, check_pair, check_seed
 from .tables import next_token_table
 
 
+# a slash command per sampler setting with a number and a flag, named by its first flag (/temp, /top-k, /min-p,
+# /repetition-penalty, ...): from their one declaration, as the CLI's options are
+_SETTINGS = {
+    "/" + o.flags.split()[0].lstrip("-"): (o.name, o.kind)
+    for o in SamplerSettings.options()
+    if o.flags and o.kind in (int, float)
+}
 COMMANDS = {  # name: (argument, what it does)
-    "/temp": ("X", "sampling temperature (0 = greedy)"),
-    "/top-p": ("X", "keep the top tokens holding at least p (1 = off)"),
-    "/top-k": ("N", "keep the k most likely tokens (0 = off)"),
+    **{
+        name: ("X" if kind is float else "N", o.help[0].lower() + o.help[1:].rstrip("."))
+        for name, (param, kind) in _SETTINGS.items()
+        for o in SamplerSettings.options()
+        if o.name == param
+    },
     "/seed": ("N|random", "fix the seed of every reply, or draw a fresh one per reply"),
     "/system": ("TEXT", "the system message (nothing after it: none); applies to the whole conversation"),
     "/topk": ("[K]", "the next-token table for the last turn's prompt"),
@@ -42,7 +52,6 @@ COMMANDS = {  # name: (argument, what it does)
     "/help": ("", "list these commands"),
     "/quit": ("", "leave (Ctrl-D too)"),
 }
-_SETTINGS = {"/temp": ("temperature", float), "/top-p": ("top_p", float), "/top-k": ("top_k", int)}
 
 
 @dataclass
@@ -242,7 +251,8 @@ class ChatSession:
             hint = f"did you mean {close[0]}? " if close else ""
             return Outcome(name, "error", f"unknown command {name}; {hint}/help lists the commands")
         try:
-            return getattr(self, "_" + name[1:].replace("-", "_"))(name, arg)
+            handler = self._set if name in _SETTINGS else getattr(self, "_" + name[1:].replace("-", "_"))
+            return handler(name, arg)
         except MlxinferError as e:
             return Outcome(name, "error", str(e))
 
@@ -258,8 +268,6 @@ class ChatSession:
         except MlxinferError as e:
             raise MlxinferError(f"{name} {arg}: {e}") from None
         return Outcome(name, "set", f"{param} = {value:g}", dict(self.settings))
-
-    _temp = _top_p = _top_k = _set
 
     def _seed(self, name: str, arg: str) -> Outcome:
         if arg in ("", "random"):
