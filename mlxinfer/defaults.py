@@ -29,3 +29,4 @@ SERVE_MAX_ROWS = 32  # rows (seeds) the server decodes together at most
 SERVE_MAX_QUEUE = 64  # requests waiting at most; past it: 429 with Retry-After
 SERVE_MAX_BODY_BYTES = 1_000_000  # the largest request body; past it: 413
 SERVE_PROMPT_CACHE_BYTES = 256 * 2**20  # prefilled prompts the server keeps for requests that repeat them
+SERVE_STALLED_S = 30.0  # a streaming client that takes none of its stream this long gives its rows up

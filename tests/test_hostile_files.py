@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 from conftest import assert_one_line_error, invoke_cli, run_cli
 
+import mlxinfer
+
 import checkpoints
 import hostile
 from mlxinfer.errors import MlxinferError
@@ -509,3 +511,22 @@ def test_gguf_metadata_is_named_by_its_own_keys(spec, tmp_path, change, said):
     assert said in message and "\n" not in message, message
     assert not any(field in message for field in gguf_reader.GGUF_KEYS if field != "vocab_size"), message
     assert "add an explicit" not in message and str(tmp_path) in message
+
+
+@pytest.mark.parametrize(
+    "eos",
+    ["x", "<|im_end|>", [1, -5, "x"], True, 99_999_999_999, [-5], []],
+    ids=["string", "token-text", "mixed-list", "true", "past-vocabulary", "negative", "empty-list"],
+)
+def test_a_generation_config_eos_that_is_no_token_id_is_one_line(checkpoint_dir, tmp_path, eos):
+    """A string was taken apart into characters (serve and --json-schema then sorted them beside ints: a
+    traceback), true read as token 1, an id past the vocabulary kept: each is now refused at load."""
+    bad = tmp_path / "bad"
+    shutil.copytree(checkpoint_dir("llama"), bad)
+    config = json.loads((bad / "generation_config.json").read_text())
+    (bad / "generation_config.json").write_text(json.dumps({**config, "eos_token_id": eos}))
+    assert_one_line_error(invoke_cli("topk", "-m", str(bad), "-p", "hi"), "generation_config.json's eos_token_id")
+    config["eos_token_id"] = [0, 1]  # a list of ids is what HF writes for several ends of a turn
+    (bad / "generation_config.json").write_text(json.dumps(config))
+    _, tok = mlxinfer.load(str(bad))
+    assert {0, 1} <= set(tok.eos_token_ids)

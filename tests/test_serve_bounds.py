@@ -14,6 +14,7 @@ import json
 import logging
 import socket
 import threading
+import time
 import types
 
 import httpx
@@ -604,3 +605,59 @@ def test_a_chat_past_the_context_is_named_in_its_own_words(tiny):
     url, *_ = tiny
     error = _error(post(url, CHAT, {**_chat(url), "messages": [{"role": "user", "content": "word " * 600}]}))
     assert error["param"] == "messages" and "the messages are " in error["message"], error
+
+
+def test_rows_and_a_prompt_cache_past_the_machines_memory_are_refused_at_start(checkpoint_dir):
+    """--max-rows 100000000 started, and one request of n 100,000 (half the rows) grew the server to the
+    machine's memory until the kernel killed it: rows whose scores cannot fit are refused at start, as
+    the CLI's batch sizes are; so is a prompt cache larger than the machine."""
+    from mlxinfer.model.dtype_rule import physical_ram_bytes
+
+    ram = physical_ram_bytes()
+    if ram is None:
+        pytest.skip("this system does not say its memory")
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64))
+    rows = ram // (4 * model.config.vocab_size) + 1  # past it even with one copy of the scores
+    with pytest.raises(mlxinfer.MlxinferError, match="lower max_rows") as e:
+        mlxinfer.create_app(model, tok, max_rows=rows)
+    assert e.value.params == ("max_rows",)
+    with pytest.raises(mlxinfer.MlxinferError, match="more than this machine's memory"):
+        mlxinfer.create_app(model, tok, prompt_cache_bytes=ram + 1)
+
+
+def test_a_streaming_client_that_stops_reading_gives_its_rows_up(embedded_quantized, monkeypatch):
+    """Two streams whose clients read the first kilobyte and then nothing held every row for their whole
+    max_tokens (the server generated ~23,500 tokens nobody read) while a normal request waited. Now a
+    stream that takes nothing for SERVE_STALLED_S gives its rows up long before its budget would end,
+    and a client that reads on finds an error event, then [DONE]."""
+    from mlxinfer import defaults
+
+    monkeypatch.setattr(defaults, "SERVE_STALLED_S", 1.0)
+    with running(mlxinfer.create_app(*embedded_quantized, max_rows=4)) as url:
+        body = {"prompt": "The cat", "max_tokens": 3000, "n": 2, "stream": True, "logprobs": 5,
+                "temperature": 1.0, "logit_bias": {"0": -100, "2": -100}}  # fmt: skip
+        raw = json.dumps(body).encode()
+        head = "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect(address(url))
+        try:
+            sock.sendall(f"{head}Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
+            first = sock.recv(1024)
+            assert b"200 OK" in first
+            started = time.monotonic()
+            until(lambda: health(url)["rows_in_flight"] == 2, "the two rows decoding", 30)
+            until(lambda: health(url)["rows_in_flight"] == 0, "the stalled stream's rows given up", 30)
+            # 3,000 tokens a row take ~30 s or more on 2 cores: the rows did not end by themselves
+            assert time.monotonic() - started < 20
+            assert post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
+            sock.settimeout(30)
+            rest = bytearray()
+            while b"data: [DONE]" not in rest:
+                got = sock.recv(65536)
+                assert got, "the connection closed before [DONE]"
+                rest += got
+            error = rest.index(b"the client took none of the stream for 1 s")
+            assert b"data: " not in rest[error : rest.index(b"data: [DONE]")]  # the error is the last event
+        finally:
+            sock.close()

@@ -90,8 +90,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
         info = ModelInfo(src.name, mlx_lm_models.definition(foreign, cfg.model_type), src, generation_config)
         mlx_lm_models.serve(model, cfg, info)
     if src.kind != "gguf":  # after the weights are checked: a mismatch is named before any tokenizer error
-        eos = (generation_config or {}).get("eos_token_id")
-        tokenizer = load_tokenizer(src.path, [eos] if isinstance(eos, int) else eos)
+        tokenizer = load_tokenizer(src.path, _config_eos(generation_config, cfg.vocab_size))
     check_vocabulary(model, tokenizer, src.name)
     model.info = replace(model.info, vocabulary=vocabulary(tokenizer))  # another model's tokenizer is named
     if sharded:
@@ -103,6 +102,22 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
     if mx.default_device() == mx.cpu:  # every decode step reads every weight: 2 MiB pages (cpu/heap.py)
         heap.huge_pages(leaf for _, leaf in tree_flatten(model.parameters()))
     return model, tokenizer
+
+
+def _config_eos(generation_config: dict | None, vocab_size: int) -> list[int] | None:
+    """generation_config.json's eos_token_id as a list of ids, checked: a string was taken apart into its
+    characters (and sorted beside ints, a traceback), `true` read as id 1, an id past the vocabulary kept."""
+    eos = (generation_config or {}).get("eos_token_id")
+    if eos is None:
+        return None
+    ids = [eos] if not isinstance(eos, list) else eos
+    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+        raise MlxinferError(
+            f"generation_config.json's eos_token_id must be a token id or a list of them, each from 0 to "
+            f"{vocab_size - 1:,}, got {eos!r:.80}; fix or delete the file",
+            "source",
+        )
+    return ids
 
 
 def check_quantization_layout(cfg: ModelConfig, name: str) -> None:

@@ -25,7 +25,9 @@ from starlette.routing import Route
 
 from .. import defaults
 from ..engine.batcher import Batcher, check_bounds
+from ..engine.decode import check_pass_fits
 from ..errors import MlxinferError, check_whole
+from ..model.dtype_rule import physical_ram_bytes
 from .errors import ApiError, error_body
 from .explorer import routes as explorer_routes
 from .handlers import Endpoints, read_body
@@ -136,6 +138,13 @@ class ServerOptions:
         if self.model_name is not None and not (isinstance(self.model_name, str) and self.model_name.strip()):
             raise MlxinferError(f"model_name must be a non-empty string, got {self.model_name!r}", "model_name")
         check_bounds(self.max_rows, self.max_queue, self.prompt_cache_bytes)
+        ram = physical_ram_bytes()
+        if ram is not None and self.prompt_cache_bytes > ram:
+            raise MlxinferError(
+                f"prompt_cache_bytes ({self.prompt_cache_bytes / 1e9:,.1f} GB) is more than this machine's memory "
+                f"({ram / 1e9:,.1f} GB); keep it well under that",
+                "prompt_cache_bytes",
+            )
         check_whole(self.max_body_bytes, "max_body_bytes", 1, "at least 1")
         if self.default_max_tokens is not None:
             check_whole(self.default_max_tokens, "default_max_tokens", 1, "at least 1 (or unset: up to the context)")
@@ -158,6 +167,7 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
     if options is not None and given:
         raise MlxinferError("give create_app a ServerOptions or its fields as keywords, not both")
     o = options if options is not None else ServerOptions.of(given)
+    check_pass_fits(model, o.max_rows, "max_rows")  # a request of n rows runs them in one pass
     try:
         token_table(tokenizer)  # here, once: the grammar's token table for json_schema/tools (see inputs._Parked)
     except MlxinferError:

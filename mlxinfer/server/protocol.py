@@ -11,6 +11,7 @@ body no chunks, say) is answered that 400 too, where uvicorn closed the connecti
 from __future__ import annotations
 
 import json
+import socket
 
 import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -18,6 +19,9 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .errors import error_body
 
 HEADERS_TIMEOUT_S = 30.0  # a request's headers must be whole this long after its connection opens or its last answer
+# the kernel's send buffer a connection: Linux grows it up to 4 MB, which hid a client that reads nothing for
+# thousands of streamed tokens (stream.py's stall watch sees a client only once the buffers are full)
+SEND_BUFFER_BYTES = 64 * 1024  # (the kernel doubles it)
 
 
 class OpenAIShapedH11(H11Protocol):
@@ -30,6 +34,9 @@ class OpenAIShapedH11(H11Protocol):
 
     def connection_made(self, transport):
         super().connection_made(transport)
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
         self._await_headers()
 
     def on_response_complete(self):

@@ -18,6 +18,7 @@ from typing import Any, AsyncIterator, Callable, Optional
 from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse, StreamingResponse
 
+from .. import defaults
 from ..engine.batcher import Job
 from ..engine.reading import prompt_logprobs
 from ..engine.request import Request
@@ -147,17 +148,38 @@ class Exchange:
         """The response's events: each piece, then with include_usage the usage chunk, then [DONE]; an
         engine error after the stream began is an error event before [DONE]."""
 
+        sending = [None]  # since when the last piece has waited for the client to take it (None: not waiting)
+
         async def framed():
+            watch = asyncio.create_task(self._stalled(sending))
             try:
                 async for piece in pieces:
+                    sending[0] = time.monotonic()
                     yield piece
+                    sending[0] = None
                 if self.include_usage:
                     yield _sse(usage())
             except EngineError as e:
                 yield _sse(error_body(e.status, e.message))
+            finally:
+                watch.cancel()
             yield "data: [DONE]\n\n"
 
         return StreamingResponse(framed(), media_type="text/event-stream", headers=SSE_HEADERS)
+
+    async def _stalled(self, sending: list) -> None:
+        """A client that keeps its connection but takes none of the stream for defaults.SERVE_STALLED_S
+        (the socket's buffers full) gives its rows up: held, they made every other request wait for its
+        max_tokens. If it reads again, its stream ends with an error event."""
+        limit = defaults.SERVE_STALLED_S
+        while True:
+            await asyncio.sleep(limit / 4)
+            since = sending[0]
+            if since is not None and time.monotonic() - since > limit:
+                self.job.cancel()  # its rows leave the batch at the next step
+                message = f"the client took none of the stream for {limit:g} s; its rows were given to others"
+                self.events.put_nowait(("error", 0, (408, message)))
+                return
 
 
 class _StreamedRow:
