@@ -71,7 +71,7 @@ class _Commands(TyperGroup):
             return result
         except MlxinferError as e:
             more = " (mlxinfer --debug ... shows more)" if e.detail and not _debug["on"] else ""
-            typer.echo(f"error: {flags.error_line(e)}{more}", err=True)
+            typer.echo(f"error: {_clipped(flags.error_line(e))}{more}", err=True)
             if _debug["on"]:
                 for line in e.detail:
                     typer.echo(f"  {line}", err=True)
@@ -100,6 +100,12 @@ class _Commands(TyperGroup):
             typer.echo("aborted", err=True)
             code = 130
         sys.exit(code if isinstance(code, int) else 0)
+
+
+def _clipped(line: str, most: int = 2_000) -> str:
+    """An error line of a readable length: a name read from a hostile file (a 100,000-character tensor
+    name) made a 100 KB line."""
+    return line if len(line) <= most else f"{line[: most // 2]} ... {line[-most // 4 :]}"
 
 
 app = typer.Typer(

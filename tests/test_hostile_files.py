@@ -299,6 +299,14 @@ def test_gguf_header_is_checked_against_the_file(spec, tmp_path, change, fragmen
     assert_one_line_error(invoke_cli("count", path), fragment)
 
 
+def test_a_huge_name_read_from_a_file_is_no_huge_error_line(spec, tmp_path):
+    """A tensor named with 100,000 characters printed a 100 KB error "line"; it is cut to a readable one."""
+    path = _written(spec, tmp_path, _tensor("blk.0.ffn_down.weight", name="blk.0." + "x" * 100_000))
+    result = invoke_cli("topk", "-m", path, "-p", "hi")
+    assert result.returncode == 2 and 0 < len(result.stderr) < 2_200, len(result.stderr)
+    assert result.stderr.startswith("error: ") and " ... " in result.stderr
+
+
 def _rope_freqs(s):
     heads, width = s.meta("llama.attention.head_count"), s.meta("llama.embedding_length")
     s.tensors.append(hostile.tensor("rope_freqs.weight", np.ones(width // heads // 2, np.float32), "F32"))

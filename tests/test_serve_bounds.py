@@ -661,3 +661,10 @@ def test_a_streaming_client_that_stops_reading_gives_its_rows_up(embedded_quanti
             assert b"data: " not in rest[error : rest.index(b"data: [DONE]")]  # the error is the last event
         finally:
             sock.close()
+
+
+def test_a_404_does_not_echo_a_huge_path(tiny):
+    """GET of an 80 KB path answered an 80 KB body naming it; the path is cut."""
+    url = tiny[0]
+    r = httpx.get(f"{url}/{'a/' * 4_000}", timeout=30)
+    assert r.status_code == 404 and len(r.content) < 1_000 and "no route /a/a/" in r.json()["error"]["message"]

@@ -199,7 +199,8 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
 
 
 async def _not_found(http, exc):
-    return JSONResponse(error_body(404, f"no route {http.url.path}", None, "not_found"), status_code=404)
+    path = http.url.path if len(http.url.path) <= 200 else http.url.path[:200] + "..."  # not an 80 KB echo
+    return JSONResponse(error_body(404, f"no route {path}", None, "not_found"), status_code=404)
 
 
 async def _not_allowed(http, exc):
