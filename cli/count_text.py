@@ -20,10 +20,23 @@ def render(r) -> str:
         e = r.experts
         out[1] += f"; {e['experts_per_token']} of {e['num_experts']} experts per token"
     out += _block([(x["indent"], x["label"], x["formula"], _n(x["params"]), "") for x in r.rows])
+    q = r.quantization
+    as_stored = (  # a quantized model's own bytes beside the unquantized ones (its section below says how)
+        [(0, "bytes as quantized", f"{q['bits_per_parameter']:.3f} bits a parameter", _n(q["bytes"]), _gb(q["bytes"]))]
+        if q
+        else []
+    )
     out += _section(
         "Bytes and shares",
         [
-            (0, f"bytes in {r.dtype}", f"{r.total:,} x {r.bytes_per_parameter}", _n(r.bytes), _gb(r.bytes)),
+            (
+                0,
+                f"bytes in {r.dtype}" + (", unquantized" if q else ""),
+                f"{r.total:,} x {r.bytes_per_parameter}",
+                _n(r.bytes),
+                _gb(r.bytes),
+            ),
+            *as_stored,
             (0, "MLP share of a layer", f"{r.mlp:,} / {r.layer:,}", _pct(r.shares["mlp_of_layer"]), ""),
             (
                 0,

@@ -207,6 +207,11 @@ def test_qwen3_17b_4bit():
     # every Linear and the embedding: 1,720,451,072 weights x 4.5 / 8; norms stay bf16: 123,904 x 2
     assert q["quantized_parameters"] == 1_720_451_072 and q["float_parameters"] == 123_904
     assert q["bytes"] == 1_720_451_072 * 9 // 16 + 123_904 * 2 == 968_001_536  # "about 1 GB"
+    # the text says it beside the unquantized bytes, where a reader of the lesson looks first
+    lines = run_cli(QWEN3_17B_4BIT).stdout.splitlines()
+    at = lines.index("Bytes and shares")
+    assert lines[at + 1].startswith("bytes in bfloat16, unquantized") and lines[at + 1].endswith("3.44 GB")
+    assert lines[at + 2].startswith("bytes as quantized") and lines[at + 2].endswith("968,001,536   0.97 GB")
 
 
 def test_per_module_override(tmp_path):
