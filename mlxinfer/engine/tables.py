@@ -168,14 +168,19 @@ def next_token_table(
     def decode(i: int) -> str:
         return tokenizer.decode([i])
 
-    table = table_from_scores(scores, temperatures, k, decode)
-    table.model, table.prompt, table.prompt_ids = model.info.name, prompt if isinstance(prompt, str) else "", ids
-    table.definition, table.weights = model.info.definition, model.info.weights
-    table.sharding = model.info.sharding
+    table = of_model(table_from_scores(scores, temperatures, k, decode), model, prompt, ids)
     if resolved is not None:
         table.explanation = explain(scores, resolved[0], k, decode, fast=model.info.cpu_kernels)
         table.settings_note = resolved[1]
         table.routing = expert_routing(model, ids)
+    return table
+
+
+def of_model(table: NextTokenTable, model, prompt, ids: list[int]) -> NextTokenTable:
+    """The table with the facts of the model and prompt it came from: the name, which definition ran, on
+    which compute path, how it is split across ranks (topk's header and the explorer's say them)."""
+    table.model, table.prompt, table.prompt_ids = model.info.name, prompt if isinstance(prompt, str) else "", ids
+    table.definition, table.weights, table.sharding = model.info.definition, model.info.weights, model.info.sharding
     return table
 
 

@@ -33,7 +33,14 @@ from starlette.routing import Route
 
 from .. import defaults
 from ..counting import count
-from ..engine.tables import check_table_args, explain, expert_routing, next_token_scores, table_from_scores
+from ..engine.tables import (
+    check_table_args,
+    explain,
+    expert_routing,
+    next_token_scores,
+    of_model,
+    table_from_scores,
+)
 from ..errors import MlxinferError
 from ..formats.sources import embedded_model_path
 from ..model.system import system_info
@@ -129,8 +136,7 @@ def routes(state, read_body) -> list[Route]:
             def compute():  # on the engine thread: topk's table (cli/commands/topk.py) and the scores it came from
                 scores = next_token_scores(model, request.ids)
                 table = table_from_scores(scores, temperatures, body.k, decode)
-                table.model, table.prompt, table.prompt_ids = model.info.name, body.prompt, request.ids
-                table.definition, table.sharding = model.info.definition, model.info.sharding
+                table = of_model(table, model, body.prompt, request.ids)
                 table.explanation = explain(scores, request.settings, body.k, decode, fast=model.info.cpu_kernels)
                 table.settings_note = request.note
                 table.routing = expert_routing(model, request.ids)
