@@ -50,6 +50,7 @@ _LAZY = {
     "check_batch_size": ("engine.request", "check_batch_size"),
     "check_stop": ("engine.request", "stop_strings"),
     "check_max_tokens": ("engine.request", "check_max_tokens"),
+    "check_seed": ("engine.request", "check_seed"),
     "prepare": ("engine.request", "prepare"),
     "Constraint": ("engine.schema", "Constraint"),
     "check_settings": ("settings", "user_settings"),

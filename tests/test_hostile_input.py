@@ -312,3 +312,10 @@ def test_schema_text_that_names_a_control_token_is_refused(tmp_path, fixed):
     schema.write_text(json.dumps({"type": "object", **fixed}))
     result = invoke_cli("generate", "-p", "hi", "--max-tokens", "4", "--json-schema", str(schema))
     assert_one_line_error(result, "the name of a control token", "rename it")
+
+
+@pytest.mark.parametrize("args, fragment", [(["--seed", "-1"], "--seed must be"), (["-n", "0"], "--max-tokens must")])
+def test_generates_seed_and_budget_are_checked_before_the_model_loads(tmp_path, args, fragment):
+    """They were refused once the model had loaded (a second or two): with a model that does not exist,
+    the error is still theirs."""
+    assert_one_line_error(invoke_cli("generate", "-m", str(tmp_path / "none"), "-p", "hi", *args), fragment)

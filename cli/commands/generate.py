@@ -45,6 +45,8 @@ def generate(
     stops = stop(options)
     schema = {"json_schema": options["json_schema"], "tool": options["tool"]}
     mlxinfer.Constraint.read(**schema, explain_mask=explain_mask)  # a bad schema fails before the model loads
+    mlxinfer.check_max_tokens(max_tokens)  # so do these (refused a second or two later, once it had loaded)
+    mlxinfer.check_seed(seed)
     m, tok = load_model(options["model"], options["compute_dtype"])
     quiet = other_rank()  # under mlx.launch rank 0 prints for every rank
     if seed is None and mlxinfer.launch_group().size() == 1:  # a seed drawn and shown, as chat does: the run repeats
