@@ -158,10 +158,10 @@ class SamplerSettings:
     penalty_window: int | None = option(
         None,
         int,
-        lambda v: v is None or _int(v) and 1 <= v < 2**31,  # the history is sliced with 32-bit indices
-        "None (all) or a whole number from 1 to 2,147,483,647",
-        "The penalties look at the last N tokens, the prompt's included (default: all; mlx-lm's"
-        " repetition_context_size, llama.cpp's --repeat-last-n).",
+        lambda v: v is None or _int(v) and 0 <= v < 2**31,  # the history is sliced with 32-bit indices
+        "a whole number from 0 (penalties off) to 2,147,483,647, or -1 or unset for all",
+        "The penalties look at the last N tokens, the prompt's included (default or -1: all; 0: off;"
+        " mlx-lm's repetition_context_size, llama.cpp's --repeat-last-n).",
         flags="--penalty-window --repeat-last-n",
         group="penalties",
         served=True,
@@ -184,6 +184,8 @@ class SamplerSettings:
                 object.__setattr__(self, f.name, plain(value))
         if _int(self.top_k) and self.top_k == -1:  # off, as vLLM and llama.cpp take it
             object.__setattr__(self, "top_k", 0)
+        if _int(self.penalty_window) and self.penalty_window == -1:  # all, as llama.cpp's --repeat-last-n -1
+            object.__setattr__(self, "penalty_window", None)
         if isinstance(self.order, str) and self.order in ORDER_ALIASES:
             object.__setattr__(self, "order", ORDER_ALIASES[self.order])
 

@@ -295,6 +295,12 @@ def test_adjustments_match_mlx_lm_logits_processors_and_the_definitions():
         mx.array([1.0, -1.0, 2.0, 0.5]), SamplerSettings(presence_penalty=1.0, penalty_window=2), [2, 0, 1]
     )
     np.testing.assert_allclose(np.array(windowed), [0.0, -2.0, 2.0, 0.5], atol=1e-6)
+    # llama.cpp's values: 0 reads none of the history (penalties off; Python's history[-0:] is all of it),
+    # -1 all of it
+    scores, seen = mx.array([1.0, -1.0, 2.0, 0.5]), [2, 0, 1]
+    off = adjust(scores, SamplerSettings(presence_penalty=1.0, penalty_window=0), seen)
+    np.testing.assert_array_equal(np.array(off), np.array(scores))
+    assert SamplerSettings(penalty_window=-1) == SamplerSettings()
 
 
 # ----------------------------------------------------------------------------- greedy, seeds, the mask
@@ -474,7 +480,7 @@ BAD = [
     ("frequency_penalty", -3.0),
     ("logit_bias", {-1: 1.0}),
     ("logit_bias", {5: 1000.0}),
-    ("penalty_window", 0),
+    ("penalty_window", -2),
     ("penalty_window", 2**40),  # past the 32-bit slice of the history: was a raw ValueError mid-run
     ("top_k", 2**31),
     ("order", "hf"),

@@ -117,6 +117,55 @@ def test_llama_servers_names_and_top_k_minus_one_are_read_as_ours(tiny):
     assert "mlxinfer-ignored-fields" not in r.headers
 
 
+def test_llama_server_and_vllm_values_are_read_or_refused_never_dropped(tiny):
+    """llama.cpp's -1s (n_predict: no limit; repeat_last_n: the whole context; seed: random) are read as
+    the field unset, a null OpenAI field gives way to llama-server's name, two names that differ are a
+    400; vLLM's guided_json constrains a chat as response_format json_schema; what was dropped in silence
+    (OpenAI's deprecated functions, vLLM's guided_choice) is a 400 naming the fix; /v1/models/{id} answers."""
+    url, _, model, tok = tiny
+    base = {"prompt": "The cat", "temperature": 1.0, "logit_bias": {"2": -100}}
+
+    def done(body, path="/v1/completions"):
+        r = post(url, path, body)
+        assert r.status_code == 200, r.text
+        return r.json()
+
+    a = done({**base, "seed": 3, "max_tokens": 5, "repetition_penalty": 3.0})
+    b = done({**base, "seed": 3, "max_tokens": None, "n_predict": 5, "repeat_penalty": 3.0, "repeat_last_n": -1})
+    assert a["choices"][0]["text"] == b["choices"][0]["text"] and b["usage"]["completion_tokens"] == 5
+    picked = done({**base, "seed": -1, "max_tokens": 2})["seed"]
+    assert (
+        done({**base, "seed": picked, "max_tokens": 2})["choices"]
+        == done({**base, "seed": picked, "max_tokens": 2})["choices"]
+    )
+    whole = done({**base, "seed": 3, "n_predict": -1, "max_tokens": 3})
+    assert whole["usage"]["completion_tokens"] <= 3  # -1 is no limit of its own: max_tokens rules
+    for extra, field in [
+        ({"max_tokens": 5, "n_predict": 9}, "n_predict"),
+        ({"functions": [{"name": "f", "parameters": {"type": "object"}}]}, "functions"),
+        ({"guided_choice": ["a", "b"]}, "guided_choice"),
+        ({"guided_json": {"type": "object"}}, "guided_json"),  # completions: no response_format here
+    ]:
+        r = post(url, "/v1/completions", {**base, **extra})
+        assert r.status_code == 400 and r.json()["error"]["param"] == field, r.text
+    schema = {
+        "type": "object",
+        "properties": {"n": {"type": "boolean"}},
+        "required": ["n"],
+        "additionalProperties": False,
+    }
+    chat = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 24, "seed": 1}
+    guided = done({**chat, "guided_json": schema}, "/v1/chat/completions")
+    response_format = {"type": "json_schema", "json_schema": {"name": "guided_json", "schema": schema}}
+    formatted = done({**chat, "response_format": response_format}, "/v1/chat/completions")
+    assert guided["choices"][0]["message"] == formatted["choices"][0]["message"]
+    assert set(json.loads(guided["choices"][0]["message"]["content"])) == {"n"}
+    name = model_id(url)
+    assert httpx.get(f"{url}/v1/models/{name}", timeout=30).json()["id"] == name
+    missing = httpx.get(f"{url}/v1/models/nope", timeout=30)
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
 def test_generation_config_defaults_and_max_completion_tokens(tiny):
     """A request that sets no sampler field samples with the model's generation_config.json, as sample
     does (and not with plain temperature 1); max_completion_tokens is the budget, over max_tokens."""

@@ -109,8 +109,8 @@ def adjust(logits: mx.array, settings: SamplerSettings, history=None, allowed=No
     """All adjustments in mlx-lm's processor order: bias, penalties, then the mask."""
     s = settings
     out = apply_logit_bias(logits, s.logit_bias)
-    if history is not None and s.penalty_window is not None:
-        history = history[-s.penalty_window :]
+    if history is not None and s.penalty_window is not None:  # 0: none of it (history[-0:] would be all)
+        history = history[-s.penalty_window :] if s.penalty_window else history[:0]
     out = apply_penalties(out, history, s.repetition_penalty, s.presence_penalty, s.frequency_penalty)
     return apply_mask(out, allowed)
 

@@ -182,6 +182,7 @@ def create_app(model, tokenizer, options: Optional[ServerOptions] = None, **give
         Route("/health", endpoints.health, methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         Route("/v1/models", endpoints.models, methods=["GET"]),
+        Route("/v1/models/{name:path}", endpoints.model_card, methods=["GET"]),
         Route("/v1/chat/completions", endpoints.chat, methods=["POST"]),
         Route("/v1/completions", endpoints.completions, methods=["POST"]),
         *explorer_routes(endpoints, read_body),

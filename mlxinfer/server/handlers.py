@@ -28,7 +28,7 @@ from ..engine.request import check_seed
 from ..errors import MlxinferError
 from .errors import ApiError, error_body, from_library, from_validation
 from .inputs import ClientGone, Plan, budget, chat_plan, completion_plan, prepare_within
-from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, unknown_fields
+from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, peer_fields, unknown_fields
 from .stream import Exchange, chat_response, completion_response, scored_response
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's bound for chat
@@ -56,7 +56,8 @@ class Endpoints:
             raise ApiError(
                 400,
                 f"n must be from 1 to {most} (half this server's {self.batcher.max_rows} rows in flight: the rest stay "
-                f"for other clients), got {body.n}; send more requests with later seeds",
+                f"for other clients), got {body.n}; send more requests, each seed n past the last (choice i draws "
+                "with seed + i, so seeds closer than n share draws)",
                 "n",
             )
         if body.seed is not None:
@@ -130,9 +131,19 @@ class Endpoints:
         preparation = {"preparing": self.preparing, "abandoned": self.abandoned}
         return JSONResponse({"status": "ok", "model": self.model_id, **self.batcher.status(), **preparation})
 
+    def _card(self) -> dict:
+        return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mlxinfer"}
+
     async def models(self, http):
-        card = {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mlxinfer"}
-        return JSONResponse({"object": "list", "data": [card]})
+        return JSONResponse({"object": "list", "data": [self._card()]})
+
+    async def model_card(self, http):
+        """GET /v1/models/{id}: OpenAI's models.retrieve (gateways and health checks call it)."""
+        name = http.path_params["name"]
+        if name not in self.names:
+            message = f"the model '{name[:200]}' does not exist here; GET /v1/models lists it"
+            return JSONResponse(ApiError(404, message, "model").body(), status_code=404)
+        return JSONResponse(self._card())
 
     async def chat(self, http):
         body = None
@@ -255,6 +266,7 @@ async def read_body(http: HttpRequest, kind):
     if not isinstance(data, dict):
         raise ApiError(400, "the body must be a JSON object", None)
     try:
-        return kind.model_validate(data)
+        openai = kind in (ChatRequest, CompletionRequest)  # the explorer's bodies are its own
+        return kind.model_validate(peer_fields(data, chat=kind is ChatRequest) if openai else data)
     except ValidationError as e:
         raise from_validation(e.errors()) from None

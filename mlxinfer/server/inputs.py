@@ -294,7 +294,8 @@ def completion_plan(body: CompletionRequest) -> Plan:
         prompt = prompt[0]
     if body.suffix is not None or (body.best_of or 1) != 1:
         field = "suffix" if body.suffix is not None else "best_of"
-        raise ApiError(400, f"{field} is not supported by this server", field)
+        fix = "leave it out" if field == "suffix" else "leave it out, or ask for n choices and pick one"
+        raise ApiError(400, f"{field} is not supported by this server; {fix}", field)
     if body.echo and body.stream:
         raise ApiError(400, "echo is answered whole: set stream to false (or leave echo out)", "echo")
     return Plan(prompt, None, False)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any, Literal, Optional, Union
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
 from ..settings import SamplerSettings
 
@@ -29,24 +29,11 @@ class StreamOptions(BaseModel):
 # repetition_penalty under these names). logit_bias is OpenAI's shape (string keys), declared below.
 SAMPLER_FIELDS = [o.name for o in SamplerSettings.options() if o.served and o.kind is not dict]
 OPENAI_RANGES = {"temperature": {"ge": 0, "le": 2, "allow_inf_nan": False}}  # OpenAI's bounds, narrower than ours
-LLAMA_SERVER_NAMES = {
-    "max_tokens": "n_predict",
-    "repetition_penalty": "repeat_penalty",
-    "penalty_window": "repeat_last_n",
-}
-
-
-def _field(name: str, **kw) -> Any:
-    """A request field, also read under llama-server's name for it where that differs."""
-    other = LLAMA_SERVER_NAMES.get(name)
-    return Field(default=None, **kw, **({"validation_alias": AliasChoices(name, other)} if other else {}))
-
-
 _Sampler = create_model(
     "_Sampler",
     __config__=_STRICT,
     **{
-        o.name: (Optional[o.kind], _field(o.name, **OPENAI_RANGES.get(o.name, {})))
+        o.name: (Optional[o.kind], Field(default=None, **OPENAI_RANGES.get(o.name, {})))
         for o in SamplerSettings.options()
         if o.name in SAMPLER_FIELDS
     },
@@ -58,7 +45,7 @@ class Sampling(_Sampler):
 
     model_config = _STRICT
     model: Optional[str] = None  # left out: the model this server serves, as llama-server and mlx-lm's take it
-    max_tokens: Optional[int] = _field("max_tokens")
+    max_tokens: Optional[int] = None
     n: int = 1
     seed: Optional[int] = None
     stop: Optional[Union[str, list[str]]] = None
@@ -171,11 +158,56 @@ class CompletionRequest(Sampling):
     best_of: Optional[int] = None
 
 
+LLAMA_SERVER_NAMES = {  # ours: llama-server's
+    "max_tokens": "n_predict",
+    "repetition_penalty": "repeat_penalty",
+    "penalty_window": "repeat_last_n",
+}
+_NO_LIMIT = {"n_predict", "repeat_last_n"}  # llama.cpp's -1: no limit, the whole context (here: the field unset)
+
+
+def peer_fields(data: dict, chat: bool) -> dict:
+    """A body with llama-server's and vLLM's names and values read as this server's: n_predict,
+    repeat_penalty, repeat_last_n (-1: unset), seed -1 (a random seed: unset), guided_json (chat: a
+    json_schema response_format). What would be dropped in silence is a 400 naming the fix: the two names
+    of one field that differ, OpenAI's deprecated functions, vLLM's other guided_ fields."""
+    from .errors import ApiError
+
+    out = dict(data)
+    for ours, theirs in LLAMA_SERVER_NAMES.items():
+        if theirs not in out:
+            continue
+        value = out.pop(theirs)
+        if theirs in _NO_LIMIT and value == -1 and not isinstance(value, bool):
+            continue
+        if out.get(ours) is None:
+            out[ours] = value
+        elif out[ours] != value:
+            raise ApiError(400, f"{ours} and {theirs} (llama-server's name for it) differ; send one", theirs)
+    if out.get("seed") == -1 and not isinstance(out["seed"], bool):
+        out["seed"] = None  # llama-server's "random": the server picks one and returns it
+    for name in ("functions", "function_call"):
+        if out.get(name) is not None:
+            raise ApiError(400, f"{name} is OpenAI's deprecated form of tools; send tools (and tool_choice)", name)
+    if out.get("guided_json") is not None:
+        schema = out.pop("guided_json")
+        if not chat or out.get("response_format") is not None:
+            where = "beside response_format" if chat else "on /v1/completions"
+            raise ApiError(400, f"guided_json is not read {where}; send response_format json_schema to "
+                           "/v1/chat/completions", "guided_json")  # fmt: skip
+        out["response_format"] = {"type": "json_schema", "json_schema": {"name": "guided_json", "schema": schema}}
+    for name in ("guided_choice", "guided_regex", "guided_grammar"):
+        if out.get(name) is not None:
+            raise ApiError(400, f"{name} is vLLM's and not read here; response_format json_schema constrains a chat's "
+                           "answer (an enum for a choice)", name)  # fmt: skip
+    return out
+
+
 IGNORED_HEADER = "mlxinfer-ignored-fields"
 # fields OpenAI defines that this server accepts and does not act on: not named in IGNORED_HEADER
 OPENAI_IGNORED = {
     "user", "metadata", "store", "parallel_tool_calls", "service_tier", "modalities", "audio", "prediction",
-    "reasoning_effort", "web_search_options", "functions", "function_call", "safety_identifier",
+    "reasoning_effort", "web_search_options", "safety_identifier",
     "prompt_cache_key", "verbosity", "refusal",
 }  # fmt: skip
 
