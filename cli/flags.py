@@ -90,43 +90,60 @@ def error_line(e) -> str:
     return named(str(e), *getattr(e, "params", ()))
 
 
-# Other tools' flags that no command here has, and what to type instead: a usage error that holds one
-# says so, where Click would guess at a near spelling (--n-predict: "--no-chat?") or misread (-ngl: -n gl).
-_NO_LAYERS = "nothing: MLX runs every layer on its device, the GPU on a Mac"
+# Other tools' flags that no command here has: (the tool, our flag that does the same or None where none is
+# needed, what to say). A usage error that holds one in an option's place says so, where Click guessed a near
+# spelling (--n-predict: "--no-chat?") or misread one (-ngl: -n gl).
+_LAYERS = "MLX runs every layer on its device, the GPU on a Mac"
+_CONTEXT = "the model's own context bounds the prompt and the answer"
+_GRAMMAR = "--json-schema FILE or --tool FILE (JSON Schema; GBNF is not read)"
+_SEEDS = "--seeds: N runs seeds 0..N-1, A:B runs A..B-1 (seed 3 alone: --seeds 3:4)"
 PEER_FLAGS = {
-    "--n-predict": ("llama.cpp", "--max-tokens (-n)"),
-    "--predict": ("llama.cpp", "--max-tokens (-n)"),
-    "-r": ("llama.cpp", "--stop TEXT"),
-    "--reverse-prompt": ("llama.cpp", "--stop TEXT"),
-    "--repeat-penalty": ("llama.cpp", "--repetition-penalty"),
-    "-ngl": ("llama.cpp", _NO_LAYERS),
-    "--n-gpu-layers": ("llama.cpp", _NO_LAYERS),
-    "--gpu-layers": ("llama.cpp", _NO_LAYERS),
-    "--threads": ("llama.cpp", "nothing: the kernels use every core this process may, MLXINFER_QMM_THREADS=N fewer"),
-    "-c": ("llama.cpp", "nothing: the model's own context bounds the prompt and the answer"),
-    "--ctx-size": ("llama.cpp", "nothing: the model's own context bounds the prompt and the answer"),
-    "-np": ("llama-server", "serve --max-rows"),
-    "--parallel": ("llama-server", "serve --max-rows"),
-    "--alias": ("llama-server", "serve --served-model-name"),
-    "--grammar": ("llama.cpp", "--json-schema FILE or --tool FILE (JSON Schema; GBNF is not read)"),
-    "--grammar-file": ("llama.cpp", "--json-schema FILE or --tool FILE (JSON Schema; GBNF is not read)"),
-    "--max-kv-size": ("mlx-lm", "nothing: the cache holds the whole context"),
-    "--seed": ("generate", "--seeds: N runs seeds 0..N-1, A:B runs A..B-1 (seed 3 alone: --seeds 3:4)"),
+    "--n-predict": ("llama.cpp", "--max-tokens", "--max-tokens (-n)"),
+    "--predict": ("llama.cpp", "--max-tokens", "--max-tokens (-n)"),
+    "-r": ("llama.cpp", "--stop", "--stop TEXT"),
+    "--reverse-prompt": ("llama.cpp", "--stop", "--stop TEXT"),
+    "--repeat-penalty": ("llama.cpp", "--repetition-penalty", "--repetition-penalty"),
+    "-ngl": ("llama.cpp", None, _LAYERS),
+    "--n-gpu-layers": ("llama.cpp", None, _LAYERS),
+    "--gpu-layers": ("llama.cpp", None, _LAYERS),
+    "--threads": ("llama.cpp", None, "the kernels use every core this process may, MLXINFER_QMM_THREADS=N fewer"),
+    "-c": ("llama.cpp", None, _CONTEXT),
+    "--ctx-size": ("llama.cpp", None, _CONTEXT),
+    "-np": ("llama-server", "--max-rows", "--max-rows"),
+    "--parallel": ("llama-server", "--max-rows", "--max-rows"),
+    "--alias": ("llama-server", "--served-model-name", "--served-model-name"),
+    "--grammar": ("llama.cpp", "--json-schema", _GRAMMAR),
+    "--grammar-file": ("llama.cpp", "--json-schema", _GRAMMAR),
+    "--max-kv-size": ("mlx-lm", None, "the cache holds the whole context"),
+    "--seed": ("generate", "--seeds", _SEEDS),
 }
 _GGUF_TYPE = re.compile(r"(?i)^(I?Q\d(_[0-9KSMLXN]+)*|F16|BF16|F32)$")
 
 
 def peer_hint(args: list[str], message: str, ctx) -> str | None:
-    """The usage error's line when the arguments hold another tool's flag (or a GGUF type given to
-    quantize, or a bare - for standard input), else None."""
-    ours = {opt for p in (ctx.command.params if ctx is not None else []) for opt in p.opts + p.secondary_opts}
+    """The usage error's line when an option's place in the arguments holds another tool's flag that this
+    command lacks (said only where the command has the flag to use instead, or needs none), or a GGUF type
+    is given to quantize, or a bare - stands for standard input; else None (Click's own line)."""
+    import click
+
+    params = ctx.command.params if ctx is not None else []
+    ours = {opt for p in params for opt in p.opts + p.secondary_opts}
+    takes_value = {
+        opt for p in params if isinstance(p, click.Option) and not p.is_flag and not p.count for opt in p.opts
+    }
+    value_next = False
     for arg in args:
+        if value_next:  # the value of an option (-p "-c"): text, not a flag
+            value_next = False
+            continue
         name = arg.split("=", 1)[0]
-        if name in PEER_FLAGS and name not in ours:
-            tool, instead = PEER_FLAGS[name]
-            if instead.startswith("nothing: "):
-                return f"{name} is {tool}'s flag, and mlxinfer has no such setting: {instead[9:]}; drop it"
-            return f"{name} is {tool}'s flag; here use {instead}"
+        if name in takes_value and "=" not in arg:
+            value_next = True
+        elif name in PEER_FLAGS and name not in ours:
+            tool, instead, say = PEER_FLAGS[name]
+            if instead is None:
+                return f"{name} is {tool}'s flag, and mlxinfer has no such setting: {say}; drop it"
+            return f"{name} is {tool}'s flag; here use {say}" if instead in ours else None
     extra = re.search(r"unexpected extra arguments? \(([^) ]+)", message)
     if extra and extra.group(1) == "-":
         return "a prompt from standard input is -p - (or a pipe with no -p), not a bare -"

@@ -98,7 +98,7 @@ def test_positional_arguments_show_their_help():
         (["generate", "--n-predict", "8"], "--n-predict is llama.cpp's flag; here use --max-tokens"),
         (["generate", "-p", "hi", "-ngl", "0"], "-ngl is llama.cpp's flag, and mlxinfer has no such setting"),
         (["generate", "-r", "User:"], "here use --stop"),
-        (["serve", "--parallel", "4"], "here use serve --max-rows"),
+        (["serve", "--parallel", "4"], "here use --max-rows"),
         (["sample", "--seed", "3"], "seed 3 alone: --seeds 3:4"),
         (["quantize", "embedded", "out", "Q4_K_M"], "Q4_K_M is a GGUF type"),
         (["generate", "-"], "standard input is -p -"),
@@ -108,6 +108,20 @@ def test_another_tools_flag_is_named_with_what_to_type_here(args, fragment):
     """llama.cpp's and mlx-lm's habits get their equivalent, where Click guessed a near spelling
     (--n-predict: --no-chat?) or misread one (-ngl 0: -n 'gl')."""
     assert_one_line_error(invoke_cli(*args), fragment)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["serve", "--seed", "3"], "No such option '--seed'"),  # serve has no --seeds to suggest
+        (["topk", "-p", "hi", "-r", "x"], "No such option '-r'"),  # nor topk a --stop
+        (["generate", "-p", "-c", "--max-tokns", "5"], "Did you mean '--max-tokens'?"),  # -c is the prompt's text
+    ],
+)
+def test_a_hint_never_names_a_flag_the_command_lacks_nor_reads_a_value_as_a_flag(args, fragment):
+    result = invoke_cli(*args)
+    assert_one_line_error(result, fragment)
+    assert "flag" not in result.stderr
 
 
 def test_a_commands_own_flag_is_never_taken_for_another_commands():
