@@ -227,14 +227,15 @@ def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
 
 
 def _check_not_templated(tokenizer, prompt: str, chat: bool, raw_special_tokens: bool) -> None:
-    """A text that opens with a control token's name was rendered by a chat template already (mlx-lm's
+    """A text that opens with a control token's name and holds another was rendered by a chat template already (mlx-lm's
     `apply_chat_template(..., tokenize=False)`, then the string): the template would wrap it again as a
     user message holding the template's text, and the model answer that."""
     if not chat or raw_special_tokens:
         return
-    head = prompt.lstrip()
-    opener = next((t for t in _special_tokens(tokenizer) if head.startswith(t)), None)
-    if opener is not None:
+    specials, head = _special_tokens(tokenizer), prompt.lstrip()
+    opener = next((t for t in specials if head.startswith(t)), None)
+    # a template opens a turn and closes or begins another: a question about one token opens with it alone
+    if opener is not None and sum(prompt.count(t) for t in specials) >= 2:
         raise MlxinferError(
             f"the prompt opens with {opener}, a control token's name: it looks rendered by a chat template "
             "already, which would wrap it again; pass the text alone (or the messages), or chat=False with "

@@ -275,3 +275,17 @@ def test_explore_serves_on_loopback_and_opens_the_page(tmp_path, checkpoint_dir)
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+def test_a_templated_prompt_gets_advice_the_page_can_follow(tiny):
+    """The library's fix ("chat=False with raw_special_tokens=True") read "chat with raw_special_tokens=True",
+    and the field did not exist (400: extra inputs); it is the body's own words now, and following it works."""
+    url, _, model, tok, _ = tiny
+    rendered = tok.decode(mlxinfer.encode_prompt(tok, [{"role": "user", "content": PROMPT}]))
+    refused = post(url, "/mlxinfer/next-token", {"prompt": rendered})
+    error = refused.json()["error"]
+    assert refused.status_code == 400 and error["param"] == "prompt", error
+    assert '"chat": false with "raw_special_tokens": true' in error["message"], error["message"]
+    body = {"prompt": rendered, "chat": False, "raw_special_tokens": True}
+    table = post(url, "/mlxinfer/next-token", body).json()["table"]
+    assert table["prompt_ids"] == mlxinfer.encode_prompt(tok, [{"role": "user", "content": PROMPT}])

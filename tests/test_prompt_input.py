@@ -183,5 +183,7 @@ def test_a_prompt_the_chat_template_rendered_already_is_refused(embedded):
         mlxinfer.generate(model, tok, rendered, max_tokens=2)
     assert encode_prompt(tok, rendered, chat=False, raw_special_tokens=True) == ids
     assert len(encode_prompt(tok, "Name one fruit.<|im_end|>")) > len(ids)  # text, in the template
+    # a question about one control token opens with it alone: text, as before
+    assert encode_prompt(tok, "<|im_start|> opens a turn; what closes one?")
     result = invoke_cli("generate", "-p", rendered, "-n", "2")
     assert_one_line_error(result, "--no-chat with --raw-special-tokens")

@@ -76,6 +76,8 @@ def from_library(e: MlxinferError, fields: Optional[dict] = None) -> ApiError:
         message = message.replace(chat_false, "use /v1/completions for plain text")
     message = message.replace("the messages is ", "the messages are ")  # "the prompt is ..." named as chat's field
     first = next((names.get(p, p) for p in params if names.get(p, p)), None)
+    if first is not None and first.startswith('"'):  # a field written with its value ('"chat": false'): its name
+        first = first.split('"')[1]
     return ApiError(400, " ".join(message.split()), first)
 
 

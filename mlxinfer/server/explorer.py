@@ -83,6 +83,7 @@ class NextTokenBody(BaseModel):
     prompt: str
     chat: bool = True
     system: Optional[str] = None
+    raw_special_tokens: bool = False  # control tokens' names in the prompt read as those tokens (topk's flag)
     k: int = 10  # rows shown, by score
     temperatures: list[float] = Field(default_factory=lambda: list(defaults.TOPK_TEMPERATURES))
     # the sampler whose cut the explanation shows (unset: the model's generation_config.json, as in topk)
@@ -95,7 +96,13 @@ class NextTokenBody(BaseModel):
         return {k: getattr(self, k) for k in ("temperature", "top_p", "top_k", "min_p") if getattr(self, k) is not None}
 
 
-FIELDS = {"prompt": "prompt", "system": "system", "chat=False": "chat", "raw_special_tokens": "prompt"}
+FIELDS = {
+    "prompt": "prompt",
+    "system": "system",
+    "chat=False": '"chat": false',
+    "raw_special_tokens": "prompt",
+    "raw_special_tokens=True": '"raw_special_tokens": true',
+}
 
 
 def routes(state, read_body) -> list[Route]:
@@ -131,6 +138,7 @@ def routes(state, read_body) -> list[Route]:
                 max_tokens=1,
                 chat=body.chat,
                 system=body.system,
+                raw_special_tokens=body.raw_special_tokens,
             )
 
             def compute():  # on the engine thread: topk's table (cli/commands/topk.py) and the scores it came from
