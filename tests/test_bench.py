@@ -56,7 +56,7 @@ def test_bench_says_when_other_processes_held_the_cores(checkpoint_dir):
     import time
 
     from mlxinfer.engine.bench import OtherLoad
-    from mlxinfer_cli.commands.bench import markdown
+    from mlxinfer_cli.commands.bench import BUSY, markdown
 
     if OtherLoad().start is None:
         pytest.skip("no /proc/stat on this system")
@@ -75,8 +75,8 @@ def test_bench_says_when_other_processes_held_the_cores(checkpoint_dir):
                        bandwidth_gb_s=10.0, fast_path=False)  # fmt: skip
     report.other_cpu_fraction = 0.0
     assert "busy" not in markdown(report)
-    report.other_cpu_fraction = busy
-    assert f"other processes used {busy:.0%} of its cores" in markdown(report)
+    report.other_cpu_fraction = shown = max(busy, BUSY)  # one spinner of many cores can be under the line
+    assert f"other processes used {shown:.0%} of its cores" in markdown(report)
 
 
 def test_bytes_per_token_skips_the_untied_embedding(checkpoint_dir):

@@ -118,7 +118,8 @@ def render_explain(console, ex, note: str) -> None:
         )
     console.print(t)
     unshown = ex.n_kept - sum(r.kept for r in ex.rows)
-    if unshown > 0:
-        more = f"--rows {len(ex.rows) + unshown + 1}" if all(r.kept for r in ex.rows) else "more --rows"
+    if unshown > 0 and ex.n_kept < ex.vocab_size:  # nothing cut: no row to reach
+        rows = min(len(ex.rows) + unshown + 1, ex.vocab_size)
+        more = f"--rows {rows}" if all(r.kept for r in ex.rows) else "more --rows"
         console.print(f"{unshown:,} more kept tokens are not shown ({more} shows them)", highlight=False)
     console.print(f"mass kept {ex.mass_kept:.3f}, cut off {ex.mass_cut:.3f}, then rescaled to 1", highlight=False)

@@ -169,6 +169,8 @@ class OtherLoad:
         try:
             with open("/proc/stat") as f:
                 cpu = [int(v) for v in f.readline().split()[1:]]
+            if len(cpu) < 5:
+                return None
         except (OSError, ValueError):
             return None
         busy = (sum(cpu[:8]) - cpu[3] - cpu[4]) / os.sysconf("SC_CLK_TCK")  # all but idle and iowait

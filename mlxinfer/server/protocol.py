@@ -19,9 +19,11 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from .errors import error_body
 
 HEADERS_TIMEOUT_S = 30.0  # a request's headers must be whole this long after its connection opens or its last answer
-# the kernel's send buffer a connection: Linux grows it up to 4 MB, which hid a client that reads nothing for
-# thousands of streamed tokens (stream.py's stall watch sees a client only once the buffers are full)
-SEND_BUFFER_BYTES = 64 * 1024  # (the kernel doubles it)
+# what the kernel holds of a connection's output not yet sent: Linux grew its send buffer up to 4 MB, which hid
+# a client that reads nothing for thousands of streamed tokens (stream.py's stall watch sees a client only once
+# the buffers are full). TCP_NOTSENT_LOWAT bounds the unsent bytes alone, so a far client's data in flight is
+# not capped; where it is missing, the send buffer is.
+UNSENT_BYTES = 64 * 1024
 
 
 class OpenAIShapedH11(H11Protocol):
@@ -36,7 +38,10 @@ class OpenAIShapedH11(H11Protocol):
         super().connection_made(transport)
         sock = transport.get_extra_info("socket")
         if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, SEND_BUFFER_BYTES)
+            if hasattr(socket, "TCP_NOTSENT_LOWAT"):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NOTSENT_LOWAT, UNSENT_BYTES)
+            else:
+                sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, UNSENT_BYTES)
         self._await_headers()
 
     def on_response_complete(self):

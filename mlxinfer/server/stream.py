@@ -177,7 +177,7 @@ class Exchange:
             since = sending[0]
             if since is not None and time.monotonic() - since > limit:
                 self.job.cancel()  # its rows leave the batch at the next step
-                message = f"the client took none of the stream for {limit:g} s; its rows were given to others"
+                message = f"the client took none of the stream for {limit:g} s; the rest of it is dropped"
                 self.events.put_nowait(("error", 0, (408, message)))
                 return
 
