@@ -83,7 +83,9 @@ class ExplainRow(View):
     prob: float  # at the temperature, over the whole vocabulary, before the cut
     kept: bool
     final_prob: float  # after the cut, rescaled to 1 (0 when cut)
-    running: float = 0.0  # prob summed over this row and those above it: what top-p compares with p
+    # the probability top-p reads summed over this row and those above it (at T; untempered in mlx-lm's order),
+    # None where a top-k cut comes first (top-p then reads the survivors rescaled)
+    running: float | None = None
 
 
 @dataclass

@@ -181,3 +181,17 @@ def test_explain_shows_the_tables_probabilities_and_masses_within_0_and_1(embedd
         assert 0 < e.mass_kept <= 1 and e.mass_cut >= 0 and abs(e.mass_kept + e.mass_cut - 1) < 1e-12
         kept = [r.final_prob for r in e.rows if r.kept]
         assert all(abs(f - r.prob / e.mass_kept) < 1e-12 for f, r in zip(kept, e.rows))
+
+
+def test_explain_totals_are_what_top_p_reads_or_absent(checkpoint_dir):
+    """In mlx-lm's order top-p reads the untempered row: the total is at T = 1 there, and its first row to
+    reach p is the last kept; after a top-k cut top-p reads the survivors rescaled, which the column is not,
+    so it is left out (None)."""
+    path = str(checkpoint_dir("llama"))
+    run = ["topk", "-m", path, "-p", "hi", "--explain", "--rows", "384", "--json", "--temp", "0.3"]
+    ex = json.loads(invoke_cli(*run, "--order", "mlx-lm", "--top-p", "0.5", "--top-k", "0").stdout)["explanation"]
+    kept = [r for r in ex["rows"] if r["kept"]]
+    reached = next(r for r in ex["rows"] if r["running"] >= 0.5)
+    assert reached["rank"] == kept[-1]["rank"] == len(kept) and reached["prob"] != reached["running"]
+    ex = json.loads(invoke_cli(*run, "--top-k", "8", "--top-p", "0.8").stdout)["explanation"]
+    assert all(r["running"] is None for r in ex["rows"])

@@ -105,14 +105,16 @@ def render_explain(console, ex, note: str) -> None:
     console.print(f"[dim]{note}[/dim]", highlight=False)
     s = ex.settings
     t = Table(title=f"the sampler at T={s['temperature']:g}: keeps {ex.n_kept:,} of {ex.vocab_size:,} tokens")
-    for name in ("#", "token", f"p @ T={s['temperature']:g}", "total so far", "kept", "rescaled p"):
+    total = all(r.running is not None for r in ex.rows)  # what top-p reads, where it reads the whole row
+    total_name = "total so far" if s["order"] != "mlx-lm" else "total at T=1"
+    for name in ("#", "token", f"p @ T={s['temperature']:g}", *([total_name] if total else []), "kept", "rescaled p"):
         t.add_column(name, justify="left" if name == "token" else "right")
     for r in ex.rows:
         t.add_row(
             str(r.rank),
             repr(r.text),
             f"{r.prob:.3f}",
-            f"{r.running:.3f}",
+            *([f"{r.running:.3f}"] if total else []),
             "yes" if r.kept else "cut",
             f"{r.final_prob:.3f}" if r.kept else "",
         )

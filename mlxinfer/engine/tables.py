@@ -123,10 +123,13 @@ def explain(
     final = held / mass_kept if mass_kept > 0 else held
     top = mx.argsort(-x)[: min(k, x.shape[-1])]
     ids, s = top.tolist(), x[top].tolist()
-    running = np.cumsum(probs[ids])
+    running = [None] * len(ids)  # the mass top-p reads, where it reads the whole row first: mlx-lm's order
+    if settings.order == "mlx-lm" or not (0 < settings.top_k < x.shape[-1]):  # (untempered), or no top-k before
+        seen = probs if settings.order != "mlx-lm" else _softmax64(x, 1.0)
+        running = np.cumsum(seen[ids]).tolist()
     rows = [
         ExplainRow(r + 1, i, decode(i) if decode else None, s[r], float(probs[i]), bool(keep[i]), float(final[i]),
-                   float(running[r]))
+                   running[r])
         for r, i in enumerate(ids)
     ]  # fmt: skip
     cut = max(0.0, 1.0 - mass_kept)
