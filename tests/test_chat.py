@@ -118,6 +118,12 @@ def test_commands_set_what_they_say(embedded):
     assert session.settings == {
         "temperature": 0.0, "top_p": 0.9, "top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1, "penalty_window": 64
     }  # fmt: skip
+    # back to the default (a window of all, no longer expressible as a number); -1 reads as the flag does
+    assert session.command("/penalty-window").kind == "set" and "penalty_window" not in session.settings
+    assert session.command("/top-k -1").kind == "set" and session.settings["top_k"] == 0
+    assert session.command("/top-k \u0663").kind == "error"  # an Arabic-Indic 3: int() reads it, the flag would not
+    session.command("/top-k 20")
+    session.command("/penalty-window 64")
     # every numeric sampler setting with a flag has its command, named by the flag (one declaration)
     options = mlxinfer.SamplerSettings.options()
     flagged = {"/" + o.flags.split()[0][2:] for o in options if o.flags and o.kind in (int, float)}

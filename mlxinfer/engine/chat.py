@@ -258,16 +258,24 @@ class ChatSession:
 
     def _set(self, name: str, arg: str) -> Outcome:
         param, kind = _SETTINGS[name]
+        if arg in ("", "default"):  # back to what the model's generation_config.json (or mlxinfer) says
+            self.settings = {k: v for k, v in self.settings.items() if k != param}
+            return Outcome(name, "set", f"{param}: the default", dict(self.settings))
         rule = "a number, e.g. 0.7" if kind is float else "a whole number, e.g. 20"
         try:
+            if not arg.isascii():  # int() and float() also read other scripts' digits
+                raise ValueError
             value = kind(arg)
         except ValueError:
-            raise MlxinferError(f"{name} takes {rule}; got {arg!r}") from None
+            raise MlxinferError(f"{name} takes {rule}, or 'default'; got {arg!r}") from None
         try:
+            user_settings({param: value})  # checked alone first, so the message is this setting's
+            value = getattr(SamplerSettings(**{param: value}), param)  # as it reads: -1 is top-k off, the window all
             self.settings = user_settings({**self.settings, param: value})
         except MlxinferError as e:
             raise MlxinferError(f"{name} {arg}: {e}") from None
-        return Outcome(name, "set", f"{param} = {value:g}", dict(self.settings))
+        shown = "the default" if value is None else f"{value:g}"
+        return Outcome(name, "set", f"{param} = {shown}", dict(self.settings))
 
     def _seed(self, name: str, arg: str) -> Outcome:
         if arg in ("", "random"):
