@@ -36,7 +36,8 @@ def chat(
     streams; its seed is shown, and `generate --seed` with that seed and conversation writes it again.
 
     /help lists the commands (/temp, /top-k, /min-p and a command for each sampler flag, /seed, /system, /topk,
-    /save, /reset, /quit). Ctrl-C stops a reply, Ctrl-D leaves. With --json each reply and command prints one line of JSON instead (JSON Lines)."""
+    /save, /reset, /quit). Ctrl-C stops a reply, Ctrl-D leaves. With --json each reply and command prints one
+    line of JSON instead (JSON Lines)."""
     import mlxinfer
 
     sampling = settings(options)
