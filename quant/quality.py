@@ -26,6 +26,7 @@ import mlx.nn as nn
 
 from mlxinfer import defaults
 from mlxinfer.errors import MlxinferError
+from mlxinfer.formats import ggml_types, gguf
 from mlxinfer.formats.paths import read_text_file
 from mlxinfer.formats.sources import is_embedded, resolve
 from mlxinfer.model.convert import to_float32
@@ -268,8 +269,17 @@ def weights_summary(model: nn.Module) -> str:
     common = max(counts, key=lambda s: counts[s])
     tied = model.config.tie_word_embeddings
     others = [f"{_short(n, tied)} {text(s)}" for n, s in settings.items() if s != common]
-    prefix = "GGUF " if model.info.source.kind == "gguf" else ""
+    prefix = ""
+    if model.info.source.kind == "gguf":  # llama.cpp's name for the file ("Q4_K - Medium"), then how it loads
+        h = gguf.read_header(model.info.source.path, tokenizer=False)
+        prefix = f"GGUF {ggml_types.file_type(h.metadata, {t.name: t.type_name for t in h.tensors})[1]}, as "
+    if len(others) > MODULES_NAMED:  # a K-quant file mixes types layer by layer: the tables by setting
+        by = sorted(counts.items(), key=lambda kv: -kv[1])
+        return prefix + ", ".join(f"{text(s)} x{n}" for s, n in by) + " tables"
     return prefix + text(common) + ("; " + ", ".join(others) if others else "")
+
+
+MODULES_NAMED = 4  # modules named one by one where their setting differs from the most common one
 
 
 def _short(name: str, tied: bool) -> str:

@@ -386,6 +386,18 @@ def test_count_reads_bytes_and_bits_per_weight_as_llama_cpp_prints_them(tiny, mi
     assert f"file type = {name}" in text
 
 
+def test_quality_names_a_kquant_file_as_llama_cpp_does_in_one_short_cell(tiny):
+    """quality's weights cell for a K-quant file listed every layer that differed from the most common
+    setting (~3,000 characters for SmolLM2's Q4_K_M, breaking its table) and called it by that setting; it
+    is llama.cpp's file type now, then the tables by setting, counted."""
+    from mlxinfer_quant.quality import weights_summary
+
+    named = weights_summary(mlxinfer.load(str(tiny("llama", "Q4_K_M")[0]))[0])
+    assert named.startswith("GGUF Q4_K - Medium, as 4-bit g32") and len(named) < 200, named
+    mixed = weights_summary(mlxinfer.load(str(tiny("llama", "exact")[0]), compute_dtype="bfloat16")[0])
+    assert mixed.endswith(" tables") and " x" in mixed and "model.layers" not in mixed and len(mixed) < 200, mixed
+
+
 def test_count_guesses_the_file_type_as_llama_cpp_does(tiny):
     """No general.file_type: the file type of the type most tensors have, '(guessed)'. The llama mix has 8
     Q4_K tensors and 5 F32 norms; Qwen3 (tied tables, q/k norms) has 7 Q4_K to 9 F32 (llama.cpp says "all F32")."""
