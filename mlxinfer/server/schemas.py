@@ -178,13 +178,13 @@ def peer_fields(data: dict, chat: bool) -> dict:
         if theirs not in out:
             continue
         value = out.pop(theirs)
-        if theirs in _NO_LIMIT and value == -1 and not isinstance(value, bool):
+        if theirs in _NO_LIMIT and type(value) is int and value == -1:
             continue
         if out.get(ours) is None:
             out[ours] = value
         elif out[ours] != value:
             raise ApiError(400, f"{ours} and {theirs} (llama-server's name for it) differ; send one", theirs)
-    if out.get("seed") == -1 and not isinstance(out["seed"], bool):
+    if type(out.get("seed")) is int and out["seed"] == -1:
         out["seed"] = None  # llama-server's "random": the server picks one and returns it
     for name in ("functions", "function_call"):
         if out.get(name) is not None:
