@@ -227,9 +227,9 @@ def _render(tokenizer, messages: list[dict], thinking: bool) -> str:
 
 
 def _check_not_templated(tokenizer, prompt: str, chat: bool, raw_special_tokens: bool) -> None:
-    """A text that opens with a control token's name and holds another was rendered by a chat template already (mlx-lm's
-    `apply_chat_template(..., tokenize=False)`, then the string): the template would wrap it again as a
-    user message holding the template's text, and the model answer that."""
+    """A text that opens with a control token's name and holds another was rendered by a chat template
+    already (mlx-lm's `apply_chat_template(..., tokenize=False)`, then the string): the template would wrap
+    it again as a user message holding the template's text, and the model answer that."""
     if not chat or raw_special_tokens:
         return
     specials, head = _special_tokens(tokenizer), prompt.lstrip()

@@ -11,7 +11,6 @@ checked in one place (one MlxinferError naming the parameter).
 from __future__ import annotations
 
 import collections
-
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
