@@ -268,6 +268,13 @@ def _summary(
     before: int,
 ) -> dict:  # fmt: skip
     tensor_bytes = sum(v.nbytes for v in tensors.values())
+    before_bits, after_bits = 8 * before / parameters, 8 * tensor_bytes / parameters
+    notes = []
+    if kind == "quantize" and before_bits < 16 and after_bits > before_bits + 0.5:  # a quantized source, in more bits
+        notes.append(
+            f"the source holds {before_bits:.2f} bits a weight, fewer than these {after_bits:.2f}: its weights were "
+            "dequantized and quantized again, which adds bytes and no accuracy; quantize the float checkpoint"
+        )
     return {
         "command": kind,
         "source": model.info.source.name,
@@ -283,4 +290,5 @@ def _summary(
         "bits_per_weight": 8 * tensor_bytes / parameters,
         "file_bytes": sum(f["bytes"] for f in files),
         "files": files,
+        "notes": notes,
     }

@@ -542,3 +542,17 @@ def test_convert_into_the_current_folder_from_a_relative_source(tmp_path):
     summary = json.loads(proc.stdout)
     assert Path(summary["out"]).resolve() == here.resolve() and summary["source_bytes"] > 0
     assert (here / "model.safetensors").is_file()
+
+
+def test_quantizing_a_quantized_source_in_more_bits_says_it_adds_nothing(checkpoint_dir, tmp_path):
+    """A 4-bit folder written as 8-bit is 4-bit weights dequantized and stored in twice the bytes: said in a
+    note (mlx-lm's convert keeps the 4-bit layers without a word); a float source in 4 bits says nothing."""
+    four = str(checkpoint_dir("llama", 4, 64))
+    result = invoke_cli("quantize", four, str(tmp_path / "eight"), "--bits", "8", "--json")
+    assert result.returncode == 0, result.stderr
+    [note] = json.loads(result.stdout)["notes"]
+    assert "dequantized and quantized again" in note
+    text = invoke_cli("quantize", four, str(tmp_path / "eight-text"), "--bits", "8").stdout
+    assert text.splitlines()[-1].startswith("note: the source holds 4.")
+    plain = invoke_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "four"), "--json")
+    assert json.loads(plain.stdout)["notes"] == []

@@ -111,4 +111,4 @@ def render_summary(s: dict) -> str:
         f"source {s['source_bytes']:,} bytes, {s['source_bits_per_weight']:.2f})",
         "  files    " + ", ".join(f"{f['name']} ({f['bytes']:,})" for f in s["files"]),
     ]
-    return "\n".join(lines)
+    return "\n".join(lines + [f"note: {n}" for n in s.get("notes", ())])
