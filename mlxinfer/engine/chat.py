@@ -269,8 +269,8 @@ class ChatSession:
         except ValueError:
             raise MlxinferError(f"{name} takes {rule}, or 'default'; got {arg!r}") from None
         try:
-            user_settings({param: value})  # checked alone first, so the message is this setting's
-            value = getattr(SamplerSettings(**{param: value}), param)  # as it reads: -1 is top-k off, the window all
+            # checked alone first, so the message is this setting's; as it reads: -1 is top-k off, the window all
+            value = getattr(SamplerSettings(**{param: value}).validate(), param)
             self.settings = user_settings({**self.settings, param: value})
         except MlxinferError as e:
             raise MlxinferError(f"{name} {arg}: {e}") from None
