@@ -50,7 +50,7 @@ class Endpoints:
     def check(self, body) -> None:
         """What both endpoints check before preparation: the model's name, n, the seeds, stream options, stop."""
         if body.model is not None and body.model not in self.names:
-            raise ApiError(404, f"the model '{body.model[:200]}' does not exist here; GET /v1/models lists it", "model")
+            raise self._no_model(body.model)
         most = self.batcher.max_request_rows
         if not 1 <= body.n <= most:
             raise ApiError(
@@ -131,6 +131,10 @@ class Endpoints:
         preparation = {"preparing": self.preparing, "abandoned": self.abandoned}
         return JSONResponse({"status": "ok", "model": self.model_id, **self.batcher.status(), **preparation})
 
+    @staticmethod
+    def _no_model(name: str) -> ApiError:
+        return ApiError(404, f"the model '{name[:200]}' does not exist here; GET /v1/models lists it", "model")
+
     def _card(self) -> dict:
         return {"id": self.model_id, "object": "model", "created": 0, "owned_by": "mlxinfer"}
 
@@ -141,8 +145,7 @@ class Endpoints:
         """GET /v1/models/{id}: OpenAI's models.retrieve (gateways and health checks call it)."""
         name = http.path_params["name"]
         if name not in self.names:
-            message = f"the model '{name[:200]}' does not exist here; GET /v1/models lists it"
-            return JSONResponse(ApiError(404, message, "model").body(), status_code=404)
+            return JSONResponse(self._no_model(name).body(), status_code=404)
         return JSONResponse(self._card())
 
     async def chat(self, http):
