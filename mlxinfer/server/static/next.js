@@ -58,8 +58,7 @@ export function mount(ctx) {
   function build(table, row) {
     $("next-head").replaceChildren(
       el("strong", {}, table.model),
-      `  prompt: ${table.prompt_ids.length} tokens · scores in one pass of ${table.definition}` +
-        `${table.weights ? ` on ${table.weights} weights` : ""}: ${thousands(table.n_scores)}`,
+      `  prompt: ${table.prompt_ids.length} tokens · scores in one pass of ${table.definition}: ${thousands(table.n_scores)}`,
       el("br"),
       el("span", { class: "muted" }, "prompt "),
       el("span", { class: "mono", id: "next-prompt" }, pyRepr(table.prompt)),
