@@ -74,6 +74,30 @@ def test_a_seeded_reply_is_generate_with_that_seed(embedded):
     assert again.text == text == second.record.text
 
 
+def test_a_reply_ends_before_a_stop_string_as_generate_does(embedded, tmp_path):
+    """stop ends each reply where generate with the same seed and stop ends (the string left out, finish_reason
+    'stop'), and the kept message is that text; from the CLI too (--stop)."""
+    model, tok = embedded
+    whole = mlxinfer.ChatSession(model, tok, max_tokens=12, seed=7, settings={"temperature": 1.0}).reply(FRUIT)
+    full = "".join(whole)
+    cut = full[len(full) // 2 :].strip()[:3]  # a piece from the reply's second half
+    assert cut and full.find(cut) > 0
+    session = mlxinfer.ChatSession(model, tok, max_tokens=12, seed=7, settings={"temperature": 1.0}, stop=[cut])
+    text = "".join(session.reply(FRUIT))
+    assert text == full[: full.find(cut)] and session.turns[0].finish_reason == "stop"
+    assert session.messages[-1]["content"] == text and session.to_dict()["stop"] == [cut]
+    again = mlxinfer.generate(model, tok, FRUIT, seed=7, max_tokens=12, settings={"temperature": 1.0}, stop=cut)
+    assert again.text == text
+    with pytest.raises(mlxinfer.MlxinferError, match="stop must be"):
+        mlxinfer.ChatSession(model, tok, stop=[""])
+    args = ["chat", "--seed", "7", "--temp", "1", "--max-tokens", "12", "--stop", cut, "--json"]
+    env = {**os.environ, "MLXINFER_CHAT_HISTORY": str(tmp_path / "history")}
+    r = subprocess.run([sys.executable, "-m", "mlxinfer", *args], input=FRUIT + "\n", capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout.splitlines()[0])["text"] == text
+
+
 def test_fresh_seeds_per_reply_unless_fixed(embedded):
     model, tok = embedded
     session = mlxinfer.ChatSession(model, tok, max_tokens=1)

@@ -13,12 +13,12 @@ from mlxinfer import defaults
 
 from mlxinfer_cli import flags
 from mlxinfer_cli.common import load_model, print_json
-from mlxinfer_cli.options import max_tokens_option, settings, takes
+from mlxinfer_cli.options import max_tokens_option, settings, stop, takes
 
 PROMPT = ">>> "
 
 
-@takes("model", "sampling", "penalties", "json")
+@takes("model", "sampling", "penalties", "stop", "json")
 def chat(
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_GENERATE, "Stop each reply after this many new tokens."),
     seed: Optional[int] = typer.Option(
@@ -40,11 +40,11 @@ def chat(
     line of JSON instead (JSON Lines)."""
     import mlxinfer
 
-    sampling = settings(options)
+    sampling, stops = settings(options), stop(options)
     mlxinfer.check_max_tokens(max_tokens)
     m, tok = load_model(options["model"], options["compute_dtype"], shard=False)
     session = mlxinfer.ChatSession(
-        m, tok, settings=sampling, seed=seed, system=system, max_tokens=max_tokens, thinking=thinking
+        m, tok, settings=sampling, seed=seed, system=system, max_tokens=max_tokens, thinking=thinking, stop=stops
     )
     json_out = options["json_out"]
     flags.use(prompt="conversation")  # what the model reads: every message so far, through the template

@@ -19,14 +19,14 @@ import os
 import secrets
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Optional
+from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .. import atomic, defaults
 from ..errors import MlxinferError, check_bool
 from ..settings import SamplerSettings, user_settings
 from ..tokenizer import encode_prompt
 from .generate import stream_generate
-from .request import check_max_tokens, check_pair, check_seed
+from .request import check_max_tokens, check_pair, check_seed, stop_strings
 from .tables import next_token_table
 
 
@@ -129,7 +129,7 @@ class ChatTurn:
 class ChatSession:
     """A conversation with one model. settings: the sampler fields you set (the rest come from the
     model's generation_config.json, as generate's); seed: fixed for every reply, or None for a fresh
-    one per reply; system: the system message."""
+    one per reply; system: the system message; stop: strings where each reply ends (as generate's)."""
 
     def __init__(
         self,
@@ -141,11 +141,13 @@ class ChatSession:
         system: Optional[str] = None,
         max_tokens: int = defaults.MAX_TOKENS_GENERATE,
         thinking: bool = False,
+        stop: str | Sequence[str] | None = None,
     ):
         check_pair(model, tokenizer)
         check_seed(seed)
         check_max_tokens(max_tokens)
         check_bool(thinking, "thinking")  # at once, not at the first reply
+        self.stops = stop_strings(stop)
         self.model, self.tokenizer = model, tokenizer
         self.settings = user_settings(settings)  # a SamplerSettings, a dict of its fields, or None
         self.seed, self.system, self.max_tokens, self.thinking = seed, system, max_tokens, thinking
@@ -189,6 +191,7 @@ class ChatSession:
                 seed=seed,
                 system=self.system,
                 thinking=self.thinking,
+                stop=self.stops,
             )
         except MlxinferError as e:  # a conversation grown past the context: a new one is a fix too
             if "context" not in str(e) or not self.messages or not {"prompt", "max_tokens"} & set(e.params):
@@ -220,6 +223,7 @@ class ChatSession:
             "settings": dict(self.settings),
             "seed": self.seed,
             "max_tokens": self.max_tokens,
+            "stop": list(self.stops),
             "messages": [dict(m) for m in self.messages],
             "turns": [t.to_dict() for t in self.turns],
         }
