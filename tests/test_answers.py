@@ -21,6 +21,7 @@ import pytest
 
 import checkpoints
 import mlxinfer
+from mlxinfer.engine.decode import prefill
 from conftest import assert_one_line_error, invoke_cli
 
 from mlxinfer.engine import answers as answers_module
@@ -279,6 +280,28 @@ def test_a_listed_path_equals_mlx_lms_own_log_probabilities(embedded):
             assert path.probs[0] == pytest.approx(math.exp(ours), rel=2e-3), (answer.answer, path.pieces)
             checked += 1
     assert checked >= 4
+
+
+def test_first_token_probabilities_equal_a_float64_softmax_of_the_scores(embedded_quantized):
+    """With nothing cut, each first token's probability is its float64 softmax at the temperature to ~1e-6, and
+    the remainder bounds the mass of every token not listed. Was: each row's mass summed in float32 lost ~1e-4 of
+    it (49,152 small terms added to a large sum), so every probability was ~1e-4 too high and the remainder too
+    low to bound the rest (T = 0.5 read "complete", remainder 0, with ~6e-6 of the mass outside its tokens)."""
+    model, tok = embedded_quantized
+    prompt, temps = "Name one herb to add to tomato soup. Answer with one word.", [0.5, 1.0, 1.5]
+    settings = [{"temperature": t} for t in temps]
+    r = mlxinfer.answers(model, tok, prompt, settings=settings, max_tokens=1, group="first-token")
+    ids = mlxinfer.encode_prompt(tok, prompt)
+    x = np.array(prefill(model, ids).logits.reshape(-1), dtype=np.float64)  # the scores a seed's first draw reads
+    for i, t in enumerate(temps):
+        p = np.exp((x - x.max()) / t)
+        p /= p.sum()
+        listed = [a.paths[0].tokens[0] for a in r.answers if a.probs[i] > 0]
+        for a in r.answers[:20]:
+            assert a.probs[i] == pytest.approx(p[a.paths[0].tokens[0]], rel=2e-6, abs=1e-12), (t, a.answer)
+        unlisted = 1.0 - p[listed].sum()
+        assert r.mass[i].remainder >= unlisted - 1e-6, (t, r.mass[i].remainder, unlisted)  # float32's p, summed
+        assert (r.mass[i].remainder == 0) == (unlisted < 1e-12)
 
 
 # ----------------------------------------------------------------------------- the sampler against the truth

@@ -28,10 +28,10 @@ import mlx.core as mx
 import numpy as np
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_whole
 from ..model.dtype_rule import physical_ram_bytes
 from ..model.finite import all_finite
-from ..sampler import kept_probabilities
+from ..sampler import kept_probabilities, row_mass
 from ..settings import SamplerSettings, resolve_each, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
 from .core import Row, replay
@@ -132,8 +132,7 @@ def check_walk(
     """The walk's bounds and the grouping rule, checked (a front end calls this before a model loads)."""
     if not (isinstance(min_mass, (int, float)) and not isinstance(min_mass, bool) and 0 < min_mass <= 1):
         raise MlxinferError(f"min_mass must be in (0, 1] (1: walk until complete), got {min_mass!r}", "min_mass")
-    if isinstance(max_nodes, bool) or not isinstance(max_nodes, int) or max_nodes < 1:
-        raise MlxinferError(f"max_nodes must be a whole number, at least 1, got {max_nodes!r}", "max_nodes")
+    check_whole(max_nodes, "max_nodes", 1, "a whole number, at least 1")
     if max_seconds is not None and not (
         isinstance(max_seconds, (int, float)) and not isinstance(max_seconds, bool) and 0 < max_seconds < math.inf
     ):
@@ -379,7 +378,7 @@ class AnswerWalk:
             heaviest = mx.max(drawn * weights[:, :, None], axis=0)  # (B, V)
             top = mx.argpartition(-heaviest, kth=BRANCHES - 1, axis=-1)[:, :BRANCHES]
             taken = mx.take_along_axis(drawn, mx.broadcast_to(top[None], (drawn.shape[0], *top.shape)), axis=-1)
-            total = mx.sum(drawn, axis=-1)  # (S, B): 1 but for float32's rounding
+            total = row_mass(drawn)[..., 0]  # (S, B): 1 but for float32's rounding
             ids, picked = np.array(top), np.array(taken).transpose(1, 0, 2)  # (B, k), (B, S, k)
             total = np.array(total).astype(np.float64)
         for b, node in enumerate(nodes):
@@ -400,7 +399,8 @@ class AnswerWalk:
         whole = (cond[:, keep] > 0).sum(axis=1) == support
         taken = cond[:, keep].sum(axis=1)
         cond = np.where(whole[:, None] & (taken[:, None] > 0), cond / np.where(taken > 0, taken, 1.0)[:, None], cond)
-        self.lost += np.where(whole, 0.0, node.probs * (1.0 - taken))  # what the children do not hold, exactly
+        # what the children do not hold, exactly (never below 0: a sum of rounded terms may pass 1 in its last bits)
+        self.lost += np.where(whole, 0.0, node.probs * np.maximum(1.0 - taken, 0.0))
         kept = np.nonzero(keep)[0]
         if len(kept):  # every child waits in weight order, ending ones too: resolved when taken
             probs = node.probs[None, :] * cond[:, kept].T  # (n, S)

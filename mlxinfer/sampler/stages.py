@@ -250,6 +250,17 @@ def _cut(logprobs: mx.array, settings: SamplerSettings, fast: bool) -> mx.array:
     return apply_typical_p(out, s.typical_p, keep, fast) if s.typical_p < 1.0 else out
 
 
+def row_mass(x: mx.array, block: int = 64) -> mx.array:
+    """Each row's sum (last axis, kept as 1), in blocks of `block`, then the blocks' sums in blocks: float32's
+    plain sum of 49,152 probabilities lost ~1e-4 of them (the small ones, added to a large running sum),
+    this loses ~1e-8."""
+    while x.shape[-1] > block:
+        pad = -x.shape[-1] % block
+        x = mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, pad)]) if pad else x
+        x = mx.sum(x.reshape(*x.shape[:-1], -1, block), axis=-1)
+    return mx.sum(x, axis=-1, keepdims=True)
+
+
 def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None, allowed=None, fast: bool = False):
     """What one draw under `settings` draws from, for raw scores (V,), or rows (A, V) that share their
     history and mask: the adjusted scores, each token's probability at the temperature over the whole
@@ -263,7 +274,7 @@ def kept_probabilities(scores: mx.array, settings: SamplerSettings, history=None
     else:  # no cut: what cut_tail(log_softmax(x)) keeps is what x does not hold at -inf, without its exp
         kept = x > NEG_INF
     held = mx.where(kept, probs, 0.0)
-    return x, probs, kept, held / mx.sum(held, axis=-1, keepdims=True)
+    return x, probs, kept, held / row_mass(held)
 
 
 __all__ = [  # what mlxinfer.sampler exports from here
@@ -283,4 +294,5 @@ __all__ = [  # what mlxinfer.sampler exports from here
     "apply_typical_p",
     "cut_tail",
     "kept_probabilities",
+    "row_mass",
 ]
