@@ -251,6 +251,8 @@ class SampleReport(View):
     exact: dict | None = None  # with exact: the walk's remainder and the G-test of the tally against it
     max_tokens: int = 0  # each completion's budget (its finish_reason "length" when reached)
     stop: list[str] = field(default_factory=list)  # the stop strings each completion ended at
+    interrupted: str | None = None  # Ctrl-C during the draws: how many seeds finished (the report holds those)
+    weights: str = ""  # the compute path (its scores, and so a seed's text, depend on it)
 
 
 # ----------------------------------------------------------------------------- exact answers
@@ -268,8 +270,9 @@ class AnswerPath(View):
 class ExactAnswer(View):
     answer: str  # as grouped
     probs: list[float]  # exact probability under each settings entry (of the paths walked: a lower bound)
-    texts: dict[str, list[float]] = field(default_factory=dict)  # the raw texts it holds, with their probs
+    texts: dict[str, list[float]] = field(default_factory=dict)  # its most probable raw texts, with their probs
     paths: list[AnswerPath] = field(default_factory=list)  # the most probable ones
+    texts_not_shown: int = 0  # raw texts it holds beyond those in `texts` (its probs count them all)
 
 
 @dataclass
@@ -301,6 +304,9 @@ class AnswersReport(View):
     kv_bytes: int
     peak_memory_bytes: int
     seconds: float
+    min_mass: float = 1.0  # the bounds it walked under
+    max_seconds: float | None = None
+    weights: str = ""  # the compute path (its scores, and so a seed's text, depend on it)
 
 
 # ----------------------------------------------------------------------------- sweeps

@@ -255,13 +255,36 @@ def test_grouping_folds_the_raw_texts_and_keeps_them(words):
     for a in report.answers:
         # this vocabulary's words are lowercase letters, so a text's first word is its first run of them
         assert all((re.findall("[a-z]+", t) or [t.strip()])[0] == a.answer for t in a.texts)
-        assert a.probs[0] == pytest.approx(sum(exact[t.strip()] for t in a.texts), abs=1e-9) or len(a.texts) == 20
+        assert a.probs[0] == pytest.approx(sum(exact[t.strip()] for t in a.texts), abs=1e-9) or a.texts_not_shown
     for a in report.answers[:3]:  # each shown path's probability is its steps' product
         for path in a.paths:
             assert math.prod(step[0] for step in path.steps) == pytest.approx(path.probs[0], rel=1e-9)
 
 
 @pytest.mark.slow
+def test_an_answer_lists_its_most_probable_texts_and_counts_the_rest(words, monkeypatch):
+    """Was: an answer's `texts` stopped at the first 20 found, not the most probable, and nothing said that
+    more existed. They are the heaviest TEXTS_SHOWN, and texts_not_shown counts the others; the report also
+    names the compute path and the bounds it walked under."""
+    model, tok = words
+    monkeypatch.setattr(answers_module, "TEXTS_SHOWN", 2)
+    report = mlxinfer.answers(model, tok, PROMPT, settings=[SETTINGS[1]], max_tokens=3, min_mass=1.0, chat=False)
+    by_text = mlxinfer.answers(
+        model, tok, PROMPT, settings=[SETTINGS[1]], max_tokens=3, min_mass=1.0, chat=False, group="text"
+    )
+    exact = {a.answer: a.probs[0] for a in by_text.answers}
+    crowded = [a for a in report.answers if a.texts_not_shown]
+    assert crowded
+    for a in crowded:
+        first_word = [exact[t] for t in exact if (re.findall("[a-z]+", t) or [t.strip()])[0] == a.answer]
+        held = sorted(first_word, reverse=True)
+        assert len(a.texts) == 2 and len(held) == 2 + a.texts_not_shown
+        assert sorted((p[0] for p in a.texts.values()), reverse=True) == pytest.approx(held[:2], abs=1e-12)
+    assert report.weights == model.info.weights and report.min_mass == 1.0 and report.max_seconds is None
+    data = report.to_dict()
+    assert {"weights", "min_mass", "max_seconds"} <= set(data) and "texts_not_shown" in data["answers"][0]
+
+
 def test_a_listed_path_equals_mlx_lms_own_log_probabilities(embedded):
     model, tok = embedded
     prompt = "Name one herb to add to tomato soup. Answer with one word."
@@ -507,6 +530,39 @@ def test_ctrl_c_in_the_walk_of_sample_sweep_and_answers_stops_the_command(words,
             "--compute-dtype", "float32", "--batch-size", "2"]  # fmt: skip
     shown = invoke_cli(*args)
     assert shown.returncode == 130 and "stopped: interrupted" in shown.stdout, (shown.returncode, shown.stderr)
+
+
+def test_ctrl_c_during_samples_draws_keeps_the_seeds_that_finished(words, monkeypatch):
+    """Was: Ctrl-C while `sample` drew exited 130 with nothing on stdout or stderr, every finished seed lost. The
+    seeds that finished are kept (the same texts an uninterrupted run gives them), the report says how many, and
+    the CLI prints them, names the interruption on stderr and exits 130. --csv with --exact is refused (it had
+    printed the plain rows and dropped the exact figures)."""
+    from mlxinfer.engine import experiments
+
+    model, tok = words
+    common = dict(settings={"temperature": 1.0}, max_tokens=3, chat=False)
+    whole = {c.seed: c.text for c in mlxinfer.sample(model, tok, PROMPT, seeds=20, **common).completions}
+    real = experiments.prefill_and_decode
+
+    def cut_short(*args, **kwargs):
+        finished = 0
+        for live, step in real(*args, **kwargs):
+            yield live, step
+            finished += step.token is None
+            if finished == 5:
+                raise KeyboardInterrupt
+
+    monkeypatch.setattr(experiments, "prefill_and_decode", cut_short)
+    report = mlxinfer.sample(model, tok, PROMPT, seeds=20, batch_size=4, **common)
+    assert report.interrupted == "5 of 20 seeds finished" and len(report.completions) == 5
+    assert all(c.text == whole[c.seed] for c in report.completions)
+    assert sum(row.count for row in report.tally) == 5
+    args = ["sample", "-m", str(model.info.name), "-p", PROMPT, "--no-chat", "--seeds", "20", "--max-tokens", "3",
+            "--temp", "1", "--compute-dtype", "float32"]  # fmt: skip
+    shown = invoke_cli(*args)
+    assert shown.returncode == 130 and "5 draws" in shown.stdout, (shown.returncode, shown.stderr)
+    assert "interrupted: 5 of 20 seeds finished" in shown.stderr
+    assert_one_line_error(invoke_cli(*args, "--csv", "--exact"), "no place for --exact")
 
 
 def test_cli_answers_marks_an_unfinished_walks_probabilities_as_lower_bounds(words):

@@ -45,7 +45,9 @@ def walk(url: str, **body) -> httpx.Response:
 
 def library(model, tok, temperatures, cut, **kw) -> dict:
     settings = [{**cut, "temperature": t} for t in temperatures]
-    # the server's walk passes hold defaults.BATCH_SIZE paths (other requests' decode steps wait for a pass)
+    # the server's walk passes hold defaults.BATCH_SIZE paths (other requests' decode steps wait for a pass), and
+    # a walk there ends after its MAX_SECONDS at most
+    kw = {"max_seconds": served_answers.MAX_SECONDS, **kw}
     return mlxinfer.answers(model, tok, PROMPT, settings=settings, batch_size=defaults.BATCH_SIZE, **kw).to_dict()
 
 

@@ -27,6 +27,8 @@ def sample(
     seed_ids = seeds(options)
     if csv_out and options["json_out"]:
         raise mlxinfer.MlxinferError("--csv and --json each choose the output; pass one of them")
+    if csv_out and options["exact"]:
+        raise mlxinfer.MlxinferError("--csv's seed,text rows have no place for --exact's figures; use --json")
     batch_size = mlxinfer.check_batch_size(options["batch_size"])
     sampling = settings(options)
     stops = stop(options)
@@ -63,6 +65,9 @@ def sample(
             writer.writerow([c.seed, c.text, c.finish_reason])
     else:
         render(report)
+    if report.interrupted:  # what finished is shown; a script still sees Ctrl-C
+        typer.echo(f"interrupted: {report.interrupted}", err=True)
+        raise typer.Exit(130)
 
 
 def render(report) -> None:
@@ -107,13 +112,14 @@ def exact_cell(p: float | None, remainder: float) -> str:
 
 def exact_line(exact: dict) -> str:
     """The walk's remainder and the G-test of the tally against the exact distribution, in one line."""
-    walk = f"exact: {exact['answers']:,} answers" if "answers" in exact else "exact"
+    walk = f"exact: {counted(exact['answers'], 'answer')}" if "answers" in exact else "exact"
     walk += f", remainder {exact['remainder']:.4f} ({exact['stopped']})"
     if exact["remainder"] > 0:
         walk += " (≥: at least; draws on paths the walk did not reach count as other)"
     if exact["p_value"] is None:
-        return walk + "; too few draws for a G-test"
+        return walk + "; no G-test: fewer than two groups expected 5 or more times (the rest is pooled as other)"
     return (
         f"{walk}; G-test of the tally against it: G = {exact['g']:.2f}, {exact['dof']} dof, "
-        f"p = {exact['p_value']:.3g} (other: {exact['other_observed']} drawn, {exact['other_expected']:.1f} expected)"
+        f"p = {exact['p_value']:.3g} (other, the answers expected fewer than 5 times and any not listed: "
+        f"{exact['other_observed']} drawn, {exact['other_expected']:.1f} expected)"
     )

@@ -45,7 +45,7 @@ BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
 WAIT = 4  # taken paths that may wait for a pass of their length, in batches
 DRAIN = 1024  # children taken at most per entry once a budget ends the walk (~20 us each: no pass, their text)
 PATHS_SHOWN = 3  # token paths kept per answer
-TEXTS_SHOWN = 20  # raw texts listed per grouped answer (its probability counts them all)
+TEXTS_SHOWN = 20  # raw texts listed per grouped answer, the most probable (its probability counts them all)
 
 
 @dataclass(eq=False)
@@ -470,12 +470,13 @@ class AnswerWalk:
             key = key_of(text, first)
             answer = grouped.setdefault(key, ExactAnswer(key, [0.0] * len(self.settings)))
             answer.probs = [a + b for a, b in zip(answer.probs, found.probs.tolist())]
-            if text in answer.texts or len(answer.texts) < TEXTS_SHOWN:
-                shown = answer.texts.get(text, [0.0] * len(self.settings))
-                answer.texts[text] = [a + b for a, b in zip(shown, found.probs.tolist())]
+            shown = answer.texts.get(text, [0.0] * len(self.settings))
+            answer.texts[text] = [a + b for a, b in zip(shown, found.probs.tolist())]
             heaviest.setdefault(key, []).extend(found.paths)
         for key, answer in grouped.items():
             answer.paths = [self._path(p) for p in sorted(heaviest[key], key=lambda p: -p[0])[:PATHS_SHOWN]]
+            texts = sorted(answer.texts.items(), key=lambda t: (-max(t[1]), t[0]))
+            answer.texts, answer.texts_not_shown = dict(texts[:TEXTS_SHOWN]), max(0, len(texts) - TEXTS_SHOWN)
         listed = sorted(grouped.values(), key=lambda a: (-max(a.probs), a.answer))
         remainder = self._unresolved()
         if stopped == "interrupted":  # Ctrl-C may land while paths are taken and not yet resolved: then
@@ -491,6 +492,7 @@ class AnswerWalk:
             list(self.request.stop), group, listed, masses, stopped, self.nodes, self.passes, self.leaves,
             self.max_nodes, self.kv_bytes, self.nodes * self.kv_bytes, mx.get_peak_memory(), seconds,
         )  # fmt: skip
+        report.min_mass, report.max_seconds, report.weights = self.min_mass, self.max_seconds, self.model.info.weights
         report.ended_paths = self.ended  # not data: which draws the walk's answers hold (summary.g_test)
         return report
 

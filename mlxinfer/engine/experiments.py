@@ -123,18 +123,24 @@ def sample(
     steps = (
         prefill_and_decode(model, tokenizer, request.ids, specs, batch_size=size, step_logprobs=False) if specs else []
     )
-    for live, step in steps:  # a rank with no seed of its own (fewer seeds than ranks) draws nothing
-        if step.token is not None:
-            continue
-        i, row = live.index, live.result
-        completions[i] = Completion(mine[i], row.text, row.tokens, row.finish_reason)
-        if request.constraint is not None:
-            checked = live.json()
-            completions[i].valid, completions[i].parsed = checked.valid, checked.parsed
-            completions[i].finish_reason = checked.finish_reason
-        done += 1
-        if progress:
-            progress(done, len(specs))
+    interrupted = False
+    try:
+        for live, step in steps:  # a rank with no seed of its own (fewer seeds than ranks) draws nothing
+            if step.token is not None:
+                continue
+            i, row = live.index, live.result
+            completions[i] = Completion(mine[i], row.text, row.tokens, row.finish_reason)
+            if request.constraint is not None:
+                checked = live.json()
+                completions[i].valid, completions[i].parsed = checked.valid, checked.parsed
+                completions[i].finish_reason = checked.finish_reason
+            done += 1
+            if progress:
+                progress(done, len(specs))
+    except KeyboardInterrupt:  # the seeds that finished are draws as good as any: kept, the report says so
+        if seed_ranks.size() > 1:
+            raise
+        interrupted, completions = True, [c for c in completions if c is not None]
     if seed_ranks.size() > 1:
         gathered = ranks.gather([c.to_dict() for c in completions], seed_ranks)
         everything = {c["seed"]: Completion(**c) for c in gathered}
@@ -151,7 +157,11 @@ def sample(
         sharding=model.info.sharding,
     )
     report.group, report.max_tokens, report.stop = group, max_tokens, list(request.stop)
+    report.weights = model.info.weights
     report.tally = tally(report.completions, key_of)
+    if interrupted:
+        report.interrupted = f"{done:,} of {len(seed_ids):,} seeds finished"
+        return report  # no walk after Ctrl-C
     if exact:
         options = dict(chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens)
         walk = answers(

@@ -229,7 +229,9 @@ export function mount(ctx) {
         el("thead", {}, el("tr", {}, el("th", { scope: "col", class: "text" }, "text"), ...heads())),
         el("tbody", {}, ...rows),
       );
-      parts.push(el("details", {}, el("summary", {}, `the ${thousands(texts.length)} texts it holds`), el("div", { class: "scroll" }, table)));
+      const more = a.texts_not_shown ? ` (the ${thousands(texts.length)} most probable; ${thousands(a.texts_not_shown)} more not shown)` : "";
+      const said = a.texts_not_shown ? `the texts it holds${more}` : `the ${thousands(texts.length)} texts it holds`;
+      parts.push(el("details", {}, el("summary", {}, said), el("div", { class: "scroll" }, table)));
     }
     $("ans-path").replaceChildren(...parts);
   }
