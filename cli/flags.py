@@ -12,6 +12,11 @@ from __future__ import annotations
 
 import re
 
+PLAIN = (  # parameters whose flag is their name: max_tokens -> --max-tokens
+    "max_tokens seed out resume logprobs explain_mask context ranks answer_tokens flops bandwidth prompt_tokens "
+    "gen_tokens repeats bits group_size head_bits embed_bits dtype force window text host api_key cors port "
+    "max_rows max_queue max_body_bytes default_max_tokens log_level"
+).split()
 FLAGS = {  # cli/options.py adds the flags of the options it declares
     "source": "--model",
     "chat=False": "--no-chat",
@@ -19,44 +24,14 @@ FLAGS = {  # cli/options.py adds the flags of the options it declares
     "temperatures": "--temps",
     "k": "--rows",
     "explain_sampler": "--explain",
-    "max_tokens": "--max-tokens",
-    "seed": "--seed",
     "prompts": "--prompt",
     "prompts_file": "--prompts",
-    "out": "--out",
-    "resume": "--resume",
-    "logprobs": "--logprobs",
-    "explain_mask": "--explain-mask",
-    "context": "--context",
-    "ranks": "--ranks",
-    "answer_tokens": "--answer-tokens",
-    "flops": "--flops",
-    "bandwidth": "--bandwidth",
     "bandwidth_gb_s": "--bandwidth",
-    "prompt_tokens": "--prompt-tokens",
-    "gen_tokens": "--gen-tokens",
-    "repeats": "--repeats",
-    "bits": "--bits",
-    "group_size": "--group-size",
-    "head_bits": "--head-bits",
-    "embed_bits": "--embed-bits",
-    "dtype": "--dtype",
-    "force": "--force",
     "max_shard_bytes": "--max-shard-size",
-    "window": "--window",
-    "text": "--text",
     "candidates": "CANDIDATES",
-    "host": "--host",
-    "api_key": "--api-key",
-    "cors": "--cors",
     "model_name": "--served-model-name",
-    "port": "--port",
-    "max_rows": "--max-rows",
-    "max_queue": "--max-queue",
-    "max_body_bytes": "--max-body-bytes",
-    "default_max_tokens": "--default-max-tokens",
     "prompt_cache_bytes": "--prompt-cache-mb",
-    "log_level": "--log-level",
+    **{name: "--" + name.replace("_", "-") for name in PLAIN},
 }
 _overrides: dict[str, str] = {}
 _notes: list[str] = []

@@ -20,6 +20,8 @@ import os
 import re
 from datetime import datetime
 
+from .errors import is_whole
+
 BUDGET_FLOOR = 1 << 20  # characters a render may build beyond four times the messages' own text
 _budget: contextvars.ContextVar[int | None] = contextvars.ContextVar("template_budget", default=None)
 _PERCENT = re.compile(r"%(?:\([^)]*\))?[-+ #0]*(\d*|\*)(?:\.(\d*|\*))?")  # %-format: width, precision
@@ -55,7 +57,7 @@ def _widths(fmt, args=(), pattern=_PERCENT) -> None:
     values = (
         list(args.values()) if isinstance(args, dict) else list(args) if isinstance(args, (list, tuple)) else [args]
     )
-    _check(max((v for v in values if isinstance(v, int) and not isinstance(v, bool)), default=0))
+    _check(max((v for v in values if is_whole(v)), default=0))
     _check(len(fmt) + (fmt.count("%") + fmt.count("{")) * max((_size(v) for v in values), default=0))
 
 
@@ -95,7 +97,7 @@ def _before_call(obj, args: tuple, kwargs: dict) -> tuple:
     owner = getattr(obj, "__self__", None)
     if owner is None:  # the sandbox hands str.format out wrapped (jinja2.sandbox.wrap_str_format)
         owner = getattr(getattr(obj, "__wrapped__", None), "__self__", None)
-    numbers = [a for a in (*args, *kwargs.values()) if isinstance(a, int) and not isinstance(a, bool)]
+    numbers = [a for a in (*args, *kwargs.values()) if is_whole(a)]
     if name in ("center", "ljust", "rjust", "zfill", "do_center") and numbers:
         _check(max(numbers))
     elif name == "do_indent" and args and isinstance(args[0], str) and numbers:

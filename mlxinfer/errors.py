@@ -8,6 +8,8 @@ bug and keeps its traceback.
 
 from __future__ import annotations
 
+import math
+
 import errno
 
 
@@ -39,9 +41,19 @@ class OutputError(MlxinferError):
         return cls if e.errno in cls.ERRNOS else MlxinferError
 
 
+def is_whole(v) -> bool:
+    """An int that is not a bool (True is an int to Python, and would pass as 1)."""
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def is_number(v) -> bool:
+    """A finite int or float that is not a bool."""
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+
+
 def check_whole(value, name: str, least: int, what: str) -> None:
     """`value` is a whole number >= least, else a one-line error naming `name` ("must be {what}")."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+    if not is_whole(value) or value < least:
         raise MlxinferError(f"{name} must be {what}, got {value!r}", name)
 
 

@@ -4,11 +4,10 @@ generation_config.json. No mlx here, so a front end can check its options before
 
 from __future__ import annotations
 
-import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import MlxinferError
+from .errors import MlxinferError, is_number, is_whole
 from .plain import plain
 
 ORDERS = ("temperature-first", "mlx-lm")
@@ -19,19 +18,11 @@ ORDER_ALIASES = {"lesson": "temperature-first"}  # the name it had first
 TINY = 1e-6
 
 
-def _num(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
 def _bias(v) -> bool:
     return (
         v is None
         or isinstance(v, dict)
-        and all(_int(t) and t >= 0 and _num(b) and -100 <= b <= 100 for t, b in v.items())
+        and all(is_whole(t) and t >= 0 and is_number(b) and -100 <= b <= 100 for t, b in v.items())
     )
 
 
@@ -62,7 +53,7 @@ class SamplerSettings:
     temperature: float = option(
         1.0,
         float,
-        lambda v: _num(v) and (v == 0 or v >= TINY),
+        lambda v: is_number(v) and (v == 0 or v >= TINY),
         ">= 0 (0 = greedy, else at least 1e-06, and finite; e.g. 0.7)",
         "The sampler's temperature (one value): divide scores by T before softmax; 0 = greedy.",
         flags="--temp --temperature",
@@ -73,7 +64,7 @@ class SamplerSettings:
     top_k: int = option(
         0,
         int,
-        lambda v: _int(v) and 0 <= v < 2**31,  # past any vocabulary; the native cut takes a 32-bit k
+        lambda v: is_whole(v) and 0 <= v < 2**31,  # past any vocabulary; the native cut takes a 32-bit k
         "a whole number from 0 to 2,147,483,647 (0 or -1 = off; e.g. 20)",
         "Keep the k most likely tokens (0 or -1 = off).",
         flags="--top-k",
@@ -84,7 +75,7 @@ class SamplerSettings:
     top_p: float = option(
         1.0,
         float,
-        lambda v: _num(v) and 0 < v <= 1,
+        lambda v: is_number(v) and 0 < v <= 1,
         "in (0, 1] (1 = off; e.g. 0.9)",
         "Keep the smallest set of top tokens holding at least p (1 = off).",
         flags="--top-p",
@@ -95,7 +86,7 @@ class SamplerSettings:
     min_p: float = option(
         0.0,
         float,
-        lambda v: _num(v) and 0 <= v < 1,
+        lambda v: is_number(v) and 0 <= v < 1,
         "in [0, 1) (0 = off; e.g. 0.05)",
         "Keep tokens with at least this fraction of the top probability.",
         flags="--min-p",
@@ -107,7 +98,7 @@ class SamplerSettings:
     typical_p: float = option(
         1.0,
         float,
-        lambda v: _num(v) and 0 < v <= 1,
+        lambda v: is_number(v) and 0 < v <= 1,
         "in (0, 1] (1 = off; e.g. 0.9)",
         "Keep the tokens whose surprise is nearest the entropy, fewest first, holding at least p (1 = off).",
         flags="--typical-p",
@@ -117,13 +108,13 @@ class SamplerSettings:
     )
     # no cut keeps fewer (mlx-lm order: only min-p honours it)
     min_tokens_to_keep: int = option(
-        1, int, lambda v: _int(v) and 1 <= v < 2**31, "a whole number from 1 to 2,147,483,647"
+        1, int, lambda v: is_whole(v) and 1 <= v < 2**31, "a whole number from 1 to 2,147,483,647"
     )
     # HF/mlx-lm: seen tokens' scores / p if > 0, * p if < 0
     repetition_penalty: float = option(
         1.0,
         float,
-        lambda v: _num(v) and TINY <= v <= 1 / TINY,
+        lambda v: is_number(v) and TINY <= v <= 1 / TINY,
         "in [1e-06, 1e+06] (1 = off; e.g. 1.1)",
         "Divide seen tokens' positive scores by this, multiply their negative ones (1 = off).",
         flags="--repetition-penalty",
@@ -135,7 +126,7 @@ class SamplerSettings:
     presence_penalty: float = option(
         0.0,
         float,
-        lambda v: _num(v) and -2 <= v <= 2,
+        lambda v: is_number(v) and -2 <= v <= 2,
         "in [-2, 2] as in OpenAI's API (0 = off)",
         "Subtract this from every seen token's score.",
         flags="--presence-penalty",
@@ -146,7 +137,7 @@ class SamplerSettings:
     frequency_penalty: float = option(
         0.0,
         float,
-        lambda v: _num(v) and -2 <= v <= 2,
+        lambda v: is_number(v) and -2 <= v <= 2,
         "in [-2, 2] as in OpenAI's API (0 = off)",
         "Subtract this times a token's count so far.",
         flags="--frequency-penalty",
@@ -158,7 +149,7 @@ class SamplerSettings:
     penalty_window: int | None = option(
         None,
         int,
-        lambda v: v is None or _int(v) and 0 <= v < 2**31,  # the history is sliced with 32-bit indices
+        lambda v: v is None or is_whole(v) and 0 <= v < 2**31,  # the history is sliced with 32-bit indices
         "a whole number from 0 (penalties off) to 2,147,483,647, or -1 or unset for all",
         "The penalties look at the last N tokens, the prompt's included (default or -1: all; 0: off;"
         " mlx-lm's repetition_context_size, llama.cpp's --repeat-last-n).",
@@ -182,9 +173,9 @@ class SamplerSettings:
             value = getattr(self, f.name)
             if plain(value) is not value:
                 object.__setattr__(self, f.name, plain(value))
-        if _int(self.top_k) and self.top_k == -1:  # off, as vLLM and llama.cpp take it
+        if is_whole(self.top_k) and self.top_k == -1:  # off, as vLLM and llama.cpp take it
             object.__setattr__(self, "top_k", 0)
-        if _int(self.penalty_window) and self.penalty_window == -1:  # all, as llama.cpp's --repeat-last-n -1
+        if is_whole(self.penalty_window) and self.penalty_window == -1:  # all, as llama.cpp's --repeat-last-n -1
             object.__setattr__(self, "penalty_window", None)
         if isinstance(self.order, str) and self.order in ORDER_ALIASES:
             object.__setattr__(self, "order", ORDER_ALIASES[self.order])

@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from . import defaults
 from .chat_template import TemplateTooLarge, budget, check_growth
-from .errors import MlxinferError, check_bool, first_line
+from .errors import MlxinferError, check_bool, first_line, is_whole
 
 
 def vocabulary(tokenizer) -> str:
@@ -339,7 +339,7 @@ def _encode_as_text(tokenizer, messages, thinking, text, specials: dict[str, int
 
 def _checked_ids(tokenizer, ids) -> list[int]:
     n = len(tokenizer)
-    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < n]
+    bad = [t for t in ids if not is_whole(t) or not 0 <= t < n]
     if bad:
         raise MlxinferError(f"prompt token ids must be whole numbers in 0..{n - 1}, got {bad[0]!r}", "prompt")
     return list(ids)

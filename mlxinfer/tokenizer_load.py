@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 from .chat_template import route_transformers
-from .errors import MlxinferError, first_line
+from .errors import MlxinferError, first_line, is_whole
 from .formats.gguf import GGUFHeader
 from .formats.paths import check_side_files
 
@@ -215,4 +215,4 @@ def _all(values, kind) -> bool:
 
 
 def _token_id(i, n: int) -> bool:
-    return isinstance(i, int) and not isinstance(i, bool) and 0 <= i < n
+    return is_whole(i) and 0 <= i < n

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from mlxinfer.errors import MlxinferError
+from mlxinfer.errors import MlxinferError, is_whole
 from mlxinfer.formats.config import QUANT_BITS, QUANT_GROUPS
 
 VALID_BITS = QUANT_BITS  # what mx.quantize's affine mode packs (formats/config.py states it once)
@@ -19,7 +19,7 @@ EMBED, HEAD = "model.embed_tokens", "lm_head"
 
 def check_bits(bits: int, option: str = "bits", allow_float: bool = True) -> int:
     allowed = VALID_BITS + ((FLOAT_BITS,) if allow_float else ())
-    if isinstance(bits, bool) or not isinstance(bits, int) or bits not in allowed:
+    if not is_whole(bits) or bits not in allowed:
         extra = f" (or {FLOAT_BITS}: no quantization)" if allow_float else ""
         raise MlxinferError(
             f"{option} {bits} is not supported; use one of {', '.join(map(str, VALID_BITS))}{extra}", option

@@ -25,7 +25,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlxinfer import defaults
-from mlxinfer.errors import MlxinferError
+from mlxinfer.errors import MlxinferError, check_whole, is_whole
 from mlxinfer.formats import ggml_types, gguf
 from mlxinfer.formats.paths import read_text_file
 from mlxinfer.formats.sources import is_embedded, resolve
@@ -82,9 +82,8 @@ class QualityReport:
 
 def check_quality_options(max_tokens: int | None, window: int) -> None:
     """evaluate's token options, checked alone (quantize --report checks them before it writes)."""
-    if isinstance(window, bool) or not isinstance(window, int) or window < 2:
-        raise MlxinferError(f"window must be 2 tokens or more, got {window!r}", "window")
-    if max_tokens is not None and (isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 2):
+    check_whole(window, "window", 2, "2 tokens or more")
+    if max_tokens is not None and (not is_whole(max_tokens) or max_tokens < 2):
         raise MlxinferError(f"max_tokens must be 2 or more, got {max_tokens!r}", "max_tokens")
 
 

@@ -23,7 +23,6 @@ import checkpoints
 import mlxinfer
 from conftest import assert_one_line_error, invoke_cli
 from mlxinfer import MlxinferError, create_app
-from mlxinfer.model.finite import finite_rows
 from mlxinfer.server.run import listen
 from served import EngineGate, address, client, model_id, post, raw_post, running, texts, until
 
@@ -632,17 +631,6 @@ def test_key_queue_bound_and_loop_template(tmp_path, checkpoint_dir):
         gate.open()
         assert first.result(60).status_code == 200
         assert post(url, "/v1/completions", body).status_code == 200  # the row free again: served, not refused
-
-
-def test_finite_rows_is_isfinite_all_row_by_row():
-    x = mx.random.normal((7, 4099), key=mx.random.key(3)) * 30
-    for r, v in [(1, mx.inf), (2, -mx.inf), (3, mx.nan), (4, 3.0e38), (5, -3.4e38)]:
-        x[r, r * 97] = v
-    x[6, 0], x[6, 1] = mx.inf, -mx.inf  # would sum to NaN; and rows 4, 5 stay finite however large
-    for dtype in (mx.float32, mx.bfloat16, mx.float16):
-        y = x.astype(dtype)
-        assert finite_rows(y).tolist() == mx.all(mx.isfinite(y), axis=-1).tolist()
-    assert finite_rows(x).tolist() == [True, False, False, False, True, True, False]
 
 
 def test_non_finite_scores_during_decode_end_the_request(tmp_path):

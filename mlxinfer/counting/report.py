@@ -13,7 +13,7 @@ import re
 from dataclasses import replace
 from pathlib import Path
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 from ..formats import gguf, safetensors, sources
 from ..formats.config import KNOWN_DTYPES, ModelConfig
 from ..views import CountReport
@@ -40,7 +40,7 @@ def count(
     ranks: also the memory each of N ranks holds when the model is split across them (weights, and the
     KV cache at `context` tokens or the model's whole context); see counting/split.py."""
     for name, v in (("context", context), ("answer_tokens", answer_tokens)):
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int) or not 1 <= v <= MAX_TOKENS_COUNTED):
+        if v is not None and (not is_whole(v) or not 1 <= v <= MAX_TOKENS_COUNTED):
             raise MlxinferError(
                 f"{name} must be a whole number of tokens from 1 to {MAX_TOKENS_COUNTED:,}; got {v!r}", name
             )

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_whole
 from ..formats.config import ModelConfig
 from ..formats.ggml_types import loads_as
 from .quantization import quant_setting
@@ -62,8 +62,7 @@ def _even(n: int, parts: int) -> list[tuple[int, int]]:
 def plan(cfg: ModelConfig, ranks: int, column_groups: dict[str, int] | None = None) -> SplitPlan:
     """The split for `ranks` ranks. column_groups: the quantization group size of o_proj and down_proj
     (their input columns are cut; 1 or absent for float), see `column_groups`."""
-    if isinstance(ranks, bool) or not isinstance(ranks, int) or ranks < 1:
-        raise MlxinferError(f"ranks must be a whole number, at least 1, got {ranks!r}", "ranks")
+    check_whole(ranks, "ranks", 1, "a whole number, at least 1")
     problem = _problem(cfg, ranks, column_groups or {})
     if problem:
         fits = [n for n in range(2, cfg.num_key_value_heads + 1) if not _problem(cfg, n, column_groups or {})]

@@ -27,7 +27,7 @@ from typing import Callable, Iterator, Optional
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_whole, is_whole
 from ..model.finite import check_scores
 from ..views import Stats, Step
 from .core import Batch, Row, RowSpec, alternatives_of
@@ -55,7 +55,7 @@ def check_ids(model, ids) -> list[int]:
         ids = ids.tolist()  # ids already encoded, held in an array
     if isinstance(ids, (str, bytes)) or not isinstance(ids, (list, tuple)):
         raise MlxinferError(f"ids must be a list of token ids, got {type(ids).__name__}; encode text first", "ids")
-    bad = [t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab]
+    bad = [t for t in ids if not is_whole(t) or not 0 <= t < vocab]
     if bad:
         raise MlxinferError(f"token ids must be whole numbers in 0..{vocab - 1:,}, got {bad[0]!r}", "ids")
     check_context(model, len(ids))
@@ -141,8 +141,7 @@ def prefill(
     if step_size is None:
         invariant = last_in_chunk and model.info.compute_dtype != "float32"  # the native kernels' paths
         step_size = defaults.PREFILL_CHUNK_CPU if invariant else defaults.PREFILL_CHUNK
-    if isinstance(step_size, bool) or not isinstance(step_size, int) or step_size < 1:
-        raise MlxinferError(f"step_size must be a whole number, at least 1, got {step_size!r}", "step_size")
+    check_whole(step_size, "step_size", 1, "a whole number, at least 1")
     check_progress(progress)
     cache = model.make_cache()
     head = ids if last_in_chunk else ids[:-1]

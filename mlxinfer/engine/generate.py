@@ -14,7 +14,7 @@ import inspect
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, check_whole
 from ..settings import SamplerSettings
 from ..views import Generation, Stats, Step
 from .decode import prefill_and_decode
@@ -123,8 +123,7 @@ def stream_generate(
     stream holds text back only while it could still be the start of one).
     """
     check_pair(model, tokenizer)
-    if isinstance(logprobs, bool) or not isinstance(logprobs, int) or logprobs < 0:
-        raise MlxinferError(f"logprobs must be a whole number >= 0, got {logprobs!r}", "logprobs")
+    check_whole(logprobs, "logprobs", 0, "a whole number >= 0")
     check_seed(seed)
     if logprobs > model.config.vocab_size:
         raise MlxinferError(

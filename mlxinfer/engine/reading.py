@@ -14,7 +14,7 @@ import math
 
 import mlx.core as mx
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 from ..model.finite import check_scores
 from ..sampler import log_softmax
 from ..tokenizer import encode_prompt
@@ -42,7 +42,7 @@ def prompt_logprobs(
     token has nothing before it and no probability. Scores are computed CHUNK positions at a time
     through the KV cache, so a long prompt holds one chunk's scores, not all of them."""
     check_pair(model, tokenizer)
-    if isinstance(top, bool) or not isinstance(top, int) or not 0 <= top <= MOST_ALTERNATIVES:
+    if not is_whole(top) or not 0 <= top <= MOST_ALTERNATIVES:
         raise MlxinferError(f"top must be a whole number from 0 to {MOST_ALTERNATIVES}, got {top!r}", "top")
     ids = encode_prompt(  # a text far past the context is refused from its first part, not encoded whole
         tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens,

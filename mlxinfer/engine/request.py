@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .. import defaults
-from ..errors import MlxinferError, check_bool
+from ..errors import MlxinferError, check_bool, check_whole, is_whole
 from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt, system_message, vocabulary
@@ -149,8 +149,7 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def check_max_tokens(max_tokens: int) -> None:
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise MlxinferError(f"max_tokens must be a whole number, at least 1, got {max_tokens!r}", "max_tokens")
+    check_whole(max_tokens, "max_tokens", 1, "a whole number, at least 1")
 
 
 def check_seed(seed: Optional[int]) -> None:
@@ -159,7 +158,7 @@ def check_seed(seed: Optional[int]) -> None:
 
 
 def _is_seed(s) -> bool:
-    return isinstance(s, int) and not isinstance(s, bool) and 0 <= s < defaults.SEED_LIMIT
+    return is_whole(s) and 0 <= s < defaults.SEED_LIMIT
 
 
 def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
@@ -210,6 +209,5 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
 def check_batch_size(batch_size: Optional[int]) -> int:
     if batch_size is None:
         return defaults.BATCH_SIZE
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
-        raise MlxinferError(f"batch_size must be a whole number, at least 1, got {batch_size!r}", "batch_size")
+    check_whole(batch_size, "batch_size", 1, "a whole number, at least 1")
     return batch_size

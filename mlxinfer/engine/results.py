@@ -20,7 +20,7 @@ from dataclasses import MISSING, fields
 from pathlib import Path
 
 from .. import atomic
-from ..errors import MlxinferError, OutputError
+from ..errors import MlxinferError, OutputError, is_whole
 from ..views import SweepRecord
 
 FORMAT = "mlxinfer-sweep/1"
@@ -33,7 +33,7 @@ def record_key(record: dict) -> tuple[int, int, int]:
 
 
 def _whole(value, low: int, high: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and low <= value < high
+    return is_whole(value) and low <= value < high
 
 
 def record_problem(record, header: dict) -> str | None:

@@ -22,7 +22,7 @@ import re
 from typing import Any, Iterator, Optional
 from urllib.parse import unquote
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 
 MAX_NODES = 10_000  # sub-schemas in all
 MAX_DEPTH = 32  # sub-schemas nested in one another
@@ -212,7 +212,7 @@ def _requirements(root: Any, node: dict, with_structure: bool) -> list[list[int]
             if isinstance(sub, dict):
                 out.append([id(sub)])
     minimum = node.get("minItems")
-    if kind == "array" and isinstance(minimum, int) and not isinstance(minimum, bool) and minimum > 0:
+    if kind == "array" and is_whole(minimum) and minimum > 0:
         prefix = node.get("prefixItems") if isinstance(node.get("prefixItems"), list) else []
         items = node.get("items")
         for i in range(min(minimum, len(prefix) + 1)):

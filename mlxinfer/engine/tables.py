@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..errors import MlxinferError, check_bool, check_listed_once
+from ..errors import MlxinferError, check_bool, check_listed_once, check_whole, is_whole
 from ..sampler import kept_probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
@@ -40,7 +40,7 @@ def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[
     if not temperatures:
         raise MlxinferError("temperatures is empty; give at least one", "temperatures")
     check_listed_once(temperatures, "temperatures")
-    if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= vocab:
+    if not is_whole(k) or not 1 <= k <= vocab:
         raise MlxinferError(f"k must be between 1 and the vocabulary size {vocab:,}, got {k!r}", "k")
     return temperatures
 
@@ -113,8 +113,7 @@ def explain(
     kernels cut its draws (model.info.cpu_kernels), so the table's cut is theirs (sampler/stages.py)."""
     settings = resolve_settings(settings, None)[0]  # a SamplerSettings, a dict of its fields or None
     x = _score_row(scores)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise MlxinferError(f"k must be a whole number, at least 1, got {k!r}", "k")
+    check_whole(k, "k", 1, "a whole number, at least 1")
     check_bool(fast, "fast")
     x, _, kept, _ = kept_probabilities(x, settings, history, allowed, fast)  # the kept set: the sampler's own
     probs, keep = _softmax64(x, settings.temperature), np.asarray(kept)  # shown in float64, as the table's

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 from .architectures import ARCHITECTURES, Architecture
 from .paths import read_json_file
 
@@ -178,7 +178,7 @@ class ModelConfig:
 
         def number(name: str) -> int:
             v = d.get(name, text.get(name))
-            return v if isinstance(v, int) and not isinstance(v, bool) and 0 < v <= LIMITS.get(name, 1 << 40) else 0
+            return v if is_whole(v) and 0 < v <= LIMITS.get(name, 1 << 40) else 0
 
         heads = number("num_attention_heads")
         n = number("num_experts") or number("num_local_experts") or number("n_routed_experts")
@@ -228,7 +228,7 @@ def _experts(d: dict, arch: Architecture, layers: int, where: str) -> dict:
         raise _WrongValue(f"{where}: num_experts_per_tok {k} is more than the {n} experts ({arch.experts})")
     step = _positive_int(d, "decoder_sparse_step", where) if d.get("decoder_sparse_step") else 1
     dense = d.get("mlp_only_layers") or []  # qwen3_moe: every step-th layer is sparse, except these
-    if not isinstance(dense, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in dense):
+    if not isinstance(dense, list) or not all(is_whole(i) for i in dense):
         raise _WrongValue(f"{where}: 'mlp_only_layers' must be a list of layer numbers, got {_short(dense)}")
     dense = set(dense)
     return {
@@ -259,7 +259,7 @@ def _quantization(d: dict, where: str) -> dict | None:
 
 def _positive_int(d: dict, name: str, where: str) -> int:
     value, limit = d[name], LIMITS.get(name, 1 << 40)
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 < value <= limit:
+    if not is_whole(value) or not 0 < value <= limit:
         raise _WrongValue(f"{where}: '{name}' must be a positive integer up to {limit:,}, got {_short(value)}")
     return value
 

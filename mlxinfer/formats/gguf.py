@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import mmap
 import os
-import math
 import re
 import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_number, is_whole
 from .architectures import GGUF
 from .config import ModelConfig
 from .ggml_types import GGML_TYPES
@@ -327,7 +326,7 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks {', '.join(missing)}; the file is incomplete")
     if isinstance(d["hidden_size"], int) and isinstance(heads, int) and heads > 0:
         head_dim, base = d.get("head_dim") or d["hidden_size"] // heads, d["rope_theta"]
-        if _whole(head_dim) and head_dim > 0 and _number(base) and base > 0:  # else from_dict names the key
+        if is_whole(head_dim) and head_dim > 0 and is_number(base) and base > 0:  # else from_dict names the key
             scaling = rope_scaling(header, arch, head_dim, base)
             if scaling:
                 d["rope_scaling"] = scaling
@@ -342,18 +341,10 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
         raise MlxinferError(head + told, *e.params) from None
 
 
-def _whole(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def _number(v) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-
-
 def check_blocks(header: GGUFHeader, n_layers, key: str) -> None:
     """The metadata's layer count against the tensors present, before anything is built from it."""
     present = {int(m.group(1)) for t in header.tensors if (m := _BLOCK.match(t.name))}
-    if isinstance(n_layers, int) and not isinstance(n_layers, bool) and n_layers > 0:
+    if is_whole(n_layers) and n_layers > 0:
         if n_layers > len(present) or any(i not in present for i in range(n_layers)):
             raise MlxinferError(
                 f"{header.path}: {key} says {n_layers:,} layers but the file holds tensors for "

@@ -16,7 +16,7 @@ import copy
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 
 
 class KVCache:
@@ -132,7 +132,7 @@ def fork(cache: list, rows: int, positions: int | None = None, shared: bool = Fa
     caches become PrefixedCaches, the prompt held once for all of them and each row's buffer empty room."""
     if not isinstance(cache, list) or not all(hasattr(c, "state") for c in cache):
         raise MlxinferError("cache must be a model's cache (a list of layer caches: prefill(...).cache)", "cache")
-    if isinstance(rows, bool) or not isinstance(rows, int) or not 1 <= rows <= defaults.MAX_SEEDS:
+    if not is_whole(rows) or not 1 <= rows <= defaults.MAX_SEEDS:
         raise MlxinferError(f"rows must be a whole number from 1 to {defaults.MAX_SEEDS:,}, got {rows!r:.40}", "rows")
     if shared and rows > 1 and positions is not None and all(type(c) is KVCache and c.kv is not None for c in cache):
         out = [_prefixed(c, rows, positions) for c in cache]

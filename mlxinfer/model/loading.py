@@ -9,7 +9,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..cpu import heap
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 from ..formats import gguf, sources
 from ..formats.config import ModelConfig, quantization_blocks
 from ..formats.paths import read_json_file
@@ -111,7 +111,7 @@ def _config_eos(generation_config: dict | None, vocab_size: int) -> list[int] | 
     if eos is None:
         return None
     ids = [eos] if not isinstance(eos, list) else eos
-    if not ids or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < vocab_size for i in ids):
+    if not ids or not all(is_whole(i) and 0 <= i < vocab_size for i in ids):
         raise MlxinferError(
             f"generation_config.json's eos_token_id must be a token id or a list of them, each from 0 to "
             f"{vocab_size - 1:,}, got {eos!r:.80}; fix or delete the file",

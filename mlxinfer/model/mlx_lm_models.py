@@ -20,7 +20,7 @@ from types import ModuleType
 import mlx.core as mx
 import mlx.nn as nn
 
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 from ..formats.config import LIMITS, ModelConfig
 from .weights import fill, layers_present, quantize_like
 
@@ -112,7 +112,7 @@ def _check_sizes(cfg: ModelConfig, weights: dict, where: str) -> None:
     for d in (cfg.raw, cfg.raw.get("text_config") if isinstance(cfg.raw.get("text_config"), dict) else {}):
         for key, most in LIMITS.items():
             v, least = d.get(key), 1 if key in ("hidden_size", "num_attention_heads", "num_hidden_layers") else 0
-            if v is not None and not (isinstance(v, int) and not isinstance(v, bool) and least <= v <= most):
+            if v is not None and not (is_whole(v) and least <= v <= most):
                 raise MlxinferError(
                     f"{where}: {key} must be a whole number from {least} to {most:,}, got {v!r:.40}; fix config.json",
                     "source",
@@ -145,7 +145,7 @@ def _served_config(cfg: ModelConfig, args, model: nn.Module) -> ModelConfig:
 
     def arg(name: str, fallback: int) -> int:
         value = getattr(args, name, None)
-        return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else fallback
+        return value if is_whole(value) and value > 0 else fallback
 
     vocab = arg("vocab_size", cfg.vocab_size)
     if not vocab and "model.embed_tokens.weight" in names:

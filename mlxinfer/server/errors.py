@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from typing import Optional
 
+from starlette.responses import JSONResponse
+
 from ..errors import MlxinferError
 
 # library parameter -> the OpenAI field it comes from (chat; completions swaps prompt back)
@@ -24,17 +26,7 @@ FIELDS = {
     "history": "messages",
     "allowed": "response_format",
 }
-TYPES = {
-    400: "invalid_request_error",
-    401: "invalid_request_error",
-    404: "invalid_request_error",
-    405: "invalid_request_error",
-    408: "invalid_request_error",
-    413: "invalid_request_error",
-    429: "rate_limit_error",
-    500: "server_error",
-    503: "server_error",
-}
+TYPES = {429: "rate_limit_error"}  # else invalid_request_error below 500, server_error from it
 CODES = {401: "invalid_api_key", 404: "model_not_found", 413: "request_too_large", 429: "rate_limit_exceeded"}
 
 
@@ -99,3 +91,12 @@ _TYPE_TAG = re.compile(r"^(str|int|float|bool|dict|list|none|literal|union)\b|[\
 def _short(value) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
+def error_response(e: ApiError) -> JSONResponse:
+    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
+
+
+def gone_response() -> JSONResponse:
+    """The answer to a client that left during preparation: no one reads it (499, as nginx logs it)."""
+    return JSONResponse(error_body(499, "the client closed the request"), status_code=499)

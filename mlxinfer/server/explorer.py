@@ -47,7 +47,7 @@ from ..model.system import system_info
 from ..settings import resolve_settings
 from . import answers
 from .engine_call import on_engine
-from .errors import ApiError, error_body, from_library
+from .errors import ApiError, error_body, error_response, from_library, gone_response
 from .inputs import ClientGone, prepare_within
 
 MAX_ROWS_SHOWN = 200  # rows of the next-token table one request may ask for (each token is decoded)
@@ -119,7 +119,7 @@ def routes(state, read_body) -> list[Route]:
             if not card:
                 card.update(await on_engine(batcher, lambda: model_card(state)))
         except ApiError as e:
-            return _error(e)
+            return error_response(e)
         return JSONResponse(card)
 
     async def next_token(http: HttpRequest):
@@ -152,9 +152,9 @@ def routes(state, read_body) -> list[Route]:
 
             table, raw = await on_engine(batcher, compute, http)
         except ApiError as e:
-            return _error(e)
+            return error_response(e)
         except ClientGone:  # it left while its prompt was prepared or prefilled: no one reads an answer
-            return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
+            return gone_response()
         scores = {"dtype": "float32", "byteorder": "little", "count": len(raw) // 4, "base64": _b64(raw)}
         return JSONResponse(
             {"object": "mlxinfer.next_token", "model": state.model_id, "table": table, "scores": scores}
@@ -164,9 +164,9 @@ def routes(state, read_body) -> list[Route]:
         try:
             found = await answers.answers_route(state, read_body, FIELDS, MAX_TEMPERATURES, http)
         except ApiError as e:
-            return _error(e)
+            return error_response(e)
         except ClientGone:
-            return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
+            return gone_response()
         return JSONResponse(found)
 
     async def page(http: HttpRequest):
@@ -291,7 +291,3 @@ def _asset(name: str, http: HttpRequest) -> Response:
 
 def _b64(raw: bytes) -> str:
     return base64.b64encode(raw).decode("ascii")
-
-
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)

@@ -26,7 +26,7 @@ from .. import defaults
 from ..engine.batcher import Batcher, Job, QueueFull
 from ..engine.request import check_seed
 from ..errors import MlxinferError
-from .errors import ApiError, error_body, from_library, from_validation
+from .errors import ApiError, error_response, from_library, from_validation, gone_response
 from .inputs import ClientGone, Plan, budget, chat_plan, completion_plan, prepare_within
 from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, peer_fields, unknown_fields
 from .stream import Exchange, chat_response, completion_response, scored_response
@@ -171,9 +171,9 @@ class Endpoints:
                 fields["json_schema"] = "tools"
             exchange = await self.start(http, body, plan, asked, fields, body.logprobs, body.top_logprobs or 0)
         except ApiError as e:
-            return _noted(_error(e), body)
+            return _noted(error_response(e), body)
         except ClientGone:
-            return _gone()
+            return gone_response()
         return _noted(await chat_response(exchange), body)
 
     async def completions(self, http):
@@ -192,9 +192,9 @@ class Endpoints:
             )
             return _noted(await completion_response(exchange), body)
         except ApiError as e:  # an echo's prompt log-probabilities are computed once the rows have ended
-            return _noted(_error(e), body)
+            return _noted(error_response(e), body)
         except ClientGone:
-            return _gone()
+            return gone_response()
 
     async def scored(self, http, body, plan: Plan, fields: dict) -> Exchange:
         """echo with max_tokens 0, as OpenAI's legacy completions take it: the prompt prepared as any (a token
@@ -209,18 +209,9 @@ class Endpoints:
         self.batcher.close()
 
 
-def _error(e: ApiError) -> JSONResponse:
-    return JSONResponse(e.body(), status_code=e.status, headers=e.headers)
-
-
 def _stops(body) -> list:
     """The request's stop strings as a list (OpenAI takes one string, a list of them, or null)."""
     return [body.stop] if isinstance(body.stop, str) else (body.stop or [])
-
-
-def _gone() -> JSONResponse:
-    """The answer to a client that left during preparation: no one reads it (499, as nginx logs it)."""
-    return JSONResponse(error_body(499, "the client closed the request"), status_code=499)
 
 
 def _noted(response, body):

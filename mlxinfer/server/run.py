@@ -9,7 +9,7 @@ import sys
 from typing import Callable, Optional
 
 from .. import defaults
-from ..errors import MlxinferError
+from ..errors import MlxinferError, is_whole
 
 log = logging.getLogger("mlxinfer.server")
 
@@ -30,7 +30,7 @@ def listen(host: str, port: int) -> socket.socket:
     IPv4 first, as uvicorn does (macOS lists ::1 first for localhost)."""
     if not isinstance(host, str) or not host.strip():
         raise MlxinferError("host must be an address to bind, e.g. 127.0.0.1 (or 0.0.0.0, with an API key)", "host")
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+    if not is_whole(port) or not 0 <= port <= 65535:
         raise MlxinferError(f"port must be 0-65535 (0: any free port), got {port!r}", "port")
     sock = None
     try:
