@@ -100,7 +100,26 @@ inline float dot(const float* a, const float* b, int64_t n) {
   return t;
 }
 
+#ifdef MLXINFER_AVX2
+// One vector's float32 operations by type, for loops written once for 256 and 512 bits
+template <class V>
+struct vec;
+template <>
+struct vec<__m256> {
+  static __m256 bcast(const float* p) { return _mm256_broadcast_ss(p); }
+  static __m256 fma(__m256 a, __m256 b, __m256 c) { return _mm256_fmadd_ps(a, b, c); }
+  static void store(float* p, __m256 v) { _mm256_storeu_ps(p, v); }
+};
+#endif
+
 #if defined(MLXINFER_AVX2) && defined(__AVX512F__)
+template <>
+struct vec<__m512> {
+  static __m512 bcast(const float* p) { return _mm512_set1_ps(*p); }
+  static __m512 fma(__m512 a, __m512 b, __m512 c) { return _mm512_fmadd_ps(a, b, c); }
+  static void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+};
+
 // 512-bit helpers of the wide tiles (tiles_wide.h, int8_wide.h): two 8-lane vectors as one, and p's eight
 // floats in both halves
 inline __m512 pair_of(__m256 lo, __m256 hi) {

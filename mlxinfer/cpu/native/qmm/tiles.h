@@ -141,36 +141,36 @@ inline void finish4(const Ctx& c, int64_t m, int64_t n, const __m256* acc) {
 
 constexpr int64_t kColTile = 16;  // columns unpacked at a time (~36-100 KB of float32: L1/L2)
 
-// The bias terms of eight columns for one row (lane j: column j), bias_dot's arithmetic in every lane: vector l
-// here is lane l of bias_dot's sums, taking the same FMAs in the same order, then hsum8's tree and the tail. The
-// same bits as bias_dot, without a horizontal sum and a scalar tail per output. bt: the columns' biases in float32,
-// group-major (bt[g * 8 + j] is column j's bias of group g).
-inline __m256 bias_dot8(const float* bt, const float* xs, int64_t G) {
-  __m256 v[8];
-  for (int l = 0; l < 8; ++l) v[l] = _mm256_setzero_ps();
+// The bias terms of W columns (8 or 16: one AVX2 or AVX-512 vector) for one row (lane j: column j), bias_dot's
+// arithmetic in every lane: accumulator l here is lane l of bias_dot's sums, taking the same FMAs in the same order,
+// then hsum8's tree and the tail. The same bits as bias_dot, without a horizontal sum and a scalar tail per output.
+// bt: the columns' biases in float32, group-major (bt[g * W + j] is column j's bias of group g).
+template <class V>
+inline V bias_dot_cols(const float* bt, const float* xs, int64_t G) {
+  constexpr int W = sizeof(V) / 4;
+  V v[8] = {};
   int64_t g = 0;
   for (; g + 8 <= G; g += 8) {
 #pragma GCC unroll 8
-    for (int l = 0; l < 8; ++l) v[l] = _mm256_fmadd_ps(_mm256_load_ps(bt + (g + l) * 8), _mm256_broadcast_ss(xs + g + l), v[l]);
+    for (int l = 0; l < 8; ++l) v[l] = vec<V>::fma(*reinterpret_cast<const V*>(bt + (g + l) * W), vec<V>::bcast(xs + g + l), v[l]);
   }
-  const __m256 s0 = _mm256_add_ps(v[0], v[4]), s1 = _mm256_add_ps(v[1], v[5]);  // hsum8: fold8,
-  const __m256 s2 = _mm256_add_ps(v[2], v[6]), s3 = _mm256_add_ps(v[3], v[7]);
-  __m256 t = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));  // then (0 + 2) + (1 + 3)
-  for (; g < G; ++g) t = _mm256_fmadd_ps(_mm256_load_ps(bt + g * 8), _mm256_broadcast_ss(xs + g), t);
+  V t = ((v[0] + v[4]) + (v[2] + v[6])) + ((v[1] + v[5]) + (v[3] + v[7]));  // hsum8: fold8, then (0 + 2) + (1 + 3)
+  for (; g < G; ++g) t = vec<V>::fma(*reinterpret_cast<const V*>(bt + g * W), vec<V>::bcast(xs + g), t);
   return t;
 }
 
-// A column tile's bias terms for every row: bt[m * stride + j] = bias_dot of row m and column t0 + j. gt: 8 * G
-// floats, eight columns' biases in float32 group-major; wb: 8 * Gp floats, the same by column.
-template <class S>
+// A column tile's bias terms for every row: bt[m * stride + j] = bias_dot of row m and column t0 + j, W columns a
+// vector. gt: W * G floats, W columns' biases in float32 group-major; wb: W * Gp floats, the same by column.
+template <class S, class V = __m256>
 void tile_bias_terms(const Ctx& c, int64_t t0, int64_t t1, float* gt, float* wb, int64_t Gp, float* bt, int64_t stride) {
   using T = typename S::T;
-  for (int64_t h = t0; h < t1; h += 8) {
-    for (int64_t j = 0; j < 8; ++j) {  // widened a column at a time (vector conversions), then transposed
+  constexpr int W = sizeof(V) / 4;
+  for (int64_t h = t0; h < t1; h += W) {
+    for (int64_t j = 0; j < W; ++j) {  // widened a column at a time (vector conversions), then transposed
       const float* b = h + j < t1 ? widen_row(S{}, static_cast<const T*>(c.b) + (h + j) * c.G, wb + j * Gp, c.G) : nullptr;
-      for (int64_t g = 0; g < c.G; ++g) gt[g * 8 + j] = b ? b[g] : 0.0f;
+      for (int64_t g = 0; g < c.G; ++g) gt[g * W + j] = b ? b[g] : 0.0f;
     }
-    for (int64_t m = 0; m < c.M; ++m) _mm256_storeu_ps(bt + m * stride + (h - t0), bias_dot8(gt, c.xsum + m * c.G, c.G));
+    for (int64_t m = 0; m < c.M; ++m) vec<V>::store(bt + m * stride + (h - t0), bias_dot_cols<V>(gt, c.xsum + m * c.G, c.G));
   }
 }
 

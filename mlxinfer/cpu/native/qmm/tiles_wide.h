@@ -94,7 +94,7 @@ void lanes_rows(const Ctx& c, int64_t t0, int64_t n1, float* wl, float* sg, floa
     const float* s = widen_row(S{}, static_cast<const typename S::T*>(c.s) + (t0 + j) * c.G, wb, c.G);
     for (int64_t g = 0; g < c.G; ++g) sg[g * kLaneCols + j] = s[g];
   }
-  tile_bias_terms<S>(c, t0, t0 + kLaneCols, gt, wb, Gp, bt, kLaneCols);
+  tile_bias_terms<S, __m512>(c, t0, t0 + kLaneCols, gt, wb, Gp, bt, kLaneCols);
   row_tiles_of<6>(c.M, [&]<int R>(int64_t m) { lanes_tile<BITS, GS, R>(c, m, t0, wl, sg, bt); });
 }
 #endif
@@ -107,7 +107,7 @@ void avx2_range(const Ctx& c, int64_t n0, int64_t n1) {
   }
   // several rows: each column tile is unpacked once, then tiles run every row over it
   const int64_t Gp = (c.G + 7) / 8 * 8;
-  Floats wf(kLaneCols * c.K), sbuf(kLaneCols * Gp), gt(8 * c.G), wb(8 * Gp), bt(c.M * kLaneCols);
+  Floats wf(kLaneCols * c.K), sbuf(kLaneCols * Gp), gt(16 * c.G), wb(16 * Gp), bt(c.M * kLaneCols);
   int64_t t0 = n0;
 #ifdef MLXINFER_QMM_WIDE
   for (; c.M >= 6 && wide_tiles() && t0 + kLaneCols <= n1; t0 += kLaneCols) lanes_rows<BITS, GS, S>(c, t0, n1, wf.p, sbuf.p, gt.p, wb.p, Gp, bt.p);

@@ -16,41 +16,22 @@ std::atomic<int> g_wide{-1};  // -1: not decided yet
 #if defined(__AVX512F__) && (defined(__x86_64__) || defined(_M_X64))
 // ns for 12 independent chains of n FMAs, at 256 or 512 bits (asm: the compiler keeps them in registers), all
 // on zeros: 0 * 0 + 0 stays 0, so no denormal or NaN slow path times in (vpxord: AVX-512F, and VL for ymm16-31)
+// The loop for registers named R ("zmm" or "ymm"): zero 0-11, 20 and 21, then n times 0-11 += 20 * 21
+#define MLXINFER_ZERO2(R, a, b) "vpxord %%" R #a ", %%" R #a ", %%" R #a "\n vpxord %%" R #b ", %%" R #b ", %%" R #b "\n"
+#define MLXINFER_FMA2(R, a, b) "vfmadd231ps %%" R "20, %%" R "21, %%" R #a "\n vfmadd231ps %%" R "20, %%" R "21, %%" R #b "\n"
+#define MLXINFER_FMA_LOOP(R)                                                                                        \
+  MLXINFER_ZERO2(R, 0, 1) MLXINFER_ZERO2(R, 2, 3) MLXINFER_ZERO2(R, 4, 5) MLXINFER_ZERO2(R, 6, 7) MLXINFER_ZERO2(R, 8, 9) \
+  MLXINFER_ZERO2(R, 10, 11) MLXINFER_ZERO2(R, 20, 21) "1:\n" MLXINFER_FMA2(R, 0, 1) MLXINFER_FMA2(R, 2, 3)            \
+  MLXINFER_FMA2(R, 4, 5) MLXINFER_FMA2(R, 6, 7) MLXINFER_FMA2(R, 8, 9) MLXINFER_FMA2(R, 10, 11) "dec %0\n jnz 1b\n"
+#define MLXINFER_FMA_CLOBBERS \
+  "xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11", "xmm20", "xmm21"
 template <bool WIDE>
 double fma_ns(long n) {
   const auto t = std::chrono::steady_clock::now();
   if constexpr (WIDE) {
-    __asm__ volatile(
-        "vpxord %%zmm0, %%zmm0, %%zmm0\n vpxord %%zmm1, %%zmm1, %%zmm1\n vpxord %%zmm2, %%zmm2, %%zmm2\n vpxord %%zmm3, %%zmm3, %%zmm3\n"
-        "vpxord %%zmm4, %%zmm4, %%zmm4\n vpxord %%zmm5, %%zmm5, %%zmm5\n vpxord %%zmm6, %%zmm6, %%zmm6\n vpxord %%zmm7, %%zmm7, %%zmm7\n"
-        "vpxord %%zmm8, %%zmm8, %%zmm8\n vpxord %%zmm9, %%zmm9, %%zmm9\n vpxord %%zmm10, %%zmm10, %%zmm10\n vpxord %%zmm11, %%zmm11, %%zmm11\n"
-        "vpxord %%zmm20, %%zmm20, %%zmm20\n vpxord %%zmm21, %%zmm21, %%zmm21\n"
-        "1:\n"
-        "vfmadd231ps %%zmm20, %%zmm21, %%zmm0\n vfmadd231ps %%zmm20, %%zmm21, %%zmm1\n"
-        "vfmadd231ps %%zmm20, %%zmm21, %%zmm2\n vfmadd231ps %%zmm20, %%zmm21, %%zmm3\n"
-        "vfmadd231ps %%zmm20, %%zmm21, %%zmm4\n vfmadd231ps %%zmm20, %%zmm21, %%zmm5\n"
-        "vfmadd231ps %%zmm20, %%zmm21, %%zmm6\n vfmadd231ps %%zmm20, %%zmm21, %%zmm7\n"
-        "vfmadd231ps %%zmm20, %%zmm21, %%zmm8\n vfmadd231ps %%zmm20, %%zmm21, %%zmm9\n"
-        "vfmadd231ps %%zmm20, %%zmm21, %%zmm10\n vfmadd231ps %%zmm20, %%zmm21, %%zmm11\n"
-        "dec %0\n jnz 1b\n"
-        : "+r"(n)::"xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-          "xmm20", "xmm21");
+    __asm__ volatile(MLXINFER_FMA_LOOP("zmm") : "+r"(n)::MLXINFER_FMA_CLOBBERS);
   } else {
-    __asm__ volatile(
-        "vpxord %%ymm0, %%ymm0, %%ymm0\n vpxord %%ymm1, %%ymm1, %%ymm1\n vpxord %%ymm2, %%ymm2, %%ymm2\n vpxord %%ymm3, %%ymm3, %%ymm3\n"
-        "vpxord %%ymm4, %%ymm4, %%ymm4\n vpxord %%ymm5, %%ymm5, %%ymm5\n vpxord %%ymm6, %%ymm6, %%ymm6\n vpxord %%ymm7, %%ymm7, %%ymm7\n"
-        "vpxord %%ymm8, %%ymm8, %%ymm8\n vpxord %%ymm9, %%ymm9, %%ymm9\n vpxord %%ymm10, %%ymm10, %%ymm10\n vpxord %%ymm11, %%ymm11, %%ymm11\n"
-        "vpxord %%ymm20, %%ymm20, %%ymm20\n vpxord %%ymm21, %%ymm21, %%ymm21\n"
-        "1:\n"
-        "vfmadd231ps %%ymm20, %%ymm21, %%ymm0\n vfmadd231ps %%ymm20, %%ymm21, %%ymm1\n"
-        "vfmadd231ps %%ymm20, %%ymm21, %%ymm2\n vfmadd231ps %%ymm20, %%ymm21, %%ymm3\n"
-        "vfmadd231ps %%ymm20, %%ymm21, %%ymm4\n vfmadd231ps %%ymm20, %%ymm21, %%ymm5\n"
-        "vfmadd231ps %%ymm20, %%ymm21, %%ymm6\n vfmadd231ps %%ymm20, %%ymm21, %%ymm7\n"
-        "vfmadd231ps %%ymm20, %%ymm21, %%ymm8\n vfmadd231ps %%ymm20, %%ymm21, %%ymm9\n"
-        "vfmadd231ps %%ymm20, %%ymm21, %%ymm10\n vfmadd231ps %%ymm20, %%ymm21, %%ymm11\n"
-        "dec %0\n jnz 1b\n"
-        : "+r"(n)::"xmm0", "xmm1", "xmm2", "xmm3", "xmm4", "xmm5", "xmm6", "xmm7", "xmm8", "xmm9", "xmm10", "xmm11",
-          "xmm20", "xmm21");
+    __asm__ volatile(MLXINFER_FMA_LOOP("ymm") : "+r"(n)::MLXINFER_FMA_CLOBBERS);
   }
   return std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t).count();
 }
