@@ -31,6 +31,7 @@ from mlxinfer.server.answers import MAX_SECONDS
 from test_serve import running
 
 HERB = "Name one herb to add to tomato soup. Answer with one word."
+FRUIT = "Name one fruit. Answer with one word."
 KEY = "explorer-test-key"
 FLAGS = [
     "--headless",
@@ -516,4 +517,46 @@ def test_a_blank_prompt_a_bad_budget_and_a_rerun_say_so_as_the_cli_would(browser
     assert page.text_content("#status") == "walking the answers…" and page.is_disabled("#ans-run")
     page.click("#ans-stop")
     page.wait_for_function("() => document.querySelector('#status').textContent === 'stopped'", timeout=60_000)
+    tab.close()
+
+
+def test_a_result_is_marked_stale_once_its_inputs_change_and_enter_runs_a_field(browser, server, shots):
+    """Was: a table stayed as if current under a command line that the changed inputs had rewritten (draws of the
+    fruit prompt under `--prompt 'Name one herb…' --temp 0`), a blank T went out as null (the server's default),
+    Enter in a field did nothing and eight clicks on Run sent eight requests. A result whose inputs changed, or
+    whose rerun failed, is dimmed under a note; a blank T is refused on the page; Enter in a field runs."""
+    tab = Tab(browser, server)
+    page = tab.page
+    stale = "(id) => document.getElementById(id).classList.contains('stale')"
+    tab.type_prompt(FRUIT)
+    page.evaluate("() => { for (let i = 0; i < 8; i++) document.getElementById('run').click(); }")
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('scored')")
+    assert tab.posts("/mlxinfer/next-token") == 1 and not page.evaluate(stale, "view-next")
+    page.fill("#temp", "0.3")  # the table re-draws itself from its scores: still current
+    assert not page.evaluate(stale, "view-next")
+    tab.type_prompt(HERB)
+    assert page.evaluate(stale, "view-next") and page.is_visible("#view-next .stale-note")
+    page.press("#rows", "Enter")  # a field's Enter runs its view
+    page.wait_for_function(f"() => document.querySelector('#next-prompt').textContent === {json.dumps(repr(HERB))}")
+    assert tab.posts("/mlxinfer/next-token") == 2 and not page.evaluate(stale, "view-next")
+    page.fill("#temp", "")
+    assert "got nothing" in page.text_content("#next-cut") and "error" in page.get_attribute("#next-cut", "class")
+    page.click("#tab-draws")
+    page.fill("#draw-n", "2")
+    page.click("#draw-run")
+    assert "temperature must be" in page.text_content("#error") and tab.posts("/v1/chat/completions") == 0
+    page.fill("#temp", "1")
+    page.fill("#draw-max", "3")
+    page.press("#draw-max", "Enter")
+    ended = "() => [...document.querySelectorAll('#draw-table .col-end')].filter(c => c.textContent).length === 2"
+    page.wait_for_function(ended, timeout=120_000)
+    assert not page.evaluate(stale, "view-draws")
+    page.fill("#temp", "0")  # the command line now says --temp 0; the draws were at T = 1
+    assert "--temp 0" in page.text_content("#draw-cli") and page.evaluate(stale, "view-draws")
+    page.fill("#temp", "1")  # back to what they were drawn with
+    assert not page.evaluate(stale, "view-draws")
+    page.fill("#draw-n", "10000")
+    page.click("#draw-run")  # refused: what is shown is the last run's, not this one's
+    assert "at most 256" in page.text_content("#error") and page.evaluate(stale, "view-draws")
+    tab.shoot(shots, "stale-draws")
     tab.close()

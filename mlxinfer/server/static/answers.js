@@ -5,7 +5,7 @@
 // bounds every answer not listed and what a listed one could still gain. An answer's button (click, or
 // Enter) shows its most likely token paths with each step's probability. Numbers as the CLI prints them.
 
-import { commandLine, postJson } from "./api.js";
+import { checkPrompt, commandLine, postJson } from "./api.js";
 import { barCell, el, fixed, g, pyRepr, thousands, wholeNumber as whole } from "./format.js";
 
 const SHOWN = 20;  // answers listed; the rest are summed in one row, as in the CLI's table
@@ -81,6 +81,9 @@ export function mount(ctx) {
     let given;
     try {
       given = inputs();
+      const cut = ctx.settings();
+      delete cut.temperature;  // the walk's temperatures are its own field
+      checkPrompt(ctx, cut);
     } catch (e) {
       ctx.showError(e);
       return;
@@ -89,6 +92,7 @@ export function mount(ctx) {
     controller = new AbortController();
     const mine = controller;
     command();
+    const shows = ctx.begin("answers");
     const p = ctx.prompt();
     const cut = ctx.settings();  // one cut for every temperature: the sampler's T is not one of them
     delete cut.temperature;
@@ -104,6 +108,7 @@ export function mount(ctx) {
     try {
       const data = await postJson("/mlxinfer/answers", body, mine.signal);
       render(data);
+      shows();
       const r = data.report;
       const seconds = fixed((performance.now() - started) / 1000, 2);
       ctx.status(`walked in ${seconds} s: ${thousands(r.answers.length)} answers, stopped: ${r.stopped}`);

@@ -3,6 +3,7 @@
 // and may arrive in the URL's fragment (#key=..., as `mlxinfer explore --api-key` opens it), which the
 // browser never sends to the server; it is taken out of the address bar at once.
 
+import { problem } from "./sampler.js";
 import { shellQuote } from "./format.js";
 
 const STORE = "mlxinfer-api-key";
@@ -95,8 +96,11 @@ export async function* streamJson(path, body, signal) {
 }
 
 // A blank prompt refused as the CLI and the library refuse it (the chat template alone would be drawn from).
-export function checkPrompt(ctx) {
+// The prompt and the sampler's settings before a request (a blank T would go out as null: the server's default)
+export function checkPrompt(ctx, settings = ctx.settings()) {
   if (!ctx.prompt().prompt.trim()) throw new Error("prompt is empty; give the text to read");
+  const bad = problem(settings);
+  if (bad) throw new Error(bad);
 }
 
 // The /v1 request body for the shared prompt: chat messages (with the system text first), or the text

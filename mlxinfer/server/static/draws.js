@@ -52,6 +52,7 @@ export function mount(ctx) {
     const mine = controller;
     const signal = controller.signal;
     command();
+    ctx.begin("draws")();  // the table is this run's from here on, filled as the draws come
     draws = Array.from({ length: n }, (_, i) => row(base + i));
     $("draw-table").tBodies[0].replaceChildren(...draws.map((d) => d.tr));
     $("draw-table").hidden = false;

@@ -11,11 +11,14 @@ import { el, fixed, thousands } from "./format.js";
 import * as generate from "./generate.js";
 import * as next from "./next.js";
 
+// follows: the shared inputs a view's result depends on (the next-token table re-draws itself as the sampler moves)
+const PROMPT = ["prompt", "chat", "system"];
+const CUT = ["top-k", "top-p", "min-p"];
 const VIEWS = [
-  { id: "next-token", tab: "tab-next", module: next },
-  { id: "answers", tab: "tab-answers", module: answers },
-  { id: "draws", tab: "tab-draws", module: draws },
-  { id: "generate", tab: "tab-generate", module: generate },
+  { id: "next-token", tab: "tab-next", section: "view-next", module: next, follows: PROMPT },
+  { id: "answers", tab: "tab-answers", section: "view-answers", module: answers, follows: [...PROMPT, ...CUT] },
+  { id: "draws", tab: "tab-draws", section: "view-draws", module: draws, follows: [...PROMPT, "temp", ...CUT] },
+  { id: "generate", tab: "tab-generate", section: "view-generate", module: generate, follows: [...PROMPT, "temp", ...CUT] },
 ];
 
 const $ = (id) => document.getElementById(id);
@@ -23,6 +26,20 @@ const $ = (id) => document.getElementById(id);
 function number(id, fallback) {
   const v = $(id).valueAsNumber;
   return Number.isFinite(v) ? v : fallback;
+}
+
+// What a view's result was computed from: the shared inputs it follows and its own controls, as text.
+function inputsOf(view) {
+  const own = [...$(view.section).querySelectorAll(".view-controls input, .view-controls select")];
+  return JSON.stringify([...view.follows.map($), ...own].map((e) => (e.type === "checkbox" ? e.checked : e.value)));
+}
+
+// A result shown under inputs that have changed since is marked as stale (dimmed, with a note), so that the
+// table and the command line beside it (which follows the inputs) are never read as one run.
+const results = new Map();  // view -> the inputs of the result it shows
+
+function markStale() {
+  for (const [view, from] of results) $(view.section).classList.toggle("stale", from !== inputsOf(view));
 }
 
 const ctx = {
@@ -35,18 +52,30 @@ const ctx = {
   // the sampler's settings as /v1 and /mlxinfer/next-token take them (always all four: the page's
   // defaults are the sampler's "off", so the server's generation_config.json does not fill them)
   settings: () => ({
-    temperature: number("temp", 1),
+    temperature: number("temp", NaN),  // a blank T is refused where it is checked, not read as 1
     top_k: number("top-k", 0),  // as typed: 2.7 is refused as the CLI refuses it (was: silently 2)
     top_p: number("top-p", 1),
     min_p: number("min-p", 0),
   }),
-  secondTemperature: () => number("temp2", 0.5),
+  secondTemperature: () => number("temp2", NaN),
+  // at the start of a run: returns the function the view calls once it shows that run's result
+  begin(id) {
+    const view = VIEWS.find((v) => v.id === id);
+    const from = inputsOf(view);
+    return () => {
+      results.set(view, from);
+      markStale();
+    };
+  },
   showError(error) {
     const box = $("error");
     const named = error && error.param && !error.message.startsWith(error.param);  // was: "top_p: top_p must ..."
     box.textContent = error ? `${named ? error.param + ": " : ""}${error.message}` : "";
     box.hidden = !error;
-    if (error) $("status").textContent = "";  // the last run's line would read as this one's (was: "scored in ...")
+    if (error) {
+      $("status").textContent = "";  // the last run's line would read as this one's (was: "scored in ...")
+      for (const view of results.keys()) if (!$(view.section).hidden) $(view.section).classList.add("stale");
+    }
   },
   status(text) {
     $("status").textContent = text;
@@ -74,6 +103,8 @@ function bindSampler() {
   for (const box of [$("prompt-form"), $("sampler")]) {
     box.addEventListener("input", () => ctx.onShared.forEach((fn) => fn()));
   }
+  document.addEventListener("input", markStale);
+  document.addEventListener("change", markStale);
 }
 
 function bindCopy() {
@@ -197,10 +228,34 @@ function start() {
   for (const v of VIEWS) if (!views.includes(v)) $(v.tab).hidden = true;
   const mounted = new Map(views.map((v) => [v, v.module.mount(ctx)]));
   const active = bindTabs(views);
-  const run = () => {
+  let running = 0;
+  const run = async () => {
     ctx.showError(null);
-    mounted.get(active()).run();
+    $("run").disabled = ++running > 0;  // was: eight quick clicks sent eight requests
+    try {
+      await mounted.get(active()).run();
+    } finally {
+      $("run").disabled = --running > 0;
+    }
   };
+  for (const v of views) {  // Enter in a view's own fields or the sampler's runs it, as the Run button does
+    $(v.section).insertBefore(
+      el("p", { class: "stale-note" }, "Changed since the result below (the command line follows the inputs): run it again to update it."),
+      $(v.section).querySelector(".view-controls").nextSibling,
+    );
+    $(v.section).querySelector(".view-controls").addEventListener("keydown", (e) => {
+      if (e.key === "Enter" && e.target.matches("input")) {
+        e.preventDefault();
+        run();
+      }
+    });
+  }
+  $("sampler").addEventListener("keydown", (e) => {
+    if (e.key === "Enter" && e.target.matches("input")) {
+      e.preventDefault();
+      run();
+    }
+  });
   $("prompt-form").addEventListener("submit", (e) => {
     e.preventDefault();
     run();

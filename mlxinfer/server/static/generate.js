@@ -84,9 +84,11 @@ export function mount(ctx) {
     const tokens = $("gen-tokens").tBodies[0];
     out.replaceChildren();
     tokens.replaceChildren();
+    ctx.begin("generate")();  // the text is this run's from here on, written as it comes
     $("gen-legend").hidden = false;
     $("gen-details").hidden = false;
     $("gen-head").textContent = `seed ${seed} · writing…`;
+    ctx.status("writing…");
     $("gen-run").disabled = true;
     $("gen-stop").disabled = false;
     let count = 0;
@@ -103,9 +105,11 @@ export function mount(ctx) {
         }
       }
       $("gen-head").textContent = `seed ${seed} · ${count} tokens · finish: ${finish}`;
+      ctx.status(`${count} tokens written`);  // was: the last draws' line stayed
     } catch (e) {
       if (controller !== mine) return;  // a newer run owns the view now (was: its header and buttons reset)
       $("gen-head").textContent = `seed ${seed} · ${e.name === "AbortError" ? "stopped" : "failed"}`;
+      ctx.status("");
       if (e.name !== "AbortError") ctx.showError(e);
     } finally {
       if (controller === mine) {

@@ -30,6 +30,12 @@ export function mount(ctx) {
     }
     const p = ctx.prompt();
     const settings = ctx.settings();
+    const bad = problem(settings) || problem({ temperature: ctx.secondTemperature() }, "T2");
+    if (bad) {  // was: a blank T went out as null, and the server's default answered
+      ctx.showError(new Error(bad));
+      return;
+    }
+    const shows = ctx.begin("next-token");
     const body = {
       prompt: p.prompt,
       chat: p.chat,
@@ -46,6 +52,7 @@ export function mount(ctx) {
       const data = await postJson("/mlxinfer/next-token", body);
       shown = build(data.table, new Row(decodeScores(data.scores)));
       redraw();
+      shows();
       ctx.status(`scored in ${fixed((performance.now() - started) / 1000, 2)} s; ${agreement(data.table, shown.row)}`);
     } catch (e) {
       ctx.showError(e);
@@ -61,7 +68,7 @@ export function mount(ctx) {
       `  prompt: ${table.prompt_ids.length} tokens · scores in one pass of ${table.definition}: ${thousands(table.n_scores)}`,
       el("br"),
       el("span", { class: "muted" }, "prompt "),
-      el("span", { class: "mono", id: "next-prompt" }, pyRepr(table.prompt)),
+      el("span", { class: "mono", id: "next-prompt" }, shortened(table.prompt)),
     );
     const body = $("next-table").tBodies[0];
     const cells = table.rows.map((r) => {
@@ -95,8 +102,10 @@ export function mount(ctx) {
     const settings = ctx.settings();
     const T2 = ctx.secondTemperature();
     const bad = problem(settings) || problem({ temperature: T2 }, "T2");
+    $("next-table").classList.toggle("dim", Boolean(bad));  // its numbers are the last valid settings'
+    $("next-cut").className = bad ? "head error" : "head";
     if (bad) {
-      $("next-cut").textContent = bad;
+      $("next-cut").textContent = `${bad}: the table above is for the last valid settings`;
       return;
     }
     const { row, cells } = shown;
@@ -129,6 +138,11 @@ export function mount(ctx) {
   }
 
   return { run };
+}
+
+// A long prompt shown in full pushed the table a screen down: its start, and its length
+function shortened(prompt) {
+  return prompt.length > 300 ? `${pyRepr(prompt.slice(0, 300))} … (${thousands(prompt.length)} characters)` : pyRepr(prompt);
 }
 
 function setBar(td, value, text) {

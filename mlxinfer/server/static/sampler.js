@@ -141,7 +141,7 @@ export function problem(settings, name) {
   for (const [field, ok, rule] of RULES) {
     if (!(field in settings)) continue;
     const v = settings[field];
-    if (!Number.isFinite(v) || !ok(v)) return `${name || field} must be ${rule}, got ${v}`;
+    if (!Number.isFinite(v) || !ok(v)) return `${name || field} must be ${rule}, got ${Number.isNaN(v) ? "nothing" : v}`;
   }
   return null;
 }
