@@ -269,8 +269,9 @@ def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:
         )
     if prompt_file is not None or prompt == "-":
         return mlxinfer.read_prompt(prompt_file if prompt_file is not None else "-")
-    if prompt is None:
-        raise mlxinfer.MlxinferError("give a prompt: -p TEXT, -p - (standard input) or --prompt-file PATH")
+    if prompt is None:  # under mlx.launch standard input is not one of the ways
+        stdin = "" if launched() else ", -p - (standard input)"
+        raise mlxinfer.MlxinferError(f"give a prompt: -p TEXT{stdin} or --prompt-file PATH")
     if not prompt.strip():  # as an empty file or standard input is: the one rule, before any model loads
         raise mlxinfer.MlxinferError("--prompt is empty; give the text to read")
     return prompt

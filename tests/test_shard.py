@@ -304,3 +304,46 @@ def test_fewer_seeds_than_ranks_and_standard_input_under_mlx_launch(float32_chec
     assert [c["text"] for c in json.loads(done.stdout)["completions"]] == [c["text"] for c in single["completions"]]
     held = launch("-m", "mlxinfer", "generate", "-m", path, "-p", "-", "--max-tokens", "2", timeout=120)
     assert "mlx.launch keeps open" in held.stderr and "Traceback" not in held.stderr, held.stderr
+
+
+def test_ranks_given_different_requests_stop_every_rank_with_one_line(checkpoint_dir, tmp_path):
+    """Was: a rank given another prompt, --max-tokens or --temps drew its share of the seeds (or took part in a
+    split model's passes) with it; rank 0 printed the mixed results, a sweep wrote a file its own --resume then
+    refused, and every rank exited 0. The ranks compare their requests first: one line on each, exit 2."""
+    path = str(checkpoint_dir("llama"))
+    common = ["-m", path, "--seeds", "4", "--max-tokens", "3", "--no-chat"]
+    for r in spawn([["sample", "-p", FRUIT, *common], ["sample", "-p", "Name one herb.", *common]], tmp_path):
+        assert_one_line_error(r, "ranks disagree on the request", "rank 1's prompt", "same command")
+    out = tmp_path / "sweep.jsonl"
+    sweep = ["sweep", "-p", FRUIT, "-m", path, "--seeds", "4", "--max-tokens", "3", "--no-chat", "--out", str(out)]
+    for r in spawn([[*sweep, "--temps", "1"], [*sweep, "--temps", "0.5,1"]], tmp_path):
+        assert_one_line_error(r, "ranks disagree on the request", "settings")
+    assert not out.exists() and not list(tmp_path.glob("sweep.jsonl*"))
+    split = ["generate", "-p", FRUIT, "-m", path, "--seed", "3", "--no-chat"]  # generate splits the model
+    for r in spawn([[*split, "--max-tokens", "3"], [*split, "--max-tokens", "5"]], tmp_path):
+        assert_one_line_error(r, "ranks disagree on the request", "max_tokens")
+
+
+def test_a_rank_that_python_cannot_interrupt_ends_after_ctrl_c(tmp_path):
+    """A rank held inside an MLX collective whose peer has gone never returns to Python, so its Ctrl-C is never
+    raised and mlx.launch waits with it for ever (seen: a split model's sample, interrupted). The wakeup fd's
+    watcher ends such a rank a grace period after the signal. Here the main thread ignores SIGINT in Python, as
+    one held in C++ would."""
+    script = tmp_path / "held.py"
+    script.write_text(
+        "import signal, sys, time\n"
+        "from mlxinfer.model import distributed\n"
+        "distributed._exit_if_stuck(1, grace=1.0)\n"
+        "signal.signal(signal.SIGINT, lambda *_: None)\n"
+        "print('ready', flush=True)\n"
+        "time.sleep(60)\n"
+        "sys.exit(0)\n"
+    )
+    p = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)  # fmt: skip
+    assert p.stdout.readline().strip() == "ready"
+    started = time.monotonic()
+    p.send_signal(2)
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 130 and time.monotonic() - started < 10, (p.returncode, err)
+    assert "rank 1 was still waiting on the other ranks 1 s after the interrupt" in err

@@ -54,8 +54,10 @@ def sample(
             **schema,
             **chat_kwargs(options),
         )
-    if other_rank():
-        return  # under mlx.launch rank 0 prints for every rank
+    if other_rank():  # under mlx.launch rank 0 prints for every rank
+        if report.interrupted:
+            raise typer.Exit(130)
+        return
     if json_out:
         print_json(report.to_dict())
     elif csv_out:

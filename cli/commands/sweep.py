@@ -91,8 +91,12 @@ def sweep(
                 **chat_kwargs(options),
             )
     except KeyboardInterrupt as e:
+        parts = sorted(Path(out).expanduser().parent.glob(Path(out).name + ".rank*of*")) if out else []
         if out and Path(out).expanduser().exists():
             kept = f"every finished batch is in {out}; the same command with --resume continues"
+        elif parts:  # under mlx.launch each rank keeps its own until the end (was: "nothing was written")
+            kept = (f"every finished batch is in the ranks' files ({parts[0].name}, ...); the same command with "
+                    "--resume, on as many ranks, continues")  # fmt: skip
         else:
             kept = "no batch had finished: nothing was written" if out else "no --out"
         typer.echo(f"interrupted: {kept}", err=True)

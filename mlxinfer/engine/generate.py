@@ -17,6 +17,7 @@ from .. import defaults
 from ..errors import MlxinferError, check_whole
 from ..settings import SamplerSettings
 from ..views import Generation, Stats, Step
+from . import ranks
 from .decode import prefill_and_decode
 from .request import Request, check_pair, check_seed, prepare
 
@@ -144,6 +145,11 @@ def stream_generate(
         explain_mask=explain_mask,
         stop=stop,
     )
+    if model.info.sharding:  # every rank takes part in every forward pass: they must be running the same generation
+        schema = request.constraint.schema if request.constraint else None
+        ranks.agree({"model": ranks.identity(model), "prompt": request.ids, "settings": request.settings.to_dict(),
+                     "max_tokens": max_tokens, "seed": seed, "stop": list(request.stop), "logprobs": logprobs,
+                     "json_schema": schema}, ranks.group())  # fmt: skip
     return GenerationStream(model, tokenizer, request, seed, logprobs)
 
 

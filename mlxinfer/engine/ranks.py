@@ -7,6 +7,7 @@ them (`load(..., group=...)`, `--shard-model`), run every seed together: `seed_g
 
 from __future__ import annotations
 
+import hashlib
 import json
 
 import mlx.core as mx
@@ -55,6 +56,44 @@ def from_rank0(rows: list, group, failure: Exception | None = None) -> list:
     if failure is not None:
         raise failure
     return list(rows)
+
+
+def identity(model) -> dict:
+    """What a rank's model is, as the ranks compare it and a results file records it (the compute path too: it
+    moves a seed's text)."""
+    cfg, info = model.config, model.info
+    return {
+        "name": info.name,
+        "definition": info.definition,
+        "weights": info.weights,
+        "compute_dtype": info.compute_dtype,
+        "vocab_size": cfg.vocab_size,
+        "layers": cfg.num_hidden_layers,
+    }
+
+
+def agree(request: dict, group) -> None:
+    """Every rank runs the same request: its fields (JSON-able) are compared with rank 0's, and where any
+    differs every rank stops with one line naming them (was: a rank given another prompt, budget or model
+    drew its share of the seeds from it, and the mixed results came back with exit 0)."""
+    from ..errors import MlxinferError, first_line
+
+    if group.size() == 1:
+        return
+    digests = {k: hashlib.sha256(json.dumps(v, sort_keys=True, default=str).encode()).hexdigest()
+               for k, v in request.items()}  # fmt: skip
+    try:
+        every = gather([digests], group)
+    except RuntimeError as e:
+        why = first_line(e)
+        raise MlxinferError(f"rank {group.rank()} lost the other ranks while comparing the request ({why})") from None
+    for i, theirs in enumerate(every[1:], start=1):
+        differ = [k for k in every[0] if theirs.get(k) != every[0][k]] + [k for k in theirs if k not in every[0]]
+        if differ:
+            raise MlxinferError(
+                f"ranks disagree on the request: rank {i}'s {', '.join(differ)} differ from rank 0's; give every rank "
+                "the same command and model (mlx.launch passes one command line to all)"
+            )
 
 
 def share(items: list, group) -> list:

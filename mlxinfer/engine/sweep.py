@@ -94,19 +94,6 @@ def first_token_probs(prefilled: Prefilled, settings: SamplerSettings, fast: boo
     return kept_probabilities(prefilled.logits.reshape(-1), settings, history=prefilled.ids, fast=fast)[3]
 
 
-def _model_identity(model) -> dict:
-    """What a results file records of the model, so that resuming with another model is refused."""
-    cfg, info = model.config, model.info
-    return {
-        "name": info.name,
-        "definition": info.definition,
-        "weights": info.weights,
-        "compute_dtype": info.compute_dtype,
-        "vocab_size": cfg.vocab_size,
-        "layers": cfg.num_hidden_layers,
-    }
-
-
 @dataclass
 class _Plan:
     """The experiment: each prompt's ids, text and hash, the resolved settings, the seeds, the header."""
@@ -158,7 +145,7 @@ def _plan(model, tokenizer, prompts, settings, seeds, max_tokens, chat, system, 
     texts = [p if isinstance(p, str) else tokenizer.decode(p) for p in prompts]
     hashes = [hashlib.sha256(str(i).encode()).hexdigest() for i in ids]
     header = {
-        "model": _model_identity(model),
+        "model": rank_group.identity(model),  # a resume with another model is refused
         "prompts": texts,
         "prompt_sha256": hashes,
         "settings": [s.to_dict() for s in resolved],
@@ -228,6 +215,7 @@ def sweep(
     rank, ranks = seed_ranks.rank(), seed_ranks.size()
     everyone = rank_group.group()
     split = model.info.sharding is not None  # the model is split across the ranks: all run every seed
+    rank_group.agree({**plan.header, "seeds": plan.seeds, "exact": exact, "resume": resume}, everyone)
     done, part = _resume(plan, out, resume, seed_ranks, everyone, split)
     try:  # the results file's lock is let go however the run ends
         _check_resumed(tokenizer, plan, done, out)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import threading
+import time
 from dataclasses import replace
 
 import mlx.core as mx
@@ -31,7 +33,9 @@ from .shard import shard
 
 TIMEOUT_ENV = "MLXINFER_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
+STUCK_S = 20.0  # how long a rank may take to end after Ctrl-C or SIGTERM before it is ended
 _group = None
+_keep: list = []  # the wakeup socket pair, open for the process's life
 
 
 def connect(timeout: float | None = None):
@@ -39,7 +43,37 @@ def connect(timeout: float | None = None):
     global _group
     if _group is None:
         _group = _init(timeout if timeout is not None else _timeout())
+        if _group.size() > 1:
+            _exit_if_stuck(_group.rank())
     return _group
+
+
+def _exit_if_stuck(rank: int, grace: float = STUCK_S) -> None:
+    """After Ctrl-C or SIGTERM, a rank whose peer has stopped can wait for ever inside an MLX collective (the
+    ring fails its sockets but not the pending all_reduce), where Python never sees the KeyboardInterrupt;
+    mlx.launch then waits with it. Python's C-level handler writes each signal to a wakeup fd from any thread,
+    so a watcher thread hears it even then, and ends the process if it is still there `grace` seconds later."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # set_wakeup_fd is the main thread's
+    read, write = socket.socketpair()
+    write.setblocking(False)
+    try:
+        signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+    except ValueError:
+        return
+
+    def watch():
+        while True:
+            heard = set(read.recv(64)) & {signal.SIGINT, signal.SIGTERM}
+            if heard:
+                time.sleep(grace)
+                code = 130 if signal.SIGINT in heard else 143
+                os.write(2, f"mlxinfer: rank {rank} was still waiting on the other ranks {grace:g} s after "
+                            f"the interrupt; it exits\n".encode())  # fmt: skip
+                os._exit(code)
+
+    threading.Thread(target=watch, name="mlxinfer-stuck-rank", daemon=True).start()
+    _keep.append((read, write))
 
 
 def _timeout() -> float:
@@ -60,14 +94,18 @@ def _init(seconds: float):
     # the alarm interrupts the blocking accept() (EINTR), and MLX raises; the handler only notes it
     previous = signal.signal(signal.SIGALRM, lambda *_: fired.append(True))
     signal.setitimer(signal.ITIMER_REAL, seconds)
+    started = time.monotonic()
     try:
         return mx.distributed.init()
     except RuntimeError as e:
         rank = os.environ.get("MLX_RANK", "?")
-        why = f"within {seconds:g} s" if fired else f"({' '.join(str(e).split())})"
+        if fired and time.monotonic() - started < seconds + 1:  # our deadline ended the wait
+            why, longer = f"within {seconds:g} s", f", or give slow starters longer with {TIMEOUT_ENV}=SECONDS"
+        else:  # MLX's own retries gave up (a rank that connects to rank 0 tries for ~30 s, whatever the deadline)
+            why, longer = f"after {time.monotonic() - started:.0f} s ({' '.join(str(e).split())})", ""
         raise MlxinferError(
             f"rank {rank} could not reach the other ranks {why}; start every rank (mlx.launch does), check the "
-            f"hosts' addresses and ports, or give slow starters longer with {TIMEOUT_ENV}=SECONDS"
+            f"hosts' addresses and ports{longer}"
         ) from None
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
