@@ -551,6 +551,10 @@ def test_a_result_is_marked_stale_once_its_inputs_change_and_enter_runs_a_field(
     ended = "() => [...document.querySelectorAll('#draw-table .col-end')].filter(c => c.textContent).length === 2"
     page.wait_for_function(ended, timeout=120_000)
     assert not page.evaluate(stale, "view-draws")
+    page.select_option("#draw-group", "text")  # the same draws, tallied another way on the page: still current
+    assert not page.evaluate(stale, "view-draws")
+    page.fill("#temp", "")  # a setting the CLI would refuse: no command line for it (was: --temp NaN)
+    assert page.text_content("#draw-cli") == ""
     page.fill("#temp", "0")  # the command line now says --temp 0; the draws were at T = 1
     assert "--temp 0" in page.text_content("#draw-cli") and page.evaluate(stale, "view-draws")
     page.fill("#temp", "1")  # back to what they were drawn with

@@ -327,23 +327,44 @@ def test_ranks_given_different_requests_stop_every_rank_with_one_line(checkpoint
 def test_a_rank_that_python_cannot_interrupt_ends_after_ctrl_c(tmp_path):
     """A rank held inside an MLX collective whose peer has gone never returns to Python, so its Ctrl-C is never
     raised and mlx.launch waits with it for ever (seen: a split model's sample, interrupted). The wakeup fd's
-    watcher ends such a rank a grace period after the signal. Here the main thread ignores SIGINT in Python, as
-    one held in C++ would."""
+    watcher ends such a rank a grace period after the signal, if Python's handler has not run since. Here
+    the main thread waits in C (on a mutex it holds: no signal ends that), as one held in a collective does; a
+    rank whose Python handles the interrupt and goes on (a library caller) is left alone."""
     script = tmp_path / "held.py"
     script.write_text(
         "import signal, sys, time\n"
         "from mlxinfer.model import distributed\n"
         "distributed._exit_if_stuck(1, grace=1.0)\n"
-        "signal.signal(signal.SIGINT, lambda *_: None)\n"
+        "if sys.argv[1] == 'goes-on':\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(60)\n"
+        "    except KeyboardInterrupt:\n"
+        "        end = time.monotonic() + 3\n"
+        "        while time.monotonic() < end:\n"
+        "            sum(range(1000))  # Python runs: the watcher must not end it\n"
+        "        print('went on', flush=True)\n"
+        "        sys.exit(0)\n"
+        "import ctypes\n"
+        "libc, mutex = ctypes.CDLL(None), ctypes.create_string_buffer(64)  # PTHREAD_MUTEX_INITIALIZER: zeros\n"
+        "libc.pthread_mutex_lock(mutex)\n"
         "print('ready', flush=True)\n"
-        "time.sleep(60)\n"
+        "libc.pthread_mutex_lock(mutex)  # held in C for ever, as in a collective: no signal ends the wait\n"
         "sys.exit(0)\n"
     )
-    p = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True)  # fmt: skip
+    goes_on = subprocess.Popen([sys.executable, str(script), "goes-on"], cwd=ROOT, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)  # fmt: skip
+    assert goes_on.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # into its sleep
+    goes_on.send_signal(2)
+    out, err = goes_on.communicate(timeout=30)
+    assert goes_on.returncode == 0 and "went on" in out and "still held" not in err, (goes_on.returncode, err)
+    p = subprocess.Popen([sys.executable, str(script), "held"], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)  # fmt: skip
     assert p.stdout.readline().strip() == "ready"
+    time.sleep(0.5)  # into pthread_join
     started = time.monotonic()
     p.send_signal(2)
     _, err = p.communicate(timeout=30)
     assert p.returncode == 130 and time.monotonic() - started < 10, (p.returncode, err)
-    assert "rank 1 was still waiting on the other ranks 1 s after the interrupt" in err
+    assert "rank 1 was still held in a call to MLX 1 s after the signal" in err

@@ -118,7 +118,8 @@ def sample(
     schema = request.constraint.schema if request.constraint is not None else None
     ranks.agree({"model": ranks.identity(model), "prompt": request.ids, "settings": request.settings.to_dict(),
                  "max_tokens": max_tokens, "seeds": seed_ids, "stop": list(request.stop), "json_schema": schema,
-                 "group": group, "exact": exact}, ranks.group())  # fmt: skip
+                 "group": group, "walk": [exact, min_mass, max_nodes, max_seconds], "batch_size": size},
+                ranks.group())  # fmt: skip
     seed_ranks = ranks.seed_group(model)
     mine = ranks.share(seed_ids, seed_ranks)  # under mlx.launch each rank draws every N-th seed (all: a split model)
     specs = [request.row(seed) for seed in mine]

@@ -215,7 +215,8 @@ def sweep(
     rank, ranks = seed_ranks.rank(), seed_ranks.size()
     everyone = rank_group.group()
     split = model.info.sharding is not None  # the model is split across the ranks: all run every seed
-    rank_group.agree({**plan.header, "seeds": plan.seeds, "exact": exact, "resume": resume}, everyone)
+    rank_group.agree({**plan.header, "seeds": plan.seeds, "walk": [exact, group, min_mass, max_nodes, max_seconds],
+                      "resume": resume, "batch_size": size}, everyone)  # fmt: skip
     done, part = _resume(plan, out, resume, seed_ranks, everyone, split)
     try:  # the results file's lock is let go however the run ends
         _check_resumed(tokenizer, plan, done, out)

@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import MlxinferError, check_bool, check_listed_once, check_whole, is_whole
 from ..sampler import kept_probabilities
+from . import ranks
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import ExpertChoice, ExplainRow, Explanation, NextTokenTable, TokenRow
@@ -165,6 +166,8 @@ def next_token_table(
         tokenizer, prompt, chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens,
         context=model.config.max_position_embeddings,
     )  # fmt: skip
+    if model.info.sharding:  # every rank takes part in the pass: the same prompt on each
+        ranks.agree({"model": ranks.identity(model), "prompt": ids}, ranks.group())
     scores = next_token_scores(model, ids)
 
     def decode(i: int) -> str:

@@ -13,6 +13,7 @@ what they must agree on before a weight is read, and how the load ends on every 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -33,7 +34,7 @@ from .shard import shard
 
 TIMEOUT_ENV = "MLXINFER_CONNECT_TIMEOUT"
 DEFAULT_TIMEOUT = 60.0
-STUCK_S = 20.0  # how long a rank may take to end after Ctrl-C or SIGTERM before it is ended
+STUCK_S = 30.0  # how long a rank may stay held in a call to MLX after Ctrl-C or SIGTERM before it is ended
 _group = None
 _keep: list = []  # the wakeup socket pair, open for the process's life
 
@@ -49,27 +50,48 @@ def connect(timeout: float | None = None):
 
 
 def _exit_if_stuck(rank: int, grace: float = STUCK_S) -> None:
-    """After Ctrl-C or SIGTERM, a rank whose peer has stopped can wait for ever inside an MLX collective (the
-    ring fails its sockets but not the pending all_reduce), where Python never sees the KeyboardInterrupt;
-    mlx.launch then waits with it. Python's C-level handler writes each signal to a wakeup fd from any thread,
-    so a watcher thread hears it even then, and ends the process if it is still there `grace` seconds later."""
+    """After Ctrl-C, a rank whose peer has stopped can wait for ever inside an MLX collective (the ring fails
+    its sockets but not the pending all_reduce), where Python never runs the SIGINT handler, so no
+    KeyboardInterrupt; mlx.launch then waits with it. Python's C-level handler writes each signal to a wakeup
+    fd from any thread, so a watcher thread hears it even then: if the Python handler has not run `grace`
+    seconds after a Ctrl-C (or the process is still there that long after SIGTERM), the process ends. A rank
+    whose Python takes the interrupt (and returns what it found, or goes on) is left alone. Bytes for a wakeup
+    fd set before this one are passed on to it."""
     if threading.current_thread() is not threading.main_thread():
-        return  # set_wakeup_fd is the main thread's
+        return  # set_wakeup_fd and signal handlers are the main thread's
     read, write = socket.socketpair()
     write.setblocking(False)
     try:
-        signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
+        previous = signal.set_wakeup_fd(write.fileno(), warn_on_full_buffer=False)
     except ValueError:
         return
+    handler, taken = signal.getsignal(signal.SIGINT), [0]  # Ctrl-Cs the Python handler has run for
+
+    def on_sigint(signum, frame):
+        taken[0] += 1
+        if callable(handler):
+            return handler(signum, frame)
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGINT, on_sigint)
 
     def watch():
+        sent = 0  # Ctrl-Cs heard here
         while True:
-            heard = set(read.recv(64)) & {signal.SIGINT, signal.SIGTERM}
-            if heard:
-                time.sleep(grace)
-                code = 130 if signal.SIGINT in heard else 143
-                os.write(2, f"mlxinfer: rank {rank} was still waiting on the other ranks {grace:g} s after "
-                            f"the interrupt; it exits\n".encode())  # fmt: skip
+            data = read.recv(64)
+            if previous != -1:
+                with contextlib.suppress(OSError):
+                    os.write(previous, data)
+            sent += data.count(signal.SIGINT)
+            if signal.SIGINT not in data and signal.SIGTERM not in data:
+                continue
+            end = time.monotonic() + grace
+            while time.monotonic() < end and taken[0] < sent:
+                time.sleep(0.05)
+            if taken[0] < sent or signal.SIGTERM in data:  # after SIGTERM: ended in any case
+                code = 143 if signal.SIGTERM in data else 130
+                os.write(2, f"mlxinfer: rank {rank} was still held in a call to MLX {grace:g} s after the "
+                            f"signal (waiting on the other ranks); it exits\n".encode())  # fmt: skip
                 os._exit(code)
 
     threading.Thread(target=watch, name="mlxinfer-stuck-rank", daemon=True).start()

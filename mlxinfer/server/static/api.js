@@ -119,6 +119,9 @@ export function openaiRequest(ctx, extra) {
 export function commandLine(ctx, command, flags, { temperature = true } = {}) {
   const p = ctx.prompt();
   const s = ctx.settings();
+  if (!temperature) delete s.temperature;
+  const bad = problem(s);
+  if (bad) throw new Error(bad);  // a snippet of a setting the CLI would refuse (was: --temp NaN): none
   const words = ["mlxinfer", command, "--prompt", p.prompt];
   if (!p.chat) words.push("--no-chat");
   if (p.system) words.push("--system", p.system);

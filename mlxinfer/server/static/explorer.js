@@ -30,7 +30,8 @@ function number(id, fallback) {
 
 // What a view's result was computed from: the shared inputs it follows and its own controls, as text.
 function inputsOf(view) {
-  const own = [...$(view.section).querySelectorAll(".view-controls input, .view-controls select")];
+  // a control marked data-display changes only how the page shows the result (the draws' grouping)
+  const own = [...$(view.section).querySelectorAll(".view-controls :is(input, select):not([data-display])")];
   return JSON.stringify([...view.follows.map($), ...own].map((e) => (e.type === "checkbox" ? e.checked : e.value)));
 }
 
@@ -72,10 +73,7 @@ const ctx = {
     const named = error && error.param && !error.message.startsWith(error.param);  // was: "top_p: top_p must ..."
     box.textContent = error ? `${named ? error.param + ": " : ""}${error.message}` : "";
     box.hidden = !error;
-    if (error) {
-      $("status").textContent = "";  // the last run's line would read as this one's (was: "scored in ...")
-      for (const view of results.keys()) if (!$(view.section).hidden) $(view.section).classList.add("stale");
-    }
+    if (error) $("status").textContent = "";  // the last run's line would read as this one's (was: "scored in ...")
   },
   status(text) {
     $("status").textContent = text;
@@ -228,14 +226,15 @@ function start() {
   for (const v of VIEWS) if (!views.includes(v)) $(v.tab).hidden = true;
   const mounted = new Map(views.map((v) => [v, v.module.mount(ctx)]));
   const active = bindTabs(views);
-  let running = 0;
+  let running = false;
   const run = async () => {
+    if (running) return;  // was: eight quick clicks (or a held Enter) sent eight requests
     ctx.showError(null);
-    $("run").disabled = ++running > 0;  // was: eight quick clicks sent eight requests
+    running = $("run").disabled = true;
     try {
       await mounted.get(active()).run();
     } finally {
-      $("run").disabled = --running > 0;
+      running = $("run").disabled = false;
     }
   };
   for (const v of views) {  // Enter in a view's own fields or the sampler's runs it, as the Run button does
@@ -244,14 +243,14 @@ function start() {
       $(v.section).querySelector(".view-controls").nextSibling,
     );
     $(v.section).querySelector(".view-controls").addEventListener("keydown", (e) => {
-      if (e.key === "Enter" && e.target.matches("input")) {
+      if (e.key === "Enter" && !e.repeat && e.target.matches("input:not([type=checkbox])")) {
         e.preventDefault();
         run();
       }
     });
   }
   $("sampler").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && e.target.matches("input")) {
+    if (e.key === "Enter" && !e.repeat && e.target.matches("input:not([type=range])")) {
       e.preventDefault();
       run();
     }
@@ -261,7 +260,7 @@ function start() {
     run();
   });
   $("prompt").addEventListener("keydown", (e) => {
-    if (e.key === "Enter" && (e.ctrlKey || e.metaKey)) {
+    if (e.key === "Enter" && !e.repeat && (e.ctrlKey || e.metaKey)) {
       e.preventDefault();
       run();
     }

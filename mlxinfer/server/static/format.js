@@ -68,7 +68,7 @@ export function el(tag, attrs = {}, ...children) {
 // A horizontal bar behind a table cell's number: width is a share of the cell (0..1).
 export function barCell(className, value, text) {
   const bar = el("span", { class: "bar", "aria-hidden": "true" });
-  bar.style.width = `${Math.max(0, Math.min(1, value)) * 100}%`;
+  bar.style.width = `calc(${Math.max(0, Math.min(1, value))} * (100% - 0.5rem))`;  // a full bar leaves a gap
   return el("td", { class: `p ${className}` }, bar, text);
 }
 

@@ -36,6 +36,13 @@ export function mount(ctx) {
   };
   const maxTyped = () => $("gen-max").value.trim() !== "" || $("gen-max").validity.badInput;
   const snippets = () => {
+    try {
+      writeSnippets();
+    } catch {  // a setting the server would refuse: no snippet for it
+      for (const id of ["gen-cli", "gen-curl", "gen-python"]) $(id).textContent = "";
+    }
+  };
+  const writeSnippets = () => {
     const seed = seedWanted() ?? lastSeed;
     const max = maxTokens();
     const flags = ["--max-tokens", max, ...(seed === null ? [] : ["--seed", seed])];

@@ -146,7 +146,7 @@ function shortened(prompt) {
 }
 
 function setBar(td, value, text) {
-  td.firstChild.style.width = `${Math.max(0, Math.min(1, value)) * 100}%`;
+  td.firstChild.style.width = `calc(${Math.max(0, Math.min(1, value))} * (100% - 0.5rem))`;  // a full bar leaves a gap
   td.lastChild.nodeValue = text;
 }
 
