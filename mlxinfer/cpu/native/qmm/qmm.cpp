@@ -14,8 +14,8 @@
 //     accumulators, and every tile shape runs the same intrinsics in the same order for each of them;
 //     with several rows a column tile is unpacked once to float32 first (tiles.h: the same exact
 //     values the one-row tile computes in registers), and the rows read them back; the bias terms
-//     of a column tile are computed for every row first, eight columns a vector, each lane taking
-//     the operations its output's own bias dot product takes (tiles.h, bias_dot8);
+//     of a column tile are computed for every row first, 8 or 16 columns a vector, each lane taking
+//     the operations its output's own bias dot product takes (tiles.h, bias_dot_cols);
 //   * threads split the output columns, never K, so no partial sums are combined across threads;
 //   * the build uses -ffp-contract=off so the compiler cannot fuse a multiply and an add in one
 //     inlined copy of the code and not in another.
