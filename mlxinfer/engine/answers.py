@@ -34,7 +34,6 @@ from ..model.finite import all_finite
 from ..sampler import kept_probabilities, row_mass
 from ..settings import SamplerSettings, resolve_each, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
-from . import ranks
 from .core import Row, replay
 from .decode import check_pass_fits, check_progress, prefill
 from .grouping import check_group, keyer
@@ -116,10 +115,6 @@ def answers(
         system=system, thinking=thinking, raw_special_tokens=raw_special_tokens, stop=stop,
     )  # fmt: skip
     resolved = resolve_each(settings, model.info.generation_config)
-    if model.info.sharding:  # every rank takes part in every pass: the same walk on each
-        ranks.agree({"model": ranks.identity(model), "prompt": request.ids, "settings": [r.to_dict() for r in resolved],
-                     "max_tokens": max_tokens, "stop": list(request.stop), "walk": [min_mass, max_nodes, max_seconds],
-                     "batch_size": size, "group": group}, ranks.group())  # fmt: skip
     walk = AnswerWalk(model, tokenizer, request, resolved, min_mass, max_nodes, size, group, progress, max_seconds)
     try:
         while walk.step():
