@@ -226,17 +226,23 @@ function start() {
   for (const v of VIEWS) if (!views.includes(v)) $(v.tab).hidden = true;
   const mounted = new Map(views.map((v) => [v, v.module.mount(ctx)]));
   const active = bindTabs(views);
-  let running = false;
+  const busy = new Set();  // views whose run is in flight: Run waits for the shown view's own
   const run = async () => {
-    if (running) return;  // was: eight quick clicks (or a held Enter) sent eight requests
+    const view = active();
+    if (busy.has(view)) return;  // was: eight quick clicks (or a held Enter) sent eight requests
     ctx.showError(null);
-    running = $("run").disabled = true;
+    busy.add(view);
+    $("run").disabled = true;
     try {
-      await mounted.get(active()).run();
+      await mounted.get(view).run();
     } finally {
-      running = $("run").disabled = false;
+      busy.delete(view);
+      $("run").disabled = busy.has(active());
     }
   };
+  for (const kind of ["click", "keyup"]) {  // another tab: Run is free unless that view's own run is in flight
+    document.querySelector(".tabs").addEventListener(kind, () => ($("run").disabled = busy.has(active())));
+  }
   for (const v of views) {  // Enter in a view's own fields or the sampler's runs it, as the Run button does
     $(v.section).insertBefore(
       el("p", { class: "stale-note" }, "Changed since the result below (the command line follows the inputs): run it again to update it."),
