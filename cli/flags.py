@@ -127,4 +127,9 @@ def peer_hint(args: list[str], message: str, ctx) -> str | None:
             f"{extra.group(1)} is a GGUF type (llama-quantize's); mlxinfer quantize writes MLX's affine"
             " weights (--bits 4 or 8), and a GGUF of any type loads with --model"
         )
+    if extra and "--prompt" in ours and not any(a in ("-p", "--prompt") or a.startswith("--prompt=") for a in args):
+        return f"{message}; the prompt is an option here: -p TEXT"  # was: the bare `generate "Put basil ..."`
+    several = re.search(r"'([^']*,[^']*)' is not a valid float", message)
+    if several and "--temps" in ours:
+        return f"{message.rstrip('.')}; several temperatures go to --temps {several.group(1)}"
     return None

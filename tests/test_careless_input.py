@@ -220,3 +220,17 @@ def test_quality_and_tokens_give_one_perplexity(tmp_path):
     want = mlxinfer.prompt_logprobs(model, tok, text.read_text(), chat=False).perplexity
     report = mlxinfer_quant.evaluate("embedded@float32", ["embedded"], text=text)
     assert abs(report.reference.perplexity - want) < 1e-6 * want, (report.reference.perplexity, want)
+
+
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["generate", "Put basil on my shopping list"], "the prompt is an option here: -p TEXT"),
+        (["topk", "-p", PROMPT, "--temp", "0.5,1"], "several temperatures go to --temps 0.5,1"),
+        (["topk", "-p", PROMPT, "--model", "embeded"], "did you mean 'embedded'"),
+    ],
+    ids=["prompt-without-p", "temps-in-temp", "model-typo"],
+)
+def test_a_newcomers_first_mistakes_name_the_fix(args, fragment):
+    """Was: Click's "unexpected extra argument", "'0.5,1' is not a valid float" and "no model at embeded" alone."""
+    assert_one_line_error(invoke_cli(*args), fragment)

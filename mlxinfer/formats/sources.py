@@ -9,6 +9,7 @@ the safetensors headers through the hub's API (`hub_config`, `hub_headers`).
 
 from __future__ import annotations
 
+import difflib
 import importlib.util
 import os
 import re
@@ -135,7 +136,11 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
     if path.exists() or path.is_symlink():  # a device, a pipe, a link to nothing: not a model, and there
         raise MlxinferError(f"{path} {what_it_is(path)}; point at a model directory or a .gguf file", "source")
     if text.endswith((".gguf", ".json", ".safetensors")) or text.startswith((".", "/", "~")) or not REPO_ID.match(text):
-        raise MlxinferError(f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'", "source")
+        near = difflib.get_close_matches(text.split("@")[0].lower(), [EMBEDDED_WORD], n=1, cutoff=0.75)
+        also = f"; did you mean {EMBEDDED_WORD!r} (or no --model: the embedded model is the default)?" if near else ""
+        raise MlxinferError(
+            f"no model at {text}: not a local path, and not a hub repo id like 'owner/name'{also}", "source"
+        )
     return ModelSource("dir", download(text), text) if weights else ModelSource("hub", None, text)
 
 
