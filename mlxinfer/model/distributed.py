@@ -73,7 +73,8 @@ def _exit_if_stuck(rank: int, grace: float = STUCK_S) -> None:
             return handler(signum, frame)
         raise KeyboardInterrupt
 
-    signal.signal(signal.SIGINT, on_sigint)
+    if handler not in (signal.SIG_IGN, None):  # an ignored Ctrl-C stays ignored
+        signal.signal(signal.SIGINT, on_sigint)
 
     def watch():
         sent = 0  # Ctrl-Cs heard here
@@ -83,16 +84,20 @@ def _exit_if_stuck(rank: int, grace: float = STUCK_S) -> None:
                 with contextlib.suppress(OSError):
                     os.write(previous, data)
             sent += data.count(signal.SIGINT)
-            if signal.SIGINT not in data and signal.SIGTERM not in data:
+            if signal.SIGTERM in data:  # SIGTERM: a process still here after the grace period ends in any case
+                time.sleep(grace)
+            elif signal.SIGINT in data:
+                end = time.monotonic() + grace
+                while time.monotonic() < end and taken[0] < sent:
+                    time.sleep(0.05)
+                if taken[0] >= sent:
+                    continue
+            else:
                 continue
-            end = time.monotonic() + grace
-            while time.monotonic() < end and taken[0] < sent:
-                time.sleep(0.05)
-            if taken[0] < sent or signal.SIGTERM in data:  # after SIGTERM: ended in any case
-                code = 143 if signal.SIGTERM in data else 130
-                os.write(2, f"mlxinfer: rank {rank} was still held in a call to MLX {grace:g} s after the "
-                            f"signal (waiting on the other ranks); it exits\n".encode())  # fmt: skip
-                os._exit(code)
+            code = 143 if signal.SIGTERM in data else 130
+            os.write(2, f"mlxinfer: rank {rank} was still held in a call to MLX {grace:g} s after the "
+                        f"signal (waiting on the other ranks); it exits\n".encode())  # fmt: skip
+            os._exit(code)
 
     threading.Thread(target=watch, name="mlxinfer-stuck-rank", daemon=True).start()
     _keep.append((read, write))
