@@ -523,8 +523,9 @@ def test_a_blank_prompt_a_bad_budget_and_a_rerun_say_so_as_the_cli_would(browser
 def test_a_result_is_marked_stale_once_its_inputs_change_and_enter_runs_a_field(browser, server, shots):
     """Was: a table stayed as if current under a command line that the changed inputs had rewritten (draws of the
     fruit prompt under `--prompt 'Name one herb…' --temp 0`), a blank T went out as null (the server's default),
-    Enter in a field did nothing and eight clicks on Run sent eight requests. A result whose inputs changed, or
-    whose rerun failed, is dimmed under a note; a blank T is refused on the page; Enter in a field runs."""
+    Enter in a field did nothing and eight clicks on Run sent eight requests. A result whose inputs changed is
+    dimmed under a note (not for the draws' grouping, a re-tally on the page); a blank T is refused on the page
+    and gets no command line; Enter in a field runs."""
     tab = Tab(browser, server)
     page = tab.page
     stale = "(id) => document.getElementById(id).classList.contains('stale')"
