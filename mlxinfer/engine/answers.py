@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, Optional, Sequence
@@ -28,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from .. import defaults
-from ..errors import MlxinferError, check_whole
+from ..errors import MlxinferError, check_whole, is_number
 from ..model.dtype_rule import physical_ram_bytes
 from ..model.finite import all_finite
 from ..sampler import kept_probabilities, row_mass
@@ -130,12 +129,10 @@ def check_walk(
     min_mass: float, max_nodes: int, group: str = defaults.ANSWER_GROUP, max_seconds: Optional[float] = None
 ) -> None:
     """The walk's bounds and the grouping rule, checked (a front end calls this before a model loads)."""
-    if not (isinstance(min_mass, (int, float)) and not isinstance(min_mass, bool) and 0 < min_mass <= 1):
+    if not (is_number(min_mass) and 0 < min_mass <= 1):
         raise MlxinferError(f"min_mass must be in (0, 1] (1: walk until complete), got {min_mass!r}", "min_mass")
     check_whole(max_nodes, "max_nodes", 1, "a whole number, at least 1")
-    if max_seconds is not None and not (
-        isinstance(max_seconds, (int, float)) and not isinstance(max_seconds, bool) and 0 < max_seconds < math.inf
-    ):
+    if max_seconds is not None and not (is_number(max_seconds) and max_seconds > 0):
         raise MlxinferError(f"max_seconds must be a number of seconds > 0, got {max_seconds!r}", "max_seconds")
     check_group(group)
 

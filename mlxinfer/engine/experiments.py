@@ -115,11 +115,8 @@ def sample(
         raw_special_tokens=raw_special_tokens,
         stop=stop,
     )
-    schema = request.constraint.schema if request.constraint is not None else None
-    ranks.agree({"model": ranks.identity(model), "prompt": request.ids, "settings": request.settings.to_dict(),
-                 "max_tokens": max_tokens, "seeds": seed_ids, "stop": list(request.stop), "json_schema": schema,
-                 "group": group, "walk": [exact, min_mass, max_nodes, max_seconds], "batch_size": size},
-                ranks.group())  # fmt: skip
+    ranks.agree({**ranks.request_fields(model, request), "seeds": seed_ids, "group": group,
+                 "walk": [exact, min_mass, max_nodes, max_seconds], "batch_size": size}, ranks.group())  # fmt: skip
     seed_ranks = ranks.seed_group(model)
     mine = ranks.share(seed_ids, seed_ranks)  # under mlx.launch each rank draws every N-th seed (all: a split model)
     specs = [request.row(seed) for seed in mine]
@@ -160,9 +157,9 @@ def sample(
         batch_size=size,
         definition=model.info.definition,
         sharding=model.info.sharding,
+        weights=model.info.weights,
     )
     report.group, report.max_tokens, report.stop = group, max_tokens, list(request.stop)
-    report.weights = model.info.weights
     report.tally = tally(report.completions, key_of)
     if interrupted:
         report.interrupted = f"{done:,} of {len(seed_ids):,} seeds finished"

@@ -146,10 +146,7 @@ def stream_generate(
         stop=stop,
     )
     if model.info.sharding:  # every rank takes part in every forward pass: they must be running the same generation
-        schema = request.constraint.schema if request.constraint else None
-        ranks.agree({"model": ranks.identity(model), "prompt": request.ids, "settings": request.settings.to_dict(),
-                     "max_tokens": max_tokens, "seed": seed, "stop": list(request.stop), "logprobs": logprobs,
-                     "json_schema": schema}, ranks.group())  # fmt: skip
+        ranks.agree({**ranks.request_fields(model, request), "seed": seed, "logprobs": logprobs}, ranks.group())
     return GenerationStream(model, tokenizer, request, seed, logprobs)
 
 

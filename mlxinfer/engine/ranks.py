@@ -72,6 +72,13 @@ def identity(model) -> dict:
     }
 
 
+def request_fields(model, request) -> dict:
+    """What the ranks compare of a prepared request (engine/request.py's Request) and its model."""
+    schema = request.constraint.schema if request.constraint is not None else None
+    return {"model": identity(model), "prompt": request.ids, "settings": request.settings.to_dict(),
+            "max_tokens": request.max_tokens, "stop": list(request.stop), "json_schema": schema}  # fmt: skip
+
+
 def agree(request: dict, group) -> None:
     """Every rank runs the same request: its fields (JSON-able) are compared with rank 0's, and where any
     differs every rank stops with one line naming them (was: a rank given another prompt, budget or model

@@ -16,10 +16,10 @@ import numpy as np
 
 from ..errors import MlxinferError, check_bool, check_listed_once, check_whole, is_whole
 from ..sampler import kept_probabilities
-from . import ranks
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
 from ..views import ExpertChoice, ExplainRow, Explanation, NextTokenTable, TokenRow
+from . import ranks
 from .decode import prefill
 from .request import check_pair
 

@@ -79,10 +79,10 @@ export function mount(ctx) {
 
   async function run() {
     let given;
+    const cut = ctx.settings();  // one cut for every temperature: the sampler's T is not one of them
+    delete cut.temperature;
     try {
       given = inputs();
-      const cut = ctx.settings();
-      delete cut.temperature;  // the walk's temperatures are its own field
       checkPrompt(ctx, cut);
     } catch (e) {
       ctx.showError(e);
@@ -94,8 +94,6 @@ export function mount(ctx) {
     command();
     const shows = ctx.begin("answers");
     const p = ctx.prompt();
-    const cut = ctx.settings();  // one cut for every temperature: the sampler's T is not one of them
-    delete cut.temperature;
     const body = {
       prompt: p.prompt, chat: p.chat, temperatures: given.temps, ...cut,
       max_tokens: given.max, min_mass: given.mass, max_nodes: given.nodes, group: given.group,

@@ -65,10 +65,15 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
+// A bar's CSS width for a share of its cell (0..1): a full bar leaves a gap to the next cell's.
+export function barWidth(value) {
+  return `calc(${Math.max(0, Math.min(1, value))} * (100% - 0.5rem))`;
+}
+
 // A horizontal bar behind a table cell's number: width is a share of the cell (0..1).
 export function barCell(className, value, text) {
   const bar = el("span", { class: "bar", "aria-hidden": "true" });
-  bar.style.width = `calc(${Math.max(0, Math.min(1, value))} * (100% - 0.5rem))`;  // a full bar leaves a gap
+  bar.style.width = barWidth(value);
   return el("td", { class: `p ${className}` }, bar, text);
 }
 

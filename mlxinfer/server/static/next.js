@@ -4,7 +4,7 @@
 // so moving T, T2 or a cut re-draws the table here (sampler.js) without another request.
 
 import { postJson } from "./api.js";
-import { barCell, el, fixed, g, pyRepr, thousands, wholeNumber as whole } from "./format.js";
+import { barCell, barWidth, el, fixed, g, pyRepr, thousands, wholeNumber as whole } from "./format.js";
 import { decodeScores, problem, Row } from "./sampler.js";
 
 const $ = (id) => document.getElementById(id);
@@ -30,7 +30,7 @@ export function mount(ctx) {
     }
     const p = ctx.prompt();
     const settings = ctx.settings();
-    const bad = problem(settings) || problem({ temperature: ctx.secondTemperature() }, "T2");
+    const bad = invalid(settings, ctx.secondTemperature());
     if (bad) {  // was: a blank T went out as null, and the server's default answered
       ctx.showError(new Error(bad));
       return;
@@ -101,7 +101,7 @@ export function mount(ctx) {
   function redraw() {
     const settings = ctx.settings();
     const T2 = ctx.secondTemperature();
-    const bad = problem(settings) || problem({ temperature: T2 }, "T2");
+    const bad = invalid(settings, T2);
     $("next-table").classList.toggle("dim", Boolean(bad));  // its numbers are the last valid settings'
     $("next-cut").className = bad ? "head error" : "head";
     if (bad) {
@@ -140,13 +140,18 @@ export function mount(ctx) {
   return { run };
 }
 
+// What is wrong with the sampler's settings and the second temperature, or null
+function invalid(settings, T2) {
+  return problem(settings) || problem({ temperature: T2 }, "T2");
+}
+
 // A long prompt shown in full pushed the table a screen down: its start, and its length
 function shortened(prompt) {
   return prompt.length > 300 ? `${pyRepr(prompt.slice(0, 300))} … (${thousands(prompt.length)} characters)` : pyRepr(prompt);
 }
 
 function setBar(td, value, text) {
-  td.firstChild.style.width = `calc(${Math.max(0, Math.min(1, value))} * (100% - 0.5rem))`;  // a full bar leaves a gap
+  td.firstChild.style.width = barWidth(value);
   td.lastChild.nodeValue = text;
 }
 
