@@ -25,6 +25,7 @@ from mlxinfer.engine.decode import prefill
 from conftest import assert_one_line_error, invoke_cli
 
 from mlxinfer.engine import answers as answers_module
+from mlxinfer.engine.branching import BRANCHES
 
 PROMPT = "basil and"
 SETTINGS = [
@@ -624,7 +625,7 @@ def test_a_walk_that_ends_short_of_min_mass_on_its_branch_cap_says_so(embedded_q
     )  # fmt: skip
     found = sum(a.probs[0] for a in r.answers)
     assert r.stopped == "branches" and found < 0.99, (r.stopped, found)
-    assert len(r.answers) <= answers_module.BRANCHES
+    assert len(r.answers) <= BRANCHES
     assert abs(found + r.mass[0].remainder - 1.0) < 1e-9
     again = mlxinfer.answers(
         model, tok, "Name one fruit. Answer with one word.", settings=[{"temperature": 1.5}], max_tokens=1,
@@ -698,7 +699,7 @@ def test_first_token_answers_hold_their_first_tokens_mass_alone(embedded_quantiz
     p = np.exp(scores - scores.max())
     p /= p.sum()
     want = defaultdict(float)
-    for t in np.argsort(-p)[: answers_module.BRANCHES]:
+    for t in np.argsort(-p)[:BRANCHES]:
         want[answer_key("", int(t), "first-token", lambda i: tok.decode([i]))] += p[t]
     assert sum("#" in a.answer for a in r.answers) >= 3  # part-character tokens, each its own answer
     for a in r.answers:

@@ -30,9 +30,9 @@ from .. import defaults
 from ..errors import MlxinferError, check_whole, is_number
 from ..model.dtype_rule import physical_ram_bytes
 from ..model.finite import all_finite
-from ..sampler import kept_probabilities, row_mass
 from ..settings import SamplerSettings, resolve_each, settings_list
 from ..views import AnswerPath, AnswersReport, ExactAnswer, SettingsMass
+from .branching import branches, followed, next_probabilities
 from .core import Row, replay
 from .decode import check_pass_fits, check_progress, prefill
 from .grouping import check_group, keyer
@@ -40,7 +40,6 @@ from .path_cache import PathRows, at_position
 from .request import check_batch_size, prepare
 from .results import Terminated
 
-BRANCHES = 1024  # children looked at per node at most (the rest is remainder)
 WAIT = 4  # taken paths that may wait for a pass of their length, in batches
 DRAIN = 1024  # children taken at most per entry once a budget ends the walk (~20 us each: no pass, their text)
 PATHS_SHOWN = 3  # token paths kept per answer
@@ -359,74 +358,19 @@ class AnswerWalk:
 
     # ------------------------------------------------------------------------- a node's children
     def _expand_children(self, nodes: list[_Node], logits: mx.array) -> None:
-        """Each node's children under every settings entry: the heaviest up to BRANCHES that hold all but
-        eps of every entry's conditional mass; the rest is lost to the remainder."""
-        probs, kept, drawn = self._probabilities(nodes, logits)  # (S, B, V) each; `drawn` evaluated only if used
-        mx.eval(probs, kept)
-        p = np.asarray(probs)  # views of MLX's buffers, not copies (read only here)
-        positive = np.asarray(kept) & (p > 0)  # what each entry can draw after each path
-        support = np.count_nonzero(positive, axis=-1)  # (S, B)
-        if support.max() <= BRANCHES:  # a cut support: every token an entry can draw is a child
-            ids = [np.flatnonzero(row) for row in positive.any(axis=0)]
-            picked = [np.where(positive[:, b, i], p[:, b, i], 0).astype(np.float64) for b, i in enumerate(ids)]
-            total = np.stack([h.sum(axis=1) for h in picked], axis=1)  # (S, B): each entry's kept mass
-        else:
-            weights = mx.array(np.stack([n.probs for n in nodes], axis=1).astype(np.float32))  # (S, B)
-            heaviest = mx.max(drawn * weights[:, :, None], axis=0)  # (B, V)
-            top = mx.argpartition(-heaviest, kth=BRANCHES - 1, axis=-1)[:, :BRANCHES]
-            taken = mx.take_along_axis(drawn, mx.broadcast_to(top[None], (drawn.shape[0], *top.shape)), axis=-1)
-            total = row_mass(drawn)[..., 0]  # (S, B): 1 but for float32's rounding
-            ids, picked = np.array(top), np.array(taken).transpose(1, 0, 2)  # (B, k), (B, S, k)
-            total = np.array(total).astype(np.float64)
-        for b, node in enumerate(nodes):
-            # conditional probabilities (S, k), divided by their row's whole sum so that each row holds exactly 1
-            cond = picked[b].astype(np.float64) / total[:, b, None]
-            self._children(node, ids[b], cond, support[:, b])
-
-    def _children(self, node: _Node, ids: np.ndarray, cond: np.ndarray, support: np.ndarray) -> None:
-        keep = np.zeros(len(ids), dtype=bool)
-        for s in range(cond.shape[0]):  # each entry: its heaviest children up to 1 - eps of its mass
-            order = np.argsort(-cond[s], kind="stable")
-            mass = np.cumsum(cond[s][order])
-            n = min(int(np.searchsorted(mass, 1.0 - self.eps)) + 1, len(order)) if self.eps > 0 else len(order)
-            chosen = order[:n]
-            keep[chosen[cond[s][chosen] > 0]] = True
-        # an entry loses nothing where every token it can draw is kept (a cut support: exactly 0); there its
-        # children are rescaled to sum to 1 exactly, so that no mass leaks in rounding
-        whole = (cond[:, keep] > 0).sum(axis=1) == support
-        taken = cond[:, keep].sum(axis=1)
-        cond = np.where(whole[:, None] & (taken[:, None] > 0), cond / np.where(taken > 0, taken, 1.0)[:, None], cond)
-        # what the children do not hold, exactly (never below 0: a sum of rounded terms may pass 1 in its last bits)
-        self.lost += np.where(whole, 0.0, node.probs * np.maximum(1.0 - taken, 0.0))
-        kept = np.nonzero(keep)[0]
-        if len(kept):  # every child waits in weight order, ending ones too: resolved when taken
-            probs = node.probs[None, :] * cond[:, kept].T  # (n, S)
-            order = np.argsort(-probs.max(axis=1), kind="stable")
-            self._push(_Siblings(node, ids[kept[order]].tolist(), probs[order]))
-
-    def _probabilities(self, nodes: list[_Node], logits: mx.array) -> tuple[mx.array, ...]:
-        """(S, B, V) three times, kept_probabilities' for each settings entry after each path: each next
-        token's probability at the entry's temperature, whether its cut keeps the token, and its probability
-        as drawn (the kept rescaled to 1)."""
-        history_free = all(not s.adjusts for s in self.settings) and self.request.compiled is None
+        """Each node's children under every settings entry (branching.py): the heaviest up to BRANCHES that
+        hold all but eps of every entry's conditional mass; the rest is lost to the remainder."""
         fast = self.model.info.cpu_kernels  # as the draws of `sample` on this model cut (sampler/row.py)
-        entries = []  # per settings entry: (probs, kept, drawn), each (B, V)
-        for s in self.settings:
-            if history_free:
-                entries.append(kept_probabilities(logits, s, fast=fast)[1:])
-                continue
-            rows = []
-            for b, node in enumerate(nodes):
-                history = self.request.ids + list(node.path)
-                allowed = self._allowed(node.path) if self.request.compiled is not None else None
-                rows.append(kept_probabilities(logits[b], s, history=history, allowed=allowed, fast=fast)[1:])
-            entries.append(tuple(mx.stack(column) for column in zip(*rows)))
-        return tuple(_stacked(list(column)) for column in zip(*entries))
-
-    def _allowed(self, path: tuple) -> np.ndarray:
-        mask = self.request.compiled.mask(self.request.vocab_size)
-        mask.advance(list(path))
-        return mask.allowed()
+        arrays = next_probabilities(logits, [n.path for n in nodes], self.settings, self.request, fast)
+        weights = np.stack([n.probs for n in nodes], axis=1)  # (S, B)
+        ids, conds, support = branches(*arrays, weights)
+        for b, node in enumerate(nodes):
+            kept, cond, lost = followed(conds[b], support[:, b], self.eps)
+            self.lost += node.probs * lost
+            if len(kept):  # every child waits in weight order, ending ones too: resolved when taken
+                probs = node.probs[None, :] * cond.T  # (n, S)
+                order = np.argsort(-probs.max(axis=1), kind="stable")
+                self._push(_Siblings(node, ids[b][kept[order]].tolist(), probs[order]))
 
     # ------------------------------------------------------------------------- ends
     def _follow(self, parent: _Node, token: int) -> Row:
@@ -503,7 +447,3 @@ class AnswerWalk:
         steps = [(b / np.where(a > 0, a, 1)).tolist() for a, b in zip(chain, chain[1:])]
         tokens = list(parent.path) + [token]
         return AnswerPath(tokens, [self.tokenizer.decode([t]) for t in tokens], probs.tolist(), steps)
-
-
-def _stacked(arrays: list[mx.array]) -> mx.array:
-    return arrays[0][None] if len(arrays) == 1 else mx.stack(arrays)  # one entry: a view, no copy
