@@ -296,7 +296,27 @@ def _tensor(which, **fields):
 )
 def test_gguf_header_is_checked_against_the_file(spec, tmp_path, change, fragment):
     path = _written(spec, tmp_path, change)
-    assert_one_line_error(invoke_cli("count", path), fragment)
+    result = invoke_cli("count", path)
+    assert_one_line_error(result, fragment)
+    assert any(fix in result.stderr for fix in ("re-download", "convert the model again", "re-quantize")), result.stderr
+
+
+@pytest.mark.slow
+def test_gguf_metadata_that_disagrees_with_its_tensors_is_named_by_count_and_topk(spec, tmp_path):
+    """A block_count below the blk.N tensors present loaded in neither topk nor count's check (count gave a
+    table); a head count that gives other shapes than the tensors' was "+65,536 parameters stored beyond the
+    count" in count; an embedding length that disagrees named no file in topk."""
+    fewer = _written(spec, tmp_path, lambda s: s.set_meta("llama.block_count", hostile.U32, 1), "fewer.gguf")
+    for command in (["count", fewer], ["topk", "-m", fewer, "-p", "hi"]):
+        assert_one_line_error(run_cli(*command, timeout=60), "block_count says 1 layers", "blk.0 to blk.1")
+    kv = spec.meta("llama.attention.head_count_kv")
+    heads = _written(spec, tmp_path, lambda s: s.set_meta("llama.attention.head_count_kv", hostile.U32, kv // 2))
+    notes = json.loads(invoke_cli("count", heads, "--json").stdout)["stored"]["notes"]
+    said = next(n for n in notes if "attn_k.weight" in n)
+    assert "metadata implies" in said and "will not load" in said, notes
+    assert not any("beyond the count" in n for n in notes), notes
+    error = run_cli("topk", "-m", heads, "-p", "hi", timeout=60)
+    assert_one_line_error(error, "attn_k" if "attn_k" in error.stderr else "k_proj", "re-download or re-convert")
 
 
 def test_a_huge_name_read_from_a_file_is_no_huge_error_line(spec, tmp_path):

@@ -76,7 +76,7 @@ def count(
     if cfg.moe_layers:
         r.experts = _experts(cfg, weights, r.total)
     if header:
-        r.quantization, r.stored = gguf_quant(header), stored_gguf(header, r.total)
+        r.quantization, r.stored = gguf_quant(header), stored_gguf(header, r.total, {w.name: w.shape for w in weights})
         if src.dequantized:  # @float32: every tensor is read as float32
             r.quantization.update(loaded_bytes=4 * r.total, loaded_embedding_bytes=4 * r.embedding)
             for type_name, d in r.quantization["types"].items():

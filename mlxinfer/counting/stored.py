@@ -3,6 +3,7 @@ tables (read by formats/, never a weight) summed and compared, with a note for e
 
 from __future__ import annotations
 
+from ..errors import MlxinferError
 from ..formats import gguf
 from ..formats.config import ModelConfig
 from .layout import stacked_name
@@ -52,24 +53,49 @@ def stored_safetensors(files: list[dict], cfg: ModelConfig, names: list[str], to
     return s
 
 
-def stored_gguf(h: gguf.GGUFHeader, total: int) -> dict:
+def stored_gguf(h: gguf.GGUFHeader, total: int, implied: dict[str, tuple] | None = None) -> dict:
+    """The tensor table summed, against `total` and (where given) each tensor's shape the metadata implies,
+    by Hugging Face names."""
     t = [{"name": x.name, "params": x.n_elements, "bytes": x.nbytes} for x in h.tensors]
     head = h.file_size - sum(x.nbytes for x in h.tensors)  # metadata, tensor table, alignment padding
     s = _sums([{"name": h.path.name, "file_bytes": h.file_size, "header_bytes": head, "tensors": t}], "gguf")
     s["unique_parameters"] = total
+    wrong = _wrong_shapes(h, implied or {})
+    if wrong:
+        name, shape, want = wrong[0]
+        s["notes"].append(
+            f"tensor '{name}' has shape {shape} but the file's metadata implies {want}"
+            + (f" ({len(wrong) - 1:,} more like it)" if len(wrong) > 1 else "")
+            + ": the metadata and the tensors disagree (the model will not load); re-convert or re-download it"
+        )
     rope = next((x.n_elements for x in h.tensors if x.name == "rope_freqs.weight"), 0)
     if rope:
         s["notes"].append(f"rope_freqs.weight: Llama 3's RoPE scaling, one factor per rotary pair ({rope:,} values)")
     diff = s["parameters"] - rope - total
-    s["notes"].append(
-        "every parameter is stored exactly once (a tied table is stored once, as token_embd)"
-        if diff == 0
-        else f"{diff:+,} parameters stored beyond the count"
-        if diff > 0
-        else f"{-diff:,} parameters fewer stored than the config implies: a tensor's shape does not match the "
-        "file's own metadata (the model will not load); re-convert or re-download it"  # was "-147,456 ... beyond"
-    )
+    if wrong:  # the sums differ because of it: the note above says why
+        s["notes"].append(f"{diff:+,} parameters stored against the count")
+    else:
+        s["notes"].append(
+            "every parameter is stored exactly once (a tied table is stored once, as token_embd)"
+            if diff == 0
+            else f"{diff:+,} parameters stored beyond the count"  # e.g. a tensor the definition does not use
+            if diff > 0
+            else f"{-diff:,} parameters fewer stored than the config implies: a tensor's shape does not match the "
+            "file's own metadata (the model will not load); re-convert or re-download it"
+        )
     return s
+
+
+def _wrong_shapes(h: gguf.GGUFHeader, implied: dict[str, tuple]) -> list[tuple]:
+    wrong = []
+    for x in h.tensors:
+        try:
+            want = implied.get(gguf.gguf_to_hf(x.name))
+        except MlxinferError:  # a tensor with no place in the definition (rope_freqs): counted, not compared
+            continue
+        if want is not None and tuple(x.shape) != tuple(want):
+            wrong.append((x.name, tuple(x.shape), tuple(want)))
+    return wrong
 
 
 def _sums(files: list[dict], fmt: str) -> dict:

@@ -36,6 +36,7 @@ MAX_NESTING = 4  # arrays of arrays: GGUF files use one level; a deeper one is a
 # the fix a wrong value in the metadata read as a config gets (there is no config.json to fix; the value is
 # named by its metadata key, GGUF_KEYS)
 METADATA_FIX = "the file's metadata is wrong: re-download or re-convert it"
+REDOWNLOAD = "re-download the file, or convert the model again"
 GGUF_KEYS = {  # config.json's field -> the metadata key it is read from, under the architecture's name
     "vocab_size": "vocab_size",
     "hidden_size": "embedding_length",
@@ -149,7 +150,9 @@ class _Reader:
         if item_type == _FLOAT64:
             self.float64_keys.append(self.key)
         if depth >= MAX_NESTING or item_type not in (*_SCALARS, _STRING, _ARRAY):
-            raise MlxinferError(f"{self.path} has a corrupt header (an array of unknown type {item_type})")
+            raise MlxinferError(
+                f"{self.path} has a corrupt header (an array of unknown type {item_type}); {REDOWNLOAD}"
+            )
         width = _STRUCTS[item_type].size if item_type in _SCALARS else 8  # a string: its length
         return item_type, self.count("array items", width)
 
@@ -186,7 +189,7 @@ class _Reader:
             if item_type == _STRING:
                 return self.strings(count)
             return [self.value(item_type, depth + 1) for _ in range(count)]
-        raise MlxinferError(f"{self.path} has a corrupt header (unknown value type {t})")
+        raise MlxinferError(f"{self.path} has a corrupt header (unknown value type {t}); {REDOWNLOAD}")
 
 
 def read_header(path: str | Path, tokenizer: bool = True) -> GGUFHeader:
@@ -216,7 +219,10 @@ def _parse(buf, path: Path, size: int, tokenizer: bool) -> GGUFHeader:
     r.pos = len(MAGIC)
     version = r.scalar(4)
     if version not in (2, 3):
-        raise MlxinferError(f"{path} is GGUF version {version}; only versions 2 and 3 are supported")
+        raise MlxinferError(
+            f"{path} is GGUF version {version}; only versions 2 and 3 are supported: convert the model again "
+            "with a current llama.cpp (convert_hf_to_gguf.py)"
+        )
     n_tensors = r.count("tensors", 24)  # each: a name, dims, a type and an offset
     n_kv = r.count("metadata entries", 12)  # each: a key and a type
     metadata = {}
@@ -230,7 +236,9 @@ def _parse(buf, path: Path, size: int, tokenizer: bool) -> GGUFHeader:
     tensors = [_tensor_info(r, path) for _ in range(n_tensors)]
     alignment = metadata.get("general.alignment", 32)
     if type(alignment) is not int or alignment < 1 or alignment & (alignment - 1):
-        raise MlxinferError(f"{path} has a corrupt header (general.alignment {alignment!r} is not a power of 2)")
+        raise MlxinferError(
+            f"{path} has a corrupt header (general.alignment {alignment!r} is not a power of 2); {REDOWNLOAD}"
+        )
     data_offset = -(-r.pos // alignment) * alignment
     header = GGUFHeader(path, version, metadata, tensors, data_offset, size, sorted(set(r.float64_keys)))
     _check_layout(header, alignment)
@@ -241,7 +249,7 @@ def _tensor_info(r: _Reader, path: Path) -> GGUFTensor:
     name = r.string()
     n_dims = r.scalar(4)
     if not 1 <= n_dims <= MAX_DIMS:
-        raise MlxinferError(f"{path} has a corrupt header (tensor {name!r} has {n_dims} dimensions)")
+        raise MlxinferError(f"{path} has a corrupt header (tensor {name!r} has {n_dims:,} dimensions); {REDOWNLOAD}")
     dims = [r.scalar(10) for _ in range(n_dims)]
     type_id, offset = r.scalar(4), r.scalar(10)
     if type_id not in GGML_TYPES:
@@ -251,7 +259,7 @@ def _tensor_info(r: _Reader, path: Path) -> GGUFTensor:
         )
     type_name, block, block_bytes = GGML_TYPES[type_id]
     if min(dims) < 1 or max(dims) >= 2**31:  # MLX's shapes are int32
-        raise MlxinferError(f"{path} has a corrupt header (tensor {name!r} has dimensions {dims})")
+        raise MlxinferError(f"{path} has a corrupt header (tensor {name!r} has dimensions {dims}); {REDOWNLOAD}")
     if dims[0] % block:
         raise MlxinferError(
             f"{path} has a corrupt header (tensor {name!r} has dimensions {dims}, which {type_name} cannot store: "
@@ -269,7 +277,7 @@ def _check_layout(h: GGUFHeader, alignment: int) -> None:
     end, last, names = h.data_offset, None, set()
     for t in sorted(h.tensors, key=lambda t: t.offset):
         if t.name in names:
-            raise MlxinferError(f"{h.path} has a corrupt header (tensor {t.name!r} is listed twice)")
+            raise MlxinferError(f"{h.path} has a corrupt header (tensor {t.name!r} is listed twice); {REDOWNLOAD}")
         names.add(t.name)
         if t.offset % alignment:
             raise MlxinferError(
@@ -277,7 +285,9 @@ def _check_layout(h: GGUFHeader, alignment: int) -> None:
                 f"{alignment}-byte alignment); re-download it"
             )
         if last is not None and h.data_offset + t.offset < end:
-            raise MlxinferError(f"{h.path} has a corrupt header (tensors {last!r} and {t.name!r} overlap)")
+            raise MlxinferError(
+                f"{h.path} has a corrupt header (tensors {last!r} and {t.name!r} overlap); {REDOWNLOAD}"
+            )
         end, last = h.data_offset + t.offset + t.nbytes, t.name
         if end > h.file_size:
             raise MlxinferError(
@@ -341,12 +351,48 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
         raise MlxinferError(head + told, *e.params) from None
 
 
+# llama.cpp's tensor names -> Hugging Face's: one map for every architecture a GGUF file of loads
+_GGUF_NAMES = {
+    "token_embd": "model.embed_tokens",
+    "output_norm": "model.norm",
+    "output": "lm_head",
+    "attn_q": "self_attn.q_proj",
+    "attn_k": "self_attn.k_proj",
+    "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "attn_q_norm": "self_attn.q_norm",
+    "attn_k_norm": "self_attn.k_norm",
+    "attn_norm": "input_layernorm",
+    "ffn_norm": "post_attention_layernorm",
+    "ffn_gate": "mlp.gate_proj",
+    "ffn_up": "mlp.up_proj",
+    "ffn_down": "mlp.down_proj",
+}
+
+
+def gguf_to_hf(name: str) -> str:
+    m = re.match(r"^blk\.(\d+)\.(\w+)\.(\w+)$", name)
+    if m:
+        layer, module, part = m.groups()
+        if module in _GGUF_NAMES and not _GGUF_NAMES[module].startswith(("model.", "lm_head")):
+            return f"model.layers.{layer}.{_GGUF_NAMES[module]}.{part}"
+    else:
+        module, _, part = name.partition(".")
+        if module in _GGUF_NAMES and _GGUF_NAMES[module].startswith(("model.", "lm_head")):
+            return f"{_GGUF_NAMES[module]}.{part}"
+    raise MlxinferError(
+        f"GGUF tensor '{name}' has no place in a supported model; the file is not a plain decoder", "source"
+    )
+
+
 def check_blocks(header: GGUFHeader, n_layers, key: str) -> None:
-    """The metadata's layer count against the tensors present, before anything is built from it."""
+    """The metadata's layer count against the tensors present (blk.0 to blk.N-1, none missing, none beyond),
+    before anything is built from it."""
     present = {int(m.group(1)) for t in header.tensors if (m := _BLOCK.match(t.name))}
-    if is_whole(n_layers) and n_layers > 0:
-        if n_layers > len(present) or any(i not in present for i in range(n_layers)):
-            raise MlxinferError(
-                f"{header.path}: {key} says {n_layers:,} layers but the file holds tensors for "
-                f"{len(present):,} (blk.N); the file is corrupt or incomplete"
-            )
+    exact = len(present) == n_layers and min(present, default=0) == 0 and max(present, default=-1) == n_layers - 1
+    if is_whole(n_layers) and n_layers > 0 and not exact:  # (distinct ids: n of them from 0 to n - 1 are those)
+        held = f"blk.{min(present)} to blk.{max(present)}" if present else "none"
+        raise MlxinferError(
+            f"{header.path}: {key} says {n_layers:,} layers but the file holds tensors for {len(present):,} "
+            f"({held}); the file is corrupt or incomplete: re-download or re-convert it"
+        )

@@ -82,7 +82,7 @@ def load(source: str | Path | None = None, compute_dtype: str = "auto", group=No
         cfg = untie(cfg, weights)
         check_layers(cfg, weights, str(src.path))  # before a billion blocks are built from a hostile config
         model = Model(cfg)
-        quantize_like(model, weights, cfg.quantization)
+        quantize_like(model, weights, cfg.quantization, str(src.path))
         fill(model, weights, str(src.path), evaluate=not sharded)
         model.info = ModelInfo(src.name, f"mlxinfer {cfg.model_type}", src, generation_config)
     else:

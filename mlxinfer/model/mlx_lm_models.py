@@ -100,7 +100,7 @@ def build(module: ModuleType, cfg: ModelConfig, weights: dict[str, mx.array], wh
                 "they are incomplete or belong to another model",
                 "source",
             ) from None
-    quantize_like(model, weights, cfg.quantization)
+    quantize_like(model, weights, cfg.quantization, where)
     fill(model, weights, where, evaluate=evaluate)
     model.eval()
     return model, _served_config(cfg, args, model)

@@ -19,45 +19,12 @@ from mlx.utils import tree_flatten
 from ..errors import MlxinferError
 from ..formats import safetensors
 from ..formats.config import QUANT_BITS, QUANT_GROUPS, ModelConfig
-from ..formats.gguf import MX_LOAD_TYPES, GGUFHeader
+from ..formats.gguf import MX_LOAD_TYPES, GGUFHeader, gguf_to_hf
 from . import gguf_tensors
 
 QUANT_PARTS = ("scales", "biases")
 _IGNORED = re.compile(r"(rotary_emb\.inv_freq|rope\.freqs|^rope_freqs\.weight)$")  # GGUF's: gguf_rope.py reads it
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
-
-# llama.cpp's tensor names -> Hugging Face's: one map for every architecture a GGUF file of loads
-_GGUF_NAMES = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-
-
-def gguf_to_hf(name: str) -> str:
-    m = re.match(r"^blk\.(\d+)\.(\w+)\.(\w+)$", name)
-    if m:
-        layer, module, part = m.groups()
-        if module in _GGUF_NAMES and not _GGUF_NAMES[module].startswith(("model.", "lm_head")):
-            return f"model.layers.{layer}.{_GGUF_NAMES[module]}.{part}"
-    else:
-        module, _, part = name.partition(".")
-        if module in _GGUF_NAMES and _GGUF_NAMES[module].startswith(("model.", "lm_head")):
-            return f"{_GGUF_NAMES[module]}.{part}"
-    raise MlxinferError(
-        f"GGUF tensor '{name}' has no place in a supported model; the file is not a plain decoder", "source"
-    )
 
 
 def read_safetensors(directory: Path) -> dict[str, mx.array]:
@@ -156,8 +123,9 @@ def unpermute_rows(w: mx.array, n_heads: int) -> mx.array:
     return w.reshape(n_heads, rows // n_heads // 2, 2, *rest).swapaxes(1, 2).reshape(rows, *rest)
 
 
-def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, block: dict | None):
-    """(group_size, bits) for one module, from the config block or the tensors' shapes; None if float."""
+def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, block: dict | None, where: str = ""):
+    """(group_size, bits) for one module, from the config block or the tensors' shapes; None if float.
+    `where`: the file or folder they came from, for the error."""
     if f"{path}.scales" not in weights or f"{path}.weight" not in weights:
         return None  # fill() names what is missing
     packed, scales = weights[f"{path}.weight"], weights[f"{path}.scales"]
@@ -174,9 +142,9 @@ def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, b
         or inferred[1] not in QUANT_BITS
     ):
         raise MlxinferError(
-            f"{path}: the quantized tensors (weight {tuple(packed.shape)} {packed.dtype}, scales "
-            f"{tuple(scales.shape)}) are no MLX layout for {in_features:,} inputs; the weights are corrupt "
-            "or belong to another model",
+            f"{where + ': ' if where else ''}{path}: the quantized tensors (weight {tuple(packed.shape)} "
+            f"{packed.dtype}, scales {tuple(scales.shape)}) are no MLX layout for the {in_features:,} inputs the "
+            f"config implies; {_not_theirs(where)}",
             "source",
         )
     block = block or {}
@@ -196,13 +164,14 @@ def quantization_of(weights: dict[str, mx.array], path: str, in_features: int, b
     return declared
 
 
-def quantize_like(model: nn.Module, weights: dict[str, mx.array], block: dict | None) -> None:
-    """Swap in quantized modules wherever the tensors have scales, with their bits and group size."""
+def quantize_like(model: nn.Module, weights: dict[str, mx.array], block: dict | None, where: str = "") -> None:
+    """Swap in quantized modules wherever the tensors have scales, with their bits and group size (`where`:
+    the file or folder they came from, for an error)."""
 
     def predicate(path: str, module: nn.Module):
         if not hasattr(module, "to_quantized") or "weight" not in module:
             return False
-        q = quantization_of(weights, path, module.weight.shape[-1], block)
+        q = quantization_of(weights, path, module.weight.shape[-1], block, where)
         return False if q is None else {"group_size": q[0], "bits": q[1]}
 
     nn.quantize(model, class_predicate=predicate)
