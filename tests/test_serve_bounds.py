@@ -380,6 +380,7 @@ def test_a_long_prompt_holds_the_others_for_a_chunk_not_its_whole_prefill(checkp
 
     engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
     engine.close()  # its thread parks: the jobs are admitted on this thread alone
+    engine._clock = lambda: 0.0  # chunks that take no time: the rows in flight take one step between two
     (stream, s_args), (short, _) = job("stream", "The cat", 40, 1, never_ends), job("short", "A dog", 3, 2, {})
     (long, l_args) = job("long", "The cat sat on the mat. " * 12, 2, 3, {"temperature": 1.0})
     chunks = -(-len(long.request.ids) // 16)
@@ -399,6 +400,32 @@ def test_a_long_prompt_holds_the_others_for_a_chunk_not_its_whole_prefill(checkp
         (alone,) = mlxinfer.sample(model, tok, prompt, seeds=seeds, settings=settings, max_tokens=max_tokens,
                                    chat=False).completions  # fmt: skip
         assert [t for n, t in told if n == name and t is not None] == alone.tokens, name
+
+
+def test_beside_a_long_prompt_the_streams_step_for_as_long_as_each_chunk_took(checkpoint_dir):
+    """Was: one step between two chunks, so beside a 6,000-token prompt (~4 s a chunk on a 2-core CPU) a
+    stream got a token every 4 s. Now the rows in flight step for as long as the chunk before took: here
+    (a clock where each chunk takes 1 s and each step 0.25 s) four steps between two chunks."""
+    model, tok, engine, told = _engine_with_a_stream(checkpoint_dir)
+    clock = [0.0]
+    engine._clock = lambda: clock[0]
+    turn, step = engine._between_chunks, engine._step
+
+    def chunk_then_turn(reserved):
+        clock[0] += 1.0  # the chunk before this turn
+        turn(reserved)
+
+    def timed_step():
+        step()
+        clock[0] += 0.25
+
+    engine._between_chunks, engine._step = chunk_then_turn, timed_step
+    long = "The cat sat on the mat. " * 12
+    chunks = -(-len(tok.encode(long)) // 16)
+    before = engine.steps
+    engine._admit(Job(prepare(model, tok, long, chat=False, max_tokens=2), [3], lambda *e: None))
+    assert engine.steps - before == 4 * (chunks - 1)
+    assert len(engine._live) == 2  # the stream, and the long prompt's row once prefilled
 
 
 def test_the_queue_bound_counts_what_waits_requests_and_calls_alike(checkpoint_dir):
