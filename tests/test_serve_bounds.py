@@ -520,6 +520,15 @@ def test_an_explorer_call_whose_client_left_stops_at_its_next_chunk(checkpoint_d
     assert len(told) - before == 0  # it stopped before the others' first turn: no chunk after the first
 
 
+def _answered(url, status: str) -> float:
+    """mlxinfer_requests_total of `status`, all endpoints, from GET /metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    samples = [s for f in text_string_to_metric_families(text) for s in f.samples]
+    return sum(s.value for s in samples if s.name == "mlxinfer_requests_total" and s.labels["status"] == status)
+
+
 def test_headers_or_a_body_that_never_arrive_whole_are_a_408(tiny, monkeypatch):
     """Was: half a request line, or a Content-Length of 100 and one byte, held the connection for ever (and
     ~2,000 such connections took every file descriptor). Now each is a 408 in OpenAI's shape, then closed;
@@ -529,6 +538,8 @@ def test_headers_or_a_body_that_never_arrive_whole_are_a_408(tiny, monkeypatch):
     url = tiny[0]
     monkeypatch.setattr(protocol, "HEADERS_TIMEOUT_S", 0.5)
     monkeypatch.setattr(app, "BODY_TIMEOUT_S", 0.5)
+    counted = lambda status: _answered(url, status)  # noqa: E731
+    before = {status: counted(status) for status in ("408", "400")}
     for sent in (b"POST /v1/chat/compl", b"POST " + CHAT.encode() + b" HTTP/1.1\r\nHost: x\r\nContent-Le"):
         answer = raw_exchange(url, sent, timeout=20)
         head, _, data = answer.partition(b"\r\n\r\n")
@@ -538,6 +549,11 @@ def test_headers_or_a_body_that_never_arrive_whole_are_a_408(tiny, monkeypatch):
     answer = raw_exchange(url, cut, timeout=20)
     head, _, data = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408") and "body did not arrive" in json.loads(data)["error"]["message"]
+    assert answer.count(b"HTTP/1.1") == 1  # was a second 408 (the headers' timer) after the body's
+    answer = raw_exchange(url, raw_post(CHAT, body, {"Content-Length": "abc"}), timeout=20)
+    assert answer.startswith(b"HTTP/1.1 400")  # h11's own: the app never sees it
+    # every one in /metrics: was the body's 408 alone (the app's), not the headers' two nor the protocol's 400
+    assert counted("408") - before["408"] == 3 and counted("400") - before["400"] == 1
     assert post(url, CHAT, _chat(url)).status_code == 200
     # two requests in one write (pipelined): the second begins as the first's answer ends, and runs past the
     # timeout; it is answered, not cut by a 408 meant for headers that never came

@@ -6,6 +6,7 @@ that answer is {"error": {...}} like every other, so a client's error handling r
 A request with both Content-Length and Transfer-Encoding: chunked is read as chunked, as RFC 9112
 says, and reaches the app; one whose client stops sending before its body is whole (its "chunked"
 body no chunks, say) is answered that 400 too, where uvicorn closed the connection without a word.
+Both, and the 408 for headers that never arrive whole, count in /metrics as the app's answers do.
 """
 
 from __future__ import annotations
@@ -70,12 +71,21 @@ class OpenAIShapedH11(H11Protocol):
         busy = cycle is not None and not cycle.response_complete  # a pipelined request, begun as the last ended
         if self.cycle is not cycle or busy or self.transport.is_closing():
             return
+        answered = self.conn.their_state is h11.SEND_BODY and self.conn.our_state is h11.DONE
+        idle = cycle is not None and not self.conn.trailing_data[0]
+        if answered or idle:
+            # answered: the app answered a body that never came whole (its 408, or a 413) while the client kept
+            # the connection (a second 408 followed the first); idle: a kept-alive connection with no byte of a
+            # next request, closed as uvicorn's keep-alive timeout closes one, without an answer
+            self.transport.close()
+            return
         data = json.dumps(
             error_body(408, f"the request's headers did not arrive within {HEADERS_TIMEOUT_S:g} s; send them whole")
         ).encode()
         head = b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
         self.transport.write(head + b"content-length: %d\r\n\r\n" % len(data) + data)
         self.transport.close()
+        self._count(408)
 
     def eof_received(self):
         # the client stopped sending with its body cut short, and nothing answered it yet (a 413 sent while the
@@ -97,3 +107,11 @@ class OpenAIShapedH11(H11Protocol):
             self.transport.write(self.conn.send(event))
         self.transport.write(self.conn.send(h11.EndOfMessage()))
         self.transport.close()
+        self._count(400)
+
+    def _count(self, status: int) -> None:
+        """An answer the app never saw, in /metrics (endpoint "other": its path was never read whole), where
+        the app served is mlxinfer's (metrics.Counted): a slow or malformed client shows there too."""
+        metrics = getattr(self.config.app, "metrics", None)
+        if metrics is not None:
+            metrics.answered("", status)
