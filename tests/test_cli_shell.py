@@ -6,10 +6,14 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
-from conftest import assert_one_line_error, invoke_cli
+from conftest import ROOT, assert_one_line_error, invoke_cli
+from terminal import Terminal
+
+import mlxinfer
 
 MLXINFER = str(Path(sys.executable).with_name("mlxinfer"))  # the installed script: completion keys on its name
 
@@ -290,29 +294,66 @@ def test_ctrl_c_before_a_command_runs_is_130_without_a_traceback():
     assert e.value.code == 130
 
 
-def test_generate_stopped_by_ctrl_c_ends_its_line_marked():
-    """Ctrl-C during generate left the text without a newline (the shell's prompt then stood on its line):
-    the text so far ends with " [stopped]" and a newline, as chat marks a stopped reply, and exit 130."""
+def _generate_stopped(*extra: str) -> tuple[str, str, int]:
+    """generate of a long story (seed 1) through pipes, Ctrl-C once some text is out: (stdout, stderr, code)."""
     import signal
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "mlxinfer", "generate", "-p", "Tell me a long story.", "--max-tokens", "2000",
-         "--temp", "1", "--seed", "1"],
+         "--temp", "1", "--seed", "1", *extra],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
-        line = proc.stderr.readline()  # "[SmolLM2-135M-Instruct on ...]": written once the first token is
-        while line and not line.startswith("["):  # (a kernel build's notes may come before it)
-            line = proc.stderr.readline()
-        first = proc.stdout.read(1)  # some text is out (and marked as shown): the interrupt comes after it
+        if extra:  # --json: nothing is written before the end; the interrupt comes during the decode (the
+            # load takes ~2 s of CPU, the 2,000 tokens ~40)
+            while _cpu_seconds(proc.pid) < 6:
+                time.sleep(0.2)
+        else:
+            line = proc.stderr.readline()  # "[SmolLM2-135M-Instruct on ...]": written once the first token is
+            while line and not line.startswith("["):  # (a kernel build's notes may come before it)
+                line = proc.stderr.readline()
+            first = proc.stdout.read(1)  # some text is out: the interrupt comes after it
         proc.send_signal(signal.SIGINT)
         out, err = proc.communicate(timeout=120)
-        out = first + out
     finally:
         proc.kill()
-    assert proc.returncode == 130, err
-    assert out.endswith(" [stopped]\n") and len(out) > len(" [stopped]\n"), out[-200:]
-    assert "Traceback" not in err
+    return (out if extra else first + out), err, proc.returncode
+
+
+def _cpu_seconds(pid: int) -> float:
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def test_generate_stopped_by_ctrl_c_keeps_what_it_wrote():
+    """Ctrl-C during generate: exit 130, and what was written is the result. Was: " [stopped]" written into the
+    text a pipe receives, no stats line, and with --json nothing at all. Now a pipe gets the model's text alone
+    (a newline ends it) and stderr the stats line with finish "interrupted"; --json prints the result so far
+    with finish_reason "interrupted", its tokens the first of what the same seed writes uninterrupted; at a
+    terminal the line is marked " [stopped]", as chat marks a stopped reply."""
+    out, err, code = _generate_stopped()
+    assert code == 130 and "Traceback" not in err, err
+    assert out.endswith("\n") and "[stopped]" not in out and len(out) > 1, out[-200:]
+    assert "finish: interrupted" in err, err
+    out, err, code = _generate_stopped("--json")
+    assert code == 130 and "Traceback" not in err, err
+    got = json.loads(out)
+    assert got["finish_reason"] == "interrupted" and got["stats"]["finish_reason"] == "interrupted"
+    assert 0 < len(got["tokens"]) < 2000 and got["stats"]["generated_tokens"] >= len(got["tokens"])
+    model, tok = mlxinfer.load()
+    whole = mlxinfer.generate(model, tok, "Tell me a long story.", max_tokens=len(got["tokens"]),
+                              settings={"temperature": 1.0}, seed=1)  # fmt: skip
+    assert whole.tokens == got["tokens"] and whole.text.startswith(got["text"])
+    term = Terminal("generate", "-p", "Tell me a long story.", "--max-tokens", "2000", "--temp", "1", cwd=str(ROOT))
+    try:
+        term.expect(r"\[seed \d+\][^\n]*\n.")  # the first text is out
+        term.send("\x03")
+        term.expect(r" \[stopped\]\n")
+        term.expect(r"finish: interrupted\n")
+        assert term.wait() == 130
+    finally:
+        term.close()
 
 
 def test_chat_reading_a_pipe_ends_on_ctrl_c():

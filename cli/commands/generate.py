@@ -78,11 +78,19 @@ def generate(
                 shown = True  # before the write: text that reaches the terminal is always marked after
                 sys.stdout.write(step.text)
                 sys.stdout.flush()
-    except KeyboardInterrupt:  # the text so far ends its line, marked as chat marks a stopped reply
-        if shown:
-            sys.stdout.write(" [stopped]\n")
+    except KeyboardInterrupt:  # what was written so far is the result, finish_reason "interrupted", as chat's
+        result = stream.stop()
+        if quiet:
+            raise typer.Exit(130) from None
+        if json_out:
+            print_json(result.to_dict())
+        else:  # a terminal's line is marked, as chat marks a stopped reply; a pipe's text stays the model's
+            if shown and sys.stdout.isatty():
+                sys.stdout.write(" [stopped]")
+            sys.stdout.write("\n" if shown else "")
             sys.stdout.flush()
-        raise
+            print(stats_line(result.stats) + ("" if sys.stdout.isatty() else " (stopped by Ctrl-C)"), file=sys.stderr)
+        raise typer.Exit(130) from None
     result = stream.result
     if quiet:
         raise typer.Exit(1 if result.valid is False else 0)

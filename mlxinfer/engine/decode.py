@@ -242,20 +242,23 @@ def prefill_and_decode(
     start = time.perf_counter()
     shared = prefill(model, ids)
     first, first_tokens = None, 0
-    for g in range(0, len(specs), size):
-        part = specs[g : g + size]
-        options = dict(logprobs=logprobs, step_logprobs=step_logprobs, keep_steps=keep_steps, first_index=g)
-        for row, step in decode(model, tokenizer, shared, part, **options):
-            if first is None:
-                first = time.perf_counter()
-                stats.prefill_seconds = first - start
-                stats.prefill_tokens_per_s = len(ids) / max(stats.prefill_seconds, 1e-9)
-                first_tokens = min(size, len(specs))  # the first pass's tokens came with the prefill
-            if step.token is not None:
-                stats.generated_tokens += 1
-            else:
-                stats.finish_reason = step.finish_reason
-            yield row, step
-    stats.decode_seconds = time.perf_counter() - first
-    stats.decode_tokens_per_s = max(stats.generated_tokens - first_tokens, 0) / max(stats.decode_seconds, 1e-9)
-    stats.peak_memory_bytes = mx.get_peak_memory()
+    try:
+        for g in range(0, len(specs), size):
+            part = specs[g : g + size]
+            options = dict(logprobs=logprobs, step_logprobs=step_logprobs, keep_steps=keep_steps, first_index=g)
+            for row, step in decode(model, tokenizer, shared, part, **options):
+                if first is None:
+                    first = time.perf_counter()
+                    stats.prefill_seconds = first - start
+                    stats.prefill_tokens_per_s = len(ids) / max(stats.prefill_seconds, 1e-9)
+                    first_tokens = min(size, len(specs))  # the first pass's tokens came with the prefill
+                if step.token is not None:
+                    stats.generated_tokens += 1
+                else:
+                    stats.finish_reason = step.finish_reason
+                yield row, step
+    finally:  # at the end, or closed part-way (a stream stopped by Ctrl-C): its speed so far
+        if first is not None:
+            stats.decode_seconds = time.perf_counter() - first
+            stats.decode_tokens_per_s = max(stats.generated_tokens - first_tokens, 0) / max(stats.decode_seconds, 1e-9)
+        stats.peak_memory_bytes = mx.get_peak_memory()

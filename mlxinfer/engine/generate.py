@@ -18,6 +18,7 @@ from ..errors import MlxinferError, check_whole
 from ..settings import SamplerSettings
 from ..views import Generation, Stats, Step
 from . import ranks
+from .core import RowResult
 from .decode import prefill_and_decode
 from .request import Request, check_pair, check_seed, prepare
 
@@ -32,6 +33,8 @@ class GenerationStream:
         self.note = request.note
         self.stats = Stats()
         self._result: Optional[Generation] = None
+        self._row = None  # the row in flight, once the prefill has run
+        self._steps = None  # prefill_and_decode's generator, once iterated
         self.started = False
 
     @property
@@ -49,35 +52,40 @@ class GenerationStream:
             )
         self.started = True
         model, request, spec = self.model, self.request, self.spec
-        steps = prefill_and_decode(
+        steps = self._steps = prefill_and_decode(
             model, self.tokenizer, request.ids, [spec], logprobs=self.logprobs, stats=self.stats, keep_steps=True
         )
         for live, step in steps:
+            self._row = live
             if step.token is not None:
                 if self.logprobs:
                     step.token_text = self.tokenizer.decode([step.token])
                 yield step
                 continue
-            row = live.result
-            result = Generation(
-                model.info.name,
-                request.ids,
-                row.text,
-                row.tokens,
-                row.steps,
-                self.stats,
-                spec.settings.to_dict(),
-                self.note,
-                spec.seed,
-                row.finish_reason,
-                definition=model.info.definition,
-                sharding=model.info.sharding,
-            )
+            result = self._generation(live.result.finish_reason)
             if request.constraint is not None:
                 self._check_json(result, live)
                 step.finish_reason = self.stats.finish_reason = result.finish_reason
             self._result = result
             yield step
+
+    def stop(self) -> Generation:
+        """End the stream part-way (Ctrl-C between two steps): `result` holds the text so far, finish_reason
+        'interrupted' (as a chat reply stopped part-way). Once the stream has ended: its result as it is."""
+        if self._result is None:
+            if self._steps is not None:
+                self._steps.close()  # its stats: the time and speed so far
+            self.stats.finish_reason = "interrupted"
+            self._result = self._generation("interrupted")
+        return self._result
+
+    def _generation(self, finish_reason: Optional[str]) -> Generation:
+        row = self._row.result if self._row is not None else RowResult()
+        return Generation(
+            self.model.info.name, self.request.ids, row.text, list(row.tokens), list(row.steps), self.stats,
+            self.spec.settings.to_dict(), self.note, self.spec.seed, finish_reason,
+            definition=self.model.info.definition, sharding=self.model.info.sharding,
+        )  # fmt: skip
 
     def _check_json(self, result: Generation, row) -> None:
         checked, mask, compiled = row.json(), self.spec.mask, self.request.compiled
