@@ -103,6 +103,16 @@ def test_stdin_and_a_file_are_the_prompt_text(files):
     (files / "bom").write_bytes(b"\xef\xbb\xbf" + (FRUIT + "\r\n").encode())
     assert _ids(invoke_cli("topk", "--prompt-file", str(files / "bom"), "--json")) == given
     assert _ids(invoke_cli("topk", "-p", "-", "--json", input=b"\xef\xbb\xbf" + FRUIT.encode())) == given
+    # a pipe, as llama.cpp's -f reads one (`--prompt-file <(...)`, /dev/stdin): was "is a pipe, not a file"
+    import os
+    import threading
+
+    fifo = files / "fifo"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_text(FRUIT + "\n"), daemon=True)
+    writer.start()
+    assert _ids(invoke_cli("topk", "--prompt-file", str(fifo), "--json")) == given
+    writer.join(timeout=60)
 
 
 def test_sweep_reads_a_prompt_from_stdin(files):

@@ -27,7 +27,9 @@ def prompts_from_file(path: str | Path) -> PromptsFile:
     """One prompt per line (blank lines skipped), from a regular UTF-8 file of at most
     MAX_PROMPTS_FILE_BYTES bytes and MAX_PROMPTS prompts (a device such as /dev/zero never ends).
     A list of the texts (a PromptsFile: it knows each one's line number, counted as an editor does)."""
-    text = read_text_file(path, "prompts_file", MAX_PROMPTS_FILE_BYTES, "a UTF-8 text file, one prompt per line")
+    text = read_text_file(
+        path, "prompts_file", MAX_PROMPTS_FILE_BYTES, "a UTF-8 text file, one prompt per line", pipes=True
+    )
     path = Path(path).expanduser()
     numbered = [  # the same prompts str.splitlines gives, numbered by the file's \n-ended lines
         (number, part.strip())

@@ -37,17 +37,22 @@ def what_it_is(path: Path) -> str:
     return "is a regular file" if stat.S_ISREG(mode) else f"is not a regular file{via}"
 
 
-def read_text_file(path: str | os.PathLike, param: str, limit: int, what: str = "a UTF-8 text file") -> str:
+def read_text_file(
+    path: str | os.PathLike, param: str, limit: int, what: str = "a UTF-8 text file", pipes: bool = False
+) -> str:
     """The UTF-8 text of a regular file of at most `limit` bytes; else one MlxinferError naming `param`,
-    the path and what it is instead."""
+    the path and what it is instead. pipes: a pipe is read too, up to the limit (a file the user names:
+    `--prompt-file <(...)` or /dev/stdin, as llama.cpp's -f reads them; never a model's, which would wait
+    for ever on a pipe nothing writes)."""
     if not isinstance(path, (str, os.PathLike)) or not str(path).strip():  # '' would be the folder '.'
         raise MlxinferError(f"{param} must be a file's name, got {path!r:.60}; pass {what}", param)
     path = Path(path).expanduser()
-    if not path.is_file():
+    readable = stat.S_ISREG, *((stat.S_ISFIFO,) if pipes else ())
+    if not path.is_file() and not (pipes and path.exists() and stat.S_ISFIFO(path.stat().st_mode)):
         raise MlxinferError(f"{param} {path} {what_it_is(path)}; pass {what}", param)
     try:
         with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):  # replaced between the check and the open
+            if not any(kind(os.fstat(f.fileno()).st_mode) for kind in readable):  # replaced since the check
                 raise MlxinferError(f"{param} {path} is not a regular file; pass {what}", param)
             data = f.read(limit + 1)
     except OSError as e:
@@ -108,7 +113,7 @@ def read_prompt(source: str | os.PathLike, stdin=None) -> str:
         fix = "pipe the text in: echo TEXT | mlxinfer ... -p -"
     else:
         param = ("prompt_file",)
-        text = read_text_file(source, param[0], MAX_PROMPT_BYTES, "a UTF-8 text file holding the prompt")
+        text = read_text_file(source, param[0], MAX_PROMPT_BYTES, "a UTF-8 text file holding the prompt", pipes=True)
         where, fix = f"prompt_file {Path(source).expanduser()}", "write the prompt in it"
     text = text[:-2] if text.endswith("\r\n") else text[:-1] if text.endswith("\n") else text
     if not text.strip():
