@@ -72,6 +72,7 @@ _LAYERS = "MLX runs every layer on its device, the GPU on a Mac"
 _CONTEXT = "the model's own context bounds the prompt and the answer"
 _GRAMMAR = "--json-schema FILE or --tool FILE (JSON Schema; GBNF is not read)"
 _SEEDS = "--seeds: N runs seeds 0..N-1, A:B runs A..B-1 (seed 3 alone: --seeds 3:4)"
+_THREADS = "the kernels use every core this process may, MLXINFER_QMM_THREADS=N fewer"
 PEER_FLAGS = {
     "--n-predict": ("llama.cpp", "--max-tokens", "--max-tokens (-n)"),
     "--predict": ("llama.cpp", "--max-tokens", "--max-tokens (-n)"),
@@ -81,7 +82,7 @@ PEER_FLAGS = {
     "-ngl": ("llama.cpp", None, _LAYERS),
     "--n-gpu-layers": ("llama.cpp", None, _LAYERS),
     "--gpu-layers": ("llama.cpp", None, _LAYERS),
-    "--threads": ("llama.cpp", None, "the kernels use every core this process may, MLXINFER_QMM_THREADS=N fewer"),
+    "--threads": ("llama.cpp", None, _THREADS),
     "-c": ("llama.cpp", None, _CONTEXT),
     "--ctx-size": ("llama.cpp", None, _CONTEXT),
     "-np": ("llama-server", "--max-rows", "--max-rows"),
@@ -90,6 +91,23 @@ PEER_FLAGS = {
     "--grammar": ("llama.cpp", "--json-schema", _GRAMMAR),
     "--grammar-file": ("llama.cpp", "--json-schema", _GRAMMAR),
     "--max-kv-size": ("mlx-lm", None, "the cache holds the whole context"),
+    "--n_predict": ("llama.cpp", "--max-tokens", "--max-tokens (-n)"),
+    "-s": ("llama.cpp", "--seed", "--seed N"),
+    "-t": ("llama.cpp", None, _THREADS),
+    "--system-prompt": ("llama.cpp", "--system", "--system TEXT"),
+    "-sys": ("llama.cpp", "--system", "--system TEXT"),
+    "-cnv": ("llama.cpp", None, "a conversation is a command of its own: mlxinfer chat"),
+    "--conversation": ("llama.cpp", None, "a conversation is a command of its own: mlxinfer chat"),
+    "--jinja": ("llama.cpp", None, "the model's chat template always renders (in a sandbox); --no-chat skips it"),
+    "--chat-template": ("llama.cpp", None, "the chat template is the model's own; --no-chat skips it"),
+    "--ignore-chat-template": ("mlx-lm", "--no-chat", "--no-chat"),
+    "--color": ("llama.cpp", None, "tables are coloured where the output is a terminal"),
+    "--logit-bias": ("llama.cpp", None, "logit_bias is a field of the server's requests (mlxinfer serve)"),
+    "--verbose": (
+        "mlx-lm",
+        None,
+        "the speed and the finish reason go to stderr already; --debug (before the command) shows an error's detail",
+    ),
     "--seed": ("generate", "--seeds", _SEEDS),
 }
 _GGUF_TYPE = re.compile(r"(?i)^(I?Q\d(_[0-9KSMLXN]+)*|F16|BF16|F32)$")

@@ -62,7 +62,7 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             "The text the model reads; - reads it from standard input (read too where none is given and text is "
             "piped in).",
         ),
-        ("prompt_file", _Str, None, "--prompt-file", "Read the prompt from this UTF-8 file instead."),
+        ("prompt_file", _Str, None, "--prompt-file -f", "Read the prompt from this UTF-8 file (or pipe) instead."),
     ],
     "chat": [
         (

@@ -102,6 +102,15 @@ def test_positional_arguments_show_their_help():
         (["sample", "--seed", "3"], "seed 3 alone: --seeds 3:4"),
         (["quantize", "embedded", "out", "Q4_K_M"], "Q4_K_M is a GGUF type"),
         (["generate", "-"], "standard input is -p -"),
+        # were Click's guesses (--jinja: '--json'?, --chat-template: '--temperature'?) or a misread (-sys: -s 'ys')
+        (["generate", "-p", "hi", "-sys", "Be brief."], "-sys is llama.cpp's flag; here use --system TEXT"),
+        (["generate", "-p", "hi", "--jinja"], "chat template always renders"),
+        (["generate", "-p", "hi", "--system-prompt", "x"], "here use --system TEXT"),
+        (["generate", "-p", "hi", "--ignore-chat-template"], "here use --no-chat"),
+        (["generate", "-p", "hi", "-cnv"], "mlxinfer chat"),
+        (["generate", "-p", "hi", "--verbose"], "mlx-lm's flag"),
+        (["generate", "-p", "hi", "-n", "-1"], "llama.cpp's no limit"),
+        (["generate", "-p", "hi", "--seed", "-1"], "leave it out for a fresh one"),
     ],
 )
 def test_another_tools_flag_is_named_with_what_to_type_here(args, fragment):

@@ -149,12 +149,19 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
 
 
 def check_max_tokens(max_tokens: int) -> None:
+    if is_whole(max_tokens) and max_tokens == -1:  # llama.cpp's "no limit"
+        raise MlxinferError(
+            "max_tokens must be a whole number, at least 1, got -1 (llama.cpp's no limit): give the most tokens to "
+            "write; the context bounds them too",
+            "max_tokens",
+        )
     check_whole(max_tokens, "max_tokens", 1, "a whole number, at least 1")
 
 
 def check_seed(seed: Optional[int]) -> None:
     if seed is not None and not _is_seed(seed):
-        raise MlxinferError(f"seed must be a whole number >= 0 and below 2**63, got {seed!r}", "seed")
+        fresh = "; leave it out for a fresh one (llama.cpp's -1)" if is_whole(seed) and seed == -1 else ""
+        raise MlxinferError(f"seed must be a whole number >= 0 and below 2**63, got {seed!r}{fresh}", "seed")
 
 
 def _is_seed(s) -> bool:
