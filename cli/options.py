@@ -63,6 +63,14 @@ _TABLE = {  # group: (parameter, type, default, flags, help); a default of None 
             "piped in).",
         ),
         ("prompt_file", _Str, None, "--prompt-file -f", "Read the prompt from this UTF-8 file (or pipe) instead."),
+        (
+            "messages",
+            _Str,
+            None,
+            "--messages",
+            'Read the prompt as a conversation: a JSON file of chat messages (OpenAI\'s [{"role", "content"}]) '
+            "or a file chat's /save wrote; the reply is the next assistant turn.",
+        ),
     ],
     "chat": [
         (
@@ -215,8 +223,12 @@ def takes(*groups: str) -> Callable:
 
         @functools.wraps(fn)
         def command(**kwargs):
-            if "prompt" in groups:  # -p TEXT, -p - or --prompt-file PATH: the command sees the text
-                given, path = kwargs["prompt"], kwargs.pop("prompt_file")
+            if "prompt" in groups:  # -p TEXT, -p -, --prompt-file PATH or --messages PATH: the command sees
+                # the text, or the messages
+                given, path, messages = kwargs["prompt"], kwargs.pop("prompt_file"), kwargs.pop("messages")
+                if messages is not None:
+                    kwargs["prompt"] = conversation(messages, given, path)
+                    return fn(**kwargs)
                 given = "-" if given is None and path is None and piped_stdin() else given
                 kwargs["prompt"] = prompt_text(given, path)
                 name_prompt_source(given, path)
@@ -250,6 +262,16 @@ def name_prompt_source(prompt: Optional[str], prompt_file: Optional[str]) -> Non
     """An error about the prompt names where it came from: --prompt-file PATH or standard input."""
     if prompt_file is not None or prompt == "-":
         flags.use(prompt=f"--prompt-file {prompt_file}" if prompt_file is not None else "standard input (-p -)")
+
+
+def conversation(messages: str, prompt: Optional[str], prompt_file: Optional[str]) -> list[dict]:
+    """--messages PATH's conversation (mlxinfer.read_messages), given alone."""
+    import mlxinfer
+
+    if prompt is not None or prompt_file is not None:
+        raise mlxinfer.MlxinferError("give the prompt with -p, --prompt-file or --messages: one of them")
+    flags.use(prompt=f"--messages {messages}")  # an error about a message names the file
+    return mlxinfer.read_messages(messages)
 
 
 def prompt_text(prompt: Optional[str], prompt_file: Optional[str]) -> str:

@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_cli
+from conftest import ROOT, assert_one_line_error, run_cli
 from terminal import Terminal
 
 import mlxinfer
@@ -227,6 +227,19 @@ def test_chat_at_a_terminal(embedded, tmp_path):
     rendered = session.prompt_text(saved["messages"][:3])
     two = run_cli("generate", "--no-chat", "--raw-special-tokens", "-p", rendered, "--seed", "7", "--max-tokens", "6")
     assert two.returncode == 0 and two.stdout.rstrip("\n") == second
+    # and from the /save file itself, its last reply dropped (was: only through Python, as above)
+    refused = run_cli("generate", "--messages", str(out), "--seed", "7", "--max-tokens", "6")
+    assert_one_line_error(refused, "ends with the assistant's reply", "drop it")
+    saved["messages"] = saved["messages"][:3]
+    (tmp_path / "turn2.json").write_text(json.dumps(saved))
+    again = run_cli("generate", "--messages", str(tmp_path / "turn2.json"), "--seed", "7", "--max-tokens", "6")
+    assert again.returncode == 0 and again.stdout.rstrip("\n") == second
+    as_list = tmp_path / "turn2-list.json"  # OpenAI's shape: the messages alone
+    as_list.write_text(json.dumps(saved["messages"]))
+    table = run_cli("topk", "--messages", str(as_list), "--json")
+    assert json.loads(table.stdout)["prompt_ids"] == session.prompt_ids(saved["messages"])
+    both = run_cli("topk", "--messages", str(as_list), "-p", "hi")
+    assert_one_line_error(both, "-p, --prompt-file or --messages: one of them")
 
 
 @pytest.mark.slow

@@ -33,7 +33,8 @@ def chat(
     **options,
 ):
     """Chat with the model: each reply reads the whole conversation through the model's chat template and
-    streams; its seed is shown, and `generate --seed` with that seed and conversation writes it again.
+    streams; its seed is shown, and `generate --messages FILE --seed N` with that seed and the conversation
+    up to it (a /save file, its later replies dropped) writes it again.
 
     /help lists the commands (/temp, /top-k, /min-p and a command for each sampler flag, /seed, /system, /topk,
     /save, /reset, /quit). Ctrl-C stops a reply, Ctrl-D leaves. With --json each reply and command prints one

@@ -119,3 +119,32 @@ def read_prompt(source: str | os.PathLike, stdin=None) -> str:
     if not text.strip():
         raise MlxinferError(f"{where} is empty; {fix}", *param)
     return text
+
+
+def read_messages(path: str | os.PathLike) -> list[dict]:
+    """A conversation from a JSON file, as the next reply's prompt: a list of chat messages (OpenAI's shape,
+    [{"role": "user", "content": "..."}, ...]) or a file chat's /save wrote (its "messages", its "system"
+    first). The last message must not be the assistant's: the reply read from it is the next assistant turn.
+    Each message is checked where it is encoded (tokenizer.encode_prompt)."""
+    import json
+
+    what = "a JSON file of chat messages, or a file chat's /save wrote"
+    text = read_text_file(path, "messages", MAX_PROMPT_BYTES, what, pipes=True)
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as e:
+        raise MlxinferError(f"messages {path} is not valid JSON ({e}); pass {what}", "messages") from None
+    saved = isinstance(data, dict) and isinstance(data.get("messages"), list)
+    messages = data["messages"] if saved else data
+    if not isinstance(messages, list) or not messages or not all(isinstance(m, dict) for m in messages):
+        raise MlxinferError(f"messages {path} holds no list of messages (role and content objects); pass {what}",
+                            "messages")  # fmt: skip
+    if saved and isinstance(data.get("system"), str) and not any(m.get("role") == "system" for m in messages):
+        messages = [{"role": "system", "content": data["system"]}, *messages]
+    if messages[-1].get("role") == "assistant":
+        raise MlxinferError(
+            f"messages {path} ends with the assistant's reply; drop it to write that reply again (with its seed), "
+            "or add the next user message",
+            "messages",
+        )
+    return messages
