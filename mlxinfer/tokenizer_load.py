@@ -15,7 +15,8 @@ from .errors import MlxinferError, first_line, is_whole
 from .formats.gguf import GGUFHeader
 from .formats.paths import check_side_files
 
-# llama.cpp's pre-tokenizer names -> the regex that splits text into words before BPE
+# llama.cpp's pre-tokenizers (src/llama-vocab.cpp): each name's regexes, applied in turn, each splitting the
+# pieces the one before left (what a regex does not match stays a piece of its own), then byte-level BPE
 _GPT2_WORDS = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
 _QWEN2_WORDS = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
@@ -24,14 +25,17 @@ _LLAMA3_WORDS = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
-_PRE = {
-    "gpt2": (False, _GPT2_WORDS),
-    "default": (False, _GPT2_WORDS),
-    "smollm": (True, _GPT2_WORDS),  # single digits first, then GPT-2 words
-    "starcoder": (True, _GPT2_WORDS),
-    "qwen2": (False, _QWEN2_WORDS),
-    "llama-bpe": (False, _LLAMA3_WORDS),
+_LLAMA3 = ("llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2")  # ignore_merges
+_FAMILIES = {
+    # a file without the key is read as "default", as llama.cpp reads it (with its warning)
+    ("default",): (r"[\p{P}\$\+<=>\^~\|]+", _GPT2_WORDS, r"\p{N}+", r"[0-9][0-9][0-9]"),
+    ("gpt-2", "gpt2", "phi-2", "mpt", "olmo", "jais", "exaone4"): (_GPT2_WORDS,),  # gpt2: older files' spelling
+    ("smollm", "starcoder", "refact", "command-r", "codeshell", "exaone", "minerva-7b"): (r"\p{N}", _GPT2_WORDS),
+    ("qwen2", "deepseek-r1-qwen", "megrez", "stablelm2"): (_QWEN2_WORDS,),
+    (*_LLAMA3, "dbrx", "smaug-bpe"): (_LLAMA3_WORDS,),
+    ("falcon",): (r"[\p{P}\$\+<=>\^~\|`]+", _GPT2_WORDS, r"[0-9][0-9][0-9]"),
 }
+_PRE = {name: regexes for names, regexes in _FAMILIES.items() for name in names}
 CONTROL, USER_DEFINED = 3, 4
 
 
@@ -135,14 +139,10 @@ def _gguf_backend(tokens: list, types: list, merges: list, pre: str):
     """The `tokenizers` BPE the metadata describes: vocabulary, merges, pre-tokenizer, added tokens."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, pre_tokenizers
 
-    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=(pre == "llama-bpe"))
+    bpe = models.BPE(vocab={t: i for i, t in enumerate(tokens)}, merges=merges, ignore_merges=pre in _LLAMA3)
     tok = Tokenizer(bpe)
-    split_digits, words = _PRE[pre]
-    steps = [pre_tokenizers.Digits(individual_digits=True)] if split_digits else []
-    steps += [
-        pre_tokenizers.Split(Regex(words), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ]
+    steps = [pre_tokenizers.Split(Regex(r), behavior="isolated") for r in _PRE[pre]]
+    steps.append(pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False))
     tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     tok.decoder = decoders.ByteLevel()
     tok.add_tokens(

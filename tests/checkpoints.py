@@ -116,7 +116,7 @@ def write_gguf_metadata(writer, hf_dir: Path) -> None:
     writer.add_rope_freq_base(cfg["rope_theta"])
     writer.add_vocab_size(cfg["vocab_size"])  # the embedding rows; the tokenizer may hold fewer tokens
     writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("gpt2")
+    writer.add_tokenizer_pre("gpt-2")
     writer.add_token_list(tokens)
     writer.add_token_types([3 if t in specials else 1 for t in tokens])
     writer.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])
@@ -345,7 +345,7 @@ def write_gguf(hf_dir: Path, out: Path, kind=lambda name, shape: "F32", file_typ
     if file_type is not None:
         w.add_file_type(file_type)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("gpt2")
+    w.add_tokenizer_pre("gpt-2")
     w.add_token_list(tokens)
     w.add_token_types([3 if t in specials else 1 for t in tokens])
     w.add_token_merges([" ".join(m) if isinstance(m, list) else m for m in tok["model"]["merges"]])

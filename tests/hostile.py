@@ -144,7 +144,7 @@ def tiny_gguf(hf_dir: Path, kind: str = "Q8_0") -> GGUFSpec:
             (a + "rope.freq_base", F32, cfg["rope_theta"]),
             (a + "vocab_size", U32, cfg["vocab_size"]),
             ("tokenizer.ggml.model", STRING, "gpt2"),
-            ("tokenizer.ggml.pre", STRING, "gpt2"),
+            ("tokenizer.ggml.pre", STRING, "gpt-2"),
             ("tokenizer.ggml.tokens", ARRAY, (STRING, tokens)),
             ("tokenizer.ggml.token_type", ARRAY, (I32, [3 if t in specials else 1 for t in tokens])),
             ("tokenizer.ggml.merges", ARRAY, (STRING, merges)),

@@ -336,3 +336,23 @@ def test_mlx_lm_takes_it_as_its_own_wrapper(pair):
     fast, ref = pair
     assert isinstance(fast, TokenizerWrapper) and isinstance(fast, GGUFTokenizer)
     assert fast.structural_markers == ref.structural_markers and fast.tool_parser == ref.tool_parser
+
+
+@pytest.mark.parametrize(
+    "pre, text, pieces",
+    [  # worked by hand from llama.cpp's regexes for each name (src/llama-vocab.cpp), each applied in turn
+        ("default", "don't", ["don", "'", "t"]),  # its first regex isolates punctuation: ' is one
+        ("default", "0123456789", ["012", "345", "678", "9"]),  # its last, [0-9][0-9][0-9], cuts digits in threes
+        ("default", "a+b=$5!", ["a", "+", "b", "=$", "5", "!"]),
+        ("gpt-2", "don't", ["don", "'t"]),  # llama.cpp's name for GPT-2's (was refused: only "gpt2" was read)
+        ("gpt-2", "0123456789", ["0123456789"]),
+        ("smollm", "2024 x", ["2", "0", "2", "4", "Ġx"]),  # digits one by one, then GPT-2's words
+        ("falcon", "0123456 a", ["012", "345", "6", "Ġa"]),
+        ("llama-bpe", "0123456", ["012", "345", "6"]),
+    ],
+)
+def test_each_pre_tokenizer_splits_as_llama_cpps_regexes_do(header, pre, text, pieces):
+    """Was: "default" (and a file without the key, which llama.cpp reads as "default") split as GPT-2 does, so
+    "0123456789" was one word here and four in llama.cpp: other token ids from the same file."""
+    tok = tokenizer_from_gguf(_variant(header, pre=pre))
+    assert [p for p, _ in tok._backend.pre_tokenizer.pre_tokenize_str(text)] == pieces
