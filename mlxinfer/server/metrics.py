@@ -4,7 +4,8 @@ Each app has a registry of its own (not prometheus_client's global one), so that
 process (tests, an embedding) count apart. What is counted:
 
 - requests by endpoint and status, and 4xx/5xx by endpoint (at the outermost layer, so the API key's
-  401 and the body limit's 413 count too; a path no route serves is endpoint "other");
+  401 and the body limit's 413 count too; a path no route serves is endpoint "other", as are the answers
+  protocol.py sends without the app: a 400 for what is no HTTP, a 408 for headers that never arrive whole);
 - prompt tokens per request queued, generated tokens as the engine draws them;
 - time to first token (from the start of the request's preparation to its row's first token) and the
   time between a row's tokens, as histograms;
