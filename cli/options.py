@@ -227,7 +227,7 @@ def takes(*groups: str) -> Callable:
                 # the text, or the messages
                 given, path, messages = kwargs["prompt"], kwargs.pop("prompt_file"), kwargs.pop("messages")
                 if messages is not None:
-                    kwargs["prompt"] = conversation(messages, given, path)
+                    kwargs["prompt"] = conversation(messages, given, path, kwargs.get("chat", True))
                     return fn(**kwargs)
                 given = "-" if given is None and path is None and piped_stdin() else given
                 kwargs["prompt"] = prompt_text(given, path)
@@ -264,12 +264,14 @@ def name_prompt_source(prompt: Optional[str], prompt_file: Optional[str]) -> Non
         flags.use(prompt=f"--prompt-file {prompt_file}" if prompt_file is not None else "standard input (-p -)")
 
 
-def conversation(messages: str, prompt: Optional[str], prompt_file: Optional[str]) -> list[dict]:
-    """--messages PATH's conversation (mlxinfer.read_messages), given alone."""
+def conversation(messages: str, prompt: Optional[str], prompt_file: Optional[str], chat: bool) -> list[dict]:
+    """--messages PATH's conversation (mlxinfer.read_messages), given alone and with the chat template."""
     import mlxinfer
 
     if prompt is not None or prompt_file is not None:
         raise mlxinfer.MlxinferError("give the prompt with -p, --prompt-file or --messages: one of them")
+    if not chat:
+        raise mlxinfer.MlxinferError("--messages is a conversation, read through the chat template; drop --no-chat")
     flags.use(prompt=f"--messages {messages}")  # an error about a message names the file
     return mlxinfer.read_messages(messages)
 

@@ -79,8 +79,8 @@ def tokenizer_from_gguf(header: GGUFHeader, fast: bool = True):
         )
     if not isinstance(pre, str) or pre not in _PRE:
         raise MlxinferError(
-            f"{header.path}: GGUF pre-tokenizer {str(pre)[:40]!r} is not supported; "
-            f"supported: {', '.join(sorted(_PRE))}"
+            f"{header.path}: GGUF pre-tokenizer {str(pre)[:40]!r} is not supported (supported: "
+            f"{', '.join(sorted(_PRE))}); load the model's safetensors checkpoint instead"
         )
     tokens = m.get("tokenizer.ggml.tokens")
     types = m.get("tokenizer.ggml.token_type", [1] * len(tokens) if isinstance(tokens, list) else None)

@@ -172,7 +172,7 @@ class Step(View):
     text: str  # the new text this token completes (may be empty while a character is split)
     logprob: float  # log-probability of the token before temperature and cut (after penalties/mask)
     alternatives: list[Alternative] = field(default_factory=list)  # the K best, with logprobs=K
-    finish_reason: str | None = None  # set on the final step: "stop" or "length"
+    finish_reason: str | None = None  # set on the final step: "stop" or "length" ("interrupted": Ctrl-C)
     stop_token: int | None = None  # on the final step: the end-of-turn token that stopped the run, if one did
     token_text: str | None = None  # with logprobs: the token's own text (`text` is what it completes)
     offset = 0  # not a field: characters of the row's text before this token's (the server's text_offset)
@@ -187,7 +187,7 @@ class Stats(View):
     decode_seconds: float = 0.0
     decode_tokens_per_s: float = 0.0
     peak_memory_bytes: int = 0
-    finish_reason: str = ""  # "stop" (end of turn, or the JSON closed) or "length" (max_tokens)
+    finish_reason: str = ""  # "stop" (end of turn, or the JSON closed), "length" (max_tokens) or "interrupted"
 
 
 @dataclass

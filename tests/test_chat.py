@@ -229,7 +229,7 @@ def test_chat_at_a_terminal(embedded, tmp_path):
     assert two.returncode == 0 and two.stdout.rstrip("\n") == second
     # and from the /save file itself, its last reply dropped (was: only through Python, as above)
     refused = run_cli("generate", "--messages", str(out), "--seed", "7", "--max-tokens", "6")
-    assert_one_line_error(refused, "ends with the assistant's reply", "drop it")
+    assert_one_line_error(refused, "ends with the assistant's reply", "drop that reply")
     saved["messages"] = saved["messages"][:3]
     (tmp_path / "turn2.json").write_text(json.dumps(saved))
     again = run_cli("generate", "--messages", str(tmp_path / "turn2.json"), "--seed", "7", "--max-tokens", "6")
@@ -240,6 +240,8 @@ def test_chat_at_a_terminal(embedded, tmp_path):
     assert json.loads(table.stdout)["prompt_ids"] == session.prompt_ids(saved["messages"])
     both = run_cli("topk", "--messages", str(as_list), "-p", "hi")
     assert_one_line_error(both, "-p, --prompt-file or --messages: one of them")
+    plain = run_cli("tokens", "--messages", str(as_list), "--no-chat")  # was: the library's chat=True, after the load
+    assert_one_line_error(plain, "--messages is a conversation", "drop --no-chat")
 
 
 @pytest.mark.slow

@@ -88,7 +88,7 @@ def _ids(result) -> list[int]:
     return json.loads(result.stdout)["prompt_ids"]
 
 
-def test_stdin_and_a_file_are_the_prompt_text(files):
+def test_stdin_and_a_file_are_the_prompt_text(files, monkeypatch):
     """The same prompt ids whichever way the text comes: -p TEXT, -p - (a final line break dropped, as
     `echo` adds it) and --prompt-file; a line break inside the text is kept."""
     given = _ids(invoke_cli("topk", "-p", FRUIT, "--json"))
@@ -113,6 +113,13 @@ def test_stdin_and_a_file_are_the_prompt_text(files):
     writer.start()
     assert _ids(invoke_cli("topk", "--prompt-file", str(fifo), "--json")) == given
     writer.join(timeout=60)
+    # but not under mlx.launch, whose ranks would each open it and one would read it
+    from mlxinfer.errors import MlxinferError
+    from mlxinfer.formats.paths import read_prompt
+
+    monkeypatch.setenv("MLX_RANK", "0")
+    with pytest.raises(MlxinferError, match="ranks of mlx.launch cannot each read"):
+        read_prompt(str(fifo))
 
 
 def test_sweep_reads_a_prompt_from_stdin(files):

@@ -109,6 +109,8 @@ def generate(
 
 
 def stats_line(stats) -> str:
+    if stats.finish_reason == "interrupted" and not stats.generated_tokens:
+        return f"prompt {counted(stats.prompt_tokens, 'token')} | stopped during the prefill | finish: interrupted"
     # the first token is drawn from the prefill's scores: with no other, no decode step ran to time
     rate = f"at {stats.decode_tokens_per_s:.1f} tok/s" if stats.generated_tokens > 1 else "with the prefill"
     return (

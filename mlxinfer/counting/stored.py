@@ -73,7 +73,8 @@ def stored_gguf(h: gguf.GGUFHeader, total: int, implied: dict[str, tuple] | None
         s["notes"].append(f"rope_freqs.weight: Llama 3's RoPE scaling, one factor per rotary pair ({rope:,} values)")
     diff = s["parameters"] - rope - total
     if wrong:  # the sums differ because of it: the note above says why
-        s["notes"].append(f"{diff:+,} parameters stored against the count")
+        more = "more" if diff > 0 else "fewer"
+        s["notes"].append(f"{abs(diff):,} parameters {more} stored than the config implies: the shapes above")
     else:
         s["notes"].append(
             "every parameter is stored exactly once (a tied table is stored once, as token_embd)"

@@ -35,6 +35,7 @@ class GenerationStream:
         self._result: Optional[Generation] = None
         self._row = None  # the row in flight, once the prefill has run
         self._steps = None  # prefill_and_decode's generator, once iterated
+        self._yielded = 0  # steps with a token handed out
         self.started = False
 
     @property
@@ -60,6 +61,7 @@ class GenerationStream:
             if step.token is not None:
                 if self.logprobs:
                     step.token_text = self.tokenizer.decode([step.token])
+                self._yielded += 1
                 yield step
                 continue
             result = self._generation(live.result.finish_reason)
@@ -70,19 +72,28 @@ class GenerationStream:
             yield step
 
     def stop(self) -> Generation:
-        """End the stream part-way (Ctrl-C between two steps): `result` holds the text so far, finish_reason
-        'interrupted' (as a chat reply stopped part-way). Once the stream has ended: its result as it is."""
+        """End the stream part-way (Ctrl-C between two steps): `result` holds the steps handed out so far, their
+        text and tokens, finish_reason 'interrupted' (as a chat reply stopped part-way). Call it from the thread
+        that iterates the stream (a KeyboardInterrupt handler); once the stream has ended, its result as it is."""
         if self._result is None:
             if self._steps is not None:
-                self._steps.close()  # its stats: the time and speed so far
+                try:
+                    self._steps.close()  # its stats: the time and speed so far
+                except ValueError:  # "generator already executing": called from another thread; stats as they are
+                    pass
             self.stats.finish_reason = "interrupted"
+            self.stats.generated_tokens = self._yielded
             self._result = self._generation("interrupted")
         return self._result
 
     def _generation(self, finish_reason: Optional[str]) -> Generation:
         row = self._row.result if self._row is not None else RowResult()
+        steps = row.steps if finish_reason != "interrupted" else row.steps[: self._yielded]
+        # interrupted: what was handed out (a token the row took while Ctrl-C came was never shown)
+        text = row.text if finish_reason != "interrupted" else "".join(s.text for s in steps)
+        tokens = list(row.tokens) if finish_reason != "interrupted" else [s.token for s in steps]
         return Generation(
-            self.model.info.name, self.request.ids, row.text, list(row.tokens), list(row.steps), self.stats,
+            self.model.info.name, self.request.ids, text, tokens, list(steps), self.stats,
             self.spec.settings.to_dict(), self.note, self.spec.seed, finish_reason,
             definition=self.model.info.definition, sharding=self.model.info.sharding,
         )  # fmt: skip

@@ -24,7 +24,7 @@ class PromptsFile(list):
 
 
 def prompts_from_file(path: str | Path) -> PromptsFile:
-    """One prompt per line (blank lines skipped), from a regular UTF-8 file of at most
+    """One prompt per line (blank lines skipped), from a UTF-8 file (or a pipe) of at most
     MAX_PROMPTS_FILE_BYTES bytes and MAX_PROMPTS prompts (a device such as /dev/zero never ends).
     A list of the texts (a PromptsFile: it knows each one's line number, counted as an editor does)."""
     text = read_text_file(

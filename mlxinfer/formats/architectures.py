@@ -5,7 +5,7 @@ Every per-architecture fact lives here and nowhere else: the model definition (m
 the architectures marked `ours`), `count` (counting/layout.py), the GGUF loader (formats/gguf.py's
 architecture names, model/weights.py's q/k rows), the exporter (quant/export.py's `architectures`)
 and the mlx-lm peer (model/peers.py) all read them. What is the same for every architecture stays
-with its reader: llama.cpp's tensor names (model/weights.py), ggml's types (ggml_types.py), the GGUF
+with its reader: llama.cpp's tensor names (gguf.py), ggml's types (ggml_types.py), the GGUF
 metadata keys under the architecture's name (gguf.py), the tokenizer, which a GGUF file names for
 itself (`tokenizer.ggml.model`/`.pre`, tokenizer_load.py) whatever its architecture.
 

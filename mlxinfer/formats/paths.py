@@ -48,12 +48,19 @@ def read_text_file(
         raise MlxinferError(f"{param} must be a file's name, got {path!r:.60}; pass {what}", param)
     path = Path(path).expanduser()
     readable = stat.S_ISREG, *((stat.S_ISFIFO,) if pipes else ())
-    if not path.is_file() and not (pipes and path.exists() and stat.S_ISFIFO(path.stat().st_mode)):
+    piped = pipes and not path.is_file() and path.exists() and stat.S_ISFIFO(path.stat().st_mode)
+    if piped and os.environ.get("MLX_RANK") is not None:  # every rank of mlx.launch would open it: one reads it
+        raise MlxinferError(
+            f"{param} {path} is a pipe, which the ranks of mlx.launch cannot each read; write it to a file", param
+        )
+    if not path.is_file() and not piped:
         raise MlxinferError(f"{param} {path} {what_it_is(path)}; pass {what}", param)
     try:
         with open(path, "rb") as f:
             if not any(kind(os.fstat(f.fileno()).st_mode) for kind in readable):  # replaced since the check
-                raise MlxinferError(f"{param} {path} is not a regular file; pass {what}", param)
+                raise MlxinferError(
+                    f"{param} {path} is not a regular file{' or a pipe' if pipes else ''}; pass {what}", param
+                )
             data = f.read(limit + 1)
     except OSError as e:
         raise MlxinferError(f"{param} {path} cannot be read ({e.strerror}); pass {what}", param) from None
@@ -143,8 +150,8 @@ def read_messages(path: str | os.PathLike) -> list[dict]:
         messages = [{"role": "system", "content": data["system"]}, *messages]
     if messages[-1].get("role") == "assistant":
         raise MlxinferError(
-            f"messages {path} ends with the assistant's reply; drop it to write that reply again (with its seed), "
-            "or add the next user message",
+            f"messages {path} ends with the assistant's reply, and the prompt opens the assistant's next turn: drop "
+            "that reply (to write it again, with its seed) or add the next user message",
             "messages",
         )
     return messages

@@ -112,6 +112,6 @@ class OpenAIShapedH11(H11Protocol):
     def _count(self, status: int) -> None:
         """An answer the app never saw, in /metrics (endpoint "other": its path was never read whole), where
         the app served is mlxinfer's (metrics.Counted): a slow or malformed client shows there too."""
-        metrics = getattr(self.config.app, "metrics", None)
-        if metrics is not None:
-            metrics.answered("", status)
+        answered = getattr(getattr(self.config.app, "metrics", None), "answered", None)
+        if answered is not None:
+            answered("", status)
