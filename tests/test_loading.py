@@ -4,6 +4,7 @@ hub repo ids through an offline cache, and one-line errors for broken inputs."""
 from __future__ import annotations
 
 import json
+import time
 import shutil
 
 import mlx.core as mx
@@ -188,6 +189,65 @@ def test_count_of_a_cached_repo_with_the_hub_out_of_reach(tmp_path, checkpoint_d
     report = json.loads(result.stdout)
     assert report["source"] == "hub" and report["total"] > 0
     assert any("headers not read" in n for n in report["notes"])
+
+
+def _serve_badly(answer: bytes | None):
+    """A loopback "hub" that takes connections and answers `answer` to each (None: never a byte), as hotel
+    Wi-Fi or a captive portal does: (its URL, a function that stops it)."""
+    import socket
+    import threading
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    held, stopped = [], threading.Event()
+
+    def run():
+        server.settimeout(0.2)
+        while not stopped.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            held.append(conn)
+            if answer is not None:
+                conn.recv(65536)
+                conn.sendall(answer)
+                conn.close()
+
+    threading.Thread(target=run, daemon=True).start()
+
+    def stop():
+        stopped.set()
+        for conn in held:
+            conn.close()
+        server.close()
+
+    return f"http://127.0.0.1:{server.getsockname()[1]}", stop
+
+
+PORTAL = b"HTTP/1.1 200 OK\r\ncontent-type: text/html\r\ncontent-length: 30\r\n\r\n<html>Sign in to Wi-Fi!</html>"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("answer", [None, PORTAL], ids=["stalls", "portal"])
+def test_a_cached_repo_loads_when_the_hub_stalls_or_is_a_portal(tmp_path, checkpoint_dir, answer):
+    """Was: a network that took the connection and never answered held `topk` on a cached model for ever
+    (huggingface_hub's first request has no timeout), and a captive portal's page was "could not download".
+    Now one bounded request (HUB_TIMEOUT_S) tells the hub apart, and the cache answers."""
+    home = _hub_cache(tmp_path, "tiny-org/tiny-qwen3", checkpoint_dir("qwen3"))
+    url, stop = _serve_badly(answer)
+    try:
+        env = {"HF_HOME": str(home), "HF_ENDPOINT": url, "HF_HUB_OFFLINE": "0"}
+        started = time.monotonic()
+        result = run_cli("topk", "-m", "tiny-org/tiny-qwen3", "-p", "hi", "--json", env=env, timeout=120)
+        took = time.monotonic() - started
+        missing = run_cli("topk", "-m", "tiny-org/not-cached", "-p", "hi", env=env, timeout=120)
+    finally:
+        stop()
+    assert result.returncode == 0 and json.loads(result.stdout)["model"] == "tiny-org/tiny-qwen3", result.stderr
+    assert took < 60, took
+    assert_one_line_error(missing, "tiny-org/not-cached", "not in the local Hugging Face cache")
 
 
 def test_a_model_larger_than_the_memory_is_refused_before_it_is_read(checkpoint_dir, monkeypatch):

@@ -144,24 +144,50 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
     return ModelSource("dir", download(text), text) if weights else ModelSource("hub", None, text)
 
 
-def download(repo_id: str, patterns: list[str] | None = None) -> Path:
-    """Fetch a hub repo's model files through huggingface_hub (its cache, HF_HOME, HF_HUB_OFFLINE)."""
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError, RepositoryNotFoundError
+HUB_TIMEOUT_S = 10.0  # the one bounded request that tells a hub that answers from one that does not
+
+
+def _hub_answers(repo_id: str) -> bool:
+    """Whether the hub answers for repo_id within HUB_TIMEOUT_S, as the hub (JSON): snapshot_download's own
+    first request has no timeout, so a network that takes the connection and never answers (a hotel's Wi-Fi)
+    held a cached model for ever, and a captive portal's page was "could not download". A repository the
+    hub says does not exist is that error; anything else unreached reads the cache alone."""
+    from huggingface_hub import HfApi
+    from huggingface_hub.errors import GatedRepoError, RepositoryNotFoundError
 
     try:
-        path = snapshot_download(repo_id, allow_patterns=patterns or HUB_PATTERNS)
+        HfApi().repo_info(repo_id, timeout=HUB_TIMEOUT_S)
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise
+    except Exception:  # noqa: BLE001 - a timeout, a refused connection, a page that is not the hub's JSON
+        return False
+    return True
+
+
+def download(repo_id: str, patterns: list[str] | None = None) -> Path:
+    """Fetch a hub repo's model files through huggingface_hub (its cache, HF_HOME, HF_HUB_OFFLINE); where
+    the hub does not answer in time, the cached copy."""
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        cached = offline() or not _hub_answers(repo_id)
+        path = snapshot_download(repo_id, allow_patterns=patterns or HUB_PATTERNS, local_files_only=cached)
     except LocalEntryNotFoundError:
+        why = " (HF_HUB_OFFLINE is set)" if offline() else f" (no answer from it within {HUB_TIMEOUT_S:g} s)"
         raise MlxinferError(
-            f"{repo_id} is not in the local Hugging Face cache and the hub cannot be reached"
-            f"{' (HF_HUB_OFFLINE is set)' if offline() else ''}; download it once online or pass a local path"
+            f"{repo_id} is not in the local Hugging Face cache and the hub cannot be reached{why}; download it "
+            "once online or pass a local path"
         ) from None
-    except RepositoryNotFoundError:
-        raise MlxinferError(f"no repository {repo_id} on the Hugging Face hub; check the repo id") from None
+    except (RepositoryNotFoundError, GatedRepoError):
+        raise MlxinferError(f"no accessible repository {repo_id} on the Hugging Face hub; check the repo id") from None
     except Exception as e:  # noqa: BLE001 - HfHubHTTPError, OSError, and the HTTP library's own errors
         raise MlxinferError(f"could not download {repo_id}: {first_line(e)}; try again, or pass a local path") from None
     if not (Path(path) / "config.json").exists():
-        raise MlxinferError(f"{repo_id} has no config.json; it is not a model repository this tool can load")
+        raise MlxinferError(
+            f"{repo_id} has no config.json; it is not a model repository this tool can load (a GGUF repository's "
+            "file loads by its path: download it, then --model FILE.gguf)"
+        )
     return Path(path)
 
 
@@ -176,10 +202,10 @@ def hub_config(repo_id: str) -> Path:
             # one request without retries first: hf_hub_download retries a hub out of reach for ~23 s,
             # logging each try, before it falls back to the cache or says so
             try:
-                hub.get_hf_file_metadata(hub.hf_hub_url(repo_id, "config.json"))
-            except errors.HfHubHTTPError:
-                raise  # the hub answered: no such repository or file, named below
-            except Exception as e:  # noqa: BLE001 - the HTTP library's own connection errors
+                hub.get_hf_file_metadata(hub.hf_hub_url(repo_id, "config.json"), timeout=HUB_TIMEOUT_S)
+            except (errors.RepositoryNotFoundError, errors.GatedRepoError):
+                raise  # the hub answered: no such repository, named below
+            except Exception as e:  # noqa: BLE001 - the HTTP library's own connection errors, a proxy's 404
                 try:  # out of reach: the cached copy, as hf_hub_download would give after its retries
                     return Path(hub.hf_hub_download(repo_id, "config.json", local_files_only=True))
                 except errors.LocalEntryNotFoundError:
