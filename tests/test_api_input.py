@@ -250,6 +250,7 @@ def test_a_min_mass_below_float_epsilon_still_walks(embedded):
         ("embedded@bfloat16", "'@bfloat16' is no way of reading a model"),  # was: "no model at embedded@bfloat16"
         ("@float32", "'@float32' follows a model"),  # was: the embedded model, silently
         (5, "source must be a path or a hub repo id, got int"),  # was: "no model at 5"
+        ("Qwen/Qwen3-0.6B@main", "a revision is not read here"),  # was: "'@main' is no way of reading a model"
     ],
 )
 def test_a_source_that_names_no_model_says_why(source, fragment):

@@ -87,6 +87,12 @@ def resolve(source: str | os.PathLike | None, *, weights: bool = True) -> ModelS
     text = "" if source is None else str(source)
     suffix = text.rpartition("@")[2]
     if "@" in text and not Path(text).expanduser().exists() and "/" not in suffix and suffix != DEQUANTIZED[1:]:
+        if REPO_ID.match(text.rpartition("@")[0]):  # owner/name@revision, as pip and git spell one
+            raise MlxinferError(
+                f"{text}: a revision is not read here; {text.rpartition('@')[0]} loads the main revision (the "
+                "cache's refs/main), and another revision's snapshot folder loads by its path",
+                "source",
+            )
         raise MlxinferError(  # was: "no model at embedded@bfloat16"
             f"{text}: '@{suffix}' is no way of reading a model; '{DEQUANTIZED}' (a GGUF's tensors dequantized) is "
             "the one suffix, and compute_dtype (--compute-dtype) chooses the path",
