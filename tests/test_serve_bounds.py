@@ -14,7 +14,6 @@ import json
 import logging
 import socket
 import threading
-import time
 import types
 
 import httpx
@@ -688,11 +687,11 @@ def test_a_streaming_client_that_stops_reading_gives_its_rows_up(embedded_quanti
             sock.sendall(f"{head}Content-Length: {len(raw)}\r\n\r\n".encode() + raw)
             first = sock.recv(1024)
             assert b"200 OK" in first
-            started = time.monotonic()
             until(lambda: health(url)["rows_in_flight"] == 2, "the two rows decoding", 30)
-            until(lambda: health(url)["rows_in_flight"] == 0, "the stalled stream's rows given up", 30)
-            # 8,000 tokens a row take a minute or more: the rows did not end by themselves
-            assert time.monotonic() - started < 20
+            until(lambda: health(url)["rows_in_flight"] == 0, "the stalled stream's rows given up", 60)
+            # the rows did not end by themselves: far fewer decode steps than their 8,000 tokens (was a wall-clock
+            # bound of 20 s, which a loaded machine passed)
+            assert health(url)["steps"] < 4000, health(url)
             assert post(url, "/v1/completions", {"prompt": "hi", "max_tokens": 2}).status_code == 200
             sock.settimeout(30)
             rest = bytearray()
