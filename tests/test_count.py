@@ -570,3 +570,41 @@ def test_a_whole_answers_time_shows_only_the_bounds_whose_rate_was_given():
     assert "whole answer, compute-bound" in shown.stdout and "memory-bound" not in shown.stdout
     shown = run_cli(LLAMA_8B, "--context", 12_060, "--answer-tokens", 300, "--bandwidth", "3.35TB/s")
     assert "whole answer, memory-bound" in shown.stdout and "compute-bound" not in shown.stdout
+
+
+def test_a_layer_mlx_lm_left_in_float_by_a_predicate_is_priced_as_float(tmp_path):
+    """mlx-lm's convert with a quant_predicate that skips a layer writes no config entry for it; its loader
+    reads a matrix stored without scales as float. count priced q_proj and the embedding as 4-bit: 945,664
+    bytes predicted for a folder of 1,275,392. The oracle: the safetensors headers' own byte counts."""
+    import contextlib
+    import io
+
+    import checkpoints
+    from mlx_lm.convert import convert
+
+    src = checkpoints.write_checkpoint(tmp_path / "hf", "llama")
+
+    def predicate(path, module):  # q_proj and the embedding in float, the rest at the default 4 bits
+        return not ("q_proj" in path or "embed_tokens" in path)
+
+    out = tmp_path / "mixed"
+    with contextlib.redirect_stdout(io.StringIO()):
+        convert(str(src), str(out), quantize=True, q_bits=4, q_group_size=64, quant_predicate=predicate)
+    report = json.loads(invoke_cli("count", str(out), "--json").stdout)
+    assert report["quantization"]["bytes"] == report["stored"]["tensor_bytes"], report["stored"]["notes"]
+    assert report["quantization"]["float_parameters"] > report["embedding"]  # the embedding and every q_proj
+
+
+def test_nvfp4s_group_of_16_is_read_and_its_mode_named():
+    """Was: "'quantization' needs ... group_size in (32, 64, 128)" for a valid nvfp4 block (group 16), where
+    the reason it does not load is the mode."""
+    from mlxinfer.formats.config import ModelConfig
+
+    import checkpoints
+
+    cfg = {
+        **checkpoints.BASE,
+        **checkpoints.ARCHS["llama"],
+        "quantization": {"bits": 4, "group_size": 16, "mode": "nvfp4"},
+    }
+    assert ModelConfig.from_dict(cfg).quantization["mode"] == "nvfp4"

@@ -18,10 +18,12 @@ def quant_setting(q: dict, module: str, in_dim: int) -> tuple[int, int, str] | N
     return None if in_dim % group else (bits, group, s.get("mode", q.get("mode", "affine")))
 
 
-def mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
+def mlx_quant(cfg: ModelConfig, weights: list[Weight], stored: set[str] | None = None) -> dict | None:
     """MLX quantization: packed bits plus, per group, a scale and a bias (affine, 16-bit each) or one
     8-bit scale (mxfp4/mxfp8/nvfp4). Matrices only (Linear, Embedding, stacked experts); norms and
-    biases stay float."""
+    biases stay float. stored: the files' tensor names, where there are files: a matrix stored without
+    its scales is float, as mlx-lm's loader reads it (a quantization predicate that skipped a layer writes
+    no entry in the config)."""
     q = cfg.quantization
     if not q:
         return None
@@ -30,6 +32,8 @@ def mlx_quant(cfg: ModelConfig, weights: list[Weight]) -> dict | None:
     settings: dict[str, int] = {}
     for w in weights:
         s = quant_setting(q, w.name.removesuffix(".weight"), w.shape[-1]) if len(w.shape) >= 2 else None
+        if s is not None and stored is not None and w.name in stored and f"{w.name[:-7]}.scales" not in stored:
+            s = None
         if s is None:
             nbytes = w.params * fb
         else:

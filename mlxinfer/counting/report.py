@@ -87,7 +87,8 @@ def count(
             "the tensor table gives the bytes actually stored"
         )
     else:
-        r.quantization = mlx_quant(cfg, weights)
+        stored = {stacked_name(t["name"]) for f in files for t in f["tensors"]} if files else None
+        r.quantization = mlx_quant(cfg, weights, stored)
         if files:
             predicted = (r.quantization or {}).get("bytes", r.bytes)
             r.stored = stored_safetensors(files, cfg, [w.name for w in weights], r.total, predicted)

@@ -299,7 +299,8 @@ def _check_quantization(quant, where: str) -> None:
     if not isinstance(quant, dict):
         raise _WrongValue(f"{need}, got {_short(quant)}")
     for key, value in quantization_blocks(quant):
-        if value.get("bits") not in QUANT_BITS or value.get("group_size") not in QUANT_GROUPS:
+        groups = (16, *QUANT_GROUPS) if value.get("mode", quant.get("mode")) == "nvfp4" else QUANT_GROUPS  # 16: nvfp4's
+        if value.get("bits") not in QUANT_BITS or value.get("group_size") not in groups:
             raise _WrongValue(f"{need}{f' (for {key!r})' if key else ''}, got {_short(value)}")
     for key in ("bits", "group_size"):
         if isinstance(quant[key], bool):
