@@ -584,7 +584,9 @@ def test_a_layer_mlx_lm_left_in_float_by_a_predicate_is_priced_as_float(tmp_path
 
     src = checkpoints.write_checkpoint(tmp_path / "hf", "llama")
 
-    def predicate(path, module):  # q_proj and the embedding in float, the rest at the default 4 bits
+    def predicate(path, module):  # q_proj and the embedding in float, down_proj 8-bit, the rest 4-bit
+        if "down_proj" in path:
+            return {"bits": 8, "group_size": 64, "mode": "affine"}
         return not ("q_proj" in path or "embed_tokens" in path)
 
     out = tmp_path / "mixed"
@@ -593,6 +595,11 @@ def test_a_layer_mlx_lm_left_in_float_by_a_predicate_is_priced_as_float(tmp_path
     report = json.loads(invoke_cli("count", str(out), "--json").stdout)
     assert report["quantization"]["bytes"] == report["stored"]["tensor_bytes"], report["stored"]["notes"]
     assert report["quantization"]["float_parameters"] > report["embedding"]  # the embedding and every q_proj
+    # and the model, loaded as stored, names both widths (a mixed folder read as one: "6-bit" for mixed_3_6)
+    import mlxinfer
+
+    model, _ = mlxinfer.load(out, compute_dtype="bfloat16")
+    assert model.info.weights.startswith("4/8-bit quantized"), model.info.weights
 
 
 def test_nvfp4s_group_of_16_is_read_and_its_mode_named():

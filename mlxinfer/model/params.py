@@ -70,10 +70,11 @@ def weights_kind(model) -> str:
 
     for _, module in model.named_modules():
         if is_quantized(module):
-            bits = sorted({m.bits for _, m in model.named_modules() if is_quantized(m)})
+            bits = "/".join(map(str, sorted({m.bits for _, m in model.named_modules() if is_quantized(m)})))
             if getattr(module, "float32_activations", False):
                 activations = "int8" if has_int8_layers(model) else "float32"
-                return f"{'/'.join(map(str, bits))}-bit quantized (activations {activations})"
-            return f"{module.bits}-bit quantized (activations {str(module.scales.dtype).split('.')[-1]})"
+                return f"{bits}-bit quantized (activations {activations})"
+            # every width a mixed folder holds (mixed_3_6 read "6-bit": its head's)
+            return f"{bits}-bit quantized (activations {str(module.scales.dtype).split('.')[-1]})"
     dtypes = sorted({str(p.dtype).split(".")[-1] for _, p in tree_flatten(model.parameters())})
     return "/".join(dtypes)
