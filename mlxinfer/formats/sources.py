@@ -215,6 +215,9 @@ def hub_config(repo_id: str) -> Path:
                 try:  # out of reach: the cached copy, as hf_hub_download would give after its retries
                     return Path(hub.hf_hub_download(repo_id, "config.json", local_files_only=True))
                 except errors.LocalEntryNotFoundError:
+                    if isinstance(e, errors.HfHubHTTPError):  # it answered, with an error, and nothing is cached
+                        said = first_line(e)
+                        raise MlxinferError(f"could not read {repo_id}/config.json from the hub: {said}") from None
                     raise MlxinferError(
                         f"{unreachable} ({first_line(e)}); try again online or pass a local path"
                     ) from None
