@@ -69,7 +69,7 @@ def test_logits_equal_mlx_lm_exactly(mlx_lm_dir, f32, variant, ids):
     path = f32 if variant == "bf16-as-float32" else mlx_lm_dir("qwen3_moe", variant)
     ours, _ = mlxinfer.load(path, compute_dtype="bfloat16")  # as stored
     assert ours.info.definition == "mlxinfer qwen3_moe"
-    assert ours.info.weights.startswith({"4bit": "4-bit", "bf16": "bfloat16", "bf16-as-float32": "float32"}[variant])
+    assert ours.info.weights.startswith({"4bit": "4", "bf16": "bfloat16", "bf16-as-float32": "float32"}[variant])
     peer, _ = mlx_lm.load(str(path))
     assert type(peer).__module__ == "mlx_lm.models.qwen3_moe"
     upcast = experts_to_float32_on_cpu(peer)
