@@ -73,6 +73,7 @@ _CONTEXT = "the model's own context bounds the prompt and the answer"
 _GRAMMAR = "--json-schema FILE or --tool FILE (JSON Schema; GBNF is not read)"
 _SEEDS = "--seeds: N runs seeds 0..N-1, A:B runs A..B-1 (seed 3 alone: --seeds 3:4)"
 _THREADS = "the kernels use every core this process may, MLXINFER_QMM_THREADS=N fewer"
+_CHAT = "a conversation is a command of its own: mlxinfer chat"
 PEER_FLAGS = {
     "--n-predict": ("llama.cpp", "--max-tokens", "--max-tokens (-n)"),
     "--predict": ("llama.cpp", "--max-tokens", "--max-tokens (-n)"),
@@ -96,8 +97,8 @@ PEER_FLAGS = {
     "-t": ("llama.cpp", None, _THREADS),
     "--system-prompt": ("llama.cpp", "--system", "--system TEXT"),
     "-sys": ("llama.cpp", "--system", "--system TEXT"),
-    "-cnv": ("llama.cpp", None, "a conversation is a command of its own: mlxinfer chat"),
-    "--conversation": ("llama.cpp", None, "a conversation is a command of its own: mlxinfer chat"),
+    "-cnv": ("llama.cpp", None, _CHAT),
+    "--conversation": ("llama.cpp", None, _CHAT),
     "--jinja": ("llama.cpp", None, "the model's chat template always renders (in a sandbox); --no-chat skips it"),
     "--chat-template": ("llama.cpp", None, "the chat template is the model's own; --no-chat skips it"),
     "--ignore-chat-template": ("mlx-lm", "--no-chat", "--no-chat"),

@@ -88,12 +88,12 @@ class GenerationStream:
 
     def _generation(self, finish_reason: Optional[str]) -> Generation:
         row = self._row.result if self._row is not None else RowResult()
-        steps = row.steps if finish_reason != "interrupted" else row.steps[: self._yielded]
-        # interrupted: what was handed out (a token the row took while Ctrl-C came was never shown)
-        text = row.text if finish_reason != "interrupted" else "".join(s.text for s in steps)
-        tokens = list(row.tokens) if finish_reason != "interrupted" else [s.token for s in steps]
+        text, tokens, steps = row.text, row.tokens, row.steps
+        if finish_reason == "interrupted":  # what was handed out: a token the row took as Ctrl-C came was never shown
+            steps = steps[: self._yielded]
+            text, tokens = "".join(s.text for s in steps), [s.token for s in steps]
         return Generation(
-            self.model.info.name, self.request.ids, text, tokens, list(steps), self.stats,
+            self.model.info.name, self.request.ids, text, tokens, steps, self.stats,
             self.spec.settings.to_dict(), self.note, self.spec.seed, finish_reason,
             definition=self.model.info.definition, sharding=self.model.info.sharding,
         )  # fmt: skip
