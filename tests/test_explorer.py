@@ -83,6 +83,22 @@ def test_next_token_is_topks_table_and_every_score(tiny):
     assert "generation_config" in got["table"]["settings_note"]
 
 
+def test_a_penalty_of_the_models_config_reads_the_prompt(tiny, monkeypatch):
+    """A generation_config.json may set a penalty (Qwen2.5's sets repetition_penalty 1.05): the explanation
+    applies it over the prompt's tokens, as topk's table and a draw of the first token do."""
+    url, _, model, tok, _ = tiny
+    monkeypatch.setitem(model.info.generation_config, "repetition_penalty", 3.0)
+    body = {"prompt": "hi hi hi", "chat": False, "k": 64, "temperature": 1.0, "top_k": 0}
+    got = post(url, "/mlxinfer/next-token", body).json()
+    settings = {"temperature": 1.0, "top_k": 0}
+    want = mlxinfer.next_token_table(model, tok, "hi hi hi", k=64, chat=False, settings=settings)
+    assert got["table"]["explanation"]["settings"]["repetition_penalty"] == 3.0
+    assert got["table"]["explanation"] == json.loads(json.dumps(want.explanation.to_dict()))
+    monkeypatch.setitem(model.info.generation_config, "repetition_penalty", 1.0)
+    plain = mlxinfer.next_token_table(model, tok, "hi hi hi", k=64, chat=False, settings=settings)
+    assert got["table"]["explanation"]["rows"] != json.loads(json.dumps(plain.explanation.to_dict()))["rows"]
+
+
 def test_the_forward_pass_runs_on_the_engine_thread(tiny, monkeypatch):
     """The batcher's thread is the one that tells a job its tokens (batcher.py's promise); the explorer's
     forward pass must run there, never beside it on a request's thread."""

@@ -195,3 +195,36 @@ def test_explain_totals_are_what_top_p_reads_or_absent(checkpoint_dir):
     assert reached["rank"] == kept[-1]["rank"] == len(kept) and reached["prob"] != reached["running"]
     ex = json.loads(invoke_cli(*run, "--top-k", "8", "--top-p", "0.8").stdout)["explanation"]
     assert all(r["running"] is None for r in ex["rows"])
+
+
+@pytest.mark.parametrize(
+    "penalties",
+    [{"repetition_penalty": 3.0}, {"presence_penalty": 2.0, "frequency_penalty": 1.5}],
+)
+def test_explain_applies_the_penalties_it_shows(checkpoint_dir, penalties):
+    """The penalties read the prompt's tokens (as a draw of generate's first token reads them): worked by
+    hand from the raw scores, mlx-lm's repetition rule and OpenAI's presence and frequency terms."""
+    import numpy as np
+
+    import mlxinfer
+
+    model, tok = mlxinfer.load(str(checkpoint_dir("llama")))
+    prompt = "hi hi hi there hi"
+    settings = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0, "penalty_window": 64, **penalties}
+    k = model.config.vocab_size  # every row: the penalized tokens among them
+    table = mlxinfer.next_token_table(model, tok, prompt, k=k, chat=False, settings=settings)
+    ids = table.prompt_ids
+    x = np.array(mlxinfer.next_token_scores(model, ids), dtype=np.float64)
+    counts = {t: ids.count(t) for t in set(ids)}
+    for t, n in counts.items():
+        if "repetition_penalty" in penalties:
+            p = penalties["repetition_penalty"]
+            x[t] = x[t] / p if x[t] > 0 else x[t] * p
+        else:
+            x[t] -= penalties["presence_penalty"] + penalties["frequency_penalty"] * n
+    want = np.exp(x - x.max())
+    want /= want.sum()
+    rows = table.explanation.rows
+    assert [r.id for r in rows] == list(np.argsort(-x, kind="stable"))
+    assert [r.prob for r in rows] == pytest.approx(want[[r.id for r in rows]], abs=2e-6)
+    assert [r.final_prob for r in rows] == pytest.approx(want[[r.id for r in rows]], abs=2e-6)

@@ -175,7 +175,8 @@ def next_token_table(
 
     table = of_model(table_from_scores(scores, temperatures, k, decode), model, prompt, ids)
     if resolved is not None:
-        table.explanation = explain(scores, resolved[0], k, decode, fast=model.info.cpu_kernels)
+        # the prompt is the penalties' history, as it is for generate's first draw
+        table.explanation = explain(scores, resolved[0], k, decode, history=ids, fast=model.info.cpu_kernels)
         table.settings_note = resolved[1]
         table.routing = expert_routing(model, ids)
     return table

@@ -145,7 +145,9 @@ def routes(state, read_body) -> list[Route]:
                 scores = next_token_scores(model, request.ids)
                 table = table_from_scores(scores, temperatures, body.k, decode)
                 table = of_model(table, model, body.prompt, request.ids)
-                table.explanation = explain(scores, request.settings, body.k, decode, fast=model.info.cpu_kernels)
+                table.explanation = explain(
+                    scores, request.settings, body.k, decode, history=request.ids, fast=model.info.cpu_kernels
+                )
                 table.settings_note = request.note
                 table.routing = expert_routing(model, request.ids)
                 return table.to_dict(), np.asarray(scores, dtype=np.float32).astype("<f4").tobytes()
