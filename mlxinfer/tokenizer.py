@@ -68,6 +68,12 @@ def encode_prompt(
         check_bool(value, name)
     if system is not None and not isinstance(system, str):
         raise MlxinferError(f"system must be text or None, got {type(system).__name__}", "system")
+    if hasattr(prompt, "ndim") and hasattr(prompt, "tolist"):  # a numpy or MLX array of ids, as mlx-lm takes them
+        if prompt.ndim != 1:
+            raise MlxinferError(
+                f"prompt token ids must be one row (1-D), got an array of shape {tuple(prompt.shape)}", "prompt"
+            )
+        prompt = prompt.tolist()
     if isinstance(prompt, (list, tuple)) and prompt and all(isinstance(m, dict) for m in prompt):
         messages = _checked_messages(prompt)
         if system is not None and system_message(messages) is not None:  # was: system= dropped

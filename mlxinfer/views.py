@@ -375,6 +375,7 @@ class CellSummary(View):
     chi_square: float | None = None  # first tokens observed vs the model's probabilities
     dof: int | None = None
     p_value: float | None = None
+    test_note: str | None = None  # why there is no chi-square test, where there is none
     exact: dict | None = None  # with exact: the walk's remainder and the G-test of the answers against it
 
 

@@ -27,6 +27,8 @@ def test_numpy_numbers_give_what_python_numbers_give(embedded):
     )  # fmt: skip
     assert got.tokens == want.tokens and got.seed == 7 and type(got.seed) is int
     json.dumps(got.to_dict())  # every number a Python one: JSON holds it
+    info = json.loads(json.dumps(model.info.to_dict()))  # was: no to_dict, and asdict's Path no JSON
+    assert info["source"]["path"] == str(model.info.source.path) and info["compute_dtype"] == model.info.compute_dtype
     drawn = mlxinfer.sample(model, tok, PROMPT, seeds=np.arange(3), max_tokens=2)
     assert [c.seed for c in drawn.completions] == [0, 1, 2]
     assert [c.tokens for c in drawn.completions] == [
@@ -38,6 +40,13 @@ def test_numpy_numbers_give_what_python_numbers_give(embedded):
     made = mlxinfer.SamplerSettings(temperature=np.float32(0.5), top_k=np.int64(5)).validate()
     assert (type(made.temperature), type(made.top_k)) == (float, int)
     assert mlxinfer.generate(model, tok, PROMPT, max_tokens=3, seed=7, settings=made).tokens == want.tokens
+    # token ids as a numpy or MLX array, as mlx-lm's generate takes them (was: "got ndarray")
+    ids = want.prompt_ids
+    for array in (np.array(ids), mx.array(ids), np.array(ids, dtype=np.int32)):
+        got = mlxinfer.generate(model, tok, array, max_tokens=3, seed=7, settings={"temperature": 0.5, "top_k": 5})
+        assert got.tokens == want.tokens and got.prompt_ids == ids
+    with pytest.raises(mlxinfer.MlxinferError, match=re.escape("one row (1-D), got an array of shape (1, 2)")):
+        mlxinfer.generate(model, tok, np.array([ids[:2]]), max_tokens=3)
 
 
 def test_a_text_alone_and_settings_from_a_generator(embedded):
@@ -85,6 +94,8 @@ BAD = [
     ("sample", dict(seeds=None), "seeds must be"),
     ("sample", dict(seeds=2.0), "seeds must be"),
     ("sample", dict(seeds="\u00b2"), "seeds takes"),  # '²'.isdigit() is True, int('²') fails
+    ("sample", dict(seeds=[0, -3]), "got -3 among them"),  # was: no word of which
+    ("sample", dict(seeds=[]), "seeds is an empty list"),
     ("sample", dict(min_mass=float("nan")), "min_mass"),  # was: ignored where exact is off
     ("sample", dict(max_nodes=-1), "max_nodes"),
     ("sample", dict(progress=5), "progress must be a function"),  # was: a TypeError mid-run
@@ -149,6 +160,11 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded, loaded):
         (lambda: mlxinfer.next_token_table(model, tok, PROMPT, temperatures=[1, 1.0]), "temperatures lists 1 more"),
         (lambda: mlxinfer.answers(model, tok, PROMPT, settings=[{}, {"top_k": 0}]), "#1 and #2 are the same"),
         (lambda: mlxinfer.settings_grid([0.5, 1], top_p=[0.9, 0.9]), "top_p lists 0.9 more"),
+        # each value by its setting's rule where the grid is built (was: built, refused at its cell's run)
+        (lambda: mlxinfer.settings_grid(-1), r"temperatures must be >= 0 .*, got -1$"),
+        (lambda: mlxinfer.settings_grid([1, float("nan")]), r"temperatures must be >= 0 .*, got nan$"),
+        (lambda: mlxinfer.settings_grid([1], top_p=[1.5]), r"top_p must be in \(0, 1\] .*, got 1.5$"),
+        (lambda: mlxinfer.settings_grid([1], top_k=[0.5]), r"top_k must be a whole number .*, got 0.5$"),
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             call()
@@ -316,3 +332,16 @@ def test_an_mlx_lm_users_habits_get_their_equivalent(embedded):
             mlxinfer.generate(model, tok, PROMPT, **{keyword: None})
     assert {"max_tokens", "settings", "seed", "stop"} <= set(inspect.signature(mlxinfer.generate).parameters)
     assert {"load", "generate", "stream_generate", "sample", "answers"} <= set(dir(mlxinfer))
+
+
+def test_why_a_test_is_missing_is_data(embedded):
+    """The CLI says why a tally has no G-test or chi-square test; the report says it too (was: only
+    null values, the reason in the CLI's text alone)."""
+    model, tok = embedded
+    drawn = mlxinfer.sample(model, tok, PROMPT, seeds=3, max_tokens=1, exact=True, max_nodes=50)
+    assert drawn.exact["p_value"] is None and drawn.exact["note"].startswith("no G-test: fewer than two groups")
+    swept = mlxinfer.sweep(model, tok, [PROMPT], settings=[{"temperature": 1.0}], seeds=3, max_tokens=1)
+    cell = swept.cells[0]
+    assert cell.p_value is None and cell.to_dict()["test_note"].startswith("no chi-square test: fewer than two")
+    many = mlxinfer.sweep(model, tok, [PROMPT], settings=[{"temperature": 0.3}], seeds=40, max_tokens=1).cells[0]
+    assert many.p_value is not None and many.test_note is None

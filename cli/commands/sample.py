@@ -119,7 +119,7 @@ def exact_line(exact: dict) -> str:
     if exact["remainder"] > 0:
         walk += " (≥: at least; draws on paths the walk did not reach count as other)"
     if exact["p_value"] is None:
-        return walk + "; no G-test: fewer than two groups expected 5 or more times (the rest is pooled as other)"
+        return f"{walk}; {exact['note']}"
     return (
         f"{walk}; G-test of the tally against it: G = {exact['g']:.2f}, {exact['dof']} dof, "
         f"p = {exact['p_value']:.3g} (other, the answers expected fewer than 5 times and any not listed: "

@@ -127,7 +127,7 @@ def render(report) -> None:
         test = (
             f"chi-square {cell.chi_square:.2f}, {cell.dof} dof (rare first tokens pooled), p = {cell.p_value:.3f}"
             if cell.p_value is not None
-            else "no chi-square test: fewer than two first-token groups expected 5 or more times"
+            else cell.test_note
         )
         t = Table(title=f"{cell.prompt!r}\n{settings}: {cell.draws} draws; first tokens vs the model: {test}")
         # the first token's probability: answers that begin with one token show the same one

@@ -199,8 +199,11 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
             raise MlxinferError(f"seeds {seeds}: at most {most:,} seeds, each below 2**63", "seeds")
         return list(range(a, b))
     out = list(seeds)
-    if not out or not all(_is_seed(s) for s in out):
-        raise MlxinferError("seeds must be whole numbers from 0 to 2**63 - 1, at least one", "seeds")
+    if not out:
+        raise MlxinferError("seeds is an empty list; give at least one seed (e.g. [0, 1, 2] or a count)", "seeds")
+    bad = [s for s in out if not _is_seed(s)]
+    if bad:
+        raise MlxinferError(f"seeds must be whole numbers from 0 to 2**63 - 1, got {bad[0]!r:.40} among them", "seeds")
     if len(out) > most:
         raise MlxinferError(f"seeds: at most {most:,}, got {len(out):,}", "seeds")
     repeated = next((s for s, n in collections.Counter(out).items() if n > 1), None)

@@ -77,7 +77,7 @@ def g_test(counts: dict[str, int], exact: dict[str, float], remainder: float, n:
     """The G-test (likelihood ratio) of observed answer counts against their exact probabilities:
     answers expected fewer than MIN_EXPECTED times, those never listed, the draws on paths the walk did not
     reach (walked_counts) and the walk's remainder are pooled as one "other" bin. {g, dof, p_value,
-    other_observed, other_expected}; p_value None when fewer than two bins remain."""
+    other_observed, other_expected, note}; p_value None when fewer than two bins remain, and note says so."""
     from scipy.stats import chi2
 
     bins, other_o, other_e = [], unwalked, n * max(remainder, 0.0)
@@ -89,9 +89,10 @@ def g_test(counts: dict[str, int], exact: dict[str, float], remainder: float, n:
     other_o += sum(k for a, k in counts.items() if a not in exact)
     if other_o or other_e > 0:
         bins.append((other_o, other_e))
-    out = {"other_observed": other_o, "other_expected": other_e, "g": None, "dof": None, "p_value": None}
+    out = {"other_observed": other_o, "other_expected": other_e, "g": None, "dof": None, "p_value": None, "note": None}
     if len(bins) < 2:
-        return out
+        note = f"no G-test: fewer than two groups expected {MIN_EXPECTED} or more times (the rest is pooled as other)"
+        return {**out, "note": note}
     if any(e <= 0 < o for o, e in bins):  # drawn where the walk proved the probability 0: rejected outright
         return {**out, "g": math.inf, "dof": len(bins) - 1, "p_value": 0.0}
     g = 2 * sum(o * math.log(o / e) for o, e in bins if o > 0)
@@ -125,6 +126,10 @@ def summarize(
         test = first_token_test(firsts, probs)
         if test is not None:
             cell.chi_square, cell.dof, cell.p_value = test
+        else:
+            cell.test_note = (
+                f"no chi-square test: fewer than two first-token groups expected {MIN_EXPECTED} or more times"
+            )
         walk = (exact or {}).get((p, s))
         if walk is not None:
             probs_of = {a.answer: a.probs[0] for a in walk.answers}

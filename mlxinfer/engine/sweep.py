@@ -78,13 +78,19 @@ def settings_grid(temperatures: Sequence[float] | None = None, **axes: Sequence 
 
 def _axis(name: str, values) -> list:
     """An axis's values: a list of them, or one number (an axis of one value)."""
+    param = _param(name)
     if isinstance(values, (int, float)) and not isinstance(values, bool):
-        return [values]
-    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
-        param = _param(name)
+        values = [values]
+    elif isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise MlxinferError(f"{param} must be a list of values (e.g. [0.5, 1.0]), got {values!r:.60}", param)
     values = list(values)
-    check_listed_once(values, _param(name))
+    check_listed_once(values, param)
+    rule = next(o for o in SamplerSettings.options() if o.name == name)
+    bad = [
+        v for v in values if not rule.ok(getattr(SamplerSettings(**{name: v}), name))
+    ]  # (-1 = off, as the cell reads it)
+    if bad:  # here, where the grid is built, not at the cell that would run it
+        raise MlxinferError(f"{param} must be {rule.must_be}, got {bad[0]!r}", param)
     return values
 
 

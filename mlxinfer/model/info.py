@@ -4,7 +4,7 @@ and the engine read it."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 from ..formats.sources import ModelSource
 
@@ -26,3 +26,10 @@ class ModelInfo:
     @classmethod
     def unnamed(cls, definition: str) -> "ModelInfo":
         return cls(name="", definition=definition)
+
+    def to_dict(self) -> dict:
+        """Every field as JSON takes it (the source's path as text)."""
+        out = asdict(self)
+        if self.source is not None and self.source.path is not None:
+            out["source"]["path"] = str(self.source.path)
+        return out
