@@ -271,10 +271,16 @@ def _summary(
     before_bits, after_bits = 8 * before / parameters, 8 * tensor_bytes / parameters
     notes = []
     if kind == "quantize" and before_bits < 16 and after_bits > before_bits + 0.5:  # a quantized source, in more bits
-        notes.append(
-            f"the source holds {before_bits:.2f} bits a weight, fewer than these {after_bits:.2f}: its weights were "
-            "dequantized and quantized again, which adds bytes and no accuracy; quantize the float checkpoint"
-        )
+        if config.get("quantization") is None:  # written as floats on purpose (a reference, a bf16 copy)
+            notes.append(
+                f"the source holds {before_bits:.2f} bits a weight: these {config['torch_dtype']} weights are its "
+                "values dequantized, no more accurate than the source"
+            )
+        else:
+            notes.append(
+                f"the source holds {before_bits:.2f} bits a weight, fewer than these {after_bits:.2f}: its weights "
+                "were dequantized and quantized again, which adds bytes and no accuracy; quantize the float checkpoint"
+            )
     return {
         "command": kind,
         "source": model.info.source.name,

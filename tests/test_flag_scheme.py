@@ -85,6 +85,19 @@ def test_list_and_one_value_flags_say_which_in_their_first_words():
     assert "GB/s" in bench["--bandwidth"].help and bench["--bandwidth"].type.name == "text"
 
 
+def test_every_prompt_file_flag_has_llama_cpps_short_name():
+    """llama.cpp's -f is --prompt-file on every command that reads one (was: sweep's alone had no -f)."""
+    from mlxinfer_cli.app import app
+
+    with_file = {
+        name: {o for p in command.params for o in p.opts}
+        for name, command in typer.main.get_command(app).commands.items()
+        if any("--prompt-file" in p.opts for p in command.params)
+    }
+    assert {"topk", "generate", "sample", "sweep", "answers", "tokens"} <= set(with_file)
+    assert [name for name, opts in with_file.items() if "-f" not in opts] == []
+
+
 def test_positional_arguments_show_their_help():
     """click 8.5 resets the help Typer gives a positional argument; the commands put it back."""
     shown = " ".join(invoke_cli("convert", "--help").stdout.split())

@@ -556,3 +556,7 @@ def test_quantizing_a_quantized_source_in_more_bits_says_it_adds_nothing(checkpo
     assert text.splitlines()[-1].startswith("note: the source holds 4.")
     plain = invoke_cli("quantize", str(checkpoint_dir("llama")), str(tmp_path / "four"), "--json")
     assert json.loads(plain.stdout)["notes"] == []
+    # as floats (a reference, a bf16 copy) nothing is quantized again: the note says what the floats are
+    floats = invoke_cli("quantize", four, str(tmp_path / "bf16"), "--bits", "16", "--json")
+    [note] = json.loads(floats.stdout)["notes"]
+    assert "bfloat16 weights are its values dequantized" in note and "quantize the float" not in note

@@ -34,7 +34,7 @@ def sweep(
     prompt: Optional[List[str]] = typer.Option(
         None, "--prompt", "-p", help="A prompt; repeat the option for more; - reads one from standard input."
     ),
-    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", help="One prompt: this UTF-8 file's text."),
+    prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="One prompt: this UTF-8 file's text."),
     prompts_file: Optional[str] = typer.Option(None, "--prompts", help="A UTF-8 file of prompts, one per line."),
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per completion (the lesson uses 5)."),
     out: Optional[str] = typer.Option(None, "--out", help="Append one JSON line per completion to this file."),
