@@ -53,10 +53,15 @@ def flag(param: str) -> str:
 
 
 def named(text: str, *params: str) -> str:
-    """`text` with the first mention of each parameter replaced by its flag, on one line."""
+    """`text` with the first mention of each parameter replaced by its flag, on one line. A word inside a
+    path the message quotes (`/data/out`, `./resume`) is the user's, not a mention."""
     for param in params:
-        pattern = re.compile(rf"(?<![\w-]){re.escape(param)}(?![\w-])")
-        text = pattern.sub(flag(param).replace("\\", r"\\"), text, count=1)
+        for match in re.finditer(rf"(?<![\w-]){re.escape(param)}(?![\w-])", text):
+            start = max(text.rfind(" ", 0, match.start()), text.rfind("\n", 0, match.start())) + 1
+            token = text[start:].split(maxsplit=1)[0]
+            if not ("/" in token or "\\" in token or token.startswith(("~", "."))):
+                text = text[: match.start()] + flag(param) + text[match.end() :]
+                break
     return " ".join(text.split())
 
 

@@ -96,7 +96,7 @@ def check_output(out: Path, force: bool) -> None:
 def staged(out: Path, force: bool) -> Iterator[Path]:
     """Yield a temporary directory next to OUT; on success it replaces OUT, on any failure (or SIGTERM) it
     is removed (atomic.staged_dir). An OSError (a read-only place, a path under a file, a full disk) is a
-    one-line error, and the parents made for OUT are removed too."""
+    one-line error, and the parents made for OUT are removed too, those still empty."""
     out = through_link(Path(out).absolute())
     check_output(out, force)
     created = next((p for p in reversed([out.parent, *out.parent.parents]) if not p.exists()), None)
@@ -106,8 +106,14 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
                 yield tmp
                 check_output(out, force)  # nothing appeared meanwhile
         except BaseException as e:
-            if created is not None:
-                shutil.rmtree(created, ignore_errors=True)
+            if created is not None:  # only while empty: another run (or the user) may have written there since
+                for folder in [out.parent, *out.parent.parents]:
+                    try:
+                        folder.rmdir()
+                    except OSError:
+                        break
+                    if folder == created:
+                        break
             if isinstance(e, OSError):
                 raise _cannot_write(out, e) from None
             raise
@@ -184,7 +190,13 @@ def copy_tokenizer_files(src: Path, directory: Path) -> None:
 def save_gguf_tokenizer(tokenizer, directory: Path, max_length: int | None) -> None:
     """The tokenizer rebuilt from GGUF metadata, written by transformers (tokenizer.json,
     tokenizer_config.json, chat_template.jinja); the class named so older transformers load it too."""
-    tokenizer._tokenizer.save_pretrained(str(directory))
+    try:
+        tokenizer._tokenizer.save_pretrained(str(directory))
+    except Exception as e:  # the Rust tokenizers' I/O errors are plain Exceptions: "... (os error 28)"
+        code = re.search(r"\(os error (\d+)\)", str(e))
+        if code is None:
+            raise
+        raise OSError(int(code[1]), os.strerror(int(code[1])), str(directory / "tokenizer.json")) from None
     path = directory / "tokenizer_config.json"
     cfg = json.loads(path.read_text())
     cfg["tokenizer_class"] = "PreTrainedTokenizerFast"

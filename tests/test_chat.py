@@ -174,6 +174,16 @@ def test_save_writes_the_conversation_as_json(embedded, tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["chat.json"]  # no temporary file left
     refused = session.command(f"/save {tmp_path / 'missing' / 'chat.json'}")
     assert refused.kind == "error" and "pick a writable path" in refused.message
+    # a save replaces an earlier one, keeping its mode; any other file is kept (was: replaced, made 0644)
+    os.chmod(out, 0o600)
+    list(session.reply("And another?"))
+    assert session.command(f"/save {out}").kind == "saved"
+    assert json.loads(out.read_text())["messages"] == session.messages and stat.S_IMODE(out.stat().st_mode) == 0o600
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    refused = session.command(f"/save {notes}")
+    assert refused.kind == "error" and "exists and is not a saved chat" in refused.message
+    assert notes.read_text() == "my notes\n"
 
 
 def test_save_writes_through_a_link_and_never_replaces_a_device_or_a_pipe(embedded, tmp_path):
@@ -188,7 +198,7 @@ def test_save_writes_through_a_link_and_never_replaces_a_device_or_a_pipe(embedd
     assert refused.kind == "error" and "a device, a pipe or a socket, not a regular file" in refused.message
     assert stat.S_ISFIFO(os.lstat(pipe).st_mode) and sorted(p.name for p in tmp_path.iterdir()) == ["pipe"]
     target, link = tmp_path / "target.json", tmp_path / "link.json"
-    target.write_text("old")
+    target.write_text(json.dumps({"messages": [], "turns": []}))  # an earlier save
     link.symlink_to(target)
     assert session.command(f"/save {link}").kind == "saved"
     assert link.is_symlink() and json.loads(target.read_text())["messages"] == session.messages

@@ -151,3 +151,22 @@ def test_a_commands_own_flag_is_never_taken_for_another_commands():
     result = invoke_cli("generate", "-p", FRUIT, "--seed", "x")
     assert_one_line_error(result, "'x' is not a valid integer")
     assert "--seeds" not in result.stderr
+
+
+def test_a_word_in_the_users_path_is_not_a_flag(tmp_path, monkeypatch):
+    """Was: `quantize embedded out` (out/ not empty) said "/.../OUT exists ...; or choose another out", a folder
+    named force became "/.../--force", and sweep's --out resume "--out --resume already holds results"."""
+    from mlxinfer_cli import flags
+
+    flags.use(out="OUT")
+    try:
+        said = flags.named("/data/out exists and is not empty; pass force, or choose another out", "force", "out")
+        assert said == "/data/out exists and is not empty; pass --force, or choose another OUT"
+        said = flags.named("/data/force exists; pass force to replace it", "force")
+        assert said == "/data/force exists; pass --force to replace it"
+    finally:
+        flags._overrides.clear()
+    monkeypatch.chdir(tmp_path)
+    assert invoke_cli("sweep", "-p", "hi", "--seeds", "1", "-n", "1", "--out", "resume").returncode == 0
+    again = invoke_cli("sweep", "-p", "hi", "--seeds", "1", "-n", "1", "--out", "resume")
+    assert_one_line_error(again, "--out ./resume already holds results; pass --resume to continue")

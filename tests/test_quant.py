@@ -492,13 +492,39 @@ def test_failure_leaves_nothing_half_written(checkpoint_dir, tmp_path, monkeypat
     with pytest.raises(MlxinferError, match="cannot write out .*disk full"):  # one line, not an OSError
         quantize(checkpoint_dir("llama"), out)
     assert not (tmp_path / "new").exists()  # the parent it created is gone too
+    # but not what another run or the user put there meanwhile (was: the parent removed with its files)
+
+    def meanwhile(directory, config):
+        (tmp_path / "deep" / "keep.txt").write_text("theirs")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(writer, "save_config", meanwhile)
+    with pytest.raises(MlxinferError, match="disk full"):
+        quantize(checkpoint_dir("llama"), tmp_path / "deep" / "er" / "out")
+    assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["keep.txt"]  # "er", empty, is gone
+    monkeypatch.setattr(writer, "save_config", broken)
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")
     with pytest.raises(MlxinferError, match="disk full"):
         quantize(checkpoint_dir("llama"), existing, force=True)
     assert [p.name for p in existing.iterdir()] == ["keep.txt"]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["existing"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deep", "existing"]
+
+
+def test_a_full_disk_under_the_tokenizer_is_an_oserror(tmp_path):
+    """The Rust tokenizers say a full disk as a plain Exception ("... (os error 28)"): was a traceback, past the
+    one-line error every other write gets."""
+    import errno
+    from types import SimpleNamespace
+
+    def full(path):
+        raise Exception("No space left on device (os error 28)")
+
+    tok = SimpleNamespace(_tokenizer=SimpleNamespace(save_pretrained=full))
+    with pytest.raises(OSError) as caught:
+        writer.save_gguf_tokenizer(tok, tmp_path, None)
+    assert caught.value.errno == errno.ENOSPC and "tokenizer.json" in caught.value.filename
 
 
 def test_weights_that_cannot_be_written_are_an_output_error_and_leave_nothing(checkpoint_dir, tmp_path):

@@ -148,18 +148,20 @@ def test_killed_sweep_resumes_to_exactly_an_uninterrupted_run(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_stops_after_the_last_whole_batch(tiny, tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_stops_after_the_last_whole_batch(tiny, tmp_path, sig):
     """SIGTERM at a known point, just after the third batch's lines were synced: exit 143 (128 +
-    SIGTERM, as a shell reports it; was 130, Ctrl-C's), the three batches kept whole, nothing after them."""
+    SIGTERM, as a shell reports it; was 130, Ctrl-C's), the three batches kept whole, nothing after them.
+    SIGHUP (a closed terminal) the same, 129 (was: killed on the spot, no line)."""
     path, _ = tiny
     out = tmp_path / "term.jsonl"
     proc = start_held(*cli_sweep(path, out, seeds="40", batch="2"), at="synced", target=out, n=4)
     try:
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(sig)
         _, err = proc.communicate(timeout=60)
     finally:
         proc.kill()
-    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert proc.returncode == 128 + sig, err
     assert err.strip().splitlines()[-1].startswith("interrupted:") and "--resume" in err
     text = out.read_text()
     assert text.endswith("\n")
@@ -439,6 +441,40 @@ def test_a_file_is_written_by_one_sweep_at_a_time(tiny, tmp_path):
     assert out.read_bytes() == before
     held.close()
     assert invoke_cli(*cli_sweep(path, out, "--resume", seeds="3")).returncode == 0
+
+
+def test_two_runs_starting_one_new_file_and_a_file_that_cannot_be_written(tiny, tmp_path, monkeypatch):
+    """Two runs created one new --out at once: the loser said "cannot be written (File exists)", or the file
+    got two headers. A results file that cannot be written where a torn line or a header alone must be cut
+    was a traceback; it is the one line an append gives."""
+    import errno
+
+    from mlxinfer import MlxinferError
+    from mlxinfer.engine import results
+    from mlxinfer.engine.results import ResultsFile
+
+    path, _ = tiny
+    out = tmp_path / "r.jsonl"
+    assert invoke_cli(*cli_sweep(path, out, seeds="2")).returncode == 0
+    header = json.loads(out.read_text().splitlines()[0])
+    header.pop("format")
+    race = ResultsFile(tmp_path / "new.jsonl", header, resume=False, lock=False)
+    with pytest.raises(MlxinferError, match="being written by another sweep"):  # a second creation of the file
+        race._write_lines([race.header], create=True)
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    with out.open("ab") as f:
+        f.write(b'{"torn": ')
+    monkeypatch.setattr(results, "open", refused, raising=False)  # the cut of the torn line
+    with pytest.raises(MlxinferError, match=r"cannot be written \(Read-only file system\); write to another file"):
+        ResultsFile(out, header, resume=True)
+    monkeypatch.undo()
+    out.write_text(json.dumps({"format": results.FORMAT, **header}) + "\n")  # a header alone: cut to start again
+    monkeypatch.setattr(results.os, "truncate", refused)
+    with pytest.raises(MlxinferError, match=r"cannot be written \(Read-only file system\)"):
+        ResultsFile(out, header, resume=False)
 
 
 def test_a_header_alone_left_by_a_kill_is_no_result_to_resume(tiny, tmp_path):

@@ -79,5 +79,8 @@ def main(build: Callable[[], str], built: Callable[[str], str]) -> int:
     except MlxinferError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # the partial build is gone (atomic.staged_dir): one line, the shell's 130
+        print("interrupted: nothing was built", file=sys.stderr)
+        return 130
     print(built(path))
     return 0

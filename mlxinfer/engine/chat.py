@@ -237,7 +237,12 @@ class ChatSession:
             raise MlxinferError(f"cannot save to {str(path)!r}: give a file name, e.g. /save chat.json")
         data = json.dumps(self.to_dict(), indent=2, ensure_ascii=False) + "\n"
         try:
-            with atomic.staged_file(final) as tmp:
+            mode = None
+            if final.is_file() and final.stat().st_size:  # another save is replaced; any other file is kept
+                if not _is_saved_chat(final):
+                    raise MlxinferError(f"{final} exists and is not a saved chat; give another name, or remove it")
+                mode = final.stat().st_mode & 0o7777  # as it was: a save kept private stays private
+            with atomic.staged_file(final, mode=mode) as tmp:
                 tmp.write_text(data, encoding="utf-8")
         except OSError as e:
             raise MlxinferError(f"cannot save to {final} ({e.strerror or e}); pick a writable path") from None
@@ -335,3 +340,13 @@ class ChatSession:
 
     def _quit(self, name: str, arg: str) -> Outcome:
         return Outcome(name, "quit", "bye", None)
+
+
+def _is_saved_chat(path: Path) -> bool:
+    """A file /save wrote: a JSON object with the conversation's messages and turns."""
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(64 << 20))
+    except (OSError, ValueError, RecursionError):
+        return False
+    return isinstance(data, dict) and {"messages", "turns"} <= set(data)

@@ -98,7 +98,7 @@ class ResultsFile:
         self.texts_fresh = False  # written before a plain prompt's texts continued it: resume keeps that rule
         self._lock: int | None = None
         if self.path.exists() and not self.path.is_file():
-            raise MlxinferError(f"{param} {self.path} is not a file; choose a .jsonl path", param)
+            raise MlxinferError(f"{param} {self.shown} is not a file; choose a .jsonl path", param)
         if lock and self.path.is_file():
             self._hold(param)
         try:
@@ -109,13 +109,14 @@ class ResultsFile:
 
     def _open(self, resume: bool, param: str, lock: bool) -> None:
         if self.path.is_file() and not resume and self._header_only():  # left by a run killed before its first
-            os.truncate(self.path, 0)  # batch: no results, so nothing to resume
+            with self._writing(param):  # batch: no results, so nothing to resume
+                os.truncate(self.path, 0)
         exists = self.path.is_file() and self.path.stat().st_size > 0
         if exists and not resume:
             if _header_of(_first_line(self.path)) is None:  # a typo's --out prompts.txt: not --resume (_read says so)
-                raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
+                raise MlxinferError(f"{param} {self.shown} is not a sweep results file; write to another file", param)
             raise MlxinferError(
-                f"{param} {self.path} already holds results; pass resume to continue that sweep, "
+                f"{param} {self.shown} already holds results; pass resume to continue that sweep, "
                 "or write to another file",
                 param,
                 "resume",
@@ -124,6 +125,8 @@ class ResultsFile:
             self._read(param)
         else:  # a new file, or an empty one (touched by hand, or left by a run killed at once)
             self.created = not self.path.exists()
+            if not self.created and self._lock is not None and self.path.stat().st_size > 0:
+                raise self._taken(param)  # another run wrote its header between the look and the lock
             self._write_lines([self.header], create=self.created, param=param)
             if lock and self._lock is None:
                 self._hold(param)
@@ -138,11 +141,30 @@ class ResultsFile:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
             os.close(fd)
-            raise MlxinferError(
-                f"{param} {self.path} is being written by another sweep; wait for it to end, or write to another file",
-                param,
-            ) from None
+            raise self._taken(param) from None
         self._lock = fd
+
+    @property
+    def shown(self) -> str:
+        """The path in a message: a bare name as ./name, so that a file called `resume` is not read as the flag."""
+        text = str(self.path)
+        return text if self.path.is_absolute() or self.path.parent != Path(".") else f".{os.sep}{text}"
+
+    def _taken(self, param: str) -> MlxinferError:
+        return MlxinferError(
+            f"{param} {self.shown} is being written by another sweep; wait for it to end, or write to another file",
+            param,
+        )
+
+    @contextmanager
+    def _writing(self, param: str):
+        """An OSError of a write to the file (read-only, a read-only place) as the one line appends give."""
+        try:
+            yield
+        except OSError as e:
+            raise OutputError.of(e)(
+                f"{param} {self.shown} cannot be written ({e.strerror}); write to another file", param
+            ) from None
 
     def close(self) -> None:
         """Let go of the file's lock (a process's end does too)."""
@@ -161,7 +183,7 @@ class ResultsFile:
         lines = data[:end].splitlines()
         stored = _header_of(data)
         if stored is None:
-            raise MlxinferError(f"{param} {self.path} is not a sweep results file; write to another file", param)
+            raise MlxinferError(f"{param} {self.shown} is not a sweep results file; write to another file", param)
         self.texts_fresh = "continues" in self.header and "continues" not in stored
         same_anyway = ("seeds", "continues") if self.texts_fresh else ("seeds",)
         want = json.loads(json.dumps(self.header))  # as the file holds it: logit_bias's token ids as strings
@@ -169,7 +191,7 @@ class ResultsFile:
         differs = [k for k in {**want, **stored} if k not in same_anyway and stored.get(k) != want.get(k)]
         if differs:
             raise MlxinferError(
-                f"{param} {self.path} holds another sweep (its {differs[0]!r} field differs); "
+                f"{param} {self.shown} holds another sweep (its {differs[0]!r} field differs); "
                 "write to another file or run with that sweep's options",
                 param,
             )
@@ -187,7 +209,7 @@ class ResultsFile:
                 wrong = f"it repeats line {where[record_key(record)]}'s prompt {p}, settings {s} and seed {seed}"
             if wrong:
                 raise MlxinferError(
-                    f"{param} {self.path}: line {n} is not a completion record of this sweep ({wrong}); the file was "
+                    f"{param} {self.shown}: line {n} is not a completion record of this sweep ({wrong}); the file was "
                     "edited by hand: mend or delete that line",
                     param,
                 )
@@ -195,7 +217,7 @@ class ResultsFile:
             where[record_key(record)] = n
         self.done.update(done)
         if end < len(data):  # a line torn by a kill in the middle of a write: the batch it belonged to is redone
-            with open(self.path, "r+b") as f:
+            with self._writing(param), open(self.path, "r+b") as f:
                 f.truncate(end)
 
     def append(self, records: list[dict]) -> None:
@@ -217,24 +239,26 @@ class ResultsFile:
         try:
             fd = os.open(self.path, flags, 0o644)
         except OSError as e:
+            if isinstance(e, FileExistsError) and not Path(self.path).is_symlink():
+                raise self._taken(param) from None  # created by another run since this one looked
             folder = Path(self.path).parent
             if folder.exists() and not folder.is_dir():
                 raise MlxinferError(
-                    f"{param} {self.path}: {folder} is a file, not a folder; write elsewhere", param
+                    f"{param} {self.shown}: {folder} is a file, not a folder; write elsewhere", param
                 ) from None
             if not folder.is_dir():  # a sweep writes its one file, not the folders to it (convert makes its folder)
                 raise MlxinferError(
-                    f"{param} {self.path}: the folder {folder} does not exist; create it first or write elsewhere",
+                    f"{param} {self.shown}: the folder {folder} does not exist; create it first or write elsewhere",
                     param,
                 ) from None
             if Path(self.path).is_symlink() and not Path(self.path).exists():  # O_EXCL refuses any link: say which
                 raise MlxinferError(
-                    f"{param} {self.path} is a link to {os.readlink(self.path)}, which does not exist; write to the "
+                    f"{param} {self.shown} is a link to {os.readlink(self.path)}, which does not exist; write to the "
                     "file itself, or remove the link",
                     param,
                 ) from None
             raise OutputError.of(e)(
-                f"{param} {self.path} cannot be written ({e.strerror}); write to another file", param
+                f"{param} {self.shown} cannot be written ({e.strerror}); write to another file", param
             ) from None
         try:
             before = os.fstat(fd).st_size
@@ -252,7 +276,7 @@ class ResultsFile:
                     else "write elsewhere"
                 )
                 raise OutputError.of(e)(
-                    f"{param} {self.path} cannot be written ({e.strerror}); {then}", param, "resume"
+                    f"{param} {self.shown} cannot be written ({e.strerror}); {then}", param, "resume"
                 ) from None
         finally:
             os.close(fd)
@@ -275,7 +299,7 @@ class Terminated(KeyboardInterrupt):
 
 @contextmanager
 def stop_cleanly_on_sigterm():
-    """While a sweep runs, SIGTERM stops it the way Ctrl-C does (KeyboardInterrupt), so the batch in
+    """While a sweep runs, SIGTERM (and SIGHUP) stops it the way Ctrl-C does (KeyboardInterrupt), so the batch in
     flight is dropped and nothing after the last synced batch is written."""
     if threading.current_thread() is not threading.main_thread():
         yield
@@ -284,11 +308,13 @@ def stop_cleanly_on_sigterm():
     def interrupt(signum, frame):
         raise Terminated(128 + signum)
 
-    previous = signal.signal(signal.SIGTERM, interrupt)
+    hangup = getattr(signal, "SIGHUP", None)  # a closed terminal or ssh session: the same clean stop
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, hangup) if sig is not None}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def _header_of(data: bytes) -> dict | None:
