@@ -345,3 +345,18 @@ def test_why_a_test_is_missing_is_data(embedded):
     assert cell.p_value is None and cell.to_dict()["test_note"].startswith("no chi-square test: fewer than two")
     many = mlxinfer.sweep(model, tok, [PROMPT], settings=[{"temperature": 0.3}], seeds=40, max_tokens=1).cells[0]
     assert many.p_value is not None and many.test_note is None
+
+
+def test_a_notebook_shows_a_result_in_brief(embedded):
+    """IPython showed a 6-token Generation as one 1,900-character line (every prompt id and step); it shows
+    the ids' count and each field's head, while repr() and to_dict() keep everything."""
+    from IPython.lib.pretty import pretty
+
+    model, tok = embedded
+    g = mlxinfer.generate(model, tok, PROMPT, max_tokens=6, seed=1)
+    shown = pretty(g)
+    assert shown.startswith("Generation(") and f"text={g.text!r}" in shown and "finish_reason='length'" in shown
+    assert f"prompt_ids=[{len(g.prompt_ids)} ints: " in shown and len(shown) < len(repr(g)) / 1.5
+    assert repr(g.prompt_ids) in repr(g)  # repr() itself unchanged
+    report = mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1, "top_k": 3}], max_tokens=2)
+    assert pretty(report).startswith("AnswersReport(") and "stopped='complete'" in pretty(report)

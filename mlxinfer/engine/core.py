@@ -211,7 +211,7 @@ class Row:
             self.result.steps[-1] = replace(last, text=last.text + tail)
             self.result.steps[-1].offset = last.offset
         self.result.finish_reason, self.result.stop_token = reason, stop_token
-        out.append(Step(None, tail, 0.0, finish_reason=reason, stop_token=stop_token))
+        out.append(Step(None, tail, None, finish_reason=reason, stop_token=stop_token))
         return out
 
     def json(self) -> JsonResult:
