@@ -373,7 +373,9 @@ class AnswerRow(View):
     share_high: float
     first_token: int
     first_token_text: str
-    first_token_prob: float  # the model's probability of this answer's first token: expected share
+    # the model's probability of this answer's (most drawn) first token: its expected share only where the
+    # answer is that token alone (group first-token); else `exact` is
+    first_token_prob: float
     exact: float | None = None  # with exact: the answer's exact probability (answers)
 
 

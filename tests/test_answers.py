@@ -742,3 +742,10 @@ def test_a_walk_bound_without_exact_is_refused_not_ignored(command, tmp_path):
         assert_one_line_error(shown, flag, "add it")
     assert not out.exists()
     assert invoke_cli(command, "-p", "x", "--seeds", "2", "--max-tokens", "1", *where).returncode == 0
+
+
+def test_a_remainder_too_small_for_four_places_is_not_shown_as_zero():
+    """0.0000 is a complete walk's remainder; 2e-8 left by --min-mass 0.99999 printed the same."""
+    from mlxinfer_cli.commands.answers import _remainder
+
+    assert [_remainder(r) for r in (0.0, 2.03e-8, 4.9e-5, 0.1234)] == ["0.0000", "2.0e-08", "4.9e-05", "0.1234"]

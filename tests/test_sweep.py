@@ -116,6 +116,12 @@ def test_chi_square_p_value_by_hand():
     statistic, dof, p = first_token_test({1: 30, 2: 10}, {1: 0.5, 2: 0.5})
     assert (statistic, dof) == (pytest.approx(10.0), 1)
     assert p == pytest.approx(math.erfc(math.sqrt(5.0)), rel=1e-9)
+    # float32 probabilities of every token drawn summing a hair under 1: no empty bin of the rest (was: one
+    # more degree of freedom, for 3e-8 of mass), whichever side of 1 the rounding falls
+    assert first_token_test({1: 30, 2: 10}, {1: 0.5, 2: 0.49999997})[1] == 1
+    assert first_token_test({1: 30, 2: 10}, {1: 0.5, 2: 0.50000003})[1] == 1
+    # a token drawn where the cut gives it probability 0: rejected (was: its bin dropped, p = 0.58)
+    assert first_token_test({1: 120, 2: 75, 3: 5}, {1: 0.6, 2: 0.4, 3: 0.0})[2] == 0.0
 
 
 # ----------------------------------------------------------------------------- the results file

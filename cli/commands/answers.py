@@ -123,7 +123,7 @@ def render(report) -> None:
     if rest:
         sums = [sum(a.probs[i] for a in rest) for i in range(len(report.settings))]
         t.add_row(f"({len(rest):,} more answers)", *(f"{g}{p:.4f}" for g, p in zip(at_least, sums)), "")
-    t.add_row("(not walked: remainder)", *(f"{m.remainder:.4f}" for m in report.mass), "", style="dim")
+    t.add_row("(not walked: remainder)", *(_remainder(m.remainder) for m in report.mass), "", style="dim")
     console.print(t)
     if any(at_least):
         console.print(
@@ -139,3 +139,8 @@ def render(report) -> None:
 def _label(settings: dict) -> str:
     extra = [f"{k} {settings[k]}" for k, off in (("top_k", 0), ("top_p", 1.0), ("min_p", 0.0)) if settings[k] != off]
     return f"p @ T={settings['temperature']:g}" + (f"\n{', '.join(extra)}" if extra else "")
+
+
+def _remainder(r: float) -> str:
+    """0 only where the walk was complete: a remainder too small for four places says so (was: 0.0000)."""
+    return f"{r:.4f}" if r == 0 or r >= 5e-5 else f"{r:.1e}"

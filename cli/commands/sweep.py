@@ -125,7 +125,7 @@ def render(report) -> None:
     for cell in report.cells:
         settings = ", ".join(f"{k} {cell.settings[k]}" for k in GRID_FIELDS)
         test = (
-            f"chi-square {cell.chi_square:.2f}, {cell.dof} dof (rare first tokens pooled), p = {cell.p_value:.3f}"
+            f"chi-square {cell.chi_square:.2f}, {cell.dof} dof (rare first tokens pooled), p = {cell.p_value:.3g}"
             if cell.p_value is not None
             else cell.test_note
         )

@@ -2,9 +2,10 @@
 share with a 95% Wilson interval, beside the model's own probability of the answer's first token
 under those settings; and a chi-square test of the first tokens drawn against those probabilities.
 
-The expected share of an answer is the probability of its first token: different answers can share
-a first token (then they share that expectation), and the test is over first tokens, where the model
-gives exact probabilities. No mlx here; scipy gives the chi-square tail.
+The first token's probability is an answer's expected share only where the answer is that token alone
+(group first-token); an answer of several tokens, or one the grouping folds from several first tokens,
+expects less or more: `exact` (answers.py) gives its own probability. The chi-square test is over first
+tokens, where the model gives exact probabilities. No mlx here; scipy gives the chi-square tail.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from ..views import AnswerRow, CellSummary, FirstTokenRow
 
 Z95 = 1.959963984540054  # the standard normal's 97.5% point
 MIN_EXPECTED = 5  # first tokens expected fewer times than this are pooled into one bin
+ROUNDING = 1e-6  # a mass below this left over from float32 probabilities is their rounding, not a bin
 
 
 def wilson(count: int, n: int, z: float = Z95) -> tuple[float, float]:
@@ -36,7 +38,8 @@ def first_token_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[f
     from scipy.stats import chi2
 
     n = sum(counts.values())
-    bins, pooled_observed, pooled_expected = [], 0, n * max(0.0, 1.0 - sum(probs.values()))
+    rest = 1.0 - sum(probs.values())  # the tokens never drawn; float32 sums leave ~1e-7 of either sign
+    bins, pooled_observed, pooled_expected = [], 0, n * rest if rest > ROUNDING else 0.0
     for token, observed in counts.items():
         expected = n * probs[token]
         if expected >= MIN_EXPECTED:
@@ -46,9 +49,10 @@ def first_token_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[f
             pooled_expected += expected
     if pooled_expected > 0 or pooled_observed:
         bins.append((pooled_observed, pooled_expected))
-    bins = [(o, e) for o, e in bins if e > 0]
     if len(bins) < 2:
         return None
+    if any(probs[token] <= 0 for token in counts):  # drawn where the cut gives probability 0: rejected outright
+        return math.inf, len(bins) - 1, 0.0
     statistic = sum((o - e) ** 2 / e for o, e in bins)
     dof = len(bins) - 1
     return statistic, dof, float(chi2.sf(statistic, dof))
