@@ -47,8 +47,10 @@ def is_whole(v) -> bool:
 
 
 def is_number(v) -> bool:
-    """A finite int or float that is not a bool."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    """A finite int or float that is not a bool (an int past float's range is not: nothing could use it)."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return False
+    return math.isfinite(v) if isinstance(v, float) else abs(v) < 2**1023
 
 
 def check_whole(value, name: str, least: int, what: str) -> None:

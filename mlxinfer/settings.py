@@ -172,7 +172,9 @@ class SamplerSettings:
         for f in fields(self):  # np.float32(0.7) is 0.7, as it is anywhere in a public call's arguments
             value = getattr(self, f.name)
             if plain(value) is not value:
-                object.__setattr__(self, f.name, plain(value))
+                object.__setattr__(self, f.name, value := plain(value))
+            if f.metadata["kind"] is float and is_whole(value) and abs(value) < 2**53:  # temperature=1 is 1.0,
+                object.__setattr__(self, f.name, float(value))  # as the CLI reads it
         if is_whole(self.top_k) and self.top_k == -1:  # off, as vLLM and llama.cpp take it
             object.__setattr__(self, "top_k", 0)
         if is_whole(self.penalty_window) and self.penalty_window == -1:  # all, as llama.cpp's --repeat-last-n -1

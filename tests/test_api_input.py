@@ -39,6 +39,7 @@ def test_numpy_numbers_give_what_python_numbers_give(embedded):
     # SamplerSettings built by hand with numpy's numbers (was: "temperature must be >= 0 ..., got np.float32(0.5)")
     made = mlxinfer.SamplerSettings(temperature=np.float32(0.5), top_k=np.int64(5)).validate()
     assert (type(made.temperature), type(made.top_k)) == (float, int)
+    assert type(mlxinfer.SamplerSettings(temperature=1).temperature) is float  # was: the note said "temperature 1"
     assert mlxinfer.generate(model, tok, PROMPT, max_tokens=3, seed=7, settings=made).tokens == want.tokens
     # token ids as a numpy or MLX array, as mlx-lm's generate takes them (was: "got ndarray")
     ids = want.prompt_ids
@@ -100,6 +101,7 @@ BAD = [
     ("sample", dict(max_nodes=-1), "max_nodes"),
     ("sample", dict(progress=5), "progress must be a function"),  # was: a TypeError mid-run
     ("generate", dict(system=5), "system must be text"),  # was: AttributeError 'int' has no 'encode'
+    ("generate", dict(settings={"temperature": 10**400}), "temperature must be"),  # was: an OverflowError
     ("generate", dict(settings={1: 0.5, "temp": 1}), "unknown sampling setting"),  # was: a TypeError sorting keys
     # was: accepted, and the row wrote {"a": null ...}, which the schema's NaN could never equal
     ("generate", dict(json_schema={"type": "object", "properties": {"a": {"const": float("nan")}}}), "NaN"),
@@ -340,6 +342,10 @@ def test_why_a_test_is_missing_is_data(embedded):
     model, tok = embedded
     drawn = mlxinfer.sample(model, tok, PROMPT, seeds=3, max_tokens=1, exact=True, max_nodes=50)
     assert drawn.exact["p_value"] is None and drawn.exact["note"].startswith("no G-test: fewer than two groups")
+    # the default batch is the CLI's, for the walk too (was: 64 paths a pass here, 32 there: a remainder 1 ulp off)
+    walked = [mlxinfer.sample(model, tok, PROMPT, seeds=3, max_tokens=3, exact=True, max_nodes=100, batch_size=b)
+              for b in (None, 32)]  # fmt: skip
+    assert walked[0].exact == walked[1].exact
     swept = mlxinfer.sweep(model, tok, [PROMPT], settings=[{"temperature": 1.0}], seeds=3, max_tokens=1)
     cell = swept.cells[0]
     assert cell.p_value is None and cell.to_dict()["test_note"].startswith("no chi-square test: fewer than two")

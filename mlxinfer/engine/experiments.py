@@ -168,7 +168,7 @@ def sample(
         options = dict(chat=chat, system=system, thinking=thinking, raw_special_tokens=raw_special_tokens)
         walk = answers(
             model, tokenizer, prompt, settings=[request.settings], max_tokens=max_tokens, stop=stop,
-            min_mass=min_mass, max_nodes=max_nodes, max_seconds=max_seconds, batch_size=batch_size, group=group,
+            min_mass=min_mass, max_nodes=max_nodes, max_seconds=max_seconds, batch_size=size, group=group,
             json_schema=json_schema,
             tool=tool, **options,
         )  # fmt: skip

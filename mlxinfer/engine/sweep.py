@@ -243,7 +243,7 @@ def sweep(
             ):  # as the draws: a failure leaves no file
                 for p, s in itertools.product(range(len(plan.ids)), range(len(plan.settings))):
                     walks[p, s] = answers(model, tokenizer, plan.ids[p], settings=[plan.settings[s]],
-                                          batch_size=batch_size, group=group, **options)  # fmt: skip
+                                          batch_size=size, group=group, **options)  # fmt: skip
                     if walks[p, s].stopped == "interrupted":  # Ctrl-C stops the sweep: no record with a partial walk's
                         raise KeyboardInterrupt  # probabilities is written
 
