@@ -50,7 +50,17 @@ def is_number(v) -> bool:
     """A finite int or float that is not a bool (an int past float's range is not: nothing could use it)."""
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return False
-    return math.isfinite(v) if isinstance(v, float) else abs(v) < 2**1023
+    try:
+        return math.isfinite(v)
+    except OverflowError:
+        return False
+
+
+def shown(value) -> str:
+    """repr(value) for a message: a huge int by its size (Python will not print one of over 4,300 digits)."""
+    if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 128:
+        return f"an int of about {int(abs(value).bit_length() * 0.30103) + 1:,} digits"
+    return repr(value)
 
 
 def check_whole(value, name: str, least: int, what: str) -> None:

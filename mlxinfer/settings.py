@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any, Callable, Iterable, Mapping
 
-from .errors import MlxinferError, is_number, is_whole
+from .errors import MlxinferError, is_number, is_whole, shown
 from .plain import plain
 
 ORDERS = ("temperature-first", "mlx-lm")
@@ -200,9 +200,8 @@ class SamplerSettings:
             value = getattr(self, f.name)
             if not f.metadata["ok"](value):
                 prefix = f"{where}: " if where else ""
-                raise MlxinferError(
-                    f"{prefix}{f.name} must be {f.metadata['must_be']}, got {value!r}", *(() if where else (f.name,))
-                )
+                params = () if where else (f.name,)
+                raise MlxinferError(f"{prefix}{f.name} must be {f.metadata['must_be']}, got {shown(value)}", *params)
         return self
 
     def to_dict(self) -> dict:

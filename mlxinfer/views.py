@@ -6,7 +6,7 @@ Plain dataclasses with `to_dict()` (what `--json` prints); nothing here prints o
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 
@@ -19,29 +19,13 @@ class View:
     def _repr_pretty_(self, printer, cycle) -> None:
         """IPython and Jupyter show a result in brief: long lists as their length, long texts cut (repr()
         and to_dict() keep everything)."""
-        printer.text(_brief(self))
+        from .brief import brief
+
+        printer.text(brief(self))
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
         cls._repr_pretty_ = View._repr_pretty_  # IPython looks in each class before its dataclass __repr__
-
-
-def _brief(obj, depth: int = 0) -> str:
-    if isinstance(obj, View) and depth < 2:
-        shown = ", ".join(f"{f.name}={_brief(getattr(obj, f.name), depth + 1)}" for f in fields(obj) if f.repr)
-        return f"{type(obj).__name__}({shown})"
-    if isinstance(obj, View):
-        return f"{type(obj).__name__}(...)"
-    if isinstance(obj, (list, tuple)) and len(obj) > 6:
-        kind = type(obj[0]).__name__
-        return (
-            f"[{len(obj):,} {kind}s]" if kind != "int" else f"[{len(obj):,} ints: {', '.join(map(str, obj[:4]))}, ...]"
-        )
-    if isinstance(obj, (list, tuple)):
-        inner = ", ".join(_brief(v, depth + 1) for v in obj)
-        return f"[{inner}]" if isinstance(obj, list) else f"({inner})"
-    text = repr(obj)
-    return text if len(text) <= 120 else text[:100] + f"... ({len(text):,} characters)"
 
 
 def finite(obj: Any):
@@ -197,9 +181,8 @@ class Step(View):
 
     token: int | None
     text: str  # the new text this token completes (may be empty while a character is split)
-    logprob: (
-        float | None
-    )  # log-probability of the token before temperature and cut (after penalties/mask); None at the end
+    # log-probability of the token before temperature and cut (after penalties/mask); None on the final step
+    logprob: float | None
     alternatives: list[Alternative] = field(default_factory=list)  # the K best, with logprobs=K
     finish_reason: str | None = None  # set on the final step: "stop" or "length" ("interrupted": Ctrl-C)
     stop_token: int | None = None  # on the final step: the end-of-turn token that stopped the run, if one did

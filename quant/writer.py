@@ -110,6 +110,8 @@ def staged(out: Path, force: bool) -> Iterator[Path]:
                 for folder in [out.parent, *out.parent.parents]:
                     try:
                         folder.rmdir()
+                    except FileNotFoundError:  # never made: the makedirs stopped above it
+                        pass
                     except OSError:
                         break
                     if folder == created:

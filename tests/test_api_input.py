@@ -102,6 +102,8 @@ BAD = [
     ("sample", dict(progress=5), "progress must be a function"),  # was: a TypeError mid-run
     ("generate", dict(system=5), "system must be text"),  # was: AttributeError 'int' has no 'encode'
     ("generate", dict(settings={"temperature": 10**400}), "temperature must be"),  # was: an OverflowError
+    ("generate", dict(settings={"temperature": 10**5000}), "got an int of about 5,001 digits"),  # was: ValueError
+    ("sample", dict(seeds=[1, 10**5000]), "got an int of about 5,001 digits among them"),
     ("generate", dict(settings={1: 0.5, "temp": 1}), "unknown sampling setting"),  # was: a TypeError sorting keys
     # was: accepted, and the row wrote {"a": null ...}, which the schema's NaN could never equal
     ("generate", dict(json_schema={"type": "object", "properties": {"a": {"const": float("nan")}}}), "NaN"),
@@ -342,7 +344,7 @@ def test_why_a_test_is_missing_is_data(embedded):
     model, tok = embedded
     drawn = mlxinfer.sample(model, tok, PROMPT, seeds=3, max_tokens=1, exact=True, max_nodes=50)
     assert drawn.exact["p_value"] is None and drawn.exact["note"].startswith("no G-test: fewer than two groups")
-    # the default batch is the CLI's, for the walk too (was: 64 paths a pass here, 32 there: a remainder 1 ulp off)
+    # the default batch is the CLI's, for the walk too (was: 64 paths a pass here, 32 there: other bounds reached)
     walked = [mlxinfer.sample(model, tok, PROMPT, seeds=3, max_tokens=3, exact=True, max_nodes=100, batch_size=b)
               for b in (None, 32)]  # fmt: skip
     assert walked[0].exact == walked[1].exact

@@ -76,7 +76,8 @@ def test_stream_generate_yields_what_generate_returns(embedded_fast):
     stream = mlxinfer.stream_generate(model, tokenizer, FRUIT, settings={"temperature": 0.9}, max_tokens=8, seed=5)
     steps = list(stream)
     assert steps[-1].token is None and steps[-1].finish_reason == stream.result.finish_reason
-    assert all(s.finish_reason is None for s in steps[:-1])
+    assert steps[-1].logprob is None  # no token: no probability (was 0.0, a p of 1)
+    assert all(s.finish_reason is None and s.logprob < 0 for s in steps[:-1])
     assert "".join(s.text for s in steps) == stream.result.text
     whole = mlxinfer.generate(model, tokenizer, FRUIT, settings={"temperature": 0.9}, max_tokens=8, seed=5)
     assert whole.tokens == [s.token for s in steps[:-1]] and whole.text == stream.result.text

@@ -3,7 +3,9 @@ the quality report's ordering, `count` on the written directories, and one-line 
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -503,6 +505,17 @@ def test_failure_leaves_nothing_half_written(checkpoint_dir, tmp_path, monkeypat
         quantize(checkpoint_dir("llama"), tmp_path / "deep" / "er" / "out")
     assert sorted(p.name for p in (tmp_path / "deep").iterdir()) == ["keep.txt"]  # "er", empty, is gone
     monkeypatch.setattr(writer, "save_config", broken)
+    source = checkpoint_dir("llama")
+
+    def full_after_one(self, mode=0o777, parents=False, exist_ok=False):  # a disk that fills after one folder
+        os.mkdir(tmp_path / "half")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    with monkeypatch.context() as m:
+        m.setattr(Path, "mkdir", full_after_one)
+        with pytest.raises(MlxinferError, match="No space left on device"):
+            quantize(source, tmp_path / "half" / "way" / "out")
+    assert not (tmp_path / "half").exists()  # was: kept, the loop stopped at the folder never made
     existing = tmp_path / "existing"
     existing.mkdir()
     (existing / "keep.txt").write_text("mine")

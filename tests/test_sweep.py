@@ -122,6 +122,7 @@ def test_chi_square_p_value_by_hand():
     assert first_token_test({1: 30, 2: 10}, {1: 0.5, 2: 0.50000003})[1] == 1
     # a token drawn where the cut gives it probability 0: rejected (was: its bin dropped, p = 0.58)
     assert first_token_test({1: 120, 2: 75, 3: 5}, {1: 0.6, 2: 0.4, 3: 0.0})[2] == 0.0
+    assert first_token_test({1: 3, 3: 1}, {1: 1.0, 3: 0.0})[2] == 0.0  # also where too few draws for a test
 
 
 # ----------------------------------------------------------------------------- the results file
@@ -467,6 +468,10 @@ def test_two_runs_starting_one_new_file_and_a_file_that_cannot_be_written(tiny, 
     race = ResultsFile(tmp_path / "new.jsonl", header, resume=False, lock=False)
     with pytest.raises(MlxinferError, match="being written by another sweep"):  # a second creation of the file
         race._write_lines([race.header], create=True)
+    created = ResultsFile(tmp_path / "held.jsonl", header, resume=False)  # locked from its creation on
+    with pytest.raises(MlxinferError, match="being written by another sweep"):
+        created._hold("out")  # any other run
+    created.close()
 
     def refused(*args, **kwargs):
         raise OSError(errno.EROFS, "Read-only file system")
@@ -481,6 +486,22 @@ def test_two_runs_starting_one_new_file_and_a_file_that_cannot_be_written(tiny, 
     monkeypatch.setattr(results.os, "truncate", refused)
     with pytest.raises(MlxinferError, match=r"cannot be written \(Read-only file system\)"):
         ResultsFile(out, header, resume=False)
+
+
+def test_a_hangup_stops_a_sweep_unless_it_is_ignored():
+    """SIGHUP stops a sweep as SIGTERM does, but under nohup (SIGHUP ignored) it stays ignored."""
+    from mlxinfer.engine.results import stop_cleanly_on_sigterm
+
+    before = signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    try:
+        with stop_cleanly_on_sigterm():
+            assert signal.getsignal(signal.SIGHUP) == signal.SIG_IGN  # was: replaced, so nohup's sweep stopped
+        signal.signal(signal.SIGHUP, signal.SIG_DFL)
+        with stop_cleanly_on_sigterm():
+            assert callable(signal.getsignal(signal.SIGHUP))
+        assert signal.getsignal(signal.SIGHUP) == signal.SIG_DFL
+    finally:
+        signal.signal(signal.SIGHUP, before)
 
 
 def test_a_header_alone_left_by_a_kill_is_no_result_to_resume(tiny, tmp_path):

@@ -239,7 +239,7 @@ class ChatSession:
         try:
             mode = None
             if final.is_file() and final.stat().st_size:  # another save is replaced; any other file is kept
-                if not _is_saved_chat(final):
+                if not _is_saved_chat(final):  # (one that cannot be read is not replaced either: an OSError below)
                     raise MlxinferError(f"{final} exists and is not a saved chat; give another name, or remove it")
                 mode = final.stat().st_mode & 0o7777  # as it was: a save kept private stays private
             with atomic.staged_file(final, mode=mode) as tmp:
@@ -344,9 +344,10 @@ class ChatSession:
 
 def _is_saved_chat(path: Path) -> bool:
     """A file /save wrote: a JSON object with the conversation's messages and turns."""
+    with open(path, "rb") as f:  # an OSError here: "cannot save to ..." as any other
+        head = f.read(64 << 20)
     try:
-        with open(path, "rb") as f:
-            data = json.loads(f.read(64 << 20))
-    except (OSError, ValueError, RecursionError):
+        data = json.loads(head)
+    except (ValueError, RecursionError):
         return False
     return isinstance(data, dict) and {"messages", "turns"} <= set(data)

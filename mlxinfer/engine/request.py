@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .. import defaults
-from ..errors import MlxinferError, check_bool, check_whole, is_whole
+from ..errors import MlxinferError, check_bool, check_whole, is_whole, shown
 from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt, system_message, vocabulary
@@ -203,7 +203,8 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
         raise MlxinferError("seeds is an empty list; give at least one seed (e.g. [0, 1, 2] or a count)", "seeds")
     bad = [s for s in out if not _is_seed(s)]
     if bad:
-        raise MlxinferError(f"seeds must be whole numbers from 0 to 2**63 - 1, got {bad[0]!r:.40} among them", "seeds")
+        got = f"{shown(bad[0]):.40}"
+        raise MlxinferError(f"seeds must be whole numbers from 0 to 2**63 - 1, got {got} among them", "seeds")
     if len(out) > most:
         raise MlxinferError(f"seeds: at most {most:,}, got {len(out):,}", "seeds")
     repeated = next((s for s, n in collections.Counter(out).items() if n > 1), None)

@@ -127,7 +127,7 @@ class ResultsFile:
             self.created = not self.path.exists()
             if not self.created and self._lock is not None and self.path.stat().st_size > 0:
                 raise self._taken(param)  # another run wrote its header between the look and the lock
-            self._write_lines([self.header], create=self.created, param=param)
+            self._write_lines([self.header], create=self.created, param=param, hold=lock)
             if lock and self._lock is None:
                 self._hold(param)
 
@@ -233,7 +233,9 @@ class ResultsFile:
         if self.created and not self.appended:
             self.path.unlink(missing_ok=True)
 
-    def _write_lines(self, rows: list[dict], create: bool = False, param: str = "out") -> None:
+    def _write_lines(self, rows: list[dict], create: bool = False, param: str = "out", hold: bool = False) -> None:
+        """rows appended in one write, synced. create: the file is new (O_EXCL); hold: it is locked for this run
+        before anything is written, so that no other run can take it between its creation and its header."""
         data = "".join(json.dumps(r, ensure_ascii=False, allow_nan=False) + "\n" for r in rows).encode()
         flags = os.O_WRONLY | os.O_APPEND | (os.O_CREAT | os.O_EXCL if create else 0)
         try:
@@ -261,6 +263,11 @@ class ResultsFile:
                 f"{param} {self.shown} cannot be written ({e.strerror}); write to another file", param
             ) from None
         try:
+            if create and hold and self._lock is None:
+                import fcntl
+
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new file: no one else holds it yet
+                self._lock = os.dup(fd)  # the lock lives as long as this descriptor of the same open file
             before = os.fstat(fd).st_size
             view = memoryview(data)
             try:
@@ -308,8 +315,9 @@ def stop_cleanly_on_sigterm():
     def interrupt(signum, frame):
         raise Terminated(128 + signum)
 
-    hangup = getattr(signal, "SIGHUP", None)  # a closed terminal or ssh session: the same clean stop
-    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, hangup) if sig is not None}
+    hangup = getattr(signal, "SIGHUP", None)  # a closed terminal or ssh session: the same clean stop, unless
+    ignored = hangup is None or signal.getsignal(hangup) == signal.SIG_IGN  # ignored (nohup): then it runs on
+    previous = {sig: signal.signal(sig, interrupt) for sig in (signal.SIGTERM, None if ignored else hangup) if sig}
     try:
         yield
     finally:

@@ -49,10 +49,10 @@ def first_token_test(counts: dict[int, int], probs: dict[int, float]) -> tuple[f
             pooled_expected += expected
     if pooled_expected > 0 or pooled_observed:
         bins.append((pooled_observed, pooled_expected))
+    if any(probs[token] <= 0 for token in counts):  # drawn where the cut gives probability 0: rejected outright
+        return math.inf, max(len(bins) - 1, 1), 0.0
     if len(bins) < 2:
         return None
-    if any(probs[token] <= 0 for token in counts):  # drawn where the cut gives probability 0: rejected outright
-        return math.inf, len(bins) - 1, 0.0
     statistic = sum((o - e) ** 2 / e for o, e in bins)
     dof = len(bins) - 1
     return statistic, dof, float(chi2.sf(statistic, dof))
@@ -130,6 +130,8 @@ def summarize(
         test = first_token_test(firsts, probs)
         if test is not None:
             cell.chi_square, cell.dof, cell.p_value = test
+            if math.isinf(test[0]):  # (JSON holds inf as null: the note says why p is 0)
+                cell.test_note = "a first token was drawn that the cut gives probability 0: rejected outright"
         else:
             cell.test_note = (
                 f"no chi-square test: fewer than two first-token groups expected {MIN_EXPECTED} or more times"

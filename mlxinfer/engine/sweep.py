@@ -31,7 +31,7 @@ from typing import Any, Callable, Iterable, Mapping, Optional, Sequence
 import mlx.core as mx
 
 from .. import defaults
-from ..errors import MlxinferError, check_bool, check_listed_once
+from ..errors import MlxinferError, check_bool, check_listed_once, shown
 from ..sampler import kept_probabilities
 from ..settings import GRID_FIELDS, SamplerSettings, resolve_each, settings_list
 from ..views import SweepRecord, SweepReport
@@ -84,13 +84,12 @@ def _axis(name: str, values) -> list:
     elif isinstance(values, (str, bytes, Mapping)) or not isinstance(values, Iterable):
         raise MlxinferError(f"{param} must be a list of values (e.g. [0.5, 1.0]), got {values!r:.60}", param)
     values = list(values)
-    check_listed_once(values, param)
     rule = next(o for o in SamplerSettings.options() if o.name == name)
-    bad = [
-        v for v in values if not rule.ok(getattr(SamplerSettings(**{name: v}), name))
-    ]  # (-1 = off, as the cell reads it)
+    read = [getattr(SamplerSettings(**{name: v}), name) for v in values]  # as a cell reads them: top_k -1 is 0
+    bad = [v for v, r in zip(values, read) if not rule.ok(r)]
     if bad:  # here, where the grid is built, not at the cell that would run it
-        raise MlxinferError(f"{param} must be {rule.must_be}, got {bad[0]!r}", param)
+        raise MlxinferError(f"{param} must be {rule.must_be}, got {shown(bad[0])}", param)
+    check_listed_once(read, param)
     return values
 
 
