@@ -13,20 +13,19 @@ from contextlib import contextmanager
 
 import httpx
 import openai
-import uvicorn
 
 import mlxinfer
-from mlxinfer.server.run import listen, uvicorn_config
+from mlxinfer.server.run import draining_server, listen, uvicorn_config
 
 
 @contextmanager
 def running(app):
-    """uvicorn serving `app` as `mlxinfer serve` does (uvicorn_config), in a thread, on a loopback socket
-    bound and listening here (no other process can take its port before uvicorn serves it): yields the
+    """uvicorn serving `app` as `mlxinfer serve` does (uvicorn_config, draining_server), in a thread, on a
+    loopback socket bound and listening here (no other process can take its port before uvicorn serves it): yields the
     base URL once the server has started, or fails saying it did not."""
     sock = listen("127.0.0.1", 0)
     port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn_config(app, log_level="warning"))
+    server = draining_server(uvicorn_config(app, log_level="warning"), app.engine.batcher)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     for _ in range(600):  # 30 s: a loaded machine

@@ -477,6 +477,7 @@ def test_queued_requests_on_one_prompt_join_in_one_step(tiny):
     _, _, model, tok = tiny
     engine = Batcher(model, tok, max_rows=32, prefill_budget=100)
     engine.close()  # its thread parks: the queue below is read on this thread alone
+    engine._closed = False  # (taking work again: a stopped engine ends a prefill at its next chunk)
 
     def job(ids: list[int]) -> Job:
         return Job(SimpleNamespace(ids=ids), [0], lambda *_: None)

@@ -356,6 +356,7 @@ def test_a_job_whose_client_left_costs_no_more_prefill(checkpoint_dir, monkeypat
     jobs = [Job(request, [0], lambda *e: events.append(e))]
     engine = Batcher(model, tok, max_rows=2)
     engine.close()  # its thread parks: the job is admitted on this thread alone
+    engine._closed = False  # (taking work again: a stopped engine ends a prefill at its next chunk)
     engine._admit(jobs[0])
     assert chunks == [8] and events == [] and engine.status()["rows_in_flight"] == 0
     assert engine._prompts.status()["prompts"] == 0  # a part-prefilled prompt is not kept
@@ -379,6 +380,7 @@ def test_a_long_prompt_holds_the_others_for_a_chunk_not_its_whole_prefill(checkp
 
     engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
     engine.close()  # its thread parks: the jobs are admitted on this thread alone
+    engine._closed = False  # (taking work again: a stopped engine ends a prefill at its next chunk)
     engine._clock = lambda: 0.0  # chunks that take no time: the rows in flight take one step between two
     (stream, s_args), (short, _) = job("stream", "The cat", 40, 1, never_ends), job("short", "A dog", 3, 2, {})
     (long, l_args) = job("long", "The cat sat on the mat. " * 12, 2, 3, {"temperature": 1.0})
@@ -480,6 +482,7 @@ def _engine_with_a_stream(checkpoint_dir):
     stream = Job(request, [1], lambda kind, i, step: kind == "step" and told.append(step.token))
     engine = Batcher(model, tok, max_rows=3, prefill_budget=16)
     engine.close()  # its thread parks: everything runs on this thread
+    engine._closed = False  # (taking work again: a stopped engine ends a prefill at its next chunk)
     engine._admit(stream)
     return model, tok, engine, told
 
@@ -710,3 +713,96 @@ def test_a_404_does_not_echo_a_huge_path(tiny):
     url = tiny[0]
     r = httpx.get(f"{url}/{'a/' * 4_000}", timeout=30)
     assert r.status_code == 404 and len(r.content) < 1_000 and "no route /a/a/" in r.json()["error"]["message"]
+
+
+def test_a_stop_during_a_long_prefill_ends_it_at_the_next_chunk_with_a_503(checkpoint_dir):
+    """Was: a stop (the server's shutdown) waited for the whole prefill, seconds on a CPU, and the request
+    being prefilled never heard why it ended; /health and the gauges did not see it at all meanwhile."""
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    engine = Batcher(model, tok, max_rows=2, prefill_budget=16)
+    engine.close()  # its thread parks: the job is admitted on this thread alone
+    engine._closed = False
+    told, seen = [], []
+    long = prepare(model, tok, "The cat sat on the mat. " * 12, chat=False, max_tokens=2)
+    chunks = -(-len(long.ids) // 16)
+    turn = engine._between_chunks
+
+    def stop_after_the_first_chunk(reserved):
+        seen.append(engine.status()["prefilling"])
+        engine.stop()  # as the server's shutdown calls it, from another thread
+        turn(reserved)
+
+    engine._between_chunks = stop_after_the_first_chunk
+    engine._admit(Job(long, [1], lambda kind, i, payload: told.append((kind, payload))))
+    assert seen == [1] and engine.status()["prefilling"] == 0  # seen while prefilled, and only then
+    assert told == [("error", (503, "the server is shutting down"))]
+    assert len(seen) < chunks - 1 and not engine._live  # the rest of the prefill never ran
+
+
+def test_health_says_503_once_the_engine_stops(checkpoint_dir):
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    app = mlxinfer.create_app(model, tok, max_rows=2)
+    with running(app) as url:
+        ok = httpx.get(f"{url}/health", timeout=30)
+        assert ok.status_code == 200 and ok.json()["status"] == "ok" and ok.json()["prefilling"] == 0
+        assert "mlxinfer_engine_up 1.0" in httpx.get(f"{url}/metrics", timeout=30).text
+        app.engine.batcher.close()
+        stopped = httpx.get(f"{url}/health", timeout=30)
+        assert stopped.status_code == 503 and stopped.json()["status"] == "shutting down"  # was: 200 "ok"
+        assert "mlxinfer_engine_up 0.0" in httpx.get(f"{url}/metrics", timeout=30).text
+
+
+def test_a_stop_signal_ends_a_long_stream_with_an_error_event_within_the_grace(checkpoint_dir, monkeypatch):
+    """uvicorn cut a request still running at the end of its graceful shutdown (the client saw a broken
+    stream), then waited for the engine. The server stops the engine partway through the grace: the long
+    stream gets the 503 error event and [DONE], and the server ends within the grace."""
+    import time
+
+    from mlxinfer.server import run
+
+    monkeypatch.setattr(run, "DRAIN_SECONDS", 0.5)
+    model, tok = mlxinfer.load(checkpoint_dir("llama", 4, 64), compute_dtype="bfloat16")
+    app = mlxinfer.create_app(model, tok, max_rows=2)
+    batch = app.engine.batcher.batch
+    real = batch.forward
+
+    def slow(live, tokens):  # ~20 tokens a second: the stream would take seconds past the grace
+        time.sleep(0.05)
+        return real(live, tokens)
+
+    batch.forward = slow
+    sock = run.listen("127.0.0.1", 0)
+    server = run.draining_server(run.uvicorn_config(app, log_level="warning"), app.engine.batcher)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    until(lambda: server.started, "the server started")
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    never_ends = {e: -100 for e in tok.eos_token_ids}
+    body = {"model": model_id(url), "prompt": "The cat", "max_tokens": 200, "stream": True, "logit_bias": never_ends}
+    lines: list[str] = []
+    with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=60) as r:
+        for line in r.iter_lines():
+            lines.append(line)
+            if len(lines) == 4:  # tokens are flowing: the stop signal
+                started = time.monotonic()
+                server.should_exit = True
+    thread.join(30)
+    sock.close()
+    assert not thread.is_alive() and time.monotonic() - started < run.GRACE_SECONDS
+    events = [line.removeprefix("data: ") for line in lines if line.startswith("data: ")]
+    assert events[-1] == "[DONE]" and "the server is shutting down" in events[-2]  # was: the stream cut
+    assert not app.engine.batcher.running
+
+
+def test_the_servers_own_lines_go_through_uvicorns_logging_at_its_level():
+    """Were printed by Python's last-resort handler: no level name, and --log-level critical did not
+    silence "a request's fields were ignored"."""
+    import logging.config
+
+    from mlxinfer.server.run import uvicorn_config
+
+    for level, shown in (("critical", False), ("info", True)):
+        logging.config.dictConfig(uvicorn_config(object(), log_level=level).log_config)
+        log = logging.getLogger("mlxinfer.server")
+        assert log.isEnabledFor(logging.WARNING) == shown
+        assert logging.getLogger("mlxinfer").handlers[0].formatter._fmt == "%(levelprefix)s %(message)s"

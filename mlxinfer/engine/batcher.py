@@ -102,6 +102,7 @@ class Batcher:
         self._clock = time.perf_counter  # a test's own clock for the turns between chunks
         self._turn_ended = 0.0  # when the rows in flight last had their turn beside a long prefill
         self._stopped = threading.Event()
+        self._prefilling = 0
         _settle(model)
         cpu_draw.available()  # its check at first use (~60 ms) now, not in the first step of many rows
         _on_engine_thread(self._run)
@@ -153,6 +154,7 @@ class Batcher:
     def status(self) -> dict:
         return {
             "rows_in_flight": len(self._live),
+            "prefilling": self._prefilling,  # requests whose prompt is being prefilled: neither queued nor in flight
             "queued": sum(not job.cancelled for job in self._pending),  # a job whose client left waits for nothing
             "max_rows": self.max_rows,
             "max_request_rows": self.max_request_rows,
@@ -163,11 +165,27 @@ class Batcher:
             "prompt_cache": self._prompts.status(),
         }
 
-    def close(self, timeout: float = 10.0) -> None:
+    def stop(self) -> None:
+        """Stop taking work, at once, from any thread: the engine ends at its next step or prefill chunk, and
+        every request still waiting or in flight hears 503 "the server is shutting down"."""
         with self._cv:
             self._closed = True
             self._cv.notify()
+
+    def close(self, timeout: float = 10.0) -> None:
+        """stop(), then wait for the engine thread to end (at most `timeout` seconds)."""
+        self.stop()
         self._stopped.wait(timeout)
+
+    @property
+    def stopping(self) -> bool:
+        """stop() was called (the engine may still be ending its step)."""
+        return self._closed
+
+    @property
+    def running(self) -> bool:
+        """The engine thread is taking work: not stopped, not ended (a bug that ended it would show here)."""
+        return not self._closed and not self._stopped.is_set()
 
     # ------------------------------------------------------------------------- the engine thread
     def _run(self) -> None:
@@ -236,10 +254,13 @@ class Batcher:
 
         def progress(done: int, total: int) -> None:
             _stop_if_left(job)
+            if self._closed:  # shutting down: the rest of the prefill is not run
+                raise _Left
             if between_chunks and done < total:
                 self._between_chunks(len(job.seeds))
 
         self._turn_ended = self._clock()
+        self._prefilling += 1
         try:
             _stop_if_left(job)  # it may have left while the jobs taken before it were prefilled
             prefilled = self._prompts.get(request.ids) or self._prompts.put(
@@ -253,6 +274,8 @@ class Batcher:
             drawn = self.batch.draw(rows, prefilled.logits, fed, job.top_logprobs, job.logprobs, host_draw=True)
             mx.eval(*drawn.arrays())
         except _Left:  # between two chunks of its prefill (decode.prefill's step_size tokens)
+            if self._closed:
+                self._fail(job, 503, "the server is shutting down")
             return
         except MlxinferError as e:  # the prefill's scores are NaN or inf: the model's fault, named
             self._fail(job, 500, str(e))
@@ -261,6 +284,8 @@ class Batcher:
             log.error("prefill failed:\n%s", traceback.format_exc())
             self._fail(job, 500, f"internal error during prefill ({type(e).__name__})")
             return
+        finally:
+            self._prefilling -= 1
         self._live.extend(self._decide(rows, drawn))
         self._deliver()
 
@@ -280,14 +305,19 @@ class Batcher:
         def turn() -> None:
             if getattr(future, "abandoned", False):
                 raise CallAbandoned
+            if self._closed:
+                raise QueueFull("the engine is shutting down")
             self._between_chunks(0)
 
         self._turn_ended = self._clock()
+        self._prefilling += 1
         try:
             with others_between_chunks(turn, self.prefill_budget):
                 future.set_result(fn())
         except BaseException as e:  # noqa: B036 - handed to the caller, who re-raises it
             future.set_exception(e)
+        finally:
+            self._prefilling -= 1
 
     def _between_chunks(self, reserved: int) -> None:
         """While a long prompt is prefilled: queued prompts that fit in one chunk are admitted (beside the
@@ -305,7 +335,7 @@ class Batcher:
             self._drop_finished()
             if self._live:
                 self._step()
-            if not self._live or self._clock() >= until:
+            if not self._live or self._clock() >= until or self._closed:
                 break
         self._deliver()
         self._turn_ended = self._clock()

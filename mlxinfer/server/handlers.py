@@ -128,8 +128,13 @@ class Endpoints:
         return Exchange(self, http, body, plan, request, job, events, base)
 
     async def health(self, http):
+        """200 while the engine takes work; 503 once it is shutting down or has stopped (a load balancer
+        then sends no more requests here)."""
         preparation = {"preparing": self.preparing, "abandoned": self.abandoned}
-        return JSONResponse({"status": "ok", "model": self.model_id, **self.batcher.status(), **preparation})
+        up = self.batcher.running
+        state = "ok" if up else "shutting down" if self.batcher.stopping else "engine stopped"
+        body = {"status": state, "model": self.model_id, **self.batcher.status(), **preparation}
+        return JSONResponse(body, status_code=200 if up else 503)
 
     @staticmethod
     def _no_model(name: str) -> ApiError:
@@ -206,7 +211,7 @@ class Endpoints:
     @asynccontextmanager
     async def lifespan(self, app):
         yield
-        self.batcher.close()
+        await asyncio.to_thread(self.batcher.close)  # the engine ends its step or chunk: the loop goes on meanwhile
 
 
 def _stops(body) -> list:

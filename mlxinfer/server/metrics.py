@@ -56,6 +56,12 @@ class Metrics:
         Gauge(
             "mlxinfer_requests_preparing", "Requests whose prompt or schema is being prepared.", registry=r
         ).set_function(lambda: endpoints.preparing)
+        Gauge(
+            "mlxinfer_requests_prefilling", "Requests whose prompt the engine is prefilling.", registry=r
+        ).set_function(lambda: status()["prefilling"])
+        Gauge(
+            "mlxinfer_engine_up", "1 while the engine takes work, 0 once it is stopping or stopped.", registry=r
+        ).set_function(lambda: float(endpoints.batcher.running))
 
     def answered(self, path: str, status: int) -> None:
         endpoint = next((r.path for r in self.routes if r.path_regex.match(path)), "other")

@@ -90,14 +90,40 @@ def uvicorn_config(app, **options):
     import copy
 
     import uvicorn
-    from uvicorn.config import LOGGING_CONFIG
+    from uvicorn.config import LOG_LEVELS, LOGGING_CONFIG
 
     from .protocol import OpenAIShapedH11
 
     logging = copy.deepcopy(LOGGING_CONFIG)
     logging["handlers"]["access"]["stream"] = "ext://sys.stderr"
+    # the engine's and the handlers' own lines, in uvicorn's format and at its level (was: Python's last resort)
+    level = LOG_LEVELS.get(str(options.get("log_level", "info")).lower(), 20)
+    logging["loggers"]["mlxinfer"] = {"handlers": ["default"], "level": level}  # (propagating: pytest sees it)
     options.setdefault("log_config", logging)
-    return uvicorn.Config(app, http=OpenAIShapedH11, timeout_graceful_shutdown=5, **options)
+    return uvicorn.Config(app, http=OpenAIShapedH11, timeout_graceful_shutdown=GRACE_SECONDS, **options)
+
+
+GRACE_SECONDS = 5  # from a stop signal, for the requests in flight to end
+DRAIN_SECONDS = 2.5  # then the engine stops: what still runs hears 503 and ends, within the grace
+
+
+def draining_server(config, batcher):
+    """uvicorn's Server, whose graceful shutdown stops the engine DRAIN_SECONDS in: the short requests in
+    flight have ended by then, and a long one (a long prompt's prefill, many tokens) gets a 503 error (an
+    error event in a stream) and ends cleanly, where uvicorn would cut its connection at the grace's end."""
+    import asyncio
+
+    import uvicorn
+
+    class Draining(uvicorn.Server):
+        async def shutdown(self, sockets=None):
+            stop = asyncio.get_running_loop().call_later(DRAIN_SECONDS, batcher.stop)
+            try:
+                await super().shutdown(sockets=sockets)
+            finally:
+                stop.cancel()
+
+    return Draining(config)
 
 
 def serve(
@@ -117,7 +143,6 @@ def serve(
     otherwise; beyond loopback without an api_key it warns, since anyone who can reach the port can
     then use the model. Every option is checked, and the port bound, before the model loads.
     `announce`: called with where it serves, once listening (default: one line on stderr)."""
-    import uvicorn
     from uvicorn.config import LOG_LEVELS
 
     from ..model.loading import load
@@ -151,6 +176,6 @@ def serve(
             )
         else:
             announce(info)
-        uvicorn.Server(uvicorn_config(app, log_level=log_level.lower())).run(sockets=[sock])
+        draining_server(uvicorn_config(app, log_level=log_level.lower()), app.engine.batcher).run(sockets=[sock])
     finally:
         sock.close()
