@@ -207,3 +207,28 @@ def test_count_from_headers_runs_k_of_the_n_experts_stored(tmp_path):
     assert r.experts["experts_total"] == experts and r.experts["layers_with_experts"] == L
     assert r.experts["active"] == r.total - experts // n * (n - k)
     assert r.operations["parameters_in_arithmetic"] == r.experts["active"] - r.embedding, r.operations
+
+
+def test_count_from_headers_finds_gpt_oss_experts_stacked_under_experts(tmp_path):
+    """mlx-lm's gpt_oss stacks its experts as `mlp.experts.<proj>.weight` (and their biases, one row an
+    expert), not under switch_mlp: count took them for one dense MLP, every token using all of them."""
+    from mlx.utils import tree_flatten
+
+    n, k, D, L = 4, 2, 64, 2
+    cfg = dict(checkpoints.BASE, model_type="gpt_oss", num_local_experts=n, num_experts_per_tok=k, hidden_size=D,
+               intermediate_size=32, head_dim=16, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=L,
+               sliding_window=8, layer_types=["sliding_attention", "full_attention"])  # fmt: skip
+    model = checkpoints.mlx_lm_model(cfg)
+    params = dict(tree_flatten(model.parameters()))
+    experts = sum(v.size for name, v in params.items() if ".experts." in name)  # mlx-lm's own shapes
+    assert experts and all(v.shape[0] == n for name, v in params.items() if ".experts." in name)
+    out = tmp_path / "gpt_oss"
+    out.mkdir()
+    (out / "config.json").write_text(json.dumps(cfg))
+    mx.save_safetensors(
+        str(out / "model.safetensors"), {k_: mx.zeros(v.shape, mx.bfloat16) for k_, v in params.items()}
+    )
+    r = mlxinfer.count(str(out))
+    assert r.total == sum(v.size for v in params.values())
+    assert r.experts["experts_total"] == experts and r.experts["layers_with_experts"] == L
+    assert r.experts["active"] == r.total - experts // n * (n - k)

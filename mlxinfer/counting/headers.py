@@ -10,6 +10,7 @@ from ..formats.config import ModelConfig
 from .layout import _LAYER, Weight, stacked_name
 
 ATTENTION = ("self_attn", "attn", "attention")
+_STACKS = ("switch_mlp.", ".experts.")  # where mlx-lm keeps a layer's experts as one tensor a projection
 
 
 def no_formula(model_type: str) -> str:
@@ -37,7 +38,9 @@ def header_weights(cfg: ModelConfig, files: list[dict] | None) -> list[Weight]:
     weights = []
     for name, found in shapes.items():
         shape = found[0] if len(found) == 1 else (len(found), *found[0])  # experts stored one by one
-        stacked = len(shape) == 3 and shape[0] == cfg.num_experts and (len(found) > 1 or "switch_mlp" in name)
+        # stacked: one by one, or under switch_mlp or experts. (mlx-lm's gpt_oss: its biases one row an expert)
+        stacked = len(shape) in (2, 3) and shape[0] == cfg.num_experts
+        stacked = stacked and (len(shape) == 3 and len(found) > 1 or any(s in name for s in _STACKS))
         part, formula = _part(name), " x ".join(f"{d:,}" for d in shape)
         weights.append(Weight(name, shape, part, _label(name), formula, cfg.num_experts if stacked else 0))
     return weights
