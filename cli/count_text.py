@@ -109,7 +109,9 @@ def _operations(r) -> list[str]:
             (
                 0,
                 "crossover context",
-                f"{o['weights_per_token']:,} / {o['attention_per_earlier_token']:,}",
+                f"{o['weights_per_token']:,} / {o['attention_per_earlier_token']:,}"
+                if not o["windowed_layers"]
+                else f"windowed layers capped at {o['sliding_window']:,}",
                 f"{o['crossover_context']:,.0f}",
                 "tokens: beyond it, attention outweighs the weights",
             )
@@ -123,7 +125,9 @@ def _operations(r) -> list[str]:
                 (
                     0,
                     "attention",
-                    f"{o['attention_per_earlier_token']:,} x {x['tokens']:,}",
+                    f"{o['attention_per_earlier_token']:,} x {x['tokens']:,}"
+                    if not o["windowed_layers"]
+                    else f"{o['attention_per_layer_token']:,} x {x['attended_layer_tokens']:,} layer-tokens",
                     _n(x["attention_ops"]),
                     _words(x["attention_ops"]),
                 ),
@@ -152,7 +156,9 @@ def _operations(r) -> list[str]:
                 (
                     0,
                     "arithmetic, attention",
-                    f"{o['attention_per_earlier_token']:,} x {a['attended_tokens']:,}",
+                    f"{o['attention_per_earlier_token']:,} x {a['attended_tokens']:,}"
+                    if not o["windowed_layers"]
+                    else f"{o['attention_per_layer_token']:,} x {a['attended_layer_tokens']:,} layer-tokens",
                     _n(a["attention_ops"]),
                     _words(a["attention_ops"]),
                 ),
@@ -163,6 +169,7 @@ def _operations(r) -> list[str]:
             _wrap(
                 f"attended tokens: pass k (k = 0 .. {a['passes'] - 1}) looks at {a['prompt_tokens']:,} + k"
                 f" tokens, summed exactly: {a['attended_tokens']:,} (average {a['average_attended']:,.1f})"
+                + (f"; a windowed layer looks at {o['sliding_window']:,} at most" if o["windowed_layers"] else "")
             )
         )
     return out
@@ -189,8 +196,8 @@ def _hardware(r) -> list[str]:
             (
                 1,
                 "of which KV cache",
-                f"{o['kv_cache_bytes_per_context_token']:,} x {h['context']:,}",
-                _n(o["kv_cache_bytes_per_context_token"] * h["context"]),
+                _kv_formula(o, h["context"]),
+                _n(h["kv_cache_bytes"]),
                 "",
             )
         )
@@ -376,3 +383,9 @@ def _t(s: float | None) -> str:
         if s >= size:
             return f"{_sig3(s / size)} {unit}"
     return f"{_sig3(s * 1e9)} ns"
+
+
+def _kv_formula(o: dict, context: int) -> str:
+    if not o["windowed_layers"]:
+        return f"{o['kv_cache_bytes_per_context_token']:,} x {context:,}"
+    return f"{o['windowed_layers']} of the layers hold the last {o['sliding_window']:,} tokens only"

@@ -615,3 +615,24 @@ def test_nvfp4s_group_of_16_is_read_and_its_mode_named():
         "quantization": {"bits": 4, "group_size": 16, "mode": "nvfp4"},
     }
     assert ModelConfig.from_dict(cfg).quantization["mode"] == "nvfp4"
+
+
+def test_sliding_window_layers_stop_growing_past_their_window():
+    """Gemma 3 1B: 22 of its 26 layers attend to the last 512 tokens only (mlx-lm's rule: layer i is global
+    where (i + 1) % 6 == 0, the others keep a rotating cache of 512). count took every layer as global: at
+    32,768 tokens 3,489,660,928 attention operations, and attention catching up with the weights at 18,778
+    tokens, where it never does within the model's context."""
+    cfg = json.loads((CONFIGS / "gemma-3-1b-it.json").read_text())
+    r = count(str(CONFIGS / "gemma-3-1b-it.json"), context=32768, answer_tokens=100)
+    per = 2 * 2 * cfg["num_attention_heads"] * cfg["head_dim"]
+    globals_ = [i for i in range(26) if (i + 1) % 6 == 0]
+    assert len(globals_) == 4 and r.operations["windowed_layers"] == 22
+    assert r.context["attention_ops"] == per * (4 * 32768 + 22 * 512) == 583_008_256
+    kv_layer = 2 * cfg["num_key_value_heads"] * cfg["head_dim"] * r.bytes_per_parameter
+    assert r.context["kv_cache_bytes"] == kv_layer * (4 * 32768 + 22 * 512)
+    by_pass = sum(4 * (32768 + k) + 22 * 512 for k in range(100))  # each pass's layer-tokens, added up
+    assert r.answer["attention_ops"] == per * by_pass
+    n = r.operations["crossover_context"]  # where 4 growing layers plus 22 capped ones reach the weights
+    assert per * (4 * n + 22 * 512) == pytest.approx(r.operations["weights_per_token"])
+    llama = count(str(CONFIGS / "llama-3.1-8b.json"), context=1000)
+    assert llama.operations["windowed_layers"] == 0 and llama.context["attention_ops"] == 524_288 * 1000

@@ -14,6 +14,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import MlxinferError, is_whole
+from .windows import attended, attended_over, attention_windows, crossover
 from ..formats import gguf, safetensors, sources
 from ..formats.config import KNOWN_DTYPES, ModelConfig
 from ..views import CountReport
@@ -264,21 +265,37 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
     active = r.experts["active"] if r.experts else r.total
     used = active - r.embedding + (V * D if cfg.tie_word_embeddings else 0)
     weights_ops = 2 * used
-    per_token = L * 2 * 2 * cfg.num_attention_heads * cfg.head_dim  # q.k and the value mix, per layer
+    per_layer = 2 * 2 * cfg.num_attention_heads * cfg.head_dim  # q.k and the value mix, per earlier token
+    per_token = L * per_layer
+    windows = attention_windows(cfg)
+    windowed = [w for w in windows if w is not None]
+    if not per_token:
+        cross = None
+    else:  # (the plain ratio where no layer has a window: the lesson's 28,629 to the digit)
+        cross = crossover(weights_ops / per_layer, windows) if windowed else weights_ops / per_token
     r.operations = {
         "parameters_in_arithmetic": used,
         "weights_per_token": weights_ops,
         "attention_per_earlier_token": per_token,
-        "crossover_context": weights_ops / per_token if per_token else None,
+        "attention_per_layer_token": per_layer,
+        "windowed_layers": len(windowed),  # layers that attend to the last `sliding_window` tokens only
+        "sliding_window": max(windowed) if windowed else None,
+        "crossover_context": cross,
         "rule": "2 operations (a multiply and an add) per parameter used in arithmetic: every parameter except "
         "the embedding lookup, plus the output table's matmul (vocab x hidden), which a tied model "
         "runs on the shared table; attention adds layers x 2 x 2 x (heads x head_dim) per earlier token"
+        + (
+            f" (a layer with a sliding window, {len(windowed)} of {L} here, only for the last {max(windowed):,})"
+            if windowed
+            else ""
+        )
         + ("; of the experts, only the k a token's router picks count" if r.experts else ""),
     }
     if context is not None:
-        att = per_token * context
+        att = per_layer * attended(context, windows)
         r.context = {
             "tokens": context,
+            "attended_layer_tokens": attended(context, windows),  # layers x tokens; a window caps its layer's
             "attention_ops": att,
             "share_of_weights": att / weights_ops,
             "total_ops": weights_ops + att,
@@ -296,8 +313,9 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
             "weights_ops": M * weights_ops,
             "attended_tokens": positions,
             "average_attended": positions / M,
-            "attention_ops": per_token * positions,
-            "total_ops": M * weights_ops + per_token * positions,
+            "attended_layer_tokens": attended_over(N, M, windows),
+            "attention_ops": per_layer * attended_over(N, M, windows),
+            "total_ops": M * weights_ops + per_layer * attended_over(N, M, windows),
         }
     q = r.quantization
     model_bytes = q.get("loaded_bytes", q["bytes"]) if q else r.bytes
@@ -307,17 +325,22 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
         n, k = cfg.num_experts, cfg.num_experts_per_tok
         expert_bytes = (q or {}).get("expert_bytes", r.experts["experts_total"] * r.bytes_per_parameter)
         read -= expert_bytes - expert_bytes // n * k
-    kv = 2 * L * cfg.num_key_value_heads * cfg.head_dim * r.bytes_per_parameter  # per token of context
+    kv_layer = 2 * cfg.num_key_value_heads * cfg.head_dim * r.bytes_per_parameter  # a layer's, a token of context
+    kv = L * kv_layer  # (a windowed layer's stops growing past its window)
     r.operations.update(weight_bytes_read_per_token=read, kv_cache_bytes_per_context_token=kv)
+    if context is not None:
+        r.context["kv_cache_bytes"] = kv_layer * attended(context, windows)
     if flops is None and bandwidth is None:
         return
-    ops, nbytes = weights_ops + per_token * (context or 0), read + kv * (context or 0)
+    held = attended(context or 0, windows)
+    ops, nbytes = weights_ops + per_layer * held, read + kv_layer * held
     hw = {
         "flops": flops,
         "bandwidth": bandwidth,
         "context": context or 0,
         "ops": ops,
         "bytes_read": nbytes,
+        "kv_cache_bytes": kv_layer * held,
         "ops_per_byte": ops / nbytes,
         "compute_s": flops and ops / flops,
         "memory_s": bandwidth and nbytes / bandwidth,
@@ -329,7 +352,7 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
     if r.answer:
         a = r.answer
         hw["answer_compute_s"] = flops and a["total_ops"] / flops
-        hw["answer_memory_s"] = bandwidth and (a["passes"] * read + kv * a["attended_tokens"]) / bandwidth
+        hw["answer_memory_s"] = bandwidth and (a["passes"] * read + kv_layer * a["attended_layer_tokens"]) / bandwidth
     r.hardware = hw
 
 

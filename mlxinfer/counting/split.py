@@ -20,6 +20,7 @@ from ..errors import MlxinferError, check_whole
 from ..formats.config import ModelConfig
 from ..formats.ggml_types import loads_as
 from .quantization import quant_setting
+from .windows import attended, attention_windows
 
 
 @dataclass(frozen=True)
@@ -170,11 +171,12 @@ def per_rank(cfg: ModelConfig, p: SplitPlan, tensors: list[tuple[str, int]], kv_
     L, E, D = cfg.num_hidden_layers, cfg.head_dim, cfg.hidden_size
     whole = sum(n for _, n in tensors)
     replicated = sum(n for name, n in tensors if kept(name, p.shares[0], cfg) == (1, 1))
-    one_kv = 2 * L * cfg.num_key_value_heads * E * kv_bytes * context
+    held = attended(context, attention_windows(cfg))  # layers x tokens kept: a window caps its layer's
+    one_kv = 2 * cfg.num_key_value_heads * E * kv_bytes * held
     rows = []
     for s in p.shares:
         weights = sum(n * k // d for name, n in tensors for k, d in [kept(name, s, cfg)])
-        kv = 2 * L * (s.kv_heads[1] - s.kv_heads[0]) * E * kv_bytes * context
+        kv = 2 * (s.kv_heads[1] - s.kv_heads[0]) * E * kv_bytes * held
         rows.append({**asdict(s), "weight_bytes": weights, "kv_cache_bytes": kv, "total_bytes": weights + kv})
     per_token = 2 * L * D * kv_bytes  # two all_sums of D values per layer
     return {
