@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import collections
 import logging
-import queue
 import threading
 import time
 import traceback
@@ -42,6 +41,7 @@ from ..defaults import SERVE_MAX_QUEUE, SERVE_MAX_ROWS, SERVE_PROMPT_CACHE_BYTES
 from ..errors import MlxinferError, check_whole
 from .core import Batch, Drawn, Row, alternatives_of
 from .decode import others_between_chunks, prefill
+from .engine_thread import on_engine_thread, settle
 from .jobs import Job
 from .prompt_cache import PromptCache
 
@@ -103,9 +103,9 @@ class Batcher:
         self._turn_ended = 0.0  # when the rows in flight last had their turn beside a long prefill
         self._stopped = threading.Event()
         self._prefilling = 0
-        _settle(model)
+        settle(model)
         cpu_draw.available()  # its check at first use (~60 ms) now, not in the first step of many rows
-        _on_engine_thread(self._run)
+        on_engine_thread(self._run)
 
     # ------------------------------------------------------------------------- any thread
     def submit(self, job: Job) -> Job:
@@ -421,36 +421,3 @@ class Batcher:
 def _stop_if_left(job: Job) -> None:
     if job.cancelled:
         raise _Left
-
-
-def _settle(model) -> None:
-    """Evaluate every array the model holds, here, on the thread that built it: MLX cannot evaluate on
-    one thread a lazy array made on another ("There is no Stream(cpu, 0) in current thread"), and a
-    module may keep one outside its parameters (model.RoPE's llama3 frequencies, `_freqs`)."""
-    held = [v for _, m in model.named_modules() for v in m.values() if isinstance(v, mx.array)]
-    mx.eval(model.parameters(), held)
-
-
-# A thread that ran MLX's compiled functions (nn.silu, our swiglu) and then exits makes the process
-# abort at exit ("terminate called without an active exception", MLX 0.32.4). So engine threads never
-# exit: a closed Batcher's thread parks and serves the next Batcher (tests make several apps).
-_IDLE: "queue.SimpleQueue[queue.SimpleQueue]" = queue.SimpleQueue()
-
-
-def _on_engine_thread(fn: Callable[[], None]) -> None:
-    try:
-        inbox = _IDLE.get_nowait()
-    except queue.Empty:
-        inbox = queue.SimpleQueue()
-        threading.Thread(target=_engine_thread, args=(inbox,), name="mlxinfer-engine", daemon=True).start()
-    inbox.put(fn)
-
-
-def _engine_thread(inbox: "queue.SimpleQueue") -> None:
-    while True:
-        fn = inbox.get()
-        try:
-            fn()
-        except Exception:  # noqa: BLE001 - logged; the thread stays for the next engine
-            log.error("engine thread:\n%s", traceback.format_exc())
-        _IDLE.put(inbox)
