@@ -636,3 +636,15 @@ def test_sliding_window_layers_stop_growing_past_their_window():
     assert per * (4 * n + 22 * 512) == pytest.approx(r.operations["weights_per_token"])
     llama = count(str(CONFIGS / "llama-3.1-8b.json"), context=1000)
     assert llama.operations["windowed_layers"] == 0 and llama.context["attention_ops"] == 524_288 * 1000
+
+
+def test_a_qwen3_config_without_head_dim_takes_hugging_faces_default():
+    """Qwen3Config's head_dim defaults to 128, not hidden / heads (64 for the 0.6B's shape): count gave
+    507,965,952 for the lesson's Qwen3-0.6B with head_dim left out, where Hugging Face builds 596,049,920."""
+    import tempfile
+
+    cfg = json.loads((CONFIGS / "qwen3-0.6b.json").read_text())
+    assert cfg.pop("head_dim") == 128 and cfg["hidden_size"] // cfg["num_attention_heads"] == 64
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(cfg))
+        assert count(str(Path(d) / "config.json")).total == 596_049_920

@@ -57,3 +57,13 @@ def test_a_qwen_gguf_equals_its_safetensors_twin(tmp_path, arch):
     a = mlxinfer.generate(hf_model, hf_tok, ids, max_tokens=8, chat=False, settings={"temperature": 0.0})
     b = mlxinfer.generate(gg_model, gg_tok, ids, max_tokens=8, chat=False, settings={"temperature": 0.0})
     assert a.tokens == b.tokens
+
+
+def test_a_qwen3_gguf_without_key_length_takes_llama_cpps_head_dim(tmp_path):
+    """Without attention.key_length llama.cpp takes n_embd / n_head; Hugging Face's Qwen3Config default of
+    128 (what a config.json without head_dim gets) must not reach a GGUF."""
+    hf_dir = checkpoints.write_checkpoint(tmp_path / "hf", "qwen3", dtype=mx.float32, head_dim=None)
+    cfg = json.loads((hf_dir / "config.json").read_text())
+    write_gguf_twin(hf_dir, tmp_path / "twin.gguf", "qwen3")  # head_dim None: no key_length written
+    model, _ = mlxinfer.load(tmp_path / "twin.gguf", compute_dtype="float32")
+    assert model.config.head_dim == cfg["hidden_size"] // cfg["num_attention_heads"] != 128

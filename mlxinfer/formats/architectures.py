@@ -36,6 +36,7 @@ class Architecture:
     experts: str = "num_experts"  # config.json's key for the number of experts ...
     expert_width: str = "moe_intermediate_size"  # ... and for each expert's MLP width
     config_head_dim: bool = True  # False: the class takes hidden / heads whatever config.json says
+    head_dim: int | None = None  # config.json silent: Hugging Face's default for the class (else hidden / heads)
     tied: bool = False  # tie_word_embeddings when config.json does not say
     hf_class: str = ""  # Hugging Face's class, config.json's `architectures` (the exporter writes it)
     mlx_lm: str = ""  # mlx-lm's module for it (mlx_lm.models.<name>): the peer of ours
@@ -59,6 +60,7 @@ ARCHITECTURES = {
     ),
     "qwen2": Architecture(qkv_bias=True, context=32768, hf_class="Qwen2ForCausalLM", mlx_lm="qwen2", gguf="qwen2"),
     "qwen3": Architecture(
+        head_dim=128,  # Qwen3Config's default, not hidden / heads (which is 64 for the 0.6B's shape)
         qkv_bias=None,
         o_bias=None,
         qk_norm=True,

@@ -134,6 +134,8 @@ class ModelConfig:
             )
         if d.get("head_dim") is not None and arch.config_head_dim:  # 0 is an error, not unset
             head_dim = _positive_int(d, "head_dim", where)
+        elif arch.head_dim is not None:
+            head_dim = arch.head_dim
         else:
             if ints["hidden_size"] % heads:
                 raise MlxinferError(
