@@ -116,6 +116,8 @@ def _operations(r) -> list[str]:
                 "tokens: beyond it, attention outweighs the weights",
             )
         )
+    if o["crossover_context"] is None and o["windowed_layers"] == r.num_layers:
+        rows.append((0, "crossover context", "every layer windowed", "never", "attention stays below the weights"))
     out = _section("Operations per token", rows) + [_wrap(f"rule: {o['rule']}")]
     if r.context:
         x = r.context

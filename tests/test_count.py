@@ -636,6 +636,14 @@ def test_sliding_window_layers_stop_growing_past_their_window():
     assert per * (4 * n + 22 * 512) == pytest.approx(r.operations["weights_per_token"])
     llama = count(str(CONFIGS / "llama-3.1-8b.json"), context=1000)
     assert llama.operations["windowed_layers"] == 0 and llama.context["attention_ops"] == 524_288 * 1000
+    # a window mlx-lm's class does not apply counts as the whole context: Qwen2's layer_types, unused
+    qwen = json.loads((CONFIGS / "qwen2.5-0.5b.json").read_text())
+    qwen.update(use_sliding_window=True, layer_types=["sliding_attention"] * qwen["num_hidden_layers"])
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        (Path(d) / "config.json").write_text(json.dumps(qwen))
+        assert count(str(Path(d) / "config.json"), context=32768).operations["windowed_layers"] == 0
 
 
 def test_a_qwen3_config_without_head_dim_takes_hugging_faces_default():

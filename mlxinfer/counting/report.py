@@ -14,7 +14,6 @@ from dataclasses import replace
 from pathlib import Path
 
 from ..errors import MlxinferError, is_whole
-from .windows import attended, attended_over, attention_windows, crossover
 from ..formats import gguf, safetensors, sources
 from ..formats.config import KNOWN_DTYPES, ModelConfig
 from ..views import CountReport
@@ -22,6 +21,7 @@ from .headers import expert_layers, header_weights, no_formula
 from .layout import NUMBERS, Weight, model_weights, stacked_name
 from .stored import stored_gguf, stored_safetensors
 from . import split
+from .windows import attended, attended_over, attention_windows, crossover
 from .quantization import gguf_quant, mlx_quant, quant_setting
 
 

@@ -1,25 +1,29 @@
 """Sliding-window attention, as mlx-lm runs it: a layer with a window attends to (and keeps the keys and
 values of) the last `sliding_window` tokens only, so past the window its share of a token's work stops
-growing. Gemma 3 (every `sliding_window_pattern`-th layer sees the whole context) and configs that list
-`layer_types` (GPT-OSS, newer Gemma 3 and Llama-family configs) have such layers; a window a config names
-but mlx-lm's class does not apply (Mistral's, Qwen2's unused one) counts as the whole context."""
+growing. Gemma 3 (every `sliding_window_pattern`-th layer sees the whole context), GPT-OSS, and Llama-family
+configs that list `layer_types` have such layers; a window a config names but mlx-lm's class does not apply
+(Mistral's, Phi-3's, Qwen2's unused one) counts as the whole context."""
 
 from __future__ import annotations
 
 from ..errors import is_whole
 from ..formats.config import ModelConfig
 
+READS_LAYER_TYPES = ("llama", "gpt_oss")  # mlx-lm's classes that take each layer's kind from config.json
+
 
 def attention_windows(cfg: ModelConfig) -> tuple[int | None, ...]:
     """Each layer's window in tokens; None: it attends to the whole context."""
     L, raw = cfg.num_hidden_layers, cfg.raw
+    if cfg.model_type == "gemma3" and isinstance(raw.get("text_config"), dict):  # mlx-lm runs it as gemma3_text
+        raw = raw["text_config"]
     w = raw.get("sliding_window")
-    if not is_whole(w) or w <= 0:
+    if not is_whole(w) or w <= 0 or raw.get("use_sliding_window") is False:
         return (None,) * L
     types = raw.get("layer_types")
-    if isinstance(types, list) and len(types) == L:
+    if cfg.model_type in READS_LAYER_TYPES and isinstance(types, list) and len(types) == L:
         return tuple(w if t == "sliding_attention" else None for t in types)
-    if cfg.model_type == "gemma3_text":  # mlx-lm's rule: layer i is global where (i + 1) % pattern == 0
+    if cfg.model_type in ("gemma3_text", "gemma3"):  # mlx-lm's rule: layer i is global where (i + 1) % pattern == 0
         pattern = raw.get("sliding_window_pattern", 6)
         pattern = pattern if is_whole(pattern) and pattern > 0 else 6
         return tuple(None if (i + 1) % pattern == 0 else w for i in range(L))

@@ -63,6 +63,10 @@ class QueueFull(Exception):
     """More requests are waiting than the queue bound allows: the caller should retry later."""
 
 
+class EngineStopped(QueueFull):
+    """The engine is shutting down: no request is taken any more (a server's 503, not a 429)."""
+
+
 class _Left(Exception):
     """The job's client left while its prompt was being prefilled: the rest of the prefill is skipped."""
 
@@ -135,7 +139,7 @@ class Batcher:
         already do. What starts at the engine's next turn does not wait: the queued jobs that fit in the free
         rows, first come first served, and one call. The explorer's calls wait in the same queue."""
         if self._closed:
-            raise QueueFull("the engine is shutting down")
+            raise EngineStopped("the engine is shutting down")
         free, jobs_waiting = self.max_rows - len(self._live), 0
         for job in self._pending:
             if job.cancelled:
@@ -152,6 +156,10 @@ class Batcher:
             )
 
     def status(self) -> dict:
+        with self._cv:  # (the engine thread changes the queue under this lock)
+            return self._status()
+
+    def _status(self) -> dict:
         return {
             "rows_in_flight": len(self._live),
             "prefilling": self._prefilling,  # requests whose prompt is being prefilled: neither queued nor in flight
@@ -222,7 +230,7 @@ class Batcher:
             self._fail(job, 503, "the server is shutting down")
         for _, future in self._calls:
             if future.set_running_or_notify_cancel():
-                future.set_exception(QueueFull("the engine is shutting down"))
+                future.set_exception(EngineStopped("the engine is shutting down"))
 
     def _next_jobs(self, reserved: int = 0, within_budget: bool = False) -> list[Job]:
         """The queued jobs to prefill before the next step, first come first served: those that fit
@@ -263,6 +271,8 @@ class Batcher:
         self._prefilling += 1
         try:
             _stop_if_left(job)  # it may have left while the jobs taken before it were prefilled
+            if self._closed:  # or the engine stopped meanwhile: not one chunk more
+                raise _Left
             prefilled = self._prompts.get(request.ids) or self._prompts.put(
                 prefill(self.model, request.ids, step_size=self.prefill_budget, progress=progress)
             )
@@ -306,7 +316,7 @@ class Batcher:
             if getattr(future, "abandoned", False):
                 raise CallAbandoned
             if self._closed:
-                raise QueueFull("the engine is shutting down")
+                raise EngineStopped("the engine is shutting down")
             self._between_chunks(0)
 
         self._turn_ended = self._clock()

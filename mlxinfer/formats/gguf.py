@@ -330,8 +330,13 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
         torch_dtype="float16" if embed is None or embed.type_name != "F32" else "float32",
     )
     if not d["head_dim"]:  # llama.cpp's rule without key_length: n_embd / n_head (not Hugging Face's default)
-        divides = is_whole(d["hidden_size"]) and is_whole(heads) and heads > 0 and d["hidden_size"] % heads == 0
-        d["head_dim"] = d["hidden_size"] // heads if divides else None
+        whole = is_whole(d["hidden_size"]) and is_whole(heads) and heads > 0
+        if whole and d["hidden_size"] % heads:
+            raise MlxinferError(  # (with no key_length to say the heads' width)
+                f"{header.path}: {arch}.embedding_length {d['hidden_size']} is not divisible by "
+                f"{arch}.attention.head_count {heads}; {METADATA_FIX}"
+            )
+        d["head_dim"] = d["hidden_size"] // heads if whole else None
         if d["head_dim"] is None:
             del d["head_dim"]
     missing = [f"{arch}.{GGUF_KEYS.get(k, k)}" for k, v in d.items() if v is None]

@@ -23,7 +23,7 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 
 from .. import defaults
-from ..engine.batcher import Batcher, Job, QueueFull
+from ..engine.batcher import Batcher, EngineStopped, Job, QueueFull
 from ..engine.request import check_seed
 from ..errors import MlxinferError
 from .errors import ApiError, error_response, from_library, from_validation, gone_response
@@ -121,6 +121,8 @@ class Endpoints:
             self.batcher.submit(job)
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(len(request.ids))
+        except EngineStopped:
+            raise ApiError(503, "the server is shutting down", None) from None
         except QueueFull as e:
             raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
         except MlxinferError as e:

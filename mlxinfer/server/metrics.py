@@ -57,7 +57,9 @@ class Metrics:
             "mlxinfer_requests_preparing", "Requests whose prompt or schema is being prepared.", registry=r
         ).set_function(lambda: endpoints.preparing)
         Gauge(
-            "mlxinfer_requests_prefilling", "Requests whose prompt the engine is prefilling.", registry=r
+            "mlxinfer_requests_prefilling",
+            "Requests whose prompt the engine is prefilling (or explorer calls it runs).",
+            registry=r,
         ).set_function(lambda: status()["prefilling"])
         Gauge(
             "mlxinfer_engine_up", "1 while the engine takes work, 0 once it is stopping or stopped.", registry=r

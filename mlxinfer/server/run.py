@@ -82,6 +82,10 @@ def open_files_limit(start: tuple[int, int] | None = None) -> tuple[int, int] | 
     return resource.getrlimit(kind)
 
 
+GRACE_SECONDS = 5  # from a stop signal, for the requests in flight to end
+DRAIN_SECONDS = 2.5  # then the engine stops: what still runs hears 503 and ends, within the grace
+
+
 def uvicorn_config(app, **options):
     """uvicorn's Config for `app`, as serve runs it: the h11 protocol whose own 400s are OpenAI's shape
     (protocol.py), a graceful shutdown of 5 s, and every log line on stderr (uvicorn writes its access
@@ -98,13 +102,9 @@ def uvicorn_config(app, **options):
     logging["handlers"]["access"]["stream"] = "ext://sys.stderr"
     # the engine's and the handlers' own lines, in uvicorn's format and at its level (was: Python's last resort)
     level = LOG_LEVELS.get(str(options.get("log_level", "info")).lower(), 20)
-    logging["loggers"]["mlxinfer"] = {"handlers": ["default"], "level": level}  # (propagating: pytest sees it)
+    logging["loggers"]["mlxinfer"] = {"handlers": ["default"], "level": level, "propagate": False}  # as uvicorn's
     options.setdefault("log_config", logging)
     return uvicorn.Config(app, http=OpenAIShapedH11, timeout_graceful_shutdown=GRACE_SECONDS, **options)
-
-
-GRACE_SECONDS = 5  # from a stop signal, for the requests in flight to end
-DRAIN_SECONDS = 2.5  # then the engine stops: what still runs hears 503 and ends, within the grace
 
 
 def draining_server(config, batcher):
@@ -122,6 +122,7 @@ def draining_server(config, batcher):
                 await super().shutdown(sockets=sockets)
             finally:
                 stop.cancel()
+                batcher.stop()  # (a second Ctrl-C skips the lifespan's close: the engine stops here too)
 
     return Draining(config)
 
