@@ -420,3 +420,39 @@ def test_alternatives_under_a_mask_are_tokens_the_row_could_draw(embedded_fast):
     for step in g.steps:
         assert all(math.isfinite(a.logprob) for a in step.alternatives), step
         assert step.token is None or step.token in [a.id for a in step.alternatives]  # greedy: the best allowed
+
+
+@pytest.mark.parametrize(
+    "schema, text, said",
+    [
+        ({"type": "object", "properties": {"v": {"type": "string", "format": "date"}}}, '{"v":"2023-02-29"}',
+         "is not a 'date'"),
+        ({"type": "object", "properties": {"v": {"type": "number", "exclusiveMaximum": 1}}},
+         '{"v":0.999999999999999999999999999999999999999998}', "greater than or equal to the maximum of 1"),
+        ({"type": "object", "properties": {"v": {"type": "number"}}}, '{"v":1e999}', "past float's range"),
+        ({"type": "object", "patternProperties": {"^x_": {"type": "integer"}}}, '{"x_a":2,"x_a":200}',
+         "the key 'x_a' is written twice"),
+    ],
+)  # fmt: skip
+def test_a_complete_json_the_schema_refuses_is_not_valid(schema, text, said):
+    """llguidance's grammar lets these through (each drawn by the embedded model at T = 1); the result said
+    valid: true. jsonschema checks each complete JSON again: valid false, with a warning naming why."""
+    import types
+
+    class Accepting:  # a mask whose grammar accepted the text
+        compiled = types.SimpleNamespace(schema=schema, or_text=False)
+
+        def advance(self, tokens):
+            pass
+
+        def is_finished(self):
+            return True
+
+    result = constrain.finish(Accepting(), text, [1, 2], "stop")
+    assert result.valid is False and result.finish_reason == "stop" and said in result.warning, result.warning
+    assert "\n" not in result.warning
+    fine = constrain.finish(Accepting(), '{"v":"2024-02-29"}' if "date" in said else '{"v":0.5}', [1], "stop")
+    assert "past float" in said or "twice" in said or fine.valid  # a value the schema takes stays valid
+    if "twice" not in said and "float" not in said:
+        with pytest.raises(jsonschema.ValidationError):  # the independent check agrees
+            jsonschema.validate(json.loads(text), schema, format_checker=jsonschema.FormatChecker())

@@ -182,7 +182,10 @@ def seed_list(seeds: int | str | Sequence[int]) -> list[int]:
             pass  # not a count: the message below
     if isinstance(seeds, int):
         if not 1 <= seeds <= most:
-            raise MlxinferError(f"seeds must be at least 1 and at most {most:,}, got {seeds}", "seeds")
+            raise MlxinferError(
+                f"seeds must be at least 1 and at most {most:,}, got {seeds:,}; split it into runs of seeds A:B",
+                "seeds",
+            )
         return list(range(seeds))
     if isinstance(seeds, str):
         try:

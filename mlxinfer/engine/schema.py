@@ -9,6 +9,7 @@ error before the model runs. constrain.py turns it into a grammar mask for one t
 from __future__ import annotations
 
 import json
+import math
 import re
 import threading
 from collections import OrderedDict
@@ -231,3 +232,48 @@ def _kind(value: Any) -> str:
 def _one_line(message: str, limit: int = 300) -> str:
     line = " ".join(part.strip() for part in str(message).splitlines() if part.strip())
     return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+class _Repeated(ValueError):
+    pass
+
+
+def _once(pairs):
+    keys = [k for k, _ in pairs]
+    repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if repeated is not None:
+        raise _Repeated(repeated)
+    return dict(pairs)
+
+
+def schema_problem(text: str, parsed, schema: dict) -> str:
+    """What a complete JSON text the grammar accepted breaks, checked again by jsonschema (with its format
+    checker): llguidance lets through a key twice, a number past float's range, a date that is no date
+    (2023-02-29) and a bound that float rounding crosses. "" where nothing is."""
+    try:
+        json.loads(text, object_pairs_hook=_once)
+    except _Repeated as e:
+        return f"the key {str(e)!r} is written twice (JSON keeps the last)"
+    if not _finite(parsed):
+        return "a number is past float's range (it reads as infinity)"
+    import jsonschema
+
+    try:
+        validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
+        error = jsonschema.exceptions.best_match(validator.iter_errors(parsed))
+    except Exception:  # noqa: BLE001 - a schema jsonschema cannot read (llguidance could): no second check
+        return ""
+    if error is None:
+        return ""
+    said = " ".join(error.message.split())
+    return f"{said[:200]}{'...' if len(said) > 200 else ''} (at {'/'.join(map(str, error.absolute_path)) or 'the top'})"
+
+
+def _finite(value) -> bool:
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, dict):
+        return all(_finite(v) for v in value.values())
+    if isinstance(value, list):
+        return all(_finite(v) for v in value)
+    return True
