@@ -291,11 +291,12 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
         )
         + ("; of the experts, only the k a token's router picks count" if r.experts else ""),
     }
+    held = attended(context or 0, windows)  # layer-token pairs at the context: a window caps its layer's
     if context is not None:
-        att = per_layer * attended(context, windows)
+        att = per_layer * held
         r.context = {
             "tokens": context,
-            "attended_layer_tokens": attended(context, windows),  # layers x tokens; a window caps its layer's
+            "attended_layer_tokens": held,
             "attention_ops": att,
             "share_of_weights": att / weights_ops,
             "total_ops": weights_ops + att,
@@ -305,6 +306,7 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
     if answer_tokens is not None:  # pass k (k = 0 .. M-1) attends to context + k tokens
         M, N = answer_tokens, context
         positions = M * N + M * (M - 1) // 2
+        over = attended_over(N, M, windows)
         r.answer = {
             "prompt_tokens": N,
             "answer_tokens": M,
@@ -313,9 +315,9 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
             "weights_ops": M * weights_ops,
             "attended_tokens": positions,
             "average_attended": positions / M,
-            "attended_layer_tokens": attended_over(N, M, windows),
-            "attention_ops": per_layer * attended_over(N, M, windows),
-            "total_ops": M * weights_ops + per_layer * attended_over(N, M, windows),
+            "attended_layer_tokens": over,
+            "attention_ops": per_layer * over,
+            "total_ops": M * weights_ops + per_layer * over,
         }
     q = r.quantization
     model_bytes = q.get("loaded_bytes", q["bytes"]) if q else r.bytes
@@ -329,10 +331,9 @@ def _work(r: CountReport, cfg: ModelConfig, weights: list[Weight], context, answ
     kv = L * kv_layer  # (a windowed layer's stops growing past its window)
     r.operations.update(weight_bytes_read_per_token=read, kv_cache_bytes_per_context_token=kv)
     if context is not None:
-        r.context["kv_cache_bytes"] = kv_layer * attended(context, windows)
+        r.context["kv_cache_bytes"] = kv_layer * held
     if flops is None and bandwidth is None:
         return
-    held = attended(context or 0, windows)
     ops, nbytes = weights_ops + per_layer * held, read + kv_layer * held
     hw = {
         "flops": flops,

@@ -41,9 +41,8 @@ def attended_over(first: int, passes: int, windows) -> int:
     """attended(first + k) summed over the passes k = 0 .. passes-1, exactly (passes may be ~1e12)."""
     total = 0
     for w in windows:
-        whole = passes * first + passes * (passes - 1) // 2  # every pass sees first + k
         if w is None:
-            total += whole
+            total += passes * first + passes * (passes - 1) // 2  # every pass sees first + k
             continue
         below = min(max(w - first, 0), passes)  # the passes that have not reached the window yet
         total += below * first + below * (below - 1) // 2 + (passes - below) * w

@@ -157,21 +157,18 @@ class Batcher:
 
     def status(self) -> dict:
         with self._cv:  # (the engine thread changes the queue under this lock)
-            return self._status()
-
-    def _status(self) -> dict:
-        return {
-            "rows_in_flight": len(self._live),
-            "prefilling": self._prefilling,  # requests whose prompt is being prefilled: neither queued nor in flight
-            "queued": sum(not job.cancelled for job in self._pending),  # a job whose client left waits for nothing
-            "max_rows": self.max_rows,
-            "max_request_rows": self.max_request_rows,
-            "max_queue": self.max_queue,
-            "steps": self.steps,
-            "tokens": self.tokens,
-            "per_row_attention": self.per_row,
-            "prompt_cache": self._prompts.status(),
-        }
+            return {
+                "rows_in_flight": len(self._live),
+                "prefilling": self._prefilling,  # requests being prefilled: neither queued nor in flight
+                "queued": sum(not job.cancelled for job in self._pending),  # a job whose client left waits for nothing
+                "max_rows": self.max_rows,
+                "max_request_rows": self.max_request_rows,
+                "max_queue": self.max_queue,
+                "steps": self.steps,
+                "tokens": self.tokens,
+                "per_row_attention": self.per_row,
+                "prompt_cache": self._prompts.status(),
+            }
 
     def stop(self) -> None:
         """Stop taking work, at once, from any thread: the engine ends at its next step or prefill chunk, and
@@ -261,18 +258,14 @@ class Batcher:
         request = job.request
 
         def progress(done: int, total: int) -> None:
-            _stop_if_left(job)
-            if self._closed:  # shutting down: the rest of the prefill is not run
-                raise _Left
+            self._stop_if_gone(job)
             if between_chunks and done < total:
                 self._between_chunks(len(job.seeds))
 
         self._turn_ended = self._clock()
         self._prefilling += 1
         try:
-            _stop_if_left(job)  # it may have left while the jobs taken before it were prefilled
-            if self._closed:  # or the engine stopped meanwhile: not one chunk more
-                raise _Left
+            self._stop_if_gone(job)  # it may have left (or the engine stopped) while the jobs before it were prefilled
             prefilled = self._prompts.get(request.ids) or self._prompts.put(
                 prefill(self.model, request.ids, step_size=self.prefill_budget, progress=progress)
             )
@@ -298,6 +291,11 @@ class Batcher:
             self._prefilling -= 1
         self._live.extend(self._decide(rows, drawn))
         self._deliver()
+
+    def _stop_if_gone(self, job: Job) -> None:
+        """_Left where the job's client left, or the engine is stopping: the rest of its prefill is not run."""
+        if job.cancelled or self._closed:
+            raise _Left
 
     def abandon(self, future: Future) -> None:
         """No one waits for call's `future` any more: not run if it has not started, else stopped at its
@@ -426,8 +424,3 @@ class Batcher:
         if not job.cancelled:
             job.cancelled = True  # its other rows leave too
             job.tell("error", None, (status, message))
-
-
-def _stop_if_left(job: Job) -> None:
-    if job.cancelled:
-        raise _Left

@@ -44,7 +44,7 @@ import numpy as np
 
 from ..errors import MlxinferError
 from ..sampler import NEG_INF, apply_mask
-from .schema import _one_line, check_object_schema, grammar_limits, schema_problem, validate_schema
+from .schema import _one_line, check_object_schema, grammar_limits, parse_checked, validate_schema
 
 
 # ----------------------------------------------------------------------------- the token table
@@ -400,10 +400,9 @@ def finish(mask: GrammarMask, text: str, tokens: list[int], finish_reason: str) 
     complete = mask.is_finished() or (finish_reason == "stop" and mask.is_accepting())
     if complete:
         try:
-            parsed = json.loads(text)
+            parsed, problem = parse_checked(text, mask.compiled.schema)
         except json.JSONDecodeError as e:  # the grammar guarantees JSON; this is a bug
             raise RuntimeError(f"the grammar accepted text that is not JSON ({e}): {text!r}") from None
-        problem = schema_problem(text, parsed, mask.compiled.schema)
         if problem:  # the grammar's rules are looser than the schema's in a few places: said, never "valid"
             return JsonResult(text, parsed, False, "stop", f"the JSON does not match the schema: {problem}")
         return JsonResult(text, parsed, True, "stop")

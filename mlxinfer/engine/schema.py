@@ -234,39 +234,34 @@ def _one_line(message: str, limit: int = 300) -> str:
     return line if len(line) <= limit else line[: limit - 3] + "..."
 
 
-class _Repeated(ValueError):
-    pass
+def parse_checked(text: str, schema: dict) -> tuple[Any, str]:
+    """A complete JSON text the grammar accepted, parsed (a key written twice: the last, as json.loads keeps
+    it), and what it breaks, checked again by jsonschema (with its format checker): llguidance lets through a
+    key twice, a number past float's range, a date that is no date (2023-02-29) and a bound that float
+    rounding crosses. "" where nothing is. Not JSON at all: json.JSONDecodeError."""
+    repeated: list[str] = []
 
+    def pairs(items):
+        keys = [k for k, _ in items]
+        if not repeated and len(set(keys)) < len(keys):
+            repeated.append(next(k for i, k in enumerate(keys) if k in keys[:i]))
+        return dict(items)
 
-def _once(pairs):
-    keys = [k for k, _ in pairs]
-    repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
-    if repeated is not None:
-        raise _Repeated(repeated)
-    return dict(pairs)
-
-
-def schema_problem(text: str, parsed, schema: dict) -> str:
-    """What a complete JSON text the grammar accepted breaks, checked again by jsonschema (with its format
-    checker): llguidance lets through a key twice, a number past float's range, a date that is no date
-    (2023-02-29) and a bound that float rounding crosses. "" where nothing is."""
-    try:
-        json.loads(text, object_pairs_hook=_once)
-    except _Repeated as e:
-        return f"the key {str(e)!r} is written twice (JSON keeps the last)"
+    parsed = json.loads(text, object_pairs_hook=pairs)
+    if repeated:
+        return parsed, f"the key {repeated[0]!r} is written twice (JSON keeps the last)"
     if not _finite(parsed):
-        return "a number is past float's range (it reads as infinity)"
+        return parsed, "a number is past float's range (it reads as infinity)"
     import jsonschema
 
     try:
         validator = jsonschema.validators.validator_for(schema)(schema, format_checker=jsonschema.FormatChecker())
         error = jsonschema.exceptions.best_match(validator.iter_errors(parsed))
     except Exception:  # noqa: BLE001 - a schema jsonschema cannot read (llguidance could): no second check
-        return ""
+        return parsed, ""
     if error is None:
-        return ""
-    said = " ".join(error.message.split())
-    return f"{said[:200]}{'...' if len(said) > 200 else ''} (at {'/'.join(map(str, error.absolute_path)) or 'the top'})"
+        return parsed, ""
+    return parsed, f"{_one_line(error.message, 200)} (at {'/'.join(map(str, error.absolute_path)) or 'the top'})"
 
 
 def _finite(value) -> bool:

@@ -10,9 +10,9 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-from ..engine.batcher import Batcher, EngineStopped, QueueFull
+from ..engine.batcher import Batcher, QueueFull
 from ..errors import MlxinferError
-from .errors import ApiError, from_library
+from .errors import ApiError, from_library, refused
 from .inputs import POLL_S, ClientGone
 
 
@@ -23,10 +23,8 @@ async def on_engine(batcher: Batcher, fn: Callable[[], Any], http=None) -> Any:
     prompt went on for a minute after its client left) and ClientGone raised."""
     try:
         future = batcher.call(fn)
-    except EngineStopped:
-        raise ApiError(503, "the server is shutting down", None) from None
     except QueueFull as e:
-        raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
+        raise refused(e) from None
     waiting = asyncio.wrap_future(future)
     try:
         while True:

@@ -12,6 +12,7 @@ from typing import Optional
 
 from starlette.responses import JSONResponse
 
+from ..engine.batcher import EngineStopped, QueueFull
 from ..errors import MlxinferError
 
 # library parameter -> the OpenAI field it comes from (chat; completions swaps prompt back)
@@ -71,6 +72,13 @@ def from_library(e: MlxinferError, fields: Optional[dict] = None) -> ApiError:
     if first is not None and first.startswith('"'):  # a field written with its value ('"chat": false'): its name
         first = first.split('"')[1]
     return ApiError(400, " ".join(message.split()), first)
+
+
+def refused(e: QueueFull) -> ApiError:
+    """The engine would not take a request: it is shutting down (503), or its queue is full (429, retry)."""
+    if isinstance(e, EngineStopped):
+        return ApiError(503, "the server is shutting down", None)
+    return ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1")
 
 
 def from_validation(errors: list[dict]) -> ApiError:

@@ -23,10 +23,10 @@ from starlette.requests import Request as HttpRequest
 from starlette.responses import JSONResponse
 
 from .. import defaults
-from ..engine.batcher import Batcher, EngineStopped, Job, QueueFull
+from ..engine.batcher import Batcher, Job, QueueFull
 from ..engine.request import check_seed
 from ..errors import MlxinferError
-from .errors import ApiError, error_response, from_library, from_validation, gone_response
+from .errors import ApiError, error_response, from_library, from_validation, gone_response, refused
 from .inputs import ClientGone, Plan, budget, chat_plan, completion_plan, prepare_within
 from .schemas import IGNORED_HEADER, ChatRequest, CompletionRequest, peer_fields, unknown_fields
 from .stream import Exchange, chat_response, completion_response, scored_response
@@ -121,10 +121,8 @@ class Endpoints:
             self.batcher.submit(job)
             if self.metrics is not None:
                 self.metrics.prompt_tokens.inc(len(request.ids))
-        except EngineStopped:
-            raise ApiError(503, "the server is shutting down", None) from None
         except QueueFull as e:
-            raise ApiError(429, f"the server is busy ({e}); retry shortly", None, Retry_After="1") from None
+            raise refused(e) from None
         except MlxinferError as e:
             raise from_library(e) from None
         return Exchange(self, http, body, plan, request, job, events, base)
