@@ -139,7 +139,7 @@ def encode_prompt(
             "(Qwen3's has the switch); drop thinking",
             "thinking",
         )
-    specials = _special_tokens(tokenizer)
+    specials = control_tokens(tokenizer)
     pattern = re.compile("|".join(re.escape(t) for t in sorted(specials, key=len, reverse=True)))
     if raw_special_tokens or not specials or not any(pattern.search(m["content"]) for m in messages):
         return tokenizer.encode(text, add_special_tokens=False)
@@ -238,7 +238,7 @@ def _check_not_templated(tokenizer, prompt: str, chat: bool, raw_special_tokens:
     it again as a user message holding the template's text, and the model answer that."""
     if not chat or raw_special_tokens:
         return
-    specials, head = _special_tokens(tokenizer), prompt.lstrip()
+    specials, head = control_tokens(tokenizer), prompt.lstrip()
     opener = next((t for t in specials if head.startswith(t)), None)
     # a template opens a turn and closes or begins another: a question about one token opens with it alone
     if opener is not None and sum(prompt.count(t) for t in specials) >= 2:
@@ -252,7 +252,7 @@ def _check_not_templated(tokenizer, prompt: str, chat: bool, raw_special_tokens:
         )
 
 
-def _special_tokens(tokenizer) -> dict[str, int]:
+def control_tokens(tokenizer) -> dict[str, int]:
     """The tokenizer's special (control) tokens by text: what the template may emit and user text may not."""
     added = _inner(tokenizer, "added_tokens_decoder") or {}
     return {t.content: i for i, t in added.items() if getattr(t, "special", False) and t.content}

@@ -565,3 +565,46 @@ def test_a_result_is_marked_stale_once_its_inputs_change_and_enter_runs_a_field(
     assert "at most 256" in page.text_content("#error") and page.evaluate(stale, "view-draws")
     tab.shoot(shots, "stale-draws")
     tab.close()
+
+
+def test_the_page_refuses_what_the_cli_refuses_and_offers_the_next_tokens_command(browser, server):
+    """Was: T = T2 failed to score ("temperatures lists 0.5 more than once"); T = 3 went out to /v1 and every
+    draw "failed" in the server's words; a prompt a chat template rendered was refused by two views and drawn by
+    the other two (whose copied command lines the CLI refuses); the Next token view had no command line;
+    T = 1e-06 was headed "T=0.000001"; Ctrl+Enter during a click's run scored twice."""
+    tab = Tab(browser, server)
+    page = tab.page
+    tab.type_prompt(FRUIT)
+    page.fill("#temp", "0.5")
+    page.fill("#temp2", "0.5")
+    page.click("#next-run")
+    page.press("#prompt", "Control+Enter")  # while the click's run is in flight: no second request
+    page.wait_for_function("() => document.querySelector('#status').textContent.startsWith('scored')", timeout=120_000)
+    assert tab.posts("/mlxinfer/next-token") == 1
+    rows = tab.cells("#next-table tbody tr")
+    assert all(r[4] == r[5] for r in rows)
+    command = page.text_content("#next-cli")
+    assert "--temps 0.5 " in command and "--explain" in command
+    copied = run_copied(command)
+    assert [int(r[2]) for r in rows] == [r["id"] for r in copied["rows"]]
+    assert [r[4] for r in rows] == [f"{r['probs'][0]:.3f}" for r in copied["rows"]]
+    assert [r[7] for r in rows] == [f"{r['final_prob']:.3f}" for r in copied["explanation"]["rows"]]
+    page.fill("#temp", "0.000001")
+    assert page.text_content("#next-th-p1") == "p @ T=1e-06" and "--temps 1e-06,0.5" in page.text_content("#next-cli")
+
+    page.fill("#temp", "3")  # the CLI's sample takes it; /v1 keeps OpenAI's 0 to 2: said on the page
+    for view, button in (("draws", "#draw-run"), ("generate", "#gen-run")):
+        page.click(f"#tab-{view}")
+        page.click(button)
+        assert "temperature must be at most 2 in this view, got 3" in page.text_content("#error")
+    page.fill("#temp", "1")
+    tab.type_prompt("<|im_start|>user\nName a fruit.<|im_end|>")
+    refusal = "opens with <|im_start|>, a control token's name: it looks rendered by a chat template already"
+    for view, button in (("draws", "#draw-run"), ("generate", "#gen-run"), ("next", "#next-run")):
+        page.click(f"#tab-{view}")
+        page.click(button)
+        assert refusal in page.text_content("#error"), view
+    assert tab.posts("/v1/chat/completions") == 0 and tab.posts("/mlxinfer/next-token") == 1
+    cli = invoke_cli("sample", "--prompt", "<|im_start|>user\nName a fruit.<|im_end|>", "--seeds", "1")
+    assert cli.returncode == 2 and refusal in cli.stderr  # the CLI's refusal, in the same words
+    tab.close()

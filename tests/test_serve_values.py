@@ -74,6 +74,25 @@ def test_completion_logprobs_are_generates_token_by_token(smol, embedded):
         assert top == pytest.approx({a.text: a.logprob for a in step.alternatives}, abs=1e-5)
 
 
+def test_completion_logprobs_keep_the_best_of_tokens_that_print_alike(smol, embedded):
+    """/v1/completions' top_logprobs is OpenAI's dict keyed by text: the parts of an emoji all print as U+FFFD.
+    Was: the least probable of them won the key (the page showed the chosen token at -4.4 for its -0.88)."""
+    url, _ = smol
+    model, tok = embedded
+    prompt = "Emoji list: \U0001f600 \U0001f389 \U0001f680 \U0001f44b\U0001f3fd \U0001f1eb\U0001f1f7 \U0001f600 \U0001f389"
+    ref = mlxinfer.generate(model, tok, prompt, max_tokens=6, chat=False, seed=4, logprobs=5)
+    alike = [s for s in ref.steps if len({a.text for a in s.alternatives}) < len(s.alternatives)]
+    assert alike, "the prompt must give a step whose alternatives print alike"
+    body = {"model": model_id(url), "prompt": prompt, "max_tokens": 6, "seed": 4, "logprobs": 5}
+    lp = post(url, "/v1/completions", body).json()["choices"][0]["logprobs"]
+    for top, step in zip(lp["top_logprobs"], ref.steps):
+        best = {}
+        for a in step.alternatives:
+            best[a.text] = max(best.get(a.text, -float("inf")), a.logprob)
+        assert top == pytest.approx(best, abs=1e-5)
+        assert list(top) == list(best)  # best first, as OpenAI orders them
+
+
 # ----------------------------------------------------------------------------- the sampler's fields
 EXTRAS = [
     {"top_k": 2},

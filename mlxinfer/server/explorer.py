@@ -45,6 +45,7 @@ from ..errors import MlxinferError
 from ..formats.sources import embedded_model_path
 from ..model.system import system_info
 from ..settings import resolve_settings
+from ..tokenizer import control_tokens
 from . import answers
 from .engine_call import on_engine
 from .errors import ApiError, error_body, error_response, from_library, gone_response
@@ -250,6 +251,9 @@ def model_card(state) -> dict:
             "max_nodes": defaults.EXACT_MAX_NODES,
         },
         "views": VIEWS,
+        # the page refuses a prompt already rendered by a chat template in every view, as the CLI does
+        # (tokenizer._check_not_templated); /v1's messages take such text as text
+        "control_tokens": sorted(control_tokens(state.tokenizer)),
     }
 
 

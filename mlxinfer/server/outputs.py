@@ -63,7 +63,12 @@ class Choice:
             }
         # text_offset: where the token's text starts in the returned text (a token decoded alone may
         # carry a leading space that the text, detokenized as a whole, does not)
-        return {"token": token, "logprob": _lp(step.logprob), "top": dict(top), "offset": step.offset}
+        # OpenAI's dict keys a token by its text: pieces that print alike ("\ufffd" for parts of a character)
+        # share a key, which keeps the most probable one's logprob (was: the least probable's)
+        best: dict[str, float] = {}
+        for text, logprob in top:  # best first
+            best.setdefault(text, logprob)
+        return {"token": token, "logprob": _lp(step.logprob), "top": best, "offset": step.offset}
 
     # -- the response pieces
     def chat_logprobs(self, entries: Optional[list[dict]] = None) -> Optional[dict]:

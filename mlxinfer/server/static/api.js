@@ -57,14 +57,24 @@ async function checked(response) {
   throw new ServerError(response.status, body);
 }
 
+// fetch, a failure to reach the server said as such (was: the browser's bare "Failed to fetch")
+async function send(path, init) {
+  try {
+    return await fetch(path, init);
+  } catch (e) {
+    if (e.name === "AbortError") throw e;
+    throw new Error(`the server at ${location.host} did not answer (${e.message}); is mlxinfer serve still running?`);
+  }
+}
+
 export async function getJson(path) {
-  const response = await checked(await fetch(path, { headers: headers(false) }));
+  const response = await checked(await send(path, { headers: headers(false) }));
   return response.json();
 }
 
 export async function postJson(path, body, signal) {
   const init = { method: "POST", headers: headers(true), body: JSON.stringify(body), signal };
-  const response = await checked(await fetch(path, init));
+  const response = await checked(await send(path, init));
   return response.json();
 }
 
@@ -72,7 +82,7 @@ export async function postJson(path, body, signal) {
 // the stream began) is thrown as a ServerError.
 export async function* streamJson(path, body, signal) {
   const init = { method: "POST", headers: headers(true), body: JSON.stringify({ ...body, stream: true }), signal };
-  const response = await checked(await fetch(path, init));
+  const response = await checked(await send(path, init));
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
@@ -95,12 +105,37 @@ export async function* streamJson(path, body, signal) {
   }
 }
 
-// A blank prompt refused as the CLI and the library refuse it (the chat template alone would be drawn from).
-// The prompt and the sampler's settings before a request (a blank T would go out as null: the server's default)
-export function checkPrompt(ctx, settings = ctx.settings()) {
-  if (!ctx.prompt().prompt.trim()) throw new Error("prompt is empty; give the text to read");
+// The prompt and the sampler's settings before a request, refused as the CLI refuses them: a blank prompt (the
+// chat template alone would be drawn from), a prompt a chat template rendered already (it would be wrapped
+// again: tokenizer._check_not_templated; /v1 would take it as text), a blank T (it would go out as null: the
+// server's default). v1: the request goes through /v1, whose temperature keeps OpenAI's range, 0 to 2.
+export function checkPrompt(ctx, settings = ctx.settings(), { v1 = false } = {}) {
+  const p = ctx.prompt();
+  if (!p.prompt.trim()) throw new Error("prompt is empty; give the text to read");
+  const opener = p.chat ? templated(p.prompt, ctx.card.control_tokens || []) : null;
+  if (opener) {
+    throw new Error(
+      `the prompt opens with ${opener}, a control token's name: it looks rendered by a chat template already, ` +
+        "which would wrap it again; give the text alone, or untick the chat template",
+    );
+  }
   const bad = problem(settings);
   if (bad) throw new Error(bad);
+  if (v1 && settings.temperature > 2) {
+    throw new Error(
+      `temperature must be at most 2 in this view, got ${settings.temperature}: it asks the server's OpenAI API ` +
+        "(/v1), which keeps OpenAI's range; Next token and Whole answers take any T",
+    );
+  }
+}
+
+// The control token a rendered prompt opens with (and holds another), or null: the library's rule
+function templated(prompt, names) {
+  const head = prompt.trimStart();
+  const opener = names.find((t) => head.startsWith(t));
+  if (opener === undefined) return null;
+  const count = names.reduce((n, t) => n + prompt.split(t).length - 1, 0);
+  return count >= 2 ? opener : null;
 }
 
 // The /v1 request body for the shared prompt: chat messages (with the system text first), or the text

@@ -42,7 +42,7 @@ export function mount(ctx) {
       n = whole("draw-n", 1, Number($("draw-n").max));  // was: 10,000 seeds froze the tab
       base = whole("draw-base", 0);
       max = whole("draw-max", 1);
-      checkPrompt(ctx);
+      checkPrompt(ctx, ctx.settings(), { v1: true });
     } catch (e) {
       ctx.showError(e);
       return;
@@ -66,7 +66,7 @@ export function mount(ctx) {
     const started = performance.now();
     try {
       await Promise.all(batches.map((rows) => drawBatch(rows, max, signal)));
-      ctx.status(`${n} draws in ${((performance.now() - started) / 1000).toFixed(2)} s`);
+      ctx.status(`${n} draw${n > 1 ? "s" : ""} in ${((performance.now() - started) / 1000).toFixed(2)} s`);
     } catch (e) {
       if (controller !== mine) return;  // a newer run owns the view (was: its status blanked)
       if (e.name !== "AbortError") ctx.showError(e);

@@ -249,7 +249,7 @@ function start() {
       $(v.section).querySelector(".view-controls").nextSibling,
     );
     $(v.section).querySelector(".view-controls").addEventListener("keydown", (e) => {
-      if (e.key === "Enter" && !e.repeat && e.target.matches("input:not([type=checkbox])")) {
+      if (e.key === "Enter" && !e.repeat && e.target.matches("input:not([type=checkbox]), select")) {
         e.preventDefault();
         run();
       }

@@ -94,6 +94,10 @@ export function wholeNumber(id, least, most = Number.MAX_SAFE_INTEGER) {
   return v;
 }
 
-export function g(x) {  // Python's f"{x:g}", for temperatures in headers
-  return String(Number(x.toPrecision(6)));
+export function g(x) {  // Python's f"{x:g}", for temperatures in headers and command lines (1e-06, not 0.000001)
+  const [mantissa, e] = x.toExponential(5).split("e");
+  const exp = Number(e);
+  if (exp >= -4 && exp < 6) return String(Number(x.toPrecision(6)));
+  const sign = exp < 0 ? "-" : "+";
+  return `${mantissa.replace(/\.?0+$/, "")}e${sign}${String(Math.abs(exp)).padStart(2, "0")}`;
 }

@@ -65,13 +65,14 @@ export function mount(ctx) {
   $("gen-stop").addEventListener("click", () => controller && controller.abort());
 
   async function run() {
+    if ($("gen-run").disabled) return;  // a run in flight (was: Ctrl+Enter during a click's run sent another)
     if (seedTyped() && seedWanted() === null) {  // was: a random seed drawn in its place, silently
       ctx.showError(new Error(`seed must be a whole number from 0 to ${Number.MAX_SAFE_INTEGER}, or blank`));
       return;
     }
     try {
       if (maxTyped()) whole("gen-max", 1);  // was: 0, -3 or 2.5 silently 64
-      checkPrompt(ctx);
+      checkPrompt(ctx, ctx.settings(), { v1: true });
     } catch (e) {
       ctx.showError(e);
       return;

@@ -3,7 +3,7 @@
 // keeps and each kept token's probability after it. The response carries every score of the vocabulary,
 // so moving T, T2 or a cut re-draws the table here (sampler.js) without another request.
 
-import { postJson } from "./api.js";
+import { checkPrompt, commandLine, postJson } from "./api.js";
 import { barCell, barWidth, el, fixed, g, pyRepr, thousands, wholeNumber as whole } from "./format.js";
 import { decodeScores, problem, Row } from "./sampler.js";
 
@@ -15,15 +15,33 @@ export function mount(ctx) {
   ctx.onSettings.push(() => {
     if (shown) redraw();
   });
+  const command = () => {  // the same table from the command line, following the inputs
+    try {
+      const T = ctx.settings().temperature;
+      const T2 = ctx.secondTemperature();
+      if (problem({ temperature: T2 }, "T2")) throw new Error("T2");
+      const rows = $("rows").value.trim() === "" ? 10 : whole("rows", 1, 200);
+      const temps = T === T2 ? `${g(T)}` : `${g(T)},${g(T2)}`;
+      $("next-cli").textContent = commandLine(ctx, "topk", ["--explain", "--rows", rows, "--temps", temps]);
+    } catch {
+      $("next-cli").textContent = "";
+    }
+  };
+  ctx.onShared.push(command);
+  ctx.onSettings.push(command);
+  $("view-next").addEventListener("input", command);
+  command();
   $("next-run").addEventListener("click", () => {
     ctx.showError(null);
     run();
   });
 
   async function run() {
+    if ($("next-run").disabled) return;  // a run in flight (was: Ctrl+Enter during a click's run sent another)
     let k = 10;  // a blank box: the ten rows the CLI shows
     try {
       if ($("rows").value.trim() !== "" || $("rows").validity.badInput) k = whole("rows", 1, 200);
+      checkPrompt(ctx, {});  // the sampler's settings are checked with T2 below
     } catch (e) {  // was: 0 or -5 silently became 10
       ctx.showError(e);
       return;
@@ -40,7 +58,8 @@ export function mount(ctx) {
       prompt: p.prompt,
       chat: p.chat,
       k,
-      temperatures: [settings.temperature, ctx.secondTemperature()],
+      // one column where T2 = T (was: refused, "temperatures lists 0.5 more than once")
+      temperatures: [...new Set([settings.temperature, ctx.secondTemperature()])],
       ...settings,
     };
     if (p.system) body.system = p.system;
