@@ -79,7 +79,8 @@ def test_completion_logprobs_keep_the_best_of_tokens_that_print_alike(smol, embe
     Was: the least probable of them won the key (the page showed the chosen token at -4.4 for its -0.88)."""
     url, _ = smol
     model, tok = embedded
-    prompt = "Emoji list: \U0001f600 \U0001f389 \U0001f680 \U0001f44b\U0001f3fd \U0001f1eb\U0001f1f7 \U0001f600 \U0001f389"
+    emoji = "\U0001f600 \U0001f389 \U0001f680 \U0001f44b\U0001f3fd \U0001f1eb\U0001f1f7"
+    prompt = f"Emoji list: {emoji} \U0001f600 \U0001f389"
     ref = mlxinfer.generate(model, tok, prompt, max_tokens=6, chat=False, seed=4, logprobs=5)
     alike = [s for s in ref.steps if len({a.text for a in s.alternatives}) < len(s.alternatives)]
     assert alike, "the prompt must give a step whose alternatives print alike"
