@@ -123,6 +123,7 @@ def test_fresh_seeds_per_reply_unless_fixed(embedded):
         ("/save", "/save takes a file name"),
         ("/topk", "say something first"),
         ("/tmep 1", "did you mean /temp?"),
+        ("/system \udcff", "/system takes UTF-8 text"),  # was: kept; every reply and /save then failed
     ],
 )
 def test_bad_commands_are_refused_and_change_nothing(embedded, line, fragment):
@@ -294,6 +295,31 @@ def test_chat_json_prints_one_object_a_line(tmp_path, end):
     assert command["command"] == "/temp" and command["data"] == {"temperature": 0.5}
     one = run_cli("generate", "-p", FRUIT, "--seed", "7", "--max-tokens", "4")
     assert reply["user"] == FRUIT and reply["text"] == one.stdout.rstrip("\n")
+
+
+def test_a_piped_chat_keeps_its_json_in_step_and_exits_2_for_refused_lines(tmp_path):
+    """Was: a line that was not UTF-8 (or a message refused) printed nothing on stdout under --json, so a script
+    reading a line of JSON per line fell out of step; /system took such bytes and /save then ended in a
+    traceback; the chat exited 0; a line without end (/dev/zero) was read whole, gigabytes."""
+    env = {**os.environ, "MLXINFER_CHAT_HISTORY": str(tmp_path / "history")}
+    saved = tmp_path / "chat.json"
+    lines = f"/system \xff\n\xfe\n{FRUIT}\n/save {saved}\n".encode("latin-1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "chat", "--json", "--max-tokens", "3", "--seed", "7"],
+        input=lines, capture_output=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    out = [json.loads(line) for line in proc.stdout.decode().splitlines()]
+    assert [o.get("kind") for o in out] == ["error", "error", None, "saved"], out
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr.decode()
+    assert proc.stderr.decode().rstrip().endswith("error: 2 lines of the conversation failed (said above)")
+    assert json.loads(saved.read_text())["messages"][0] == {"role": "user", "content": FRUIT}
+    endless = subprocess.run(
+        [sys.executable, "-m", "mlxinfer", "chat", "--max-tokens", "3"],
+        input=b"x" * (16 << 20 | 1), capture_output=True, cwd=ROOT, env=env, timeout=300,
+    )  # fmt: skip
+    said = endless.stderr.decode().splitlines()  # the banner, then the error
+    assert endless.returncode == 2 and said[-1].startswith("error: a line of standard input is over 16,777,216")
+    assert len(said) == 2 and endless.stdout == b""
 
 
 def test_a_reply_budget_past_the_context_is_refused_before_the_chat_opens(embedded, tmp_path):

@@ -55,10 +55,13 @@ def chat(
         _readline()
     if not json_out:
         print(f"[{m.info.name}] /help lists the commands; Ctrl-C stops a reply, Ctrl-D leaves", file=sys.stderr)
+    failed = 0  # lines refused: a piped conversation that lost some exits 2 at its end
     while True:
         try:
-            line = input(PROMPT if interactive else "").removesuffix("\r")  # a file saved with CRLF endings
+            line = _read_line(interactive).removesuffix("\r")  # a file saved with CRLF endings
         except EOFError:
+            if interactive and not json_out:
+                print()  # the shell's prompt on a line of its own
             break
         except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
             if not interactive:  # reading a pipe or a file, no line to drop: Ctrl-C ends it, as elsewhere
@@ -67,8 +70,14 @@ def chat(
             continue
         if not line.strip():
             continue
+        try:
+            line.encode("utf-8")
+        except UnicodeEncodeError:  # bytes that are not UTF-8, kept by stdin's surrogateescape (was: /system took them)
+            failed += _failed("this line is not valid UTF-8 text; type or pipe UTF-8", json_out)
+            continue
         if line.startswith("/"):
             outcome = session.command(line)
+            failed += outcome.kind == "error"
             if json_out:
                 print_json(outcome.to_dict(), one_line=True)
             else:
@@ -76,19 +85,43 @@ def chat(
             if outcome.kind == "quit":
                 break
             continue
-        _turn(session, line, json_out, shown)
+        failed += not _turn(session, line, json_out, shown)
+    if failed and not interactive:
+        lines = f"{failed} line{'s' if failed > 1 else ''}"
+        print(f"error: {lines} of the conversation failed (said above)", file=sys.stderr)
+        raise typer.Exit(2)
 
 
-def _turn(session, line: str, json_out: bool, shown: list[str]) -> None:
-    """One reply; its settings' note goes before it whenever it differs from the last one shown."""
+def _read_line(interactive: bool) -> str:
+    """A line typed at the prompt, or read from a pipe or a file within the prompt's bound (was: a line
+    without end read whole, gigabytes from /dev/zero)."""
+    from mlxinfer import MlxinferError
+    from mlxinfer.formats.paths import MAX_PROMPT_BYTES
+
+    if interactive:
+        return input(PROMPT)
+    line = sys.stdin.readline(MAX_PROMPT_BYTES + 1)
+    if not line:
+        raise EOFError
+    if len(line) > MAX_PROMPT_BYTES:
+        raise MlxinferError(f"a line of standard input is over {MAX_PROMPT_BYTES:,} characters; send shorter messages")
+    return line.removesuffix("\n")
+
+
+def _failed(message: str, json_out: bool) -> bool:
+    """A line refused: said on stderr, and with --json as a record of its own (the lines stay in step)."""
+    print(f"error: {message}", file=sys.stderr)
+    if json_out:
+        print_json({"command": None, "kind": "error", "message": message, "data": None}, one_line=True)
+    return True
+
+
+def _turn(session, line: str, json_out: bool, shown: list[str]) -> bool:
+    """One reply; its settings' note goes before it whenever it differs from the last one shown. False where
+    the message was refused."""
     from mlxinfer import MlxinferError
 
     turn = None
-    try:
-        line.encode("utf-8")
-    except UnicodeEncodeError:  # bytes that are not UTF-8, kept by stdin's surrogateescape
-        print("error: this line is not valid UTF-8 text; type or pipe UTF-8", file=sys.stderr)
-        return
     try:
         turn = session.reply(line)
         if not json_out:
@@ -100,12 +133,11 @@ def _turn(session, line: str, json_out: bool, shown: list[str]) -> None:
                 sys.stdout.write(text)
                 sys.stdout.flush()
     except MlxinferError as e:  # the conversation is unchanged: say why and take the next line
-        print(f"error: {flags.error_line(e)}", file=sys.stderr)
-        return
+        return not _failed(flags.error_line(e), json_out)
     except KeyboardInterrupt:
         if turn is None:  # stopped before the reply began: nothing to keep
             print(file=sys.stderr if json_out else sys.stdout)
-            return
+            return True
         turn.stop()
         if not json_out:
             sys.stdout.write(" [stopped]")
@@ -114,6 +146,7 @@ def _turn(session, line: str, json_out: bool, shown: list[str]) -> None:
     else:
         sys.stdout.write("\n")
         sys.stdout.flush()
+    return True
 
 
 def _render(outcome) -> None:

@@ -299,6 +299,10 @@ class ChatSession:
         return Outcome(name, "set", f"seed = {seed} for every reply (/seed random: a fresh one each)", seed)
 
     def _system(self, name: str, arg: str) -> Outcome:
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:  # a lone surrogate (bytes that were not UTF-8): every reply, and /save, would fail
+            raise MlxinferError("/system takes UTF-8 text; the system message is unchanged") from None
         self.system = arg or None
         return Outcome(name, "set", f"system message: {arg!r}" if arg else "no system message", self.system)
 
