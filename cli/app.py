@@ -13,6 +13,7 @@ from __future__ import annotations
 import errno
 import inspect
 import os
+import re
 import signal
 import sys
 
@@ -25,6 +26,7 @@ from mlxinfer import MlxinferError, OutputError
 
 
 _debug = {"on": False}
+LOST_RANK = re.compile(r"\[(ring|jaccl|mpi|nccl)\]")  # how MLX's distributed back ends word a failed collective
 DEBUG_HELP = "On an error, also print its detail (lines after the first)."
 
 
@@ -69,6 +71,16 @@ class _Commands(TyperGroup):
             for note in flags._notes:  # deprecated spellings, said once the command has succeeded
                 typer.echo(note, err=True)
             return result
+        except RuntimeError as e:
+            if not LOST_RANK.match(str(e)):
+                raise
+            # a peer gone mid-run (a Mac asleep, a rank killed): was a traceback from whichever collective noticed
+            typer.echo(
+                f"error: this rank lost the other ranks mid-run ({_clipped(' '.join(str(e).split()))}); run the "
+                "command again on every rank (a sweep's --resume continues from its part files)",
+                err=True,
+            )
+            raise typer.Exit(1) from None
         except MlxinferError as e:
             more = " (mlxinfer --debug ... shows more)" if e.detail and not _debug["on"] else ""
             typer.echo(f"error: {_clipped(flags.error_line(e))}{more}", err=True)

@@ -46,6 +46,7 @@ _LAZY = {
     "prompts_from_file": ("engine.prompt_list", "prompts_from_file"),
     "read_prompt": ("formats.paths", "read_prompt"),
     "read_messages": ("formats.paths", "read_messages"),
+    "read_line": ("formats.paths", "read_line"),
     "embedded_model_path": ("formats.sources", "embedded_model_path"),  # the embedded GGUF, for a peer to read
     "seed_list": ("engine.request", "seed_list"),
     "check_batch_size": ("engine.request", "check_batch_size"),

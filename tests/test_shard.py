@@ -370,3 +370,45 @@ def test_a_rank_that_python_cannot_interrupt_ends_after_ctrl_c(tmp_path):
         _, err = p.communicate(timeout=30)
         assert p.returncode == code and 0.9 < time.monotonic() - started < 10, (p.returncode, err)
         assert "rank 1 was still held in a call to MLX 1 s after the signal" in err
+
+
+def test_a_sweep_on_two_ranks_refuses_an_out_that_one_rank_refuses(checkpoint_dir, tmp_path):
+    """Was: two ranks replaced a finished sweep's file (or any file) named by --out without a word, and a folder
+    drew every seed, then ended in a traceback leaving part files. Refused before any draw, on every rank."""
+    path = str(checkpoint_dir("llama"))
+    sweep = ["sweep", "-p", FRUIT, "-m", path, "--temps", "1", "--seeds", "4", "--max-tokens", "3", "--no-chat"]
+    held = tmp_path / "held.jsonl"
+    assert invoke_cli(*sweep, "--out", str(held)).returncode == 0
+    notes = tmp_path / "notes.txt"
+    notes.write_text("not a sweep\n")
+    before = held.read_bytes()
+    refusals = ((held, "already holds results"), (notes, "is not a sweep results file"), (tmp_path, "is not a file"))
+    for out, said in refusals:
+        for r in spawn([[*sweep, "--out", str(out)]] * 2, tmp_path):
+            assert_one_line_error(r, said)
+    assert held.read_bytes() == before and notes.read_text() == "not a sweep\n"
+    assert not list(tmp_path.glob("*.rank*of*"))
+
+
+def test_a_resume_on_another_number_of_ranks_is_refused(checkpoint_dir, tmp_path):
+    """Was: a sweep stopped on two ranks and resumed on one drew every seed again beside the part files."""
+    out = tmp_path / "sweep.jsonl"
+    for rank in range(2):
+        (tmp_path / f"sweep.jsonl.rank{rank}of2").write_text("")
+    sweep = ["sweep", "-p", FRUIT, "-m", str(checkpoint_dir("llama")), "--seeds", "4", "--max-tokens", "3"]
+    r = invoke_cli(*sweep, "--out", str(out), "--resume")
+    assert_one_line_error(r, "was being written by a run on 2 ranks", "mlx.launch -n 2")
+    assert not out.exists()
+
+
+def test_a_rank_lost_mid_run_is_one_line(monkeypatch):
+    """Was: a peer gone mid-run (a Mac asleep, a rank killed) ended in a traceback from whichever collective
+    noticed it."""
+
+    def lost(*args, **kwargs):
+        raise RuntimeError("[ring] connection to a peer was lost")
+
+    monkeypatch.setattr(mlxinfer, "sample", lost)
+    r = invoke_cli("sample", "-p", FRUIT, "--seeds", "2", "--max-tokens", "2")
+    assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
+    assert r.stderr.startswith("error: this rank lost the other ranks mid-run ([ring] connection to a peer was lost)")

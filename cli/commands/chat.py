@@ -93,19 +93,10 @@ def chat(
 
 
 def _read_line(interactive: bool) -> str:
-    """A line typed at the prompt, or read from a pipe or a file within the prompt's bound (was: a line
-    without end read whole, gigabytes from /dev/zero)."""
-    from mlxinfer import MlxinferError
-    from mlxinfer.formats.paths import MAX_PROMPT_BYTES
+    """A line typed at the prompt, or read from a pipe or a file within the prompt's bound."""
+    import mlxinfer
 
-    if interactive:
-        return input(PROMPT)
-    line = sys.stdin.readline(MAX_PROMPT_BYTES + 1)
-    if not line:
-        raise EOFError
-    if len(line) > MAX_PROMPT_BYTES:
-        raise MlxinferError(f"a line of standard input is over {MAX_PROMPT_BYTES:,} characters; send shorter messages")
-    return line.removesuffix("\n")
+    return input(PROMPT) if interactive else mlxinfer.read_line(sys.stdin)
 
 
 def _failed(message: str, json_out: bool) -> bool:

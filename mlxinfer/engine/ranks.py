@@ -41,21 +41,40 @@ def from_rank0(rows: list, group, failure: Exception | None = None) -> list:
     """Rank 0's JSON-able rows, on every rank. If rank 0 failed (`failure`, an MlxinferError), every
     rank raises its message as the same class (so the same exit code: a full disk is 1 on every rank),
     so that none waits for a rank that stopped."""
-    from ..errors import MlxinferError, OutputError
-
     if group.size() > 1:
-        kinds = {"input": MlxinferError, "output": OutputError}
-        error = None
-        if failure is not None:
-            error = ["output" if isinstance(failure, OutputError) else "input", str(failure), *failure.params]
-        sent = gather([{"rows": rows, "error": error}] if group.rank() == 0 else [], group)[0]
-        if sent["error"] is not None and failure is None:
-            kind, *args = sent["error"]
-            failure = kinds[kind](*args)
+        sent = gather([{"rows": rows, "error": _sent(failure)}] if group.rank() == 0 else [], group)[0]
+        failure = failure or _received(sent["error"])
         rows = sent["rows"]
     if failure is not None:
         raise failure
     return list(rows)
+
+
+def raise_any(failure: Exception | None, group) -> None:
+    """Where any rank failed (`failure`: its MlxinferError, else None), every rank raises the first failing
+    rank's error as the same class, so that none goes on to wait for a rank that stopped."""
+    if group.size() > 1:
+        sent = [e for e in gather([_sent(failure)], group) if e is not None]
+        failure = failure or (_received(sent[0]) if sent else None)
+    if failure is not None:
+        raise failure
+
+
+def _sent(failure: Exception | None):
+    from ..errors import OutputError
+
+    if failure is None:
+        return None
+    return ["output" if isinstance(failure, OutputError) else "input", str(failure), *failure.params]
+
+
+def _received(error):
+    from ..errors import MlxinferError, OutputError
+
+    if error is None:
+        return None
+    kind, *args = error
+    return {"input": MlxinferError, "output": OutputError}[kind](*args)
 
 
 def identity(model) -> dict:

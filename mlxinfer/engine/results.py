@@ -11,8 +11,10 @@ token budget or chat setup) is refused, never overwritten.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
+import re
 import signal
 import threading
 from contextlib import contextmanager, suppress
@@ -97,8 +99,7 @@ class ResultsFile:
         self.created = self.appended = False
         self.texts_fresh = False  # written before a plain prompt's texts continued it: resume keeps that rule
         self._lock: int | None = None
-        if self.path.exists() and not self.path.is_file():
-            raise MlxinferError(f"{param} {self.shown} is not a file; choose a .jsonl path", param)
+        _check_is_file(self.path, param)
         if lock and self.path.is_file():
             self._hold(param)
         try:
@@ -113,14 +114,7 @@ class ResultsFile:
                 os.truncate(self.path, 0)
         exists = self.path.is_file() and self.path.stat().st_size > 0
         if exists and not resume:
-            if _header_of(_first_line(self.path)) is None:  # a typo's --out prompts.txt: not --resume (_read says so)
-                raise MlxinferError(f"{param} {self.shown} is not a sweep results file; write to another file", param)
-            raise MlxinferError(
-                f"{param} {self.shown} already holds results; pass resume to continue that sweep, "
-                "or write to another file",
-                param,
-                "resume",
-            )
+            _refuse_held(self.path, param)
         if exists:
             self._read(param)
         else:  # a new file, or an empty one (touched by hand, or left by a run killed at once)
@@ -146,9 +140,7 @@ class ResultsFile:
 
     @property
     def shown(self) -> str:
-        """The path in a message: a bare name as ./name, so that a file called `resume` is not read as the flag."""
-        text = str(self.path)
-        return text if self.path.is_absolute() or self.path.parent != Path(".") else f".{os.sep}{text}"
+        return _shown_path(self.path)
 
     def _taken(self, param: str) -> MlxinferError:
         return MlxinferError(
@@ -173,9 +165,7 @@ class ResultsFile:
             self._lock = None
 
     def _header_only(self) -> bool:
-        with open(self.path, "rb") as f:
-            data = f.read(1 << 20)
-        return data.count(b"\n") == 1 and data.endswith(b"\n") and _header_of(data) is not None
+        return _header_only(self.path)
 
     def _read(self, param: str) -> None:
         data = self.path.read_bytes()
@@ -323,6 +313,66 @@ def stop_cleanly_on_sigterm():
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def check_target(path: str | os.PathLike, resume: bool, param: str = "out") -> None:
+    """What opening `path` as a ResultsFile would refuse, checked without opening it: the file rank 0 writes
+    whole at the end of a run on several ranks (was: replaced without a word, a folder a traceback after the
+    run). resume: the file is read as the results so far, so it may hold some."""
+    path = Path(path).expanduser()
+    _check_is_file(path, param)
+    if not resume and path.is_file() and path.stat().st_size > 0 and not _header_only(path):
+        _refuse_held(path, param)
+
+
+def check_parts(out, ranks: int, resume: bool) -> None:
+    """A resume reads the part files of a run on as many ranks: those of a run on another number would be passed
+    over without a word (was: their draws done again, the files left behind)."""
+    if not resume:
+        return
+    path = Path(out).expanduser()
+    pattern = re.compile(re.escape(path.name) + r"\.rank\d+of(\d+)")
+    names = (f.name for f in path.parent.glob(glob.escape(path.name) + ".rank*of*"))
+    found = {int(m.group(1)) for name in names if (m := pattern.fullmatch(name))}
+    other = min(found - {ranks}, default=None)
+    if other is not None:
+        raise MlxinferError(
+            f"out {_shown_path(path)} was being written by a run on {other} ranks (its part files "
+            f"{path.name}.rank0of{other}, ...): resume it on {other} ranks (mlx.launch -n {other}), or delete "
+            "those files to draw their seeds again",
+            "out",
+            "resume",
+        )
+
+
+def _check_is_file(path: Path, param: str) -> None:
+    if path.exists() and not path.is_file():
+        raise MlxinferError(f"{param} {_shown_path(path)} is not a file; choose a .jsonl path", param)
+
+
+def _refuse_held(path: Path, param: str) -> None:
+    """A file that holds something, written to without resume: another sweep's results, or not a results file."""
+    if _header_of(_first_line(path)) is None:  # a typo's --out prompts.txt: not --resume (_read says so)
+        raise MlxinferError(f"{param} {_shown_path(path)} is not a sweep results file; write to another file", param)
+    raise MlxinferError(
+        f"{param} {_shown_path(path)} already holds results; pass resume to continue that sweep, "
+        "or write to another file",
+        param,
+        "resume",
+    )
+
+
+def _shown_path(path: Path) -> str:
+    """The path in a message: a bare name as ./name, so that a file called `resume` is not read as the flag."""
+    text = str(path)
+    return text if path.is_absolute() or path.parent != Path(".") else f".{os.sep}{text}"
+
+
+def _header_only(path: Path) -> bool:
+    """The file holds a header alone (left by a run killed before its first batch): nothing to resume."""
+    with open(path, "rb") as f:
+        data = f.read(1 << 20)
+    return data.count(b"\n") == 1 and data.endswith(b"\n") and _header_of(data) is not None
 
 
 def _header_of(data: bytes) -> dict | None:

@@ -295,12 +295,23 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     lead = not split or everyone.rank() == 0  # a split model: rank 0 alone keeps the results file
     done: dict = {}
     opened = []
+    if ranks > 1 and out is not None:  # rank 0 writes `out` whole at the end: what one rank refuses, refused now
+        failure = None
+        try:
+            results.check_parts(out, ranks, resume)
+            if rank == 0:
+                results.check_target(out, resume)
+        except MlxinferError as e:
+            failure = e
+        rank_group.raise_any(failure, group)
     if ranks > 1 and out is not None and resume and Path(out).expanduser().is_file():
         opened.append(results.ResultsFile(out, plan.header, resume=True, lock=False))  # what an earlier run merged
         done.update(opened[-1].done)
     part, failure = None, None
     try:
         if out is not None and lead:
+            if ranks == 1:
+                results.check_parts(out, ranks, resume)
             part = results.ResultsFile(out if ranks == 1 else f"{out}.rank{rank}of{ranks}", plan.header, resume)
             opened.append(part)
             done.update(part.done)

@@ -103,6 +103,17 @@ def read_json_file(path: Path, what: str, limit: int = MAX_CONFIG_BYTES):
         raise MlxinferError(f"{path} is not valid JSON ({e.__class__.__name__}: {e}); fix or re-download it") from None
 
 
+def read_line(stream) -> str:
+    """One line of a text stream (a conversation piped in), its line break dropped, within MAX_PROMPT_BYTES
+    characters (was: a line without end read whole, gigabytes from /dev/zero); EOFError at its end."""
+    line = stream.readline(MAX_PROMPT_BYTES + 1)
+    if not line:
+        raise EOFError
+    if len(line) > MAX_PROMPT_BYTES:
+        raise MlxinferError(f"a line of standard input is over {MAX_PROMPT_BYTES:,} characters; send shorter messages")
+    return line.removesuffix("\n")
+
+
 def read_prompt(source: str | os.PathLike, stdin=None) -> str:
     """A prompt from a file, or from standard input for '-' (`stdin`: a binary stream, default
     sys.stdin's): UTF-8 text of at most MAX_PROMPT_BYTES, not empty, its one final line break
