@@ -59,6 +59,13 @@ class _Commands(TyperGroup):
             _argument_help(command)
         return command
 
+    def resolve_command(self, ctx, args):
+        name, command, rest = super().resolve_command(ctx, args)
+        misread = flags.misread_flag(rest, command.params) if command is not None else None
+        if misread is not None:  # before Click reads -fa as -f a
+            raise click.UsageError(misread, click.Context(command, info_name=name, parent=ctx))
+        return name, command, rest
+
     def get_params(self, ctx):
         self.params = completion.by_name(self.params)  # once: the replacements are no longer flags
         return super().get_params(ctx)

@@ -115,34 +115,74 @@ PEER_FLAGS = {
         "the speed and the finish reason go to stderr already; --debug (before the command) shows an error's detail",
     ),
     "--seed": ("generate", "--seeds", _SEEDS),
+    # several letters after one dash: Click reads -fa as -f a (a prompt file named "a", read if it exists) and
+    # -no-cnv as -n o-cnv, so these are also looked for before the command parses (misread_flag)
+    "-fa": ("llama.cpp", None, "MLX's attention is its own (flash attention is not a switch here)"),
+    "-no-cnv": ("llama.cpp", None, "generate answers once; a conversation is mlxinfer chat"),
+    "-st": ("llama.cpp", None, "generate answers once; a conversation is mlxinfer chat"),
+    "-mli": ("llama.cpp", None, "chat takes a line a message; a longer one goes in --messages FILE"),
+    "-nkvo": ("llama.cpp", None, _LAYERS),
+    "-cmoe": ("llama.cpp", None, _LAYERS),
+    "-ncmoe": ("llama.cpp", None, _LAYERS),
+    "-ot": ("llama.cpp", None, _LAYERS),
+    "-ctk": ("llama.cpp", None, "the KV cache is kept in the compute dtype (--compute-dtype)"),
+    "-ctv": ("llama.cpp", None, "the KV cache is kept in the compute dtype (--compute-dtype)"),
+    "-tb": ("llama.cpp", None, _THREADS),
+    "-ns": ("llama.cpp", "--seeds", "--seeds N for N seeded draws in one batch (sample)"),
+    "-hf": ("llama.cpp", "--model", "--model REPO (a Hugging Face repo id)"),
+    "-md": ("llama.cpp", None, "there is no draft model (speculative decoding)"),
+    "-sp": ("llama.cpp", None, "the text is the tokenizer's decoding of the reply"),
+    "-ub": ("llama.cpp", None, "the engine chooses its batches"),
 }
+_SEVERAL_LETTERS = re.compile(r"-[a-z]{2,}(-[a-z]+)*")
 _GGUF_TYPE = re.compile(r"(?i)^(I?Q\d(_[0-9KSMLXN]+)*|F16|BF16|F32)$")
 
 
-def peer_hint(args: list[str], message: str, ctx) -> str | None:
-    """The usage error's line when an option's place in the arguments holds another tool's flag that this
-    command lacks (said only where the command has the flag to use instead, or needs none), or a GGUF type
-    is given to quantize, or a bare - stands for standard input; else None (Click's own line)."""
+def misread_flag(args: list[str], params) -> str | None:
+    """What to say where another tool's flag of several letters after one dash (-fa, -no-cnv) holds an option's
+    place among a command's arguments: Click would read it as short flags run together (was: `generate -fa`
+    read a file named "a" as the prompt); else None."""
+    return _peer_flag(args, params, lambda name: _SEVERAL_LETTERS.fullmatch(name) is not None, always=True)
+
+
+def _peer_flag(args: list[str], params, wanted=lambda name: True, always: bool = False) -> str | None:
+    """The line for the first of PEER_FLAGS (those `wanted`) in an option's place in `args` that the command lacks:
+    said where the command has the flag to use instead, or needs none (always: said in any case)."""
     import click
 
-    params = ctx.command.params if ctx is not None else []
     ours = {opt for p in params for opt in p.opts + p.secondary_opts}
     takes_value = {
         opt for p in params if isinstance(p, click.Option) and not p.is_flag and not p.count for opt in p.opts
     }
     value_next = False
     for arg in args:
+        if arg == "--":  # the rest are arguments, never flags
+            return None
         if value_next:  # the value of an option (-p "-c"): text, not a flag
             value_next = False
             continue
         name = arg.split("=", 1)[0]
         if name in takes_value and "=" not in arg:
             value_next = True
-        elif name in PEER_FLAGS and name not in ours:
+        elif name in PEER_FLAGS and name not in ours and wanted(name):
             tool, instead, say = PEER_FLAGS[name]
             if instead is None:
                 return f"{name} is {tool}'s flag, and mlxinfer has no such setting: {say}; drop it"
-            return f"{name} is {tool}'s flag; here use {say}" if instead in ours else None
+            if instead in ours:
+                return f"{name} is {tool}'s flag; here use {say}"
+            return f"{name} is {tool}'s flag, and this command has no such setting; drop it" if always else None
+    return None
+
+
+def peer_hint(args: list[str], message: str, ctx) -> str | None:
+    """The usage error's line when an option's place in the arguments holds another tool's flag that this
+    command lacks (said only where the command has the flag to use instead, or needs none), or a GGUF type
+    is given to quantize, or a bare - stands for standard input; else None (Click's own line)."""
+    params = ctx.command.params if ctx is not None else []
+    ours = {opt for p in params for opt in p.opts + p.secondary_opts}
+    said = _peer_flag(args, params)
+    if said is not None:
+        return said
     extra = re.search(r"unexpected extra arguments? \(([^) ]+)", message)
     if extra and extra.group(1) == "-":
         return "a prompt from standard input is -p - (or a pipe with no -p), not a bare -"

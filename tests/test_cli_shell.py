@@ -195,11 +195,12 @@ def test_json_stays_json_and_piped_text_is_read_where_stdout_and_stdin_are_not_u
 
 
 def test_a_chat_line_that_is_not_utf8_is_named_as_the_line():
-    """Was: "--prompt is not valid UTF-8 text" (chat has no --prompt); the chat goes on to the next line."""
+    """Was: "--prompt is not valid UTF-8 text" (chat has no --prompt); the chat goes on to the next line, and a
+    piped one says at its end that a line failed (exit 2)."""
     r = subprocess.run(
-        [MLXINFER, "chat", "--max-tokens", "1", "--seed", "1"], input=b"hi \xff\n", capture_output=True, timeout=120
+        [MLXINFER, "chat", "--max-tokens", "1", "--seed", "1"], input=b"hi \xff\nhi\n", capture_output=True, timeout=120
     )
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 2 and r.stdout.strip(), r.stderr  # the second line's reply
     assert b"error: this line is not valid UTF-8 text" in r.stderr and b"--prompt" not in r.stderr
 
 
@@ -221,7 +222,7 @@ def test_a_reopened_stream_reaches_child_processes_and_serve_may_run_without_std
 def test_a_conversation_past_the_context_is_named_as_the_conversation(checkpoint_dir):
     """chat names what overflows: the whole conversation through the template, not a --prompt it has not got."""
     r = invoke_cli("chat", "-m", str(checkpoint_dir("llama")), "--max-tokens", "2", input="word " * 2000 + "\n")
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 2 and "1 line of the conversation failed" in r.stderr, r.stderr
     assert "error: the conversation is" in r.stderr and "context is 512" in r.stderr and "--prompt" not in r.stderr
 
 

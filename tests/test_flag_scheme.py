@@ -146,6 +146,25 @@ def test_a_hint_never_names_a_flag_the_command_lacks_nor_reads_a_value_as_a_flag
     assert "flag" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    "args, fragment",
+    [
+        (["generate", "-fa"], "-fa is llama.cpp's flag, and mlxinfer has no such setting"),  # was: -f a, read
+        (["generate", "-p", "hi", "-no-cnv"], "mlxinfer chat"),  # was: --max-tokens 'o-cnv'
+        (["generate", "-p", "hi", "-ns", "2"], "-ns is llama.cpp's flag, and this command has no such setting"),
+        (["sample", "-p", "hi", "-ns", "2"], "here use --seeds N"),
+        (["generate", "-hf", "org/model"], "here use --model REPO"),  # was: No such option '-h'
+        (["generate", "-p", "hi", "-ctk", "q8_0"], "KV cache"),  # was: No such option '-c'
+    ],
+)
+def test_another_tools_flag_of_several_letters_is_never_read_as_short_flags(tmp_path, monkeypatch, args, fragment):
+    """Click reads -fa as -f a: with a file named "a" in the folder, `generate -fa` took it as the prompt."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a").write_text("A-file")
+    assert_one_line_error(invoke_cli(*args), fragment)
+    assert invoke_cli("tokens", "-p", "-fa", "--no-chat", "--json").returncode == 0  # a value, not a flag
+
+
 def test_a_commands_own_flag_is_never_taken_for_another_commands():
     """generate has --seed (sample's hint names it): a bad value there is generate's own error."""
     result = invoke_cli("generate", "-p", FRUIT, "--seed", "x")
