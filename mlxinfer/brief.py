@@ -14,9 +14,9 @@ def brief(obj, depth: int = 0) -> str:
         return f"{type(obj).__name__}(...)"
     if isinstance(obj, (list, tuple)) and len(obj) > 6:
         kind = type(obj[0]).__name__
-        return (
-            f"[{len(obj):,} {kind}s]" if kind != "int" else f"[{len(obj):,} ints: {', '.join(map(str, obj[:4]))}, ...]"
-        )
+        if kind == "int":
+            return f"[{len(obj):,} ints: {', '.join(map(str, obj[:4]))}, ...]"
+        return f"[{len(obj):,} x {kind}]"  # was "[8 Tallys]"
     if isinstance(obj, (list, tuple)):
         inner = ", ".join(brief(v, depth + 1) for v in obj)
         return f"[{inner}]" if isinstance(obj, list) else f"({inner})"

@@ -368,3 +368,5 @@ def test_a_notebook_shows_a_result_in_brief(embedded):
     assert repr(g.prompt_ids) in repr(g)  # repr() itself unchanged
     report = mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1, "top_k": 3}], max_tokens=2)
     assert pretty(report).startswith("AnswersReport(") and "stopped='complete'" in pretty(report)
+    drawn = mlxinfer.sample(model, tok, PROMPT, seeds=8, max_tokens=2)
+    assert "completions=[8 x Completion]" in pretty(drawn)  # a list of results: its length and kind (was "8 ...s")
