@@ -135,6 +135,7 @@ app = typer.Typer(
     add_completion=True,  # --install-completion / --show-completion (bash, zsh, fish, powershell)
     pretty_exceptions_enable=False,
     suggest_commands=False,  # Click's own "Did you mean ...?" is enough: Typer's would repeat it
+    context_settings={"help_option_names": ["-h", "--help"]},  # -h, as llama.cpp's and most tools' help
 )
 
 

@@ -189,3 +189,14 @@ def test_a_word_in_the_users_path_is_not_a_flag(tmp_path, monkeypatch):
     assert invoke_cli("sweep", "-p", "hi", "--seeds", "1", "-n", "1", "--out", "resume").returncode == 0
     again = invoke_cli("sweep", "-p", "hi", "--seeds", "1", "-n", "1", "--out", "resume")
     assert_one_line_error(again, "--out ./resume already holds results; pass --resume to continue")
+
+
+def test_h_is_help_for_the_app_and_every_command():
+    """Was: "No such option '-h'" everywhere (llama.cpp's and most tools' help flag)."""
+    from mlxinfer_cli.app import app
+    from typer.main import get_command
+
+    assert invoke_cli("-h").stdout == invoke_cli("--help").stdout != ""
+    for name in get_command(app).commands:
+        r = invoke_cli(name, "-h")
+        assert r.returncode == 0 and r.stdout == invoke_cli(name, "--help").stdout, name
