@@ -26,7 +26,8 @@ from mlxinfer import MlxinferError, OutputError
 
 
 _debug = {"on": False}
-LOST_RANK = re.compile(r"\[(ring|jaccl|mpi|nccl)\]")  # how MLX's distributed back ends word a failed collective
+# how MLX's distributed back ends word a peer gone (not its other errors: "[ring] Group split not supported.")
+LOST_RANK = re.compile(r"connection to a peer was lost|(Recv|Send) failed with errno=")
 DEBUG_HELP = "On an error, also print its detail (lines after the first)."
 
 
@@ -61,7 +62,8 @@ class _Commands(TyperGroup):
 
     def resolve_command(self, ctx, args):
         name, command, rest = super().resolve_command(ctx, args)
-        misread = flags.misread_flag(rest, command.params) if command is not None else None
+        checked = command is not None and not ctx.resilient_parsing and not {"-h", "--help"} & set(rest)
+        misread = flags.misread_flag(rest, command.params) if checked else None  # not while completing a line
         if misread is not None:  # before Click reads -fa as -f a
             raise click.UsageError(misread, click.Context(command, info_name=name, parent=ctx))
         return name, command, rest
@@ -79,7 +81,7 @@ class _Commands(TyperGroup):
                 typer.echo(note, err=True)
             return result
         except RuntimeError as e:
-            if not LOST_RANK.match(str(e)):
+            if not LOST_RANK.search(str(e)):
                 raise
             # a peer gone mid-run (a Mac asleep, a rank killed): was a traceback from whichever collective noticed
             typer.echo(

@@ -156,11 +156,11 @@ def _peer_flag(args: list[str], params, wanted=lambda name: True, always: bool =
     }
     value_next = False
     for arg in args:
-        if arg == "--":  # the rest are arguments, never flags
-            return None
-        if value_next:  # the value of an option (-p "-c"): text, not a flag
+        if value_next:  # the value of an option (-p "-c", --stop --): text, not a flag
             value_next = False
             continue
+        if arg == "--":  # the rest are arguments, never flags
+            return None
         name = arg.split("=", 1)[0]
         if name in takes_value and "=" not in arg:
             value_next = True

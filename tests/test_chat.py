@@ -317,9 +317,9 @@ def test_a_piped_chat_keeps_its_json_in_step_and_exits_2_for_refused_lines(tmp_p
         [sys.executable, "-m", "mlxinfer", "chat", "--max-tokens", "3"],
         input=b"x" * (16 << 20 | 1), capture_output=True, cwd=ROOT, env=env, timeout=300,
     )  # fmt: skip
-    said = endless.stderr.decode().splitlines()  # the banner, then the error
-    assert endless.returncode == 2 and said[-1].startswith("error: a line of standard input is over 16,777,216")
-    assert len(said) == 2 and endless.stdout == b""
+    said = endless.stderr.decode().splitlines()  # the banner, the error, the count
+    assert endless.returncode == 2 and said[1].startswith("error: a line of standard input is over 16,777,216")
+    assert len(said) == 3 and endless.stdout == b""
 
 
 def test_a_reply_budget_past_the_context_is_refused_before_the_chat_opens(embedded, tmp_path):

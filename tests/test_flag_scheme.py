@@ -155,6 +155,7 @@ def test_a_hint_never_names_a_flag_the_command_lacks_nor_reads_a_value_as_a_flag
         (["sample", "-p", "hi", "-ns", "2"], "here use --seeds N"),
         (["generate", "-hf", "org/model"], "here use --model REPO"),  # was: No such option '-h'
         (["generate", "-p", "hi", "-ctk", "q8_0"], "KV cache"),  # was: No such option '-c'
+        (["generate", "--stop", "--", "-fa"], "-fa is llama.cpp's flag"),  # -- is --stop's value here
     ],
 )
 def test_another_tools_flag_of_several_letters_is_never_read_as_short_flags(tmp_path, monkeypatch, args, fragment):
@@ -162,7 +163,13 @@ def test_another_tools_flag_of_several_letters_is_never_read_as_short_flags(tmp_
     monkeypatch.chdir(tmp_path)
     (tmp_path / "a").write_text("A-file")
     assert_one_line_error(invoke_cli(*args), fragment)
-    assert invoke_cli("tokens", "-p", "-fa", "--no-chat", "--json").returncode == 0  # a value, not a flag
+
+
+def test_such_a_flags_name_as_a_value_is_text():
+    for args in (["-p", "-fa"], ["--prompt=-fa"], ["-p", "x", "--", "-fa"]):
+        r = invoke_cli("tokens", *args, "--no-chat", "--json")
+        assert "llama.cpp" not in r.stderr, (args, r.stderr)
+    assert json.loads(invoke_cli("tokens", "--prompt=-fa", "--no-chat", "--json").stdout)["prompt"] == "-fa"
 
 
 def test_a_commands_own_flag_is_never_taken_for_another_commands():

@@ -397,7 +397,7 @@ def test_a_resume_on_another_number_of_ranks_is_refused(checkpoint_dir, tmp_path
         (tmp_path / f"sweep.jsonl.rank{rank}of2").write_text("")
     sweep = ["sweep", "-p", FRUIT, "-m", str(checkpoint_dir("llama")), "--seeds", "4", "--max-tokens", "3"]
     r = invoke_cli(*sweep, "--out", str(out), "--resume")
-    assert_one_line_error(r, "was being written by a run on 2 ranks", "mlx.launch -n 2")
+    assert_one_line_error(r, "was being written by a run on 2 ranks", "2 hosts in mlx.launch's hostfile")
     assert not out.exists()
 
 
@@ -412,3 +412,21 @@ def test_a_rank_lost_mid_run_is_one_line(monkeypatch):
     r = invoke_cli("sample", "-p", FRUIT, "--seeds", "2", "--max-tokens", "2")
     assert r.returncode == 1 and r.stderr.count("\n") == 1 and "Traceback" not in r.stderr
     assert r.stderr.startswith("error: this rank lost the other ranks mid-run ([ring] connection to a peer was lost)")
+
+    def unsupported(*args, **kwargs):
+        raise RuntimeError("[ring] Group split not supported.")
+
+    monkeypatch.setattr(mlxinfer, "sample", unsupported)  # MLX's other errors are not a lost peer
+    with pytest.raises(RuntimeError, match="Group split"):
+        invoke_cli("sample", "-p", FRUIT, "--seeds", "2", "--max-tokens", "2")
+
+
+def test_a_part_file_one_rank_refuses_stops_both_before_any_draw(checkpoint_dir, tmp_path):
+    """Was: a rank whose own part file was refused stopped alone; the other drew its whole share, then ended in
+    a lost peer."""
+    out = tmp_path / "sweep.jsonl"
+    (tmp_path / "sweep.jsonl.rank1of2").write_text("not a sweep\n")
+    sweep = ["sweep", "-p", FRUIT, "-m", str(checkpoint_dir("llama")), "--seeds", "4", "--max-tokens", "3"]
+    for r in spawn([[*sweep, "--out", str(out)]] * 2, tmp_path):
+        assert_one_line_error(r, "sweep.jsonl.rank1of2 is not a sweep results file")
+    assert not out.exists() and not (tmp_path / "sweep.jsonl.rank0of2").exists()

@@ -9,7 +9,7 @@ from typing import Optional
 
 import typer
 
-from mlxinfer import defaults
+from mlxinfer import MlxinferError, defaults
 
 from mlxinfer_cli import flags
 from mlxinfer_cli.common import load_model, print_json
@@ -62,6 +62,9 @@ def chat(
         except EOFError:
             if interactive and not json_out:
                 print()  # the shell's prompt on a line of its own
+            break
+        except MlxinferError as e:  # a line past the bound: the rest of the input is not read
+            failed += _failed(flags.error_line(e), json_out)
             break
         except KeyboardInterrupt:  # at the prompt: drop the line, as a shell does
             if not interactive:  # reading a pipe or a file, no line to drop: Ctrl-C ends it, as elsewhere

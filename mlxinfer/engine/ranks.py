@@ -51,8 +51,9 @@ def from_rank0(rows: list, group, failure: Exception | None = None) -> list:
 
 
 def raise_any(failure: Exception | None, group) -> None:
-    """Where any rank failed (`failure`: its MlxinferError, else None), every rank raises the first failing
-    rank's error as the same class, so that none goes on to wait for a rank that stopped."""
+    """Where any rank failed (`failure`: its MlxinferError, else None), every rank raises: a failing rank its own
+    error, the others the first failing rank's (as the same class), so that none goes on to wait for a rank
+    that stopped."""
     if group.size() > 1:
         sent = [e for e in gather([_sent(failure)], group) if e is not None]
         failure = failure or (_received(sent[0]) if sent else None)

@@ -338,8 +338,8 @@ def check_parts(out, ranks: int, resume: bool) -> None:
     if other is not None:
         raise MlxinferError(
             f"out {_shown_path(path)} was being written by a run on {other} ranks (its part files "
-            f"{path.name}.rank0of{other}, ...): resume it on {other} ranks (mlx.launch -n {other}), or delete "
-            "those files to draw their seeds again",
+            f"{path.name}.rank0of{other}, ...): resume it on {other} ranks ({other} hosts in mlx.launch's hostfile, or "
+            f"-n {other} on one machine), or delete those files to draw their seeds again",
             "out",
             "resume",
         )

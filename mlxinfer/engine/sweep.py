@@ -295,20 +295,15 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     lead = not split or everyone.rank() == 0  # a split model: rank 0 alone keeps the results file
     done: dict = {}
     opened = []
-    if ranks > 1 and out is not None:  # rank 0 writes `out` whole at the end: what one rank refuses, refused now
-        failure = None
-        try:
+    part, failure = None, None
+    try:
+        if ranks > 1 and out is not None:  # rank 0 writes `out` whole at the end: what one rank refuses, refused now
             results.check_parts(out, ranks, resume)
             if rank == 0:
                 results.check_target(out, resume)
-        except MlxinferError as e:
-            failure = e
-        rank_group.raise_any(failure, group)
-    if ranks > 1 and out is not None and resume and Path(out).expanduser().is_file():
-        opened.append(results.ResultsFile(out, plan.header, resume=True, lock=False))  # what an earlier run merged
-        done.update(opened[-1].done)
-    part, failure = None, None
-    try:
+            if resume and Path(out).expanduser().is_file():  # what an earlier run merged
+                opened.append(results.ResultsFile(out, plan.header, resume=True, lock=False))
+                done.update(opened[-1].done)
         if out is not None and lead:
             if ranks == 1:
                 results.check_parts(out, ranks, resume)
@@ -319,9 +314,17 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
             plan.after[:] = [()] * len(plan.after)
             plan.header.pop("continues")
     except MlxinferError as e:
-        if not split:
+        if not split and ranks == 1:
             raise
         failure = e
+    if ranks > 1:  # one rank's refusal stops every rank before any draws (was: the others drew their share)
+        try:
+            rank_group.raise_any(failure, group)
+        except MlxinferError:
+            if part is not None:
+                part.discard_if_unused()
+                part.close()
+            raise
     if split:  # rank 0's file decides which seeds are left, for every rank
         done = {results.record_key(r): r for r in rank_group.from_rank0(list(done.values()), everyone, failure)}
     return done, part

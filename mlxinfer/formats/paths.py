@@ -106,12 +106,13 @@ def read_json_file(path: Path, what: str, limit: int = MAX_CONFIG_BYTES):
 def read_line(stream) -> str:
     """One line of a text stream (a conversation piped in), its line break dropped, within MAX_PROMPT_BYTES
     characters (was: a line without end read whole, gigabytes from /dev/zero); EOFError at its end."""
-    line = stream.readline(MAX_PROMPT_BYTES + 1)
+    line = stream.readline(MAX_PROMPT_BYTES + 2)  # the bound, and its line break
     if not line:
         raise EOFError
-    if len(line) > MAX_PROMPT_BYTES:
+    text = line.removesuffix("\n")
+    if len(text) > MAX_PROMPT_BYTES:
         raise MlxinferError(f"a line of standard input is over {MAX_PROMPT_BYTES:,} characters; send shorter messages")
-    return line.removesuffix("\n")
+    return text
 
 
 def read_prompt(source: str | os.PathLike, stdin=None) -> str:

@@ -116,7 +116,7 @@ export function checkPrompt(ctx, settings = ctx.settings(), { v1 = false } = {})
   if (opener) {
     throw new Error(
       `the prompt opens with ${opener}, a control token's name: it looks rendered by a chat template already, ` +
-        "which would wrap it again; give the text alone, or untick the chat template",
+        "which would wrap it again; give the message's text alone",
     );
   }
   const bad = problem(settings);

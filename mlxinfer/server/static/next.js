@@ -21,7 +21,7 @@ export function mount(ctx) {
       const T2 = ctx.secondTemperature();
       if (problem({ temperature: T2 }, "T2")) throw new Error("T2");
       const rows = $("rows").value.trim() === "" ? 10 : whole("rows", 1, 200);
-      const temps = T === T2 ? `${g(T)}` : `${g(T)},${g(T2)}`;
+      const temps = T === T2 ? `${T}` : `${T},${T2}`;  // as typed, as --temp is (the header rounds to 6 digits)
       $("next-cli").textContent = commandLine(ctx, "topk", ["--explain", "--rows", rows, "--temps", temps]);
     } catch {
       $("next-cli").textContent = "";
@@ -38,7 +38,7 @@ export function mount(ctx) {
 
   async function run() {
     if ($("next-run").disabled) return;  // a run in flight (was: Ctrl+Enter during a click's run sent another)
-    let k = 10;  // a blank box: the ten rows the CLI shows
+    let k = 10;  // a blank box: the page's ten rows
     try {
       if ($("rows").value.trim() !== "" || $("rows").validity.badInput) k = whole("rows", 1, 200);
       checkPrompt(ctx, {});  // the sampler's settings are checked with T2 below
