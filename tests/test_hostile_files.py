@@ -54,10 +54,11 @@ def _swap_embedding_dims(s):
 
 @pytest.mark.slow
 def test_gguf_shape_against_its_quantized_bytes(wide_spec, tmp_path):
-    """Was: SIGFPE (exit 136) in topk, convert and quantize."""
+    """Was: SIGFPE (exit 136) in topk, convert and quantize. The rows the swapped table gives are fewer than the
+    tokenizer's tokens: said before the layout is looked at."""
     path = _written(wide_spec, tmp_path, _swap_embedding_dims)
     for args in (["topk", "-m", path, "-p", "hi"], ["convert", path, str(tmp_path / "c")]):
-        assert_one_line_error(run_cli(*args), "model.embed_tokens", "no MLX layout")
+        assert_one_line_error(run_cli(*args), "tokens but token_embd.weight has only 128 rows")
     assert not (tmp_path / "c").exists()
 
 
@@ -317,6 +318,32 @@ def test_gguf_metadata_that_disagrees_with_its_tensors_is_named_by_count_and_top
     assert not any("beyond the count" in n for n in notes), notes
     error = run_cli("topk", "-m", heads, "-p", "hi", timeout=60)
     assert_one_line_error(error, "attn_k" if "attn_k" in error.stderr else "k_proj", "re-download or re-convert")
+
+
+def _tokens(s, change):
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type"):
+        kind, values = s.meta(key)
+        s.set_meta(key, hostile.ARRAY, (kind, change(list(values), key)))
+
+
+def test_more_tokens_than_embedding_rows_and_a_partial_rope_are_refused(spec, tmp_path):
+    """Was: a token list longer than token_embd's rows loaded (its last tokens without an embedding), and a
+    rope.dimension_count of half the heads' width was ignored (every dimension rotated); llama.cpp refuses both.
+    A list shorter than the rows is a padded table (the fixture's own: fewer tokens than rows) and loads."""
+    rows, n = spec.tensor("token_embd.weight").dims[-1], len(spec.meta("tokenizer.ggml.tokens")[1])
+    extra = {
+        "tokenizer.ggml.tokens": [f"x{i}" for i in range(rows - n + 2)],
+        "tokenizer.ggml.token_type": [1] * (rows - n + 2),
+    }
+    more = _written(spec, tmp_path, lambda s: _tokens(s, lambda v, key: v + extra[key]))
+    said = f"tokenizer.ggml.tokens holds {rows + 2:,} tokens but token_embd.weight has only {rows:,} rows"
+    for command in (["count", more], ["topk", "-m", more, "-p", "hi"]):
+        assert_one_line_error(invoke_cli(*command), said)
+    width = spec.meta("llama.embedding_length") // spec.meta("llama.attention.head_count")
+    half = _written(spec, tmp_path, lambda s: s.set_meta("llama.rope.dimension_count", hostile.U32, width // 2))
+    assert_one_line_error(invoke_cli("topk", "-m", half, "-p", "hi"), f"rope.dimension_count is {width // 2}")
+    whole = _written(spec, tmp_path, lambda s: s.set_meta("llama.rope.dimension_count", hostile.U32, width), "w.gguf")
+    assert n < rows and invoke_cli("topk", "-m", whole, "-p", "hi").returncode == 0
 
 
 def test_a_huge_name_read_from_a_file_is_no_huge_error_line(spec, tmp_path):

@@ -342,8 +342,22 @@ def config_from_header(header: GGUFHeader) -> ModelConfig:
     missing = [f"{arch}.{GGUF_KEYS.get(k, k)}" for k, v in d.items() if v is None]
     if missing:
         raise MlxinferError(f"{header.path}: GGUF metadata lacks {', '.join(missing)}; the file is incomplete")
+    rows = embed.shape[0] if embed is not None and embed.shape else None
+    # more tokens than rows: a prompt's token past them has no embedding (was: read out of bounds). Fewer is a
+    # padded table, as Qwen's checkpoints keep it: the rows past the tokenizer stay scored, as in mlx-lm
+    if n_tokens and rows and n_tokens > rows:
+        raise MlxinferError(
+            f"{header.path}: tokenizer.ggml.tokens holds {n_tokens:,} tokens but token_embd.weight has only {rows:,} "
+            f"rows; {METADATA_FIX}"
+        )
     if isinstance(d["hidden_size"], int) and isinstance(heads, int) and heads > 0:
         head_dim, base = d.get("head_dim") or d["hidden_size"] // heads, d["rope_theta"]
+        rotated = get("rope.dimension_count")
+        if rotated is not None and rotated != head_dim:  # was: ignored, every dimension rotated
+            raise MlxinferError(
+                f"{header.path}: {arch}.rope.dimension_count is {rotated} where the heads are {head_dim} wide; a "
+                f"partial rotary embedding is not supported for {arch} (llama.cpp refuses it too); {METADATA_FIX}"
+            )
         if is_whole(head_dim) and head_dim > 0 and is_number(base) and base > 0:  # else from_dict names the key
             scaling = rope_scaling(header, arch, head_dim, base)
             if scaling:
