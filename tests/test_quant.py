@@ -599,3 +599,11 @@ def test_quantizing_a_quantized_source_in_more_bits_says_it_adds_nothing(checkpo
     floats = invoke_cli("quantize", four, str(tmp_path / "bf16"), "--bits", "16", "--json")
     [note] = json.loads(floats.stdout)["notes"]
     assert "bfloat16 weights are its values dequantized" in note and "quantize the float" not in note
+
+
+@pytest.mark.parametrize("out, kind", [("out.gguf", "file"), ("Q8_0", "type"), ("q4_k_m", "type")])
+def test_llama_quantizes_habits_are_not_taken_as_the_folder(tmp_path, monkeypatch, out, kind):
+    """Was: `quantize model.gguf Q8_0` wrote a 4-bit MLX folder named Q8_0, and `... out.gguf` a folder named so."""
+    monkeypatch.chdir(tmp_path)
+    assert_one_line_error(invoke_cli("quantize", "embedded", out), f"OUT {out} reads as a GGUF {kind}")
+    assert list(tmp_path.iterdir()) == []

@@ -9,6 +9,8 @@ missing. LOADS_AS: how mlxinfer keeps each type in MLX (model/gguf_tensors.py sa
 
 from __future__ import annotations
 
+import re
+
 GGML_TYPES: dict[int, tuple[str, int, int]] = {
     0: ("F32", 1, 4),
     1: ("F16", 1, 2),
@@ -55,6 +57,8 @@ REFIT = {"Q2_K", "Q3_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
 REFIT |= {"MXFP4", "NVFP4"}
 REFIT_BITS = 8
 FLOATS = ("F32", "F16", "BF16")
+# a GGUF type or llama-quantize's file type as a user types it: Q4_K_M, q8_0, IQ4_XS, F16
+TYPE_NAME = re.compile(r"(?i)(I?Q\d(_[0-9KSMLXN]+)*|F16|BF16|F32)")
 
 
 def loads_as(type_name: str) -> str:
