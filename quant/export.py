@@ -174,8 +174,8 @@ def _architecture_settings(settings: dict, predicate, tables: dict) -> dict:
 def _check_out(out, force: bool) -> Path:
     if out is None or str(out) == "":
         raise MlxinferError("out is empty; give an output directory", "out")
-    name = Path(out).name
-    if name.lower().endswith(".gguf") or (ggml_types.TYPE_NAME.fullmatch(name) and not Path(out).expanduser().exists()):
+    name, there = Path(out).name, Path(out).expanduser().exists()
+    if name.lower().endswith(".gguf") or (ggml_types.QUANT_NAME.fullmatch(name) and not there):
         # llama-quantize's `model.gguf out.gguf Q4_K_M` habits: was a folder named out.gguf, or Q8_0
         raise MlxinferError(
             f"out {out} reads as a GGUF {'file' if '.' in name else 'type'}; quantize writes a folder of MLX affine "

@@ -57,8 +57,9 @@ REFIT = {"Q2_K", "Q3_K", "Q6_K", "IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S",
 REFIT |= {"MXFP4", "NVFP4"}
 REFIT_BITS = 8
 FLOATS = ("F32", "F16", "BF16")
-# a GGUF type or llama-quantize's file type as a user types it: Q4_K_M, q8_0, IQ4_XS, F16
-TYPE_NAME = re.compile(r"(?i)(I?Q\d(_[0-9KSMLXN]+)*|F16|BF16|F32)")
+# a quantized GGUF type or llama-quantize's file type as a user types it: Q4_K_M, q8_0, IQ4_XS (not f16 or bf16:
+# names a folder of float weights may well have)
+QUANT_NAME = re.compile(r"(?i)I?Q\d(_[0-9KSMLXN]+)+")
 
 
 def loads_as(type_name: str) -> str:
