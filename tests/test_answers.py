@@ -445,7 +445,9 @@ def test_sample_exact_sets_each_tally_row_beside_its_count(words):
         model, tok, PROMPT, seeds=300, settings={"temperature": 1.0}, max_tokens=3, chat=False, exact=True,
         min_mass=1.0,
     )  # fmt: skip
-    walk = mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, min_mass=1.0, chat=False)
+    # the same walk as sample's (its batch size: on the float32 path a row's bits depend on its batch)
+    walk = mlxinfer.answers(model, tok, PROMPT, settings=[{"temperature": 1.0}], max_tokens=3, min_mass=1.0, chat=False,
+                            batch_size=report.batch_size)  # fmt: skip
     probs = {a.answer: a.probs[0] for a in walk.answers}
     drawn = [row for row in report.tally if row.count]
     assert sum(row.count for row in drawn) == 300
