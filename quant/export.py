@@ -178,7 +178,7 @@ def _check_out(out, force: bool) -> Path:
     if name.lower().endswith(".gguf") or (ggml_types.QUANT_NAME.fullmatch(name) and not there):
         # llama-quantize's `model.gguf out.gguf Q4_K_M` habits: was a folder named out.gguf, or Q8_0
         raise MlxinferError(
-            f"out {out} reads as a GGUF {'file' if '.' in name else 'type'}; quantize writes a folder of MLX affine "
+            f"out {out} reads as a GGUF {'file' if '.' in name else 'type'}; what is written here is a folder of MLX "
             "weights (as mlx-community's): name the folder (a GGUF of any type loads with --model as it is)",
             "out",
         )
