@@ -56,6 +56,15 @@ def is_number(v) -> bool:
         return False
 
 
+def is_utf8(text: str) -> bool:
+    """Text UTF-8 can carry: not a lone surrogate (bytes that were not UTF-8, kept by surrogateescape)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def shown(value) -> str:
     """repr(value) for a message: a huge int by its size (Python will not print one of over 4,300 digits)."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 128:

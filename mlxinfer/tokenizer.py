@@ -20,7 +20,7 @@ from contextlib import contextmanager
 
 from . import defaults
 from .chat_template import TemplateTooLarge, budget, check_growth
-from .errors import MlxinferError, check_bool, first_line, is_whole
+from .errors import MlxinferError, check_bool, first_line, is_utf8, is_whole
 
 
 def vocabulary(tokenizer) -> str:
@@ -103,11 +103,9 @@ def encode_prompt(
             {"role": "user", "content": prompt}
         ]
     for m in messages:
-        try:
-            m["content"].encode("utf-8")
-        except UnicodeEncodeError:
+        if not is_utf8(m["content"]):
             name = "prompt" if m is messages[-1] or m["role"] != "system" else "system"
-            raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name) from None
+            raise MlxinferError(f"{name} is not valid UTF-8 text; pass it as UTF-8", name)
     if context is not None:
         _check_not_far_over(tokenizer, [m["content"] for m in messages], context, raw_special_tokens)
     if not chat:

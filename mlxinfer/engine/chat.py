@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional, Sequence
 
 from .. import atomic, defaults
-from ..errors import MlxinferError, check_bool
+from ..errors import MlxinferError, check_bool, is_utf8
 from ..settings import SamplerSettings, user_settings
 from ..tokenizer import encode_prompt
 from .generate import stream_generate
@@ -299,10 +299,8 @@ class ChatSession:
         return Outcome(name, "set", f"seed = {seed} for every reply (/seed random: a fresh one each)", seed)
 
     def _system(self, name: str, arg: str) -> Outcome:
-        try:
-            arg.encode("utf-8")
-        except UnicodeEncodeError:  # a lone surrogate (bytes that were not UTF-8): every reply, and /save, would fail
-            raise MlxinferError("/system takes UTF-8 text; the system message is unchanged") from None
+        if not is_utf8(arg):  # bytes that were not UTF-8: every reply, and /save, would fail
+            raise MlxinferError("/system takes UTF-8 text; the system message is unchanged")
         self.system = arg or None
         return Outcome(name, "set", f"system message: {arg!r}" if arg else "no system message", self.system)
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Optional, Sequence
 
 from .. import defaults
-from ..errors import MlxinferError, check_bool, check_whole, is_whole, shown
+from ..errors import MlxinferError, check_bool, check_whole, is_utf8, is_whole, shown
 from ..sampler import check_logit_bias
 from ..settings import SamplerSettings, resolve_settings
 from ..tokenizer import encode_prompt, system_message, vocabulary
@@ -141,10 +141,8 @@ def stop_strings(stop: str | Sequence[str] | None) -> tuple[str, ...]:
             "stop",
         )
     for s in stops:
-        try:
-            s.encode("utf-8")
-        except UnicodeEncodeError:  # a surrogate (bytes a shell passed that are not UTF-8): no token holds it
-            raise MlxinferError(f"stop {s!r:.80} is not valid UTF-8 text; pass it as UTF-8", "stop") from None
+        if not is_utf8(s):  # a surrogate (bytes a shell passed that are not UTF-8): no token holds it
+            raise MlxinferError(f"stop {s!r:.80} is not valid UTF-8 text; pass it as UTF-8", "stop")
     return tuple(stops)
 
 

@@ -297,16 +297,15 @@ def _resume(plan: _Plan, out, resume: bool, group, everyone, split: bool):
     opened = []
     part, failure = None, None
     try:
-        if ranks > 1 and out is not None:  # rank 0 writes `out` whole at the end: what one rank refuses, refused now
+        if out is not None and lead:  # a resume reads part files of as many ranks as wrote them
             results.check_parts(out, ranks, resume)
+        if ranks > 1 and out is not None:  # rank 0 writes `out` whole at the end: what one rank refuses, refused now
             if rank == 0:
                 results.check_target(out, resume)
             if resume and Path(out).expanduser().is_file():  # what an earlier run merged
                 opened.append(results.ResultsFile(out, plan.header, resume=True, lock=False))
                 done.update(opened[-1].done)
         if out is not None and lead:
-            if ranks == 1:
-                results.check_parts(out, ranks, resume)
             part = results.ResultsFile(out if ranks == 1 else f"{out}.rank{rank}of{ranks}", plan.header, resume)
             opened.append(part)
             done.update(part.done)
