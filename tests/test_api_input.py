@@ -16,10 +16,10 @@ import mlxinfer
 PROMPT = "Name one fruit."
 
 
-def test_numpy_numbers_give_what_python_numbers_give(embedded):
+def test_numpy_numbers_give_what_python_numbers_give(embedded_quantized):
     """Was: max_tokens=np.int64(2) refused as 'not a whole number, got 2'; seeds=np.int64(2) a TypeError;
     np.float32 temperatures refused."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     want = mlxinfer.generate(model, tok, PROMPT, max_tokens=3, seed=7, settings={"temperature": 0.5, "top_k": 5})
     got = mlxinfer.generate(
         model, tok, PROMPT, max_tokens=np.int64(3), seed=np.int64(7),
@@ -50,10 +50,10 @@ def test_numpy_numbers_give_what_python_numbers_give(embedded):
         mlxinfer.generate(model, tok, np.array([ids[:2]]), max_tokens=3)
 
 
-def test_a_text_alone_and_settings_from_a_generator(embedded):
+def test_a_text_alone_and_settings_from_a_generator(embedded_quantized):
     """Was: sweep("Hi") swept "H" and "i" as two prompts; settings from a generator were used up by the
     emptiness check, so the sweep ran no cell (and answers raised an MLX ValueError)."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     one = mlxinfer.sweep(model, tok, PROMPT, settings=(s for s in [{"temperature": 1.0}]), seeds=2, max_tokens=2)
     listed = mlxinfer.sweep(model, tok, [PROMPT], settings=[{"temperature": 1.0}], seeds=2, max_tokens=2)
     assert [c.prompt for c in one.cells] == [PROMPT] and len(one.records) == 2
@@ -63,9 +63,9 @@ def test_a_text_alone_and_settings_from_a_generator(embedded):
     assert mlxinfer.settings_grid(0.5) == mlxinfer.settings_grid([0.5]) == [{"temperature": 0.5}]
 
 
-def test_a_stream_is_read_once(embedded):
+def test_a_stream_is_read_once(embedded_quantized):
     """Was: a second pass decoded again into the same stats (4 tokens became 8), or failed inside the grammar."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     stream = mlxinfer.stream_generate(model, tok, PROMPT, max_tokens=4, seed=0)
     with pytest.raises(mlxinfer.MlxinferError, match="no result yet: iterate it"):  # was: None, then AttributeError
         _ = stream.result
@@ -75,9 +75,9 @@ def test_a_stream_is_read_once(embedded):
     assert stream.result.text == text and stream.result.stats.generated_tokens == len(stream.result.tokens)
 
 
-def test_chat_session_takes_sampler_settings(embedded):
+def test_chat_session_takes_sampler_settings(embedded_quantized):
     """Was: ChatSession(settings=GREEDY) a TypeError, check_settings(GREEDY) refused its own type."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, settings=mlxinfer.GREEDY, max_tokens=4)
     reply = "".join(session.reply(PROMPT))
     assert reply == mlxinfer.generate(model, tok, [{"role": "user", "content": PROMPT}], settings=mlxinfer.GREEDY,
@@ -121,8 +121,8 @@ BAD = [
 
 
 @pytest.mark.parametrize("function,change,fragment", BAD, ids=[f"{f}-{'-'.join(c)}" for f, c, _ in BAD])
-def test_a_wrong_argument_is_one_error_naming_it(embedded, function, change, fragment):
-    model, tok = embedded
+def test_a_wrong_argument_is_one_error_naming_it(embedded_quantized, function, change, fragment):
+    model, tok = embedded_quantized
     args = {
         "sweep": dict(prompts=[PROMPT], settings=[{"temperature": 1.0}], seeds=1, max_tokens=2),
         "sample": dict(prompt=PROMPT, seeds=1, max_tokens=2),
@@ -134,10 +134,10 @@ def test_a_wrong_argument_is_one_error_naming_it(embedded, function, change, fra
         getattr(mlxinfer, function)(model, tok, first, **args)
 
 
-def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded, loaded):
+def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded_quantized, loaded):
     """Was: generate((model, tokenizer), tokenizer, ...) an AttributeError on 'tuple'; a tokenizer of None
     'this model has no chat template; pass chat=False' (following it: another AttributeError)."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     calls = {
         "generate": lambda m, t: mlxinfer.generate(m, t, PROMPT, max_tokens=1),
         "sample": lambda m, t: mlxinfer.sample(m, t, PROMPT, seeds=1, max_tokens=1),
@@ -177,16 +177,16 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded, loaded):
         mlxinfer.next_token_table(model, tok_again, PROMPT).rows == mlxinfer.next_token_table(model, tok, PROMPT).rows
     )
     with pytest.raises(mlxinfer.MlxinferError, match="compute_dtype must be"):
-        mlxinfer.apply_compute_dtype(model, "fp8")  # was: nothing converted, the model relabelled bfloat16
-    assert model.info.compute_dtype == "bfloat16"
+        mlxinfer.apply_compute_dtype(model, "fp8")  # was: nothing converted, the model relabelled
+    assert model.info.compute_dtype == "quantized"
     with pytest.raises(TypeError, match=re.escape("settings={'temperature': ...}")):
         mlxinfer.generate(model, tok, PROMPT, temp=0)  # mlx-lm's old keyword: was blamed on stream_generate()
 
 
-def test_a_switch_that_is_not_a_bool_is_refused_where_it_is_given(embedded):
+def test_a_switch_that_is_not_a_bool_is_refused_where_it_is_given(embedded_quantized):
     """Was: ChatSession(thinking="no") kept it and failed (or not) at a reply; next_token_table and
     encode_prompt read "no" as true. False itself still means off."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     with pytest.raises(mlxinfer.MlxinferError, match="^thinking must be True or False, got 'no'$"):
         mlxinfer.ChatSession(model, tok, thinking="no")
     with pytest.raises(mlxinfer.MlxinferError, match="explain_sampler must be True or False"):
@@ -200,9 +200,9 @@ def test_a_switch_that_is_not_a_bool_is_refused_where_it_is_given(embedded):
 
 @pytest.mark.parametrize("ids,fragment", [([49152], "0..49,151"), ([-1], "0..49,151"), ("hi", "encode text"),
                                           ([], "empty")])  # fmt: skip
-def test_token_ids_past_the_vocabulary_are_named_not_blamed_on_the_weights(embedded, ids, fragment):
+def test_token_ids_past_the_vocabulary_are_named_not_blamed_on_the_weights(embedded_quantized, ids, fragment):
     """Was: 'the forward pass gives NaN ... the weights are corrupt' for an id past the table."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     encoded = tok.encode(PROMPT)  # ids already encoded, in an array, are ids
     want = mlxinfer.next_token_scores(model, encoded)
     for held in (np.array(encoded), mx.array(encoded)):
@@ -212,10 +212,10 @@ def test_token_ids_past_the_vocabulary_are_named_not_blamed_on_the_weights(embed
             run(model, ids)
 
 
-def test_tables_from_scores_take_numpy_and_lists_and_refuse_nan(embedded):
+def test_tables_from_scores_take_numpy_and_lists_and_refuse_nan(embedded_quantized):
     """Was: a numpy row or a list an AttributeError; NaN scores a table of NaN; explain(scores, dict) an
     AttributeError and k=-1 a table cut short without a word."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     scores = mlxinfer.next_token_scores(model, tok.encode(PROMPT))
     want = mlxinfer.table_from_scores(scores)
     got = mlxinfer.table_from_scores(np.array(scores))
@@ -256,10 +256,10 @@ def test_benchmarks_arguments_are_checked_before_it_loads(kw, param):
     assert e.value.params == (param,) and "\n" not in str(e.value)
 
 
-def test_a_min_mass_below_float_epsilon_still_walks(embedded):
+def test_a_min_mass_below_float_epsilon_still_walks(embedded_quantized):
     """Was: min_mass=1e-17 rounded 1 - min_mass to 1, so the walk ended before its first pass with
     nothing found (and sample --exact gave each drawn answer probability 0)."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     report = mlxinfer.answers(model, tok, PROMPT, settings=[{}], min_mass=1e-17, max_nodes=8, max_tokens=2)
     assert report.stopped == "min_mass" and report.answers and report.answers[0].probs[0] > 0
 
@@ -278,10 +278,10 @@ def test_a_source_that_names_no_model_says_why(source, fragment):
         mlxinfer.load(source)
 
 
-def test_smaller_entries_name_a_wrong_argument(embedded):
+def test_smaller_entries_name_a_wrong_argument(embedded_quantized):
     """Was: fork_cache('x', 2) returned ['x'] and rows=2**40 a MemoryError; parse_rate's kind a KeyError;
     sweep(out=5) and load(group='x') a TypeError or AttributeError from deep inside."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     cache = mlxinfer.prefill(model, tok.encode(PROMPT)).cache
     assert len(mlxinfer.fork_cache(cache, 2)) == len(cache)
     for call, fragment in [
@@ -295,11 +295,11 @@ def test_smaller_entries_name_a_wrong_argument(embedded):
             call()
 
 
-def test_blank_prompts_and_a_system_text_with_nowhere_to_go_are_refused_as_the_cli_refuses_them(embedded):
+def test_blank_prompts_and_a_system_text_with_nowhere_to_go_are_refused_as_the_cli_refuses_them(embedded_quantized):
     """Was: "   " read as a chat message (the CLI said "--prompt is empty"); system= dropped without a word
     beside token ids or beside messages that hold a system message of their own. Plain text of white space
     is text to continue, as OpenAI's completions take it."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     assert mlxinfer.generate(model, tok, "  \n", max_tokens=1, chat=False).prompt_ids == tok.encode("  \n")
     for prompt in ["   ", "\t", "  \n"]:
         for call, kw in (
@@ -338,10 +338,10 @@ def test_an_mlx_lm_users_habits_get_their_equivalent(embedded):
     assert {"load", "generate", "stream_generate", "sample", "answers"} <= set(dir(mlxinfer))
 
 
-def test_why_a_test_is_missing_is_data(embedded):
+def test_why_a_test_is_missing_is_data(embedded_quantized):
     """The CLI says why a tally has no G-test or chi-square test; the report says it too (was: only
     null values, the reason in the CLI's text alone)."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     drawn = mlxinfer.sample(model, tok, PROMPT, seeds=3, max_tokens=1, exact=True, max_nodes=50)
     assert drawn.exact["p_value"] is None and drawn.exact["note"].startswith("no G-test: fewer than two groups")
     # the default batch is the CLI's, for the walk too (was: 64 paths a pass here, 32 there: other bounds reached)
@@ -355,12 +355,12 @@ def test_why_a_test_is_missing_is_data(embedded):
     assert many.p_value is not None and many.test_note is None
 
 
-def test_a_notebook_shows_a_result_in_brief(embedded):
+def test_a_notebook_shows_a_result_in_brief(embedded_quantized):
     """IPython showed a 6-token Generation as one 1,900-character line (every prompt id and step); it shows
     the ids' count and each field's head, while repr() and to_dict() keep everything."""
     from IPython.lib.pretty import pretty
 
-    model, tok = embedded
+    model, tok = embedded_quantized
     g = mlxinfer.generate(model, tok, PROMPT, max_tokens=6, seed=1)
     shown = pretty(g)
     assert shown.startswith("Generation(") and f"text={g.text!r}" in shown and "finish_reason='length'" in shown

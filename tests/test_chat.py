@@ -19,8 +19,8 @@ FRUIT = "Name one fruit. Answer with one word."
 MORE = "And one more?"
 
 
-def test_the_second_turn_reads_the_first(embedded):
-    model, tok = embedded
+def test_the_second_turn_reads_the_first(embedded_quantized):
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=6, seed=3)
     first = session.reply(FRUIT)
     reply = "".join(first)
@@ -38,11 +38,11 @@ def test_the_second_turn_reads_the_first(embedded):
     assert [t.seed for t in session.turns] == [3, 3]
 
 
-def test_one_reply_open_at_a_time_and_a_reply_left_part_way_is_kept(embedded):
+def test_one_reply_open_at_a_time_and_a_reply_left_part_way_is_kept(embedded_quantized):
     """A second reply while one is being written is refused (it would answer a conversation that lacks
     the first); a loop left part-way keeps what was written, as stop() does; an ended reply is not
     iterated again; a reply never read is dropped by the next."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=8, seed=3)
     unread = session.reply(FRUIT)
     first = session.reply(FRUIT)
@@ -63,8 +63,8 @@ def test_one_reply_open_at_a_time_and_a_reply_left_part_way_is_kept(embedded):
         mlxinfer.ChatSession((model, tok), tok)
 
 
-def test_a_seeded_reply_is_generate_with_that_seed(embedded):
-    model, tok = embedded
+def test_a_seeded_reply_is_generate_with_that_seed(embedded_quantized):
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=8, settings={"temperature": 1.0})
     "".join(session.reply(FRUIT))
     second = session.reply(MORE)
@@ -74,10 +74,10 @@ def test_a_seeded_reply_is_generate_with_that_seed(embedded):
     assert again.text == text == second.record.text
 
 
-def test_a_reply_ends_before_a_stop_string_as_generate_does(embedded, tmp_path):
+def test_a_reply_ends_before_a_stop_string_as_generate_does(embedded_quantized, tmp_path):
     """stop ends each reply where generate with the same seed and stop ends (the string left out, finish_reason
     'stop'), and the kept message is that text; from the CLI too (--stop)."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     whole = mlxinfer.ChatSession(model, tok, max_tokens=12, seed=7, settings={"temperature": 1.0}).reply(FRUIT)
     full = "".join(whole)
     cut = full[len(full) // 2 :].strip()[:3]  # a piece from the reply's second half
@@ -98,8 +98,8 @@ def test_a_reply_ends_before_a_stop_string_as_generate_does(embedded, tmp_path):
     assert json.loads(r.stdout.splitlines()[0])["text"] == text
 
 
-def test_fresh_seeds_per_reply_unless_fixed(embedded):
-    model, tok = embedded
+def test_fresh_seeds_per_reply_unless_fixed(embedded_quantized):
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=1)
     seeds = set()
     for _ in range(4):
@@ -126,8 +126,8 @@ def test_fresh_seeds_per_reply_unless_fixed(embedded):
         ("/system \udcff", "/system takes UTF-8 text"),  # was: kept; every reply and /save then failed
     ],
 )
-def test_bad_commands_are_refused_and_change_nothing(embedded, line, fragment):
-    model, tok = embedded
+def test_bad_commands_are_refused_and_change_nothing(embedded_quantized, line, fragment):
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, settings={"temperature": 0.5}, seed=2)
     outcome = session.command(line)
     assert outcome.kind == "error" and fragment in outcome.message, outcome.message
@@ -135,8 +135,8 @@ def test_bad_commands_are_refused_and_change_nothing(embedded, line, fragment):
     assert (session.settings, session.seed) == ({"temperature": 0.5}, 2)
 
 
-def test_commands_set_what_they_say(embedded):
-    model, tok = embedded
+def test_commands_set_what_they_say(embedded_quantized):
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=2)
     for line in ("/temp 0", "/top-p 0.9", "/top-k 20", "/min-p 0.05", "/repetition-penalty 1.1", "/penalty-window 64"):
         assert session.command(line).kind == "set"
@@ -164,8 +164,8 @@ def test_commands_set_what_they_say(embedded):
     assert session.command("/reset").kind == "reset" and session.messages == [] and session.settings
 
 
-def test_save_writes_the_conversation_as_json(embedded, tmp_path):
-    model, tok = embedded
+def test_save_writes_the_conversation_as_json(embedded_quantized, tmp_path):
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=3, seed=5)
     list(session.reply(FRUIT))
     out = tmp_path / "chat.json"
@@ -187,10 +187,10 @@ def test_save_writes_the_conversation_as_json(embedded, tmp_path):
     assert notes.read_text() == "my notes\n"
 
 
-def test_save_writes_through_a_link_and_never_replaces_a_device_or_a_pipe(embedded, tmp_path):
+def test_save_writes_through_a_link_and_never_replaces_a_device_or_a_pipe(embedded_quantized, tmp_path):
     """Was: `/save /dev/full` (run as root) replaced the device with a JSON file, and a symbolic link was
     replaced by a file, its target left as it was. A pipe stands in for the device (no root needed)."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=2, seed=1)
     list(session.reply(FRUIT))
     pipe = tmp_path / "pipe"
@@ -206,7 +206,7 @@ def test_save_writes_through_a_link_and_never_replaces_a_device_or_a_pipe(embedd
 
 
 @pytest.mark.slow
-def test_chat_at_a_terminal(embedded, tmp_path):
+def test_chat_at_a_terminal(embedded_quantized, tmp_path):
     """Two turns at a pseudo-terminal: each reply equals `mlxinfer generate` with its seed and conversation;
     a bad /temp is one line and the chat goes on; /save writes JSON; /quit leaves with exit 0."""
     env = {"MLXINFER_CHAT_HISTORY": str(tmp_path / "history"), "TERM": "xterm"}
@@ -234,7 +234,7 @@ def test_chat_at_a_terminal(embedded, tmp_path):
     one = run_cli("generate", "-p", FRUIT, "--seed", "7", "--max-tokens", "6")
     assert one.returncode == 0 and one.stdout.rstrip("\n") == first
     # the second reply from the rendered conversation, control tokens read as such
-    session = mlxinfer.ChatSession(*embedded)
+    session = mlxinfer.ChatSession(*embedded_quantized)
     rendered = session.prompt_text(saved["messages"][:3])
     two = run_cli("generate", "--no-chat", "--raw-special-tokens", "-p", rendered, "--seed", "7", "--max-tokens", "6")
     assert two.returncode == 0 and two.stdout.rstrip("\n") == second
@@ -322,9 +322,9 @@ def test_a_piped_chat_keeps_its_json_in_step_and_exits_2_for_refused_lines(tmp_p
     assert len(said) == 3 and endless.stdout == b""
 
 
-def test_a_reply_budget_past_the_context_is_refused_before_the_chat_opens(embedded, tmp_path):
+def test_a_reply_budget_past_the_context_is_refused_before_the_chat_opens(embedded_quantized, tmp_path):
     """Was: `chat --max-tokens 100000` printed its banner, then an error for every message, and exited 0."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     one_word = tok.apply_chat_template([{"role": "user", "content": "?"}], add_generation_prompt=True)
     room = model.config.max_position_embeddings - len(one_word)
     mlxinfer.ChatSession(model, tok, max_tokens=room)  # the largest budget a one-word message leaves
@@ -359,10 +359,10 @@ def test_a_reply_says_which_settings_it_ran_with(tmp_path):
     assert replies[0]["settings_note"] == seeds[0].split("] ", 1)[1]
 
 
-def test_a_conversation_grown_past_the_context_names_reset(embedded):
+def test_a_conversation_grown_past_the_context_names_reset(embedded_quantized):
     """Was: 'shorten the prompt' alone, where what grew past the context is the conversation: /reset starts a new
     one. A first message too long on its own gets no such advice (a new conversation would not help)."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     session = mlxinfer.ChatSession(model, tok, max_tokens=2)
     with pytest.raises(mlxinfer.MlxinferError) as alone:
         session.reply("hello " * 9000)

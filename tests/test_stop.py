@@ -21,9 +21,9 @@ def _cut(text: str, stops: list[str]) -> str:
 
 
 @pytest.fixture(scope="module")
-def free(embedded):
+def free(embedded_quantized):
     """Seeds 0..5 without a stop string, 12 tokens: what every stopped run is cut from."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     return mlxinfer.sample(model, tok, HERB, seeds=6, settings={"temperature": 1.0}, max_tokens=12)
 
 
@@ -33,8 +33,8 @@ def _stops_for(text: str) -> list[str]:
     return [words[2]] if len(words) > 2 else [text[len(text) // 2 :] or "x"]
 
 
-def test_sample_cuts_each_seed_at_its_first_stop_string(embedded, free):
-    model, tok = embedded
+def test_sample_cuts_each_seed_at_its_first_stop_string(embedded_quantized, free):
+    model, tok = embedded_quantized
     stops = [" the", "."]
     report = mlxinfer.sample(model, tok, HERB, seeds=6, settings={"temperature": 1.0}, max_tokens=12, stop=stops)
     cut = 0
@@ -49,8 +49,8 @@ def test_sample_cuts_each_seed_at_its_first_stop_string(embedded, free):
     assert cut >= 2, [c.text for c in free.completions]  # the stop strings were really met
 
 
-def test_stream_holds_back_only_what_could_begin_a_stop_string(embedded, free):
-    model, tok = embedded
+def test_stream_holds_back_only_what_could_begin_a_stop_string(embedded_quantized, free):
+    model, tok = embedded_quantized
     whole = free.completions[0]
     stop = _stops_for(whole.text)[0]
     stream = mlxinfer.stream_generate(
@@ -81,8 +81,8 @@ def test_stop_strings_hold_back_only_a_possible_beginning():
     assert stops.flush() == ""
 
 
-def test_sweep_records_cut_at_the_stop_string(embedded, free, tmp_path):
-    model, tok = embedded
+def test_sweep_records_cut_at_the_stop_string(embedded_quantized, free, tmp_path):
+    model, tok = embedded_quantized
     report = mlxinfer.sweep(
         model, tok, [HERB], settings=[{"temperature": 1.0}], seeds=6, max_tokens=12, stop=[" the", "."],
         out=tmp_path / "r.jsonl",
@@ -115,18 +115,18 @@ def test_cli_stop_and_its_bad_values(free, tmp_path):
 
 
 @pytest.mark.parametrize("stop", [[""], "x" * 257, [1], ["a"] * 17, {"a": 1}, b"a"])
-def test_library_refuses_bad_stop_values(embedded, stop):
-    model, tok = embedded
+def test_library_refuses_bad_stop_values(embedded_quantized, stop):
+    model, tok = embedded_quantized
     with pytest.raises(mlxinfer.MlxinferError, match="stop must be") as e:
         mlxinfer.generate(model, tok, HERB, max_tokens=2, stop=stop)
     assert e.value.params == ("stop",)
 
 
-def test_a_plain_text_completion_continues_the_prompt(embedded):
+def test_a_plain_text_completion_continues_the_prompt(embedded_quantized):
     """chat=False (and token ids): the text continues the prompt's, its first token's leading space kept, so
     prompt + text reads whole and a stop string that begins with that space is met; the oracle is the
     tokenizer's decode of prompt and completion together. A chat reply begins its own message: no space."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     prompt = "The capital of France is"
     run = mlxinfer.generate(model, tok, prompt, chat=False, settings={"temperature": 0.0}, max_tokens=4)
     ids = tok.encode(prompt)
@@ -144,10 +144,10 @@ def test_a_plain_text_completion_continues_the_prompt(embedded):
     assert not reply.text.startswith(" ")
 
 
-def test_a_prompt_far_past_the_context_is_refused_before_it_is_encoded_whole(embedded):
+def test_a_prompt_far_past_the_context_is_refused_before_it_is_encoded_whole(embedded_quantized):
     """A megabyte of digits (one token each) took seconds to encode before its length was refused; its
     first 4 x context characters already pass the context, and that is said at once."""
-    model, tok = embedded
+    model, tok = embedded_quantized
     context = model.config.max_position_embeddings
     with pytest.raises(mlxinfer.MlxinferError, match=f"more than {context:,} tokens in its first {4 * context:,} char"):
         mlxinfer.generate(model, tok, "1234567890" * 100_000, chat=False, max_tokens=1)
