@@ -21,6 +21,10 @@ from .cpu import blas as _blas
 
 _blas.preload()  # a fast BLAS (MKL or OpenBLAS) must be loaded before anything imports mlx; see cpu/blas.py
 
+from .open_files import keep_through_mlx_lm as _keep_through_mlx_lm  # noqa: E402
+
+_keep_through_mlx_lm()  # before anything imports mlx-lm, whose import would lower the open-file limits
+
 from .errors import MlxinferError, OutputError, check_listed_once  # noqa: E402
 from .settings import GREEDY, GRID_FIELDS, SamplerSettings  # noqa: E402
 

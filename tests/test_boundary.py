@@ -21,7 +21,7 @@ import mlxinfer_quant as quant
 ROOT = Path(__file__).resolve().parents[1]
 
 LAYERS = [  # bottom first; a module may import its own layer and those below
-    ["errors", "defaults", "atomic", "keychain", "views", "brief", "plain", "chat_template"],  # leaves
+    ["errors", "defaults", "atomic", "keychain", "views", "brief", "plain", "chat_template", "open_files"],  # leaves
     ["formats", "settings", "cpu"],
     ["counting", "tokenizer", "tokenizer_load", "gguf_tokenizer", "sampler"],
     ["model"],

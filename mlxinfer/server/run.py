@@ -158,7 +158,6 @@ def serve(
         limit = open_files_limit()
         if tokenizer is None:
             model, tokenizer = load(model, compute_dtype)
-        open_files_limit(limit)
         if not is_loopback(host) and checked.api_key is None:
             print(
                 f"warning: serving on {host}, beyond loopback, without an API key: anyone who reaches port {port} "
@@ -166,6 +165,7 @@ def serve(
                 file=sys.stderr,
             )
         app = create_app(model, tokenizer, checked)
+        open_files_limit(limit)  # after the app: its grammar's token table imports mlx-lm, which lowers it
         url = f"http://{address_text(host, port)}/v1"
         info = {"url": url, "page": f"http://{address_text(host, port)}/", "model": model.info.name}
         info["definition"] = model.info.definition
