@@ -842,3 +842,38 @@ def test_the_servers_own_lines_go_through_uvicorns_logging_at_its_level():
         log = logging.getLogger("mlxinfer.server")
         assert log.isEnabledFor(logging.WARNING) == shown
         assert logging.getLogger("mlxinfer").handlers[0].formatter._fmt == "%(levelprefix)s %(message)s"
+
+
+@pytest.mark.slow
+def test_a_second_ctrl_c_during_a_long_prefill_exits_130_with_a_503_and_no_crash():
+    """Was: Ctrl-C twice while a long prompt was being read (uvicorn's force quit) left the engine computing as the
+    process exited: the client got a 500, the log a CancelledError traceback per request, and the process died of
+    SIGABRT ("terminate called without an active exception", exit 134). The engine is now stopped and waited for,
+    the request hears 503, and the process exits 130 as after one Ctrl-C."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    cli = str(Path(sys.executable).with_name("mlxinfer"))
+    with subprocess.Popen([cli, "serve", "--port", "0", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                          text=True) as p:  # fmt: skip
+        try:
+            url = json.loads(p.stdout.readline())["url"]
+            body = {"model": model_id(url.removesuffix("/v1")), "prompt": "word " * 7000, "max_tokens": 4}
+            answer: list = []
+            asked = threading.Thread(target=lambda: answer.append(httpx.post(f"{url}/completions", json=body,
+                                                                               timeout=120)))  # fmt: skip
+            asked.start()
+            time.sleep(1.5)  # the prompt's prefill has begun (it takes seconds)
+            p.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            p.send_signal(signal.SIGINT)
+            asked.join(60)
+            _, err = p.communicate(timeout=30)
+        finally:
+            p.kill()
+    assert p.returncode == 130, (p.returncode, err[-3000:])
+    assert "Traceback" not in err and "terminate called" not in err, err[-3000:]
+    assert answer and answer[0].status_code == 503 and "shutting down" in answer[0].text, answer

@@ -84,6 +84,7 @@ def open_files_limit(start: tuple[int, int] | None = None) -> tuple[int, int] | 
 
 GRACE_SECONDS = 5  # from a stop signal, for the requests in flight to end
 DRAIN_SECONDS = 2.5  # then the engine stops: what still runs hears 503 and ends, within the grace
+ENGINE_STOP_SECONDS = 10.0  # at most, for the engine to end its step or prefill chunk once stopped
 
 
 def uvicorn_config(app, **options):
@@ -117,12 +118,22 @@ def draining_server(config, batcher):
 
     class Draining(uvicorn.Server):
         async def shutdown(self, sockets=None):
-            stop = asyncio.get_running_loop().call_later(DRAIN_SECONDS, batcher.stop)
+            loop = asyncio.get_running_loop()
+            stop = loop.call_later(DRAIN_SECONDS, batcher.stop)
             try:
                 await super().shutdown(sockets=sockets)
             finally:
                 stop.cancel()
-                batcher.stop()  # (a second Ctrl-C skips the lifespan's close: the engine stops here too)
+                # A second Ctrl-C (force_exit) skips the lifespan's close and uvicorn's wait for the requests: the
+                # engine is stopped and waited for here (a process that exits while it computes aborts in MLX's
+                # teardown: exit 134), and the requests it ended send their 503 before the loop is torn down
+                # (else they were cancelled: a 500 and a traceback each).
+                await loop.run_in_executor(None, batcher.close, ENGINE_STOP_SECONDS)
+                if self.force_exit:
+                    if self.server_state.tasks:
+                        await asyncio.wait(list(self.server_state.tasks), timeout=1.0)
+                    if getattr(self, "lifespan", None) is not None:  # its task left waiting was cancelled: a traceback
+                        await asyncio.wait_for(self.lifespan.shutdown(), timeout=1.0)
 
     return Draining(config)
 
