@@ -150,6 +150,29 @@ def test_what_openai_refuses_is_refused(tiny):
     assert post(url, CHAT, _chat(url, temperature=2.0)).status_code == 200
 
 
+def test_a_tool_without_parameters_is_called_with_no_arguments(tiny):
+    """OpenAI: "Omitting parameters defines a function with an empty parameter list." Was: any object, as an
+    empty schema allows (`{",":125}` for a required call to get_time). Each of 8 seeds, forced or among others."""
+    url = tiny[0]
+    tools = [{"type": "function", "function": {"name": "get_time"}}]
+    one_of_two = {
+        "type": "object",
+        "properties": {"x": {"enum": [1, 2]}},
+        "required": ["x"],
+        "additionalProperties": False,
+    }
+    other = {"type": "function", "function": {"name": "pick", "parameters": one_of_two}}
+    for seed in range(8):
+        for offered in (tools, tools + [other]):
+            fields = {"tools": offered, "tool_choice": "required", "seed": seed, "max_tokens": 200, "temperature": 1.0}
+            r = post(url, CHAT, _chat(url, **fields))
+            choice = r.json()["choices"][0]
+            assert choice["finish_reason"] == "tool_calls", (seed, choice)  # was: "length", inside a made-up key
+            for call in choice["message"]["tool_calls"]:
+                if call["function"]["name"] == "get_time":
+                    assert json.loads(call["function"]["arguments"]) == {}, (seed, call)
+
+
 def test_a_tool_name_follows_openais_rule(tiny):
     """Was: any name: one of 10,000 characters was reported to take ~28 s to compile into the tools' grammar. Now every
     tool's name, used or not, matches ^[a-zA-Z0-9_-]{1,64}$ or the request is a 400 naming it."""
