@@ -404,3 +404,14 @@ def test_a_generations_steps_join_to_its_text(embedded):
     assert "".join(streamed) == result.text
     assert "".join(s.text for s in result.steps) == result.text and result.text != result.text.rstrip()
     assert streamed[: len(result.steps) - 1] == [s.text for s in result.steps[:-1]]
+
+
+def test_a_greedy_generation_reports_no_seed(embedded_quantized):
+    """Was: `generate --temp 0 --json` reported a fresh random seed each run (2694535391, then 1026885794), though
+    greedy decoding draws nothing and the text output shows none; a sampled one reports the seed it drew from."""
+    model, tok = embedded_quantized
+    greedy = mlxinfer.generate(model, tok, "hi", max_tokens=2, seed=5, settings={"temperature": 0})
+    drawn = mlxinfer.generate(model, tok, "hi", max_tokens=2, seed=5, settings={"temperature": 1})
+    assert greedy.seed is None and drawn.seed == 5
+    shown = json.loads(invoke_cli("generate", "-p", "hi", "--temp", "0", "--max-tokens", "2", "--json").stdout)
+    assert shown["seed"] is None, shown

@@ -472,6 +472,12 @@ def test_the_queue_bound_counts_what_waits_requests_and_calls_alike(checkpoint_d
         with pytest.raises(batcher_module.QueueFull, match="nothing may wait: max_queue is 0"):
             refused()
     engine._pending.clear(), engine._calls.clear()
+    engine.max_queue = 1
+    engine._live = [None, None]
+    engine.submit(job(1))
+    with pytest.raises(batcher_module.QueueFull, match="1 request is already waiting"):  # was: "1 requests are"
+        engine.submit(job(1))
+    engine._pending.clear()
     engine.max_queue = 2
     engine._live = [None, None]  # both rows taken: a new request waits
     engine._calls.extend([(lambda: None, Future())] * 2)  # one runs next, one waits

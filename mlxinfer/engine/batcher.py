@@ -152,7 +152,9 @@ class Batcher:
         waits = bool(self._calls) if rows is None else bool(jobs_waiting) or rows > free
         if waits and waiting >= self.max_queue:
             raise QueueFull(
-                "nothing may wait: max_queue is 0" if self.max_queue == 0 else f"{waiting} requests are already waiting"
+                "nothing may wait: max_queue is 0"
+                if self.max_queue == 0
+                else f"{waiting} request{'s are' if waiting != 1 else ' is'} already waiting"
             )
 
     def status(self) -> dict:

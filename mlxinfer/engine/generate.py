@@ -92,9 +92,10 @@ class GenerationStream:
         if finish_reason == "interrupted":  # what was handed out: a token the row took as Ctrl-C came was never shown
             steps = steps[: self._yielded]
             text, tokens = "".join(s.text for s in steps), [s.token for s in steps]
+        seed = self.spec.seed if self.spec.settings.temperature > 0 else None  # greedy draws nothing: no seed to keep
         return Generation(
             self.model.info.name, self.request.ids, text, tokens, steps, self.stats,
-            self.spec.settings.to_dict(), self.note, self.spec.seed, finish_reason,
+            self.spec.settings.to_dict(), self.note, seed, finish_reason,
             definition=self.model.info.definition, sharding=self.model.info.sharding,
         )  # fmt: skip
 

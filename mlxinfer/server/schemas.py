@@ -170,7 +170,8 @@ def peer_fields(data: dict, chat: bool) -> dict:
     """A body with llama-server's and vLLM's names and values read as this server's: n_predict,
     repeat_penalty, repeat_last_n (-1: unset), seed -1 (a random seed: unset), guided_json (chat: a
     json_schema response_format). What would be dropped in silence is a 400 naming the fix: the two names
-    of one field that differ (llama-server's, or OpenAI's max_completion_tokens beside max_tokens), OpenAI's deprecated functions, vLLM's other guided_ fields."""
+    of one field that differ (llama-server's, or OpenAI's max_completion_tokens beside max_tokens), OpenAI's
+    deprecated functions, vLLM's other guided_ fields."""
     from .errors import ApiError
 
     out = dict(data)
