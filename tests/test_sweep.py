@@ -537,7 +537,9 @@ def test_an_exact_sweeps_walk_and_stop_strings_are_part_of_what_a_resume_must_ma
     exact = ["--exact", "--group", "text", "--max-nodes", "20"]
     assert invoke_cli(*cli_sweep(path, out, *exact, seeds="2")).returncode == 0
     before = out.read_bytes()
-    for changed in (["--exact", "--group", "first-word", "--max-nodes", "20"], [], ["--stop", "x", *exact]):
+    # a time bound too (was: a resume with --max-seconds 0.3 then 3 wrote two probabilities for one answer in one cell)
+    timed = [*exact, "--max-seconds", "30"]
+    for changed in (["--exact", "--group", "first-word", "--max-nodes", "20"], [], ["--stop", "x", *exact], timed):
         result = invoke_cli(*cli_sweep(path, out, "--resume", *changed, seeds="3"))
         assert_one_line_error(result, "holds another sweep")
         assert out.read_bytes() == before

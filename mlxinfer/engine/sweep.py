@@ -215,6 +215,8 @@ def sweep(
     check_walk(min_mass, max_nodes, group, max_seconds)  # also where exact is off: a bad value is never ignored
     if exact:  # what each record's exact_prob depends on: a resume with other values would mix them
         plan.header["exact"] = {"group": group, "min_mass": min_mass, "max_nodes": max_nodes}
+        if max_seconds is not None:  # a walk bound by time too (only then: files written without it still resume)
+            plan.header["exact"]["max_seconds"] = max_seconds
     check_progress(progress)
     seed_ranks = rank_group.seed_group(model)
     rank, ranks = seed_ranks.rank(), seed_ranks.size()
