@@ -204,3 +204,22 @@ def test_a_prompt_the_chat_template_rendered_already_is_refused(embedded):
     assert encode_prompt(tok, "<|im_start|> opens a turn; what closes one?")
     result = invoke_cli("generate", "-p", rendered, "-n", "2")
     assert_one_line_error(result, "--no-chat with --raw-special-tokens")
+
+
+def test_prompts_dash_reads_standard_input_as_the_other_prompt_options_do(checkpoint_dir, tmp_path, monkeypatch):
+    """Was: `printf 'a\\nb\\n' | mlxinfer sweep --prompts -` said "--prompts - does not exist", where -p - and
+    --prompt-file - read standard input. The same records as the same prompts from a file; under mlx.launch
+    (whose ranks' standard input never ends) one line instead of a wait for ever."""
+    model = str(checkpoint_dir("llama"))
+    path = tmp_path / "prompts.txt"
+    path.write_text("hi\n\nthe cat\n")
+    common = ["sweep", "-m", model, "--seeds", "2", "--max-tokens", "2", "--json"]
+    piped = invoke_cli(*common, "--prompts", "-", input=path.read_bytes())
+    filed = invoke_cli(*common, "--prompts", str(path))
+    assert piped.returncode == 0, piped.stderr
+    cells = [json.loads(r.stdout)["cells"] for r in (piped, filed)]
+    assert cells[0] == cells[1] and {c["prompt"] for c in cells[0]} == {"hi", "the cat"}
+    assert_one_line_error(invoke_cli(*common, "--prompts", "-", input=b"\n \n"), "--prompts - holds no prompt")
+    monkeypatch.setenv("MLX_RANK", "0")
+    launched = invoke_cli(*common, "--prompts", "-", input=b"hi\n")
+    assert_one_line_error(launched, "mlx.launch keeps open", "--prompts FILE")

@@ -17,6 +17,7 @@ from mlxinfer_cli.options import (
     chat_kwargs,
     exact_kwargs,
     grid,
+    launched,
     max_tokens_option,
     name_prompt_source,
     piped_stdin,
@@ -35,7 +36,9 @@ def sweep(
         None, "--prompt", "-p", help="A prompt; repeat the option for more; - reads one from standard input."
     ),
     prompt_file: Optional[str] = typer.Option(None, "--prompt-file", "-f", help="One prompt: this UTF-8 file's text."),
-    prompts_file: Optional[str] = typer.Option(None, "--prompts", help="A UTF-8 file of prompts, one per line."),
+    prompts_file: Optional[str] = typer.Option(
+        None, "--prompts", help="A UTF-8 file of prompts, one per line (-: standard input)."
+    ),
     max_tokens: int = max_tokens_option(defaults.MAX_TOKENS_SAMPLE, "Tokens per completion (the lesson uses 5)."),
     out: Optional[str] = typer.Option(None, "--out", help="Append one JSON line per completion to this file."),
     resume: bool = typer.Option(False, "--resume", help="Continue the sweep in --out: skip what it already holds."),
@@ -64,6 +67,11 @@ def sweep(
     given = [prompt_text(p, None) for p in given]
     if bool(given) == bool(prompts_file):
         raise MlxinferError("give prompts with --prompt (repeated), --prompt-file or --prompts FILE, one of them")
+    if prompts_file == "-" and launched():  # every rank would wait for ever on it
+        raise MlxinferError(
+            "--prompts - reads standard input, which mlx.launch keeps open and never ends for its ranks; "
+            "give --prompts FILE"
+        )
     prompts = given or mlxinfer.prompts_from_file(prompts_file)
     cells = grid(options)
     stops = stop(options)

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 from ..errors import MlxinferError
-from ..formats.paths import read_text_file
+from ..formats.paths import read_stdin, read_text_file
 from .schema import _one_line
 
 MAX_PROMPTS_FILE_BYTES = 16 << 20
@@ -23,14 +23,20 @@ class PromptsFile(list):
         self.path, self.lines = path, lines
 
 
-def prompts_from_file(path: str | Path) -> PromptsFile:
-    """One prompt per line (blank lines skipped), from a UTF-8 file (or a pipe) of at most
-    MAX_PROMPTS_FILE_BYTES bytes and MAX_PROMPTS prompts (a device such as /dev/zero never ends).
-    A list of the texts (a PromptsFile: it knows each one's line number, counted as an editor does)."""
-    text = read_text_file(
-        path, "prompts_file", MAX_PROMPTS_FILE_BYTES, "a UTF-8 text file, one prompt per line", pipes=True
-    )
-    path = Path(path).expanduser()
+def prompts_from_file(path: str | Path, stdin=None) -> PromptsFile:
+    """One prompt per line (blank lines skipped), from a UTF-8 file (or a pipe; '-': standard input, `stdin`
+    a binary stream, default sys.stdin's) of at most MAX_PROMPTS_FILE_BYTES bytes and MAX_PROMPTS prompts (a
+    device such as /dev/zero never ends). A list of the texts (a PromptsFile: it knows each one's line
+    number, counted as an editor does)."""
+    if str(path) == "-":
+        where = "standard input (--prompts -)"
+        text = read_stdin(MAX_PROMPTS_FILE_BYTES, where, "split the prompts", ("prompts_file",), stdin)
+        path = Path("-")
+    else:
+        text = read_text_file(
+            path, "prompts_file", MAX_PROMPTS_FILE_BYTES, "a UTF-8 text file, one prompt per line", pipes=True
+        )
+        path = Path(path).expanduser()
     numbered = [  # the same prompts str.splitlines gives, numbered by the file's \n-ended lines
         (number, part.strip())
         for number, line in enumerate(text.split("\n"), start=1)

@@ -115,20 +115,25 @@ def read_line(stream) -> str:
     return text
 
 
+def read_stdin(limit: int, where: str, shorter: str, param: tuple = (), stdin=None) -> str:
+    """Standard input whole (`stdin`: a binary stream, default sys.stdin's): UTF-8 text of at most `limit`
+    bytes; `where` names it in an error, `shorter` is the fix for one over the limit."""
+    data = (stdin if stdin is not None else sys.stdin.buffer).read(limit + 1)
+    if len(data) > limit:
+        raise MlxinferError(f"{where} is over {limit:,} bytes; {shorter}", *param)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        raise MlxinferError(f"{where} is not UTF-8 text; pipe UTF-8 text in", *param) from None
+
+
 def read_prompt(source: str | os.PathLike, stdin=None) -> str:
     """A prompt from a file, or from standard input for '-' (`stdin`: a binary stream, default
     sys.stdin's): UTF-8 text of at most MAX_PROMPT_BYTES, not empty, its one final line break
     dropped (what `echo TEXT |` and most editors add)."""
     if str(source) == "-":
-        stream = stdin if stdin is not None else sys.stdin.buffer
         where, param = "standard input (-p -)", ()
-        data = stream.read(MAX_PROMPT_BYTES + 1)
-        if len(data) > MAX_PROMPT_BYTES:
-            raise MlxinferError(f"{where} is over {MAX_PROMPT_BYTES:,} bytes; pass a shorter prompt", *param)
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError:
-            raise MlxinferError(f"{where} is not UTF-8 text; pipe UTF-8 text in", *param) from None
+        text = read_stdin(MAX_PROMPT_BYTES, where, "pass a shorter prompt", param, stdin)
         fix = "pipe the text in: echo TEXT | mlxinfer ... -p -"
     else:
         param = ("prompt_file",)
