@@ -170,8 +170,7 @@ def peer_fields(data: dict, chat: bool) -> dict:
     """A body with llama-server's and vLLM's names and values read as this server's: n_predict,
     repeat_penalty, repeat_last_n (-1: unset), seed -1 (a random seed: unset), guided_json (chat: a
     json_schema response_format). What would be dropped in silence is a 400 naming the fix: the two names
-    of one field that differ (llama-server's, or OpenAI's max_completion_tokens beside max_tokens), OpenAI's
-    deprecated functions, vLLM's other guided_ fields."""
+    of one field that differ, OpenAI's deprecated functions, vLLM's other guided_ fields."""
     from .errors import ApiError
 
     out = dict(data)
@@ -185,10 +184,6 @@ def peer_fields(data: dict, chat: bool) -> dict:
             out[ours] = value
         elif out[ours] != value:
             raise ApiError(400, f"{ours} and {theirs} (llama-server's name for it) differ; send one", theirs)
-    newer = out.get("max_completion_tokens")
-    if chat and newer is not None and out.get("max_tokens") is not None and out["max_tokens"] != newer:
-        raise ApiError(400, "max_tokens and max_completion_tokens (OpenAI's newer name for it) differ; send one",
-                       "max_completion_tokens")  # fmt: skip
     if type(out.get("seed")) is int and out["seed"] == -1:
         out["seed"] = None  # llama-server's "random": the server picks one and returns it
     for name in ("functions", "function_call"):
