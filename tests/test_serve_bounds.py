@@ -598,16 +598,15 @@ def test_headers_or_a_body_that_never_arrive_whole_are_a_408(tiny, monkeypatch):
 
 
 def _limits_after(code: str, limits: tuple[int, int]) -> tuple[int, int]:
-    """RLIMIT_NOFILE as a fresh Python process started with `limits` prints it after running `code`."""
-    import resource
+    """RLIMIT_NOFILE as a fresh Python process prints it after setting `limits`, then running `code`."""
     import subprocess
     import sys
 
+    first = f"import resource; resource.setrlimit(resource.RLIMIT_NOFILE, {limits!r})"
+    then = "print(*resource.getrlimit(resource.RLIMIT_NOFILE))"
     out = subprocess.run(
-        [sys.executable, "-c", f"{code}; import resource; print(*resource.getrlimit(resource.RLIMIT_NOFILE))"],
-        capture_output=True, text=True, timeout=120,
-        preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, limits),
-    )  # fmt: skip
+        [sys.executable, "-c", f"{first}; {code}; {then}"], capture_output=True, text=True, timeout=120
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     return tuple(int(n) for n in out.stdout.split())
 
@@ -622,9 +621,11 @@ def test_importing_mlx_lm_after_mlxinfer_keeps_the_open_file_limits():
     hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
     if hard == resource.RLIM_INFINITY or hard > 8192:
         high = (8192, 8192)
-        assert _limits_after("import mlx_lm.utils", high) == (2048, 4096)  # mlx-lm alone (else: nothing to check)
+        if _limits_after("import mlx_lm.utils", high) != (2048, 4096):
+            pytest.skip("mlx-lm's import no longer sets the open-file limits: nothing to keep")
         assert _limits_after("import mlxinfer, mlx_lm.utils", high) == high
-    assert _limits_after("import mlxinfer, mlx_lm.utils", (100, 256)) == (256, 256)  # was: ValueError on import
+    soft, hard = _limits_after("import mlxinfer, mlx_lm.utils", (100, 256))  # was: ValueError on import (exit 1)
+    assert soft >= 256 and hard >= 256 and soft <= hard  # raised as far as this process may (root: to mlx-lm's)
 
 
 def test_serve_holds_the_raised_open_file_limit_once_the_app_is_built(checkpoint_dir):
@@ -644,7 +645,8 @@ def test_serve_holds_the_raised_open_file_limit_once_the_app_is_built(checkpoint
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr[-2000:]
     start, now = (tuple(int(n) for n in part.strip("() ").split(",")) for part in out.stdout.split(")")[:2])
-    assert now[0] >= min(start[0], 1 << 16), (start, now)
+    hard = 1 << 16 if start[1] < 0 else min(start[1], 1 << 16)  # RLIM_INFINITY reads -1
+    assert now[0] >= hard, (start, now)  # the soft limit raised to the hard one (at most 65,536)
 
 
 def test_one_request_takes_at_most_half_the_rows(tiny):
@@ -895,7 +897,15 @@ def test_a_second_ctrl_c_during_a_long_prefill_exits_130_with_a_503_and_no_crash
             asked = threading.Thread(target=lambda: answer.append(httpx.post(f"{url}/completions", json=body,
                                                                                timeout=120)))  # fmt: skip
             asked.start()
-            time.sleep(1.5)  # the prompt's prefill has begun (it takes seconds)
+
+            def prefilling() -> bool:
+                shown = httpx.get(f"{url.removesuffix('/v1')}/metrics", timeout=30).text
+                return any(line.split()[-1] not in ("0", "0.0") for line in shown.splitlines()
+                           if line.startswith("mlxinfer_requests_prefilling"))  # fmt: skip
+
+            until(prefilling, "the long prompt's prefill began")
+            if answer:  # a device that reads 7,000 tokens in less time than that took: nothing to interrupt
+                pytest.skip("the prompt was read before the signals could come")
             p.send_signal(signal.SIGINT)
             time.sleep(0.3)
             p.send_signal(signal.SIGINT)

@@ -179,10 +179,10 @@ class Batcher:
             self._closed = True
             self._cv.notify()
 
-    def close(self, timeout: float = 10.0) -> None:
-        """stop(), then wait for the engine thread to end (at most `timeout` seconds)."""
+    def close(self, timeout: float = 10.0) -> bool:
+        """stop(), then wait for the engine thread to end (at most `timeout` seconds); whether it ended."""
         self.stop()
-        self._stopped.wait(timeout)
+        return self._stopped.wait(timeout)
 
     @property
     def stopping(self) -> bool:

@@ -57,9 +57,9 @@ def address_text(host: str, port: int) -> str:
 
 def open_files_limit(start: tuple[int, int] | None = None) -> tuple[int, int] | None:
     """This process's open-file limits (soft, hard); given the ones it started with, raise them back where
-    they were lowered (importing mlx-lm sets 2,048 and 4,096: each connection is a file, so ~2,000 clients
-    were all the server could hold), and the soft one to the hard one, at most 65,536. None where the
-    platform has no such limit."""
+    they were lowered (mlxinfer/open_files.py keeps mlx-lm's import from lowering them, where mlxinfer was
+    imported first), and the soft one to the hard one, at most 65,536: each connection is a file. None where
+    the platform has no such limit."""
     try:
         import resource
     except ImportError:  # not POSIX
@@ -113,6 +113,7 @@ def draining_server(config, batcher):
     flight have ended by then, and a long one (a long prompt's prefill, many tokens) gets a 503 error (an
     error event in a stream) and ends cleanly, where uvicorn would cut its connection at the grace's end."""
     import asyncio
+    import contextlib
 
     import uvicorn
 
@@ -128,12 +129,16 @@ def draining_server(config, batcher):
                 # engine is stopped and waited for here (a process that exits while it computes aborts in MLX's
                 # teardown: exit 134), and the requests it ended send their 503 before the loop is torn down
                 # (else they were cancelled: a 500 and a traceback each).
-                await loop.run_in_executor(None, batcher.close, ENGINE_STOP_SECONDS)
+                batcher.stop()
+                ended = await loop.run_in_executor(None, batcher.close, ENGINE_STOP_SECONDS)
                 if self.force_exit:
                     if self.server_state.tasks:
                         await asyncio.wait(list(self.server_state.tasks), timeout=1.0)
-                    if getattr(self, "lifespan", None) is not None:  # its task left waiting was cancelled: a traceback
-                        await asyncio.wait_for(self.lifespan.shutdown(), timeout=1.0)
+                    # its task, left waiting, was cancelled: a traceback (not where the engine still runs: its close
+                    # would wait again)
+                    if getattr(self, "lifespan", None) is not None and ended:
+                        with contextlib.suppress(asyncio.TimeoutError):
+                            await asyncio.wait_for(self.lifespan.shutdown(), timeout=1.0)
 
     return Draining(config)
 
@@ -176,7 +181,7 @@ def serve(
                 file=sys.stderr,
             )
         app = create_app(model, tokenizer, checked)
-        open_files_limit(limit)  # after the app: its grammar's token table imports mlx-lm, which lowers it
+        open_files_limit(limit)  # after the app, whose grammar's token table imports mlx-lm: the last import here
         url = f"http://{address_text(host, port)}/v1"
         info = {"url": url, "page": f"http://{address_text(host, port)}/", "model": model.info.name}
         info["definition"] = model.info.definition
