@@ -212,7 +212,7 @@ class Generation(View):
     stats: Stats
     settings: dict
     settings_note: str
-    seed: int | None
+    seed: int | None  # what the draws came from; None at temperature 0 (greedy draws nothing) or MLX's global stream
     finish_reason: str
     # with json_schema or tool: the parsed JSON, whether it is complete and valid, and why not
     parsed: Any = None

@@ -262,7 +262,7 @@ def test_ctrl_c_stops_the_reply_not_the_chat(tmp_path):
     try:
         term.expect(r">>> ")
         term.send("Write a long story about a dragon who learns to bake bread.\n")
-        term.expect(r"\[seed \d+\][^\n]*\n\S")  # the reply has begun
+        term.expect(r"sampling: [^\n]*\n\S")  # the reply has begun (greedy: its settings' note, no seed)
         term.send("\x03")
         term.expect(r"\[stopped\]\n>>> ", timeout=30)
         out = tmp_path / "chat.json"
@@ -341,7 +341,7 @@ def test_a_reply_says_which_settings_it_ran_with(tmp_path):
     """Was: a reply's JSON said "settings": {} and the terminal said nothing, so a learner could not tell which
     temperature wrote a reply. Each record holds every sampler field it ran with and where they came from (the
     note `generate` prints); at the terminal the note goes before the first reply and again when it changes."""
-    lines = f"{FRUIT}\n/temp 0.5\n{MORE}\n{MORE}\n"
+    lines = f"{FRUIT}\n/temp 0.5\n{MORE}\n{MORE}\n/temp 0\n{MORE}\n"
     env = {**os.environ, "MLXINFER_CHAT_HISTORY": str(tmp_path / "history")}
     run = [sys.executable, "-m", "mlxinfer", "chat", "--max-tokens", "2", "--top-k", "40"]
     shown = subprocess.run(run, input=lines, capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
@@ -351,10 +351,14 @@ def test_a_reply_says_which_settings_it_ran_with(tmp_path):
     assert "sampling: top_k 40 set by you" in seeds[0] and "temperature" not in seeds[0], seeds
     assert "temperature 0.5" in seeds[1] and "top_k 40" in seeds[1], seeds
     assert re.fullmatch(r"\[seed \d+\]", seeds[2]), seeds
+    # a greedy reply draws nothing: its note alone (was: a fresh "[seed N]" for each, as if it mattered)
+    last = shown.stderr.splitlines()[-1]
+    assert re.fullmatch(r"sampling: top_k 40, temperature 0\.0 set by you; .*", last), shown.stderr
     records = subprocess.run(run + ["--json"], input=lines, capture_output=True, text=True, cwd=ROOT, env=env,
                              timeout=300)  # fmt: skip
     replies = [json.loads(line) for line in records.stdout.splitlines() if '"user"' in line]
-    assert [r["settings"]["temperature"] for r in replies] == [1.0, 0.5, 0.5]
+    assert [r["settings"]["temperature"] for r in replies] == [1.0, 0.5, 0.5, 0.0]
+    assert [r["seed"] is None for r in replies] == [False, False, False, True]
     assert all(r["settings"]["top_k"] == 40 and r["settings"]["top_p"] == 1.0 for r in replies)
     assert replies[0]["settings_note"] == seeds[0].split("] ", 1)[1]
 

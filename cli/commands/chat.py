@@ -120,7 +120,10 @@ def _turn(session, line: str, json_out: bool, shown: list[str]) -> bool:
         turn = session.reply(line)
         if not json_out:
             note = turn.record.settings_note
-            print(f"[seed {turn.seed}]" + (f" {note}" if note != shown[0] else ""), file=sys.stderr, flush=True)
+            head = [f"[seed {turn.seed}]"] if turn.seed is not None else []  # greedy: no seed to keep
+            head += [note] if note != shown[0] else []
+            if head:
+                print(" ".join(head), file=sys.stderr, flush=True)
             shown[0] = note
         for text in turn:
             if not json_out:

@@ -75,7 +75,7 @@ class TurnRecord:
 
     user: str
     text: str
-    seed: int
+    seed: Optional[int]  # None at temperature 0: a greedy reply draws nothing
     prompt_tokens: int
     generated_tokens: int = 0
     finish_reason: Optional[str] = None  # stop, length, or interrupted (stopped part-way)
@@ -90,7 +90,7 @@ class ChatTurn:
     """One reply, streamed: iterate for its text pieces. When the iteration ends (or `stop()` is
     called) the user's message and the reply join the conversation and `record` is complete."""
 
-    def __init__(self, session: "ChatSession", user: str, messages: list[dict], seed: int, stream):
+    def __init__(self, session: "ChatSession", user: str, messages: list[dict], seed: Optional[int], stream):
         self.session, self.messages, self.seed, self.stream = session, messages, seed, stream
         request = stream.request
         self.record = TurnRecord(user, "", seed, len(request.ids), settings=request.settings.to_dict())
@@ -197,7 +197,7 @@ class ChatSession:
             if "context" not in str(e) or not self.messages or not {"prompt", "max_tokens"} & set(e.params):
                 raise
             raise MlxinferError(f"{e}; or /reset starts a new conversation (the settings stay)", *e.params) from None
-        self._open = ChatTurn(self, text, messages, seed, stream)
+        self._open = ChatTurn(self, text, messages, seed if stream.spec.settings.temperature > 0 else None, stream)
         return self._open
 
     def _add(self, turn: ChatTurn) -> None:
