@@ -37,7 +37,6 @@ from .errors import ApiError, from_library
 from .schemas import ChatRequest, CompletionRequest, Message
 
 MAX_TOOLS = 128  # OpenAI's bound on tools
-NO_PARAMETERS = {"type": "object", "properties": {}, "additionalProperties": False}  # a tool's, where it names none
 POLL_S = 0.25  # how often a request in preparation checks that its client is still there
 
 
@@ -206,7 +205,8 @@ def _constraint(body: ChatRequest, plan: Plan) -> None:
         raise ApiError(400, "tools: two functions have the same name", "tools")
     plan.tools = names
     # OpenAI: "Omitting parameters defines a function with an empty parameter list" (was: an object of any keys)
-    params = [t.function.parameters or NO_PARAMETERS for t in chosen]
+    none = {"type": "object", "properties": {}, "additionalProperties": False}
+    params = [t.function.parameters or dict(none, properties={}) for t in chosen]
     wheres = [f"tools[{i}].function.parameters" for i in at]
     for where, schema in zip(wheres, params):  # each by its own field, before they are nested in one grammar
         _bounded(schema, where)
