@@ -25,7 +25,8 @@ class View:
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
-        cls._repr_pretty_ = View._repr_pretty_  # IPython looks in each class before its dataclass __repr__
+        if "_repr_pretty_" not in cls.__dict__:  # IPython looks in each class before its dataclass __repr__
+            cls._repr_pretty_ = View._repr_pretty_
 
 
 def finite(obj: Any):
@@ -137,6 +138,12 @@ class NextTokenTable(View):
     weights: str = ""  # the compute path: how the weights are held, "4/8-bit quantized (activations float32)"
     routing: list[ExpertChoice] | None = None  # with an explanation, for our mixture-of-experts definition
     sharding: dict | None = None  # the model split across ranks: how, and each rank's bytes (model.info.sharding)
+
+    def _repr_pretty_(self, printer, cycle) -> None:
+        """In a notebook, the table itself (was: rows=[TokenRow(...), ...]: the numbers it exists for hidden)."""
+        from .brief import token_table
+
+        printer.text(token_table(self))
 
 
 # ----------------------------------------------------------------------------- generation

@@ -370,3 +370,44 @@ def test_a_notebook_shows_a_result_in_brief(embedded_quantized):
     assert pretty(report).startswith("AnswersReport(") and "stopped='complete'" in pretty(report)
     drawn = mlxinfer.sample(model, tok, PROMPT, seeds=8, max_tokens=2)
     assert "completions=[8 x Completion]" in pretty(drawn)  # a list of results: its length and kind (was "8 ...s")
+
+
+def test_a_reply_read_by_a_second_iterator_is_refused_and_kept_open(embedded_quantized):
+    """Was: after next(iter(turn)), reply() said "iterate it to its end", and "".join(turn) (a second iterator)
+    raised "call stream_generate again" and ended the reply part-way. The second iterator is refused with what to
+    do, the reply stays open, and the first iterator reads it to its end. next_token_scores(tokenizer, ids) (the
+    arguments as next_token_table takes them) is named, not an AttributeError inside transformers."""
+    model, tok = embedded_quantized
+    session = mlxinfer.ChatSession(model, tok, settings={"temperature": 0}, max_tokens=6)
+    turn = session.reply("Name one fruit.")
+    it = iter(turn)
+    first = next(it)
+    with pytest.raises(mlxinfer.MlxinferError, match="read its iterator to the end or call the reply's stop"):
+        session.reply("And another?")
+    with pytest.raises(mlxinfer.MlxinferError, match="being read by an iterator already: read on from that one"):
+        "".join(turn)
+    assert turn.record.finish_reason is None  # still open
+    rest = "".join(it)
+    assert turn.record.text == first + rest and turn.record.finish_reason in ("stop", "length")
+    assert (
+        turn.record.text
+        == mlxinfer.generate(model, tok, "Name one fruit.", max_tokens=6, settings={"temperature": 0}).text
+    )
+    with pytest.raises(mlxinfer.MlxinferError, match="model must be the model load.. returns, got"):
+        mlxinfer.next_token_scores(tok, tok.encode("hi"))
+
+
+def test_a_notebook_shows_the_next_token_table_itself(embedded_quantized):
+    """Was: IPython showed rows=[TokenRow(...), ...] and mass=[0.97, ...]: none of the tokens or probabilities
+    the table exists for. It shows the table as `topk` prints it, each number the row's own."""
+    from IPython.lib.pretty import pretty
+
+    model, tok = embedded_quantized
+    table = mlxinfer.next_token_table(model, tok, PROMPT, temperatures=[0.5, 1.0], k=4)
+    lines = pretty(table).splitlines()
+    assert lines[1].split() == ["#", "token", "score", "p", "@", "T=0.5", "p", "@", "T=1"]
+    for row, line in zip(table.rows, lines[2:]):
+        assert line.split()[0] == str(row.rank) and repr(row.text) in line
+        assert line.split()[-2:] == [f"{p:.3f}" for p in row.probs] and f"{row.score:.3f}" in line
+    assert lines[-1].split()[-2:] == [f"{m:.3f}" for m in table.mass] and len(lines) == 2 + len(table.rows) + 1
+    assert "TokenRow(" in repr(table)  # repr() keeps everything

@@ -102,7 +102,15 @@ class ChatTurn:
         if self._done:
             why = "was dropped unread when the next reply started" if self._dropped else "has ended"
             raise MlxinferError(f"this reply {why}; its text is in .record.text, session.reply(...) starts another")
+        if self._started:  # was: a second iterator ended the reply, saying "call stream_generate again"
+            raise MlxinferError(
+                "this reply is being read by an iterator already: read on from that one (next(it), or a for loop over "
+                "it), or call the reply's stop() to end it here"
+            )
         self._started = True
+        return self._read()
+
+    def _read(self) -> Iterator[str]:
         try:
             for step in self.stream:
                 self.record.generated_tokens += step.token is not None  # the last step (token None) ends the run
@@ -175,7 +183,8 @@ class ChatSession:
         if self._open is not None and not self._open._done:
             if self._open._started:
                 raise MlxinferError(
-                    "the last reply is still being written: iterate it to its end or call its stop(), then reply again",
+                    "the last reply is still being written: read its iterator to the end or call the reply's stop(), "
+                    "then reply again",
                     "prompt",
                 )
             self._open._done = self._open._dropped = True  # never read: it does not join the conversation

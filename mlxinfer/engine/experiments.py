@@ -94,6 +94,8 @@ def sample(
     group: which completions count as one answer in the tally (grouping.py: first-word, text, first-token).
     exact: also walk the answers' exact distribution under the same settings (answers.py, to min_mass or
     max_nodes) and set each tally row's exact probability beside its count, with a G-test of the tally.
+    Ctrl-C (KeyboardInterrupt) during the draws returns the seeds that finished, as the CLI prints them:
+    the report's `interrupted` says how many ("5 of 20 seeds finished"); None when every seed ran.
     """
     check_bool(exact, "exact")  # before the draws: exact="no" would walk after them
     check_walk(min_mass, max_nodes, group, max_seconds)  # also where exact is off: a bad value is never ignored
