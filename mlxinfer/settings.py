@@ -201,7 +201,8 @@ class SamplerSettings:
             if not f.metadata["ok"](value):
                 prefix = f"{where}: " if where else ""
                 params = () if where else (f.name,)
-                raise MlxinferError(f"{prefix}{f.name} must be {f.metadata['must_be']}, got {shown(value)}", *params)
+                got = shown(value, whole=f.metadata["kind"] is int)
+                raise MlxinferError(f"{prefix}{f.name} must be {f.metadata['must_be']}, got {got}", *params)
         return self
 
     def to_dict(self) -> dict:
@@ -238,7 +239,7 @@ def check_temperature(value: Any, name: str = "temperature") -> float:
     """One temperature, by SamplerSettings' rule: finite and >= 0."""
     rule = fields(SamplerSettings)[0].metadata
     if not rule["ok"](value):
-        raise MlxinferError(f"{name} must be {rule['must_be']}, got {value!r}", name)
+        raise MlxinferError(f"{name} must be {rule['must_be']}, got {shown(value)}", name)
     return float(value)
 
 

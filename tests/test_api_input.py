@@ -168,7 +168,18 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded_quantized, 
         (lambda: mlxinfer.settings_grid(-1), r"temperatures must be >= 0 .*, got -1$"),
         (lambda: mlxinfer.settings_grid([1, float("nan")]), r"temperatures must be >= 0 .*, got nan$"),
         (lambda: mlxinfer.settings_grid([1], top_p=[1.5]), r"top_p must be in \(0, 1\] .*, got 1.5$"),
-        (lambda: mlxinfer.settings_grid([1], top_k=[0.5]), r"top_k must be a whole number .*, got 0.5$"),
+        (
+            lambda: mlxinfer.settings_grid([1], top_k=[0.5]),
+            r"top_k must be a whole number .*, got 0.5 \(a float: pass an int\)$",
+        ),
+        # the kind named where it is the problem (was: "got '1.0'", "got 3.0" for a whole number, "got 2.5" for k
+        # "between 1 and 49,152")
+        (lambda: mlxinfer.settings_grid(["1.0"]), r"temperatures must be >= 0 .*, got '1.0' \(text: pass a number\)$"),
+        (lambda: mlxinfer.generate(model, tok, PROMPT, max_tokens=3.0), r"got 3.0 \(a float: pass an int, 3\)$"),
+        (
+            lambda: mlxinfer.next_token_table(model, tok, PROMPT, k=2.5),
+            r"^k must be between 1 and .*got 2.5 \(a float",
+        ),
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             call()

@@ -14,7 +14,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 import mlx.core as mx
 import numpy as np
 
-from ..errors import MlxinferError, check_bool, check_listed_once, check_whole, is_whole
+from ..errors import MlxinferError, check_bool, check_listed_once, check_whole, is_whole, shown
 from ..sampler import kept_probabilities
 from ..settings import SamplerSettings, check_temperature, resolve_settings
 from ..tokenizer import encode_prompt
@@ -48,7 +48,7 @@ def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[
         raise MlxinferError("temperatures is empty; give at least one", "temperatures")
     check_listed_once(temperatures, "temperatures")
     if not is_whole(k) or not 1 <= k <= vocab:
-        raise MlxinferError(f"k must be between 1 and the vocabulary size {vocab:,}, got {k!r}", "k")
+        raise MlxinferError(f"k must be between 1 and the vocabulary size {vocab:,}, got {shown(k, True)}", "k")
     return temperatures
 
 
