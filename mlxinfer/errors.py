@@ -65,15 +65,15 @@ def is_utf8(text: str) -> bool:
     return True
 
 
-def shown(value, whole: bool = False) -> str:
-    """repr(value) for a message: a huge int by its size (Python will not print one of over 4,300 digits); text
-    where a number belongs, and (`whole`) a float where an int belongs, said to be the problem (was: "k must be
-    between 1 and 49,152, got 2.5", "temperature must be >= 0, got '1.0'")."""
+def shown(value, kind: type | None = None) -> str:
+    """repr(value) for a message: a huge int by its size (Python will not print one of over 4,300 digits); where
+    a number (`kind` int or float) belongs, text said to be the problem, and where an int belongs, a float (was:
+    "k must be between 1 and 49,152, got 2.5", "temperature must be >= 0, got '1.0'")."""
     if isinstance(value, int) and not isinstance(value, bool) and abs(value).bit_length() > 128:
         return f"an int of about {int(abs(value).bit_length() * 0.30103) + 1:,} digits"
-    if isinstance(value, str):
+    if kind in (int, float) and isinstance(value, str):
         return f"{value!r:.60} (text: pass a number)"
-    if whole and isinstance(value, float):
+    if kind is int and isinstance(value, float):
         return f"{value!r} (a float: pass an int{f', {int(value)}' if value.is_integer() else ''})"
     return repr(value)
 
@@ -81,7 +81,7 @@ def shown(value, whole: bool = False) -> str:
 def check_whole(value, name: str, least: int, what: str) -> None:
     """`value` is a whole number >= least, else a one-line error naming `name` ("must be {what}")."""
     if not is_whole(value) or value < least:
-        raise MlxinferError(f"{name} must be {what}, got {shown(value, whole=True)}", name)
+        raise MlxinferError(f"{name} must be {what}, got {shown(value, int)}", name)
 
 
 def check_listed_once(values, name: str) -> None:

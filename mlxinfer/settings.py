@@ -201,7 +201,7 @@ class SamplerSettings:
             if not f.metadata["ok"](value):
                 prefix = f"{where}: " if where else ""
                 params = () if where else (f.name,)
-                got = shown(value, whole=f.metadata["kind"] is int)
+                got = shown(value, f.metadata["kind"])
                 raise MlxinferError(f"{prefix}{f.name} must be {f.metadata['must_be']}, got {got}", *params)
         return self
 
@@ -239,7 +239,7 @@ def check_temperature(value: Any, name: str = "temperature") -> float:
     """One temperature, by SamplerSettings' rule: finite and >= 0."""
     rule = fields(SamplerSettings)[0].metadata
     if not rule["ok"](value):
-        raise MlxinferError(f"{name} must be {rule['must_be']}, got {shown(value)}", name)
+        raise MlxinferError(f"{name} must be {rule['must_be']}, got {shown(value, float)}", name)
     return float(value)
 
 

@@ -180,6 +180,7 @@ def test_the_pair_load_returns_is_checked_where_it_is_taken(embedded_quantized, 
             lambda: mlxinfer.next_token_table(model, tok, PROMPT, k=2.5),
             r"^k must be between 1 and .*got 2.5 \(a float",
         ),
+        (lambda: mlxinfer.SamplerSettings(order="foo").validate(), r"order must be .*, got 'foo'$"),  # text belongs
     ]:
         with pytest.raises(mlxinfer.MlxinferError, match=fragment):
             call()

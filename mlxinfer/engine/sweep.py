@@ -88,7 +88,7 @@ def _axis(name: str, values) -> list:
     read = [getattr(SamplerSettings(**{name: v}), name) for v in values]  # as a cell reads them: top_k -1 is 0
     bad = [v for v, r in zip(values, read) if not rule.ok(r)]
     if bad:  # here, where the grid is built, not at the cell that would run it
-        raise MlxinferError(f"{param} must be {rule.must_be}, got {shown(bad[0], whole=rule.kind is int)}", param)
+        raise MlxinferError(f"{param} must be {rule.must_be}, got {shown(bad[0], rule.kind)}", param)
     check_listed_once(read, param)
     return values
 

@@ -48,7 +48,7 @@ def check_table_args(temperatures: Sequence[float], k: int, vocab: int) -> list[
         raise MlxinferError("temperatures is empty; give at least one", "temperatures")
     check_listed_once(temperatures, "temperatures")
     if not is_whole(k) or not 1 <= k <= vocab:
-        raise MlxinferError(f"k must be between 1 and the vocabulary size {vocab:,}, got {shown(k, True)}", "k")
+        raise MlxinferError(f"k must be between 1 and the vocabulary size {vocab:,}, got {shown(k, int)}", "k")
     return temperatures
 
 
