@@ -70,8 +70,7 @@ def generate(
         for i, step in enumerate(stream):
             if not json_out and not quiet:
                 if i == 0:  # once the prefill has worked: an error before it stays the one line on stderr
-                    sampled = seed is not None and stream.spec.settings.temperature > 0  # greedy: no seed to keep
-                    shown_seed = f" [seed {seed}]" if sampled else ""
+                    shown_seed = f" [seed {stream.seed}]" if stream.seed is not None else ""  # greedy: none
                     print(f"[{m.info.name} on {m.info.definition}]{shown_seed} {stream.note}", file=sys.stderr)
                     if m.info.sharding:
                         print(sharding_line(m.info.sharding), file=sys.stderr)

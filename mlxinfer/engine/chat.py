@@ -206,7 +206,7 @@ class ChatSession:
             if "context" not in str(e) or not self.messages or not {"prompt", "max_tokens"} & set(e.params):
                 raise
             raise MlxinferError(f"{e}; or /reset starts a new conversation (the settings stay)", *e.params) from None
-        self._open = ChatTurn(self, text, messages, seed if stream.spec.settings.temperature > 0 else None, stream)
+        self._open = ChatTurn(self, text, messages, stream.seed, stream)
         return self._open
 
     def _add(self, turn: ChatTurn) -> None:

@@ -39,6 +39,12 @@ class GenerationStream:
         self.started = False
 
     @property
+    def seed(self) -> Optional[int]:
+        """The seed the draws come from; None where greedy (temperature 0 draws nothing: no seed to keep) or where
+        they come from MLX's global stream."""
+        return None if self.spec.settings.greedy else self.spec.seed
+
+    @property
     def result(self) -> Generation:
         """The whole Generation, once the iteration has ended (was: None, then an AttributeError on it)."""
         if self._result is None:
@@ -92,10 +98,9 @@ class GenerationStream:
         if finish_reason == "interrupted":  # what was handed out: a token the row took as Ctrl-C came was never shown
             steps = steps[: self._yielded]
             text, tokens = "".join(s.text for s in steps), [s.token for s in steps]
-        seed = self.spec.seed if self.spec.settings.temperature > 0 else None  # greedy draws nothing: no seed to keep
         return Generation(
             self.model.info.name, self.request.ids, text, tokens, steps, self.stats,
-            self.spec.settings.to_dict(), self.note, seed, finish_reason,
+            self.spec.settings.to_dict(), self.note, self.seed, finish_reason,
             definition=self.model.info.definition, sharding=self.model.info.sharding,
         )  # fmt: skip
 

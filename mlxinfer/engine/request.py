@@ -47,23 +47,31 @@ class Request:
         return RowSpec(seed, settings or self.settings, self.max_tokens, mask, self.stop, self.after)
 
 
-def check_pair(model, tokenizer) -> None:
-    """model and tokenizer are what load() returns: a (model, tokenizer) pair passed whole, None, or the
-    two swapped are named here, not met later as an AttributeError deep inside."""
-    pair = " (load() returns a pair: model, tokenizer = mlxinfer.load())"
+PAIR = " (load() returns a pair: model, tokenizer = mlxinfer.load())"
+
+
+def check_model(model, hint: str = PAIR) -> None:
+    """model is the model load() returns (not a tokenizer, a pair, None or mlx-lm's), named here, not met later as
+    an AttributeError deep inside; `hint`: the fix the message ends with."""
     if not (hasattr(model, "info") and hasattr(model, "config") and hasattr(model, "make_cache")):
         got = type(model).__name__
         if type(model).__module__.startswith("mlx_lm."):  # mlx_lm.load's: ours is another class of that name
             got = f"{type(model).__module__}.{got}"
-            pair = "; mlxinfer.load(path) reads the same checkpoint (and mlx_lm_twin(model) gives mlx-lm ours)"
-        raise MlxinferError(f"model must be the model load() returns, got {got}{pair}", "model")
+            hint = "; mlxinfer.load(path) reads the same checkpoint (and mlx_lm_twin(model) gives mlx-lm ours)"
+        raise MlxinferError(f"model must be the model load() returns, got {got}{hint}", "model")
+
+
+def check_pair(model, tokenizer) -> None:
+    """model and tokenizer are what load() returns: a (model, tokenizer) pair passed whole, None, or the
+    two swapped are named here, not met later as an AttributeError deep inside."""
+    check_model(model)
     if not (hasattr(tokenizer, "encode") and hasattr(tokenizer, "decode") and hasattr(tokenizer, "eos_token_ids")):
         got = type(tokenizer).__name__
-        raise MlxinferError(f"tokenizer must be the tokenizer load() returns, got {got}{pair}", "tokenizer")
+        raise MlxinferError(f"tokenizer must be the tokenizer load() returns, got {got}{PAIR}", "tokenizer")
     if model.info.vocabulary and vocabulary(tokenizer) != model.info.vocabulary:
         raise MlxinferError(
             f"the tokenizer is not this model's: its vocabulary ({vocabulary(tokenizer).split(',')[0]}) is not the one "
-            f"loaded with the model ({model.info.vocabulary.split(',')[0]}){pair}",
+            f"loaded with the model ({model.info.vocabulary.split(',')[0]}){PAIR}",
             "tokenizer",
         )
 

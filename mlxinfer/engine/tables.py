@@ -21,7 +21,7 @@ from ..tokenizer import encode_prompt
 from ..views import ExpertChoice, ExplainRow, Explanation, NextTokenTable, TokenRow
 from . import ranks
 from .decode import prefill
-from .request import check_pair
+from .request import check_model, check_pair
 
 
 def next_token_scores(model, ids: list[int]) -> mx.array:
@@ -29,12 +29,9 @@ def next_token_scores(model, ids: list[int]) -> mx.array:
     draw's is (decode.prefill), so the table reads the numbers the sampler draws from. A pass without the
     cache takes other kernels (the composed attention): 5e-5 apart on the quantized path, up to 0.8 on int8.
     On the native paths only the last position goes through the output table, the largest matmul."""
-    if not (hasattr(model, "info") and hasattr(model, "make_cache")):  # was: an AttributeError inside transformers
-        raise MlxinferError(
-            f"model must be the model load() returns, got {type(model).__name__} (next_token_scores(model, ids): "
-            "the prompt's token ids, tokenizer.encode(text) or encode_prompt(tokenizer, text))",
-            "model",
-        )
+    # (was: the tokenizer in the model's place an AttributeError inside transformers)
+    check_model(model, " (next_token_scores(model, ids): the prompt's token ids, tokenizer.encode(text) or "
+                "encode_prompt(tokenizer, text))")  # fmt: skip
     return prefill(model, ids).logits[0].astype(mx.float32)
 
 

@@ -129,7 +129,7 @@ def draining_server(config, batcher):
                 # engine is stopped and waited for here (a process that exits while it computes aborts in MLX's
                 # teardown: exit 134), and the requests it ended send their 503 before the loop is torn down
                 # (else they were cancelled: a 500 and a traceback each).
-                batcher.stop()
+                batcher.stop()  # at once: close() stops it too, but only once the executor gives it a thread
                 ended = await loop.run_in_executor(None, batcher.close, ENGINE_STOP_SECONDS)
                 if self.force_exit:
                     if self.server_state.tasks:
